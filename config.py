@@ -1,0 +1,299 @@
+"""The run configuration: GPT-Neo's JSON keys, typed, defaulted and validated once at load.
+
+Every key has a real default and a one-line doc (``python train.py --help-config`` prints them). Unknown keys
+are an error that suggests the closest known key; keys that only meant something to mesh-tensorflow on TPUs are
+accepted and explained; GPT-Neo features that NeoMesh does not implement yet are an error only when switched on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import types
+import typing
+from typing import Any, Optional
+
+ATTENTION_KINDS = ("global", "local", "linear", "none")
+IMPLEMENTED_ATTENTION = ("global", "local")
+ACTIVATIONS = ("gelu", "gelu_exact", "relu", "silu", "swish", "selu", "elu", "softplus", "tanh", "sigmoid")
+
+
+class ConfigError(ValueError):
+    """Bad user input (a config key, a file, a mesh axis). The command-line tools print it as one line."""
+
+
+def _key(default, doc, choices=None, minimum=None, maximum=None):
+    meta = {"doc": doc, "choices": choices, "min": minimum, "max": maximum}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: json.loads(json.dumps(default)), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    # Model shape.
+    n_ctx: int = _key(2048, "context length in tokens (learned positions)", minimum=1)
+    n_embd: int = _key(768, "model width", minimum=1)
+    n_head: int = _key(12, "attention heads; must divide n_embd", minimum=1)
+    n_layer: int = _key(12, "transformer blocks", minimum=1)
+    n_vocab: int = _key(50257, "embedding rows; at least the tokenizer's vocabulary size", minimum=2)
+    attention_types: Optional[list] = _key(
+        None, 'per-layer attention in GPT-Neo syntax [[["global","local"], 6]]; default: every layer global')
+    local_attention_radius: int = _key(
+        256, "local window: a token sees itself and the previous window-1 tokens", minimum=1)
+    activation_function: str = _key("gelu", "MLP activation ('gelu' is GPT-Neo's tanh approximation)",
+                                    choices=ACTIVATIONS)
+    res_dropout: float = _key(0.0, "dropout on each residual branch output", minimum=0.0, maximum=1.0)
+    embed_dropout: float = _key(0.0, "dropout on token+position embeddings", minimum=0.0, maximum=1.0)
+    attn_dropout: float = _key(0.0, "dropout on attention probabilities", minimum=0.0, maximum=1.0)
+    scale_by_depth: bool = _key(True, "scale the init of residual output projections by 1/sqrt(n_layer)")
+    scale_by_in: bool = _key(False, "scale the init of MLP projections by 1/sqrt(fan_in)")
+    no_weight_tie: bool = _key(False, "use a separate output projection instead of the token embedding")
+    # GPT-Neo features that arrive with later work: accepted at their off value, an error when switched on.
+    num_mem_kv: int = _key(0, "learned memory key/value slots in global layers (not available yet)", minimum=0)
+    moe_layers: Optional[list] = _key(None, "layer indices whose MLP is a mixture of experts (not available yet)")
+    moe_params: Optional[dict] = _key(None, "mixture-of-experts options (not available yet)")
+    rotary_emb: bool = _key(False, "rotary position embedding (not available yet)")
+    mlp_glu: bool = _key(False, "gated MLP (not available yet)")
+    scalenorm: bool = _key(False, "ScaleNorm instead of LayerNorm (not available yet)")
+    rezero: bool = _key(False, "ReZero residuals (not available yet)")
+    macaron: bool = _key(False, "macaron blocks (not available yet)")
+    axial_pos_emb: Optional[list] = _key(None, "axial position embedding (not available yet)")
+    causal: bool = _key(True, "causal (decoder) attention; false arrives with the encoder models")
+    mlm_training: bool = _key(False, "masked-LM training (not available yet)")
+    mlm_cls_token_id: Optional[int] = _key(None, "MLM: id prepended as CLS")
+    mlm_mask_prob: float = _key(0.15, "MLM: fraction of tokens selected", minimum=0.0, maximum=1.0)
+    mlm_same_token_prob: float = _key(0.10, "MLM: selected tokens kept as they are", minimum=0.0, maximum=1.0)
+    mlm_random_token_prob: float = _key(0.10, "MLM: selected tokens replaced at random", minimum=0.0, maximum=1.0)
+    mlm_mask_ignore_ids: list = _key([], "MLM: ids never masked")
+    mlm_mask_token_id: Optional[int] = _key(None, "MLM: the [MASK] id")
+    mlm_random_token_ids: Optional[list] = _key(None, "MLM: ids random replacements are drawn from")
+
+    # Optimisation.
+    opt_name: str = _key("adam", "'adam' (AdamW, GPT-Neo semantics) or 'adafactor'",
+                         choices=("adam", "adamw", "adafactor"))
+    lr: float = _key(6e-4, "peak learning rate", minimum=0.0)
+    lr_decay: str = _key("cosine", "decay after warmup, down to 0.1*lr at lr_decay_end",
+                         choices=("cosine", "linear", "none"))
+    lr_decay_end: Optional[int] = _key(None, "step where decay ends (default: train_steps)", minimum=1)
+    warmup_steps: int = _key(3000, "linear warmup steps from 0 to lr", minimum=0)
+    weight_decay: float = _key(0.01, "decoupled weight decay (not on biases and norms)", minimum=0.0)
+    beta1: float = _key(0.9, "Adam beta1 (Adafactor momentum when > 0)", minimum=0.0, maximum=1.0)
+    beta2: float = _key(0.95, "Adam beta2", minimum=0.0, maximum=1.0)
+    epsilon: float = _key(1e-8, "Adam epsilon", minimum=0.0)
+    gradient_clipping: float = _key(1.0, "global-norm clip (0 disables)", minimum=0.0)
+    train_batch_size: int = _key(32, "global batch in sequences", minimum=1)
+    eval_batch_size: int = _key(32, "global eval batch in sequences", minimum=1)
+    train_steps: int = _key(10000, "optimizer steps to train for", minimum=1)
+    eval_steps: int = _key(10, "batches per evaluation (0 disables eval)", minimum=0)
+    eval_every: int = _key(0, "evaluate every N steps (0: only at the end)", minimum=0)
+    steps_per_checkpoint: int = _key(5000, "checkpoint every N steps (and always at the end)", minimum=1)
+    keep_checkpoints: int = _key(3, "how many recent checkpoints to keep", minimum=1)
+    precision: str = _key("float32", "'bfloat16': bf16 compute, fp32 master weights and loss",
+                          choices=("float32", "bfloat16"))
+    recompute_grad: bool = _key(False, "rematerialise each block in the backward pass")
+    tokens_per_mb_per_replica: Optional[int] = _key(
+        None, "tokens per microbatch per data-parallel replica: gradient accumulation", minimum=1)
+    seed: int = _key(1234, "seed for init, data order and dropout")
+
+    # Parallelism.
+    mesh_shape: str = _key("x:-1", "device mesh 'x:4,y:2'; one axis may be -1 (the rest of the devices)")
+    layout: str = _key("batch:x", "tensor dimension -> mesh axis, e.g. 'batch:x,heads:y,embd:y'")
+
+    # Data and output.
+    datasets: list = _key([["embedded", None, None, None]],
+                          "[[id, stitch, sampling_mode, weight], ...]; id names configs/dataset_configs/ID.json")
+    model_path: Optional[str] = _key(None, "run directory (default: runs/<config name>)")
+    sample_prompt: str = _key("def ", "prompt of the sample printed at the end of training")
+    sample_tokens: int = _key(96, "tokens sampled at the end of training (0: none)", minimum=0)
+
+    @property
+    def attention_layers(self) -> tuple[str, ...]:
+        """The attention kind of each layer, expanded from ``attention_types``."""
+        if self.attention_types is None:
+            return ("global",) * self.n_layer
+        return tuple(kind for kinds, repeat in self.attention_types for _ in range(repeat) for kind in kinds)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def decay_end(self) -> int:
+        return self.lr_decay_end or self.train_steps
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "Config":
+        return validated(dataclasses.replace(self, **changes))
+
+
+# Keys that only meant something to mesh-tensorflow on TPUs: accepted, explained, without effect.
+LEGACY_KEYS = {
+    "iterations": "steps per TPU host loop in mesh-tensorflow; every NeoMesh step is one jitted call",
+    "predict_steps": "TPU predict loop length; predict.py decides what to generate",
+    "predict_batch_size": "TPU predict batch; predict.py batches its prompts itself",
+    "use_tpu": "the device comes from JAX (CPU, GPU or TPU)",
+    "num_cores": "the device count comes from JAX",
+    "model": "GPT-Neo's model family switch; this config builds the GPT-Neo decoder",
+    "eval_tasks": "mesh-tensorflow eval harness tasks; eval reports loss, perplexity and bits per byte",
+    "padding_id": "belongs to the dataset config (configs/dataset_configs)",
+    "eos_id": "belongs to the dataset config (configs/dataset_configs)",
+    "auto_layout": "set mesh_shape and layout explicitly",
+    "auto_layout_and_mesh_shape": "set mesh_shape and layout explicitly",
+    "slow_sampling": "sampling is compiled once; there is no slow path",
+    "stop_at_token": "predict.py takes --stop",
+    "remove_partial_sequences": "predict.py returns whole generations",
+    "sampling_use_entmax": "predict.py samples with temperature / top-k / top-p",
+    "lr_decay_end_ratio": "decay always ends at 0.1*lr",
+}
+
+_UNAVAILABLE_WHEN_ON = ("num_mem_kv", "moe_layers", "moe_params", "rotary_emb", "mlp_glu", "scalenorm", "rezero",
+                        "macaron", "axial_pos_emb", "mlm_training")
+
+KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
+
+
+def describe_keys() -> str:
+    """Every key with its default and doc, for ``--help-config``."""
+    rows = [f"{f.name:28} {json.dumps(_default(f)):>18}  {f.metadata['doc']}" for f in dataclasses.fields(Config)]
+    rows += [f"{k:28} {'(accepted)':>18}  no effect: {why}" for k, why in LEGACY_KEYS.items()]
+    return "\n".join(rows)
+
+
+def _default(f):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _type_ok(value, annotation) -> bool:
+    hint = eval(annotation, {"Optional": Optional, "list": list, "dict": dict}) if isinstance(annotation, str) \
+        else annotation
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_name(annotation: str) -> str:
+    return annotation.replace("Optional[", "").rstrip("]") + (" or null" if "Optional" in annotation else "")
+
+
+def validated(cfg: Config) -> Config:
+    """Checks every key's type and range and the relations between keys; raises ``ConfigError``."""
+    for f in dataclasses.fields(Config):
+        value = getattr(cfg, f.name)
+        if not _type_ok(value, f.type):
+            raise ConfigError(f"{f.name}: expected {_type_name(f.type)}, got {json.dumps(value)}")
+        if value is None:
+            continue
+        meta = f.metadata
+        if meta["choices"] and value not in meta["choices"]:
+            raise ConfigError(f"{f.name}: {json.dumps(value)} is not one of {', '.join(meta['choices'])}")
+        if meta["min"] is not None and value < meta["min"]:
+            raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
+        if meta["max"] is not None and value > meta["max"]:
+            raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")
+    for name in _UNAVAILABLE_WHEN_ON:
+        value = getattr(cfg, name)
+        if value not in (None, False, 0, [], {}):
+            raise ConfigError(f"{name}: {json.dumps(value)} asks for a feature NeoMesh does not have yet; "
+                              f"remove the key or set it to {json.dumps(_default(_field(name)))}")
+    if not cfg.causal:
+        raise ConfigError("causal: false (bidirectional attention) arrives with the encoder models; set it to true")
+    if cfg.n_embd % cfg.n_head:
+        raise ConfigError(f"n_embd: {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
+    _check_attention_types(cfg)
+    if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
+        raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
+    _check_datasets(cfg.datasets)
+    return cfg
+
+
+def _field(name):
+    return next(f for f in dataclasses.fields(Config) if f.name == name)
+
+
+def _check_attention_types(cfg: Config) -> None:
+    spec = cfg.attention_types
+    if spec is None:
+        return
+    example = '[[["global", "local"], 6]]'
+    for entry in spec:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)
+                and isinstance(entry[1], int) and not isinstance(entry[1], bool) and entry[1] >= 1):
+            raise ConfigError(f"attention_types: entry {json.dumps(entry)} is not [[kinds...], repeat], "
+                              f"e.g. {example}")
+        for kind in entry[0]:
+            if kind not in ATTENTION_KINDS:
+                raise ConfigError(f"attention_types: unknown kind {json.dumps(kind)} "
+                                  f"(valid: {', '.join(ATTENTION_KINDS)})")
+            if kind not in IMPLEMENTED_ATTENTION:
+                raise ConfigError(f"attention_types: {json.dumps(kind)} layers are not available yet "
+                                  f"(available: {', '.join(IMPLEMENTED_ATTENTION)})")
+    n = len(cfg.attention_layers)
+    if n != cfg.n_layer:
+        raise ConfigError(f"attention_types: expands to {n} layers but n_layer is {cfg.n_layer}")
+
+
+def _check_datasets(datasets: list) -> None:
+    if not datasets:
+        raise ConfigError("datasets: empty; give at least one [id, stitch, sampling_mode, weight]")
+    for entry in datasets:
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
+            raise ConfigError(f"datasets: entry {json.dumps(entry)} is not [id, stitch, sampling_mode, weight]")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` from ``--set``: the value is JSON when it parses as JSON, else the plain string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {text}: expected key=value")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
+    """Builds a validated ``Config``; returns it with notes about legacy keys that were accepted."""
+    raw = dict(raw)
+    for text in overrides:
+        key, value = parse_override(text)
+        raw[key] = value
+    notes = []
+    for key in list(raw):
+        if key in LEGACY_KEYS:
+            notes.append(f"{source}: '{key}' has no effect here ({LEGACY_KEYS[key]})")
+            del raw[key]
+        elif key not in KNOWN_KEYS:
+            close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS), n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"{source}: unknown key '{key}'{hint}")
+    return validated(Config(**raw)), notes
+
+
+def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
+    """Reads a JSON config file, applies ``--set`` overrides, validates; ``model_path`` defaults to runs/NAME."""
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object of config keys")
+    cfg, notes = from_dict(raw, source=os.path.basename(path), overrides=overrides)
+    if cfg.model_path is None:
+        name = os.path.splitext(os.path.basename(path))[0]
+        cfg = dataclasses.replace(cfg, model_path=os.path.join("runs", name))
+    return cfg, notes

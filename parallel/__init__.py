@@ -1,0 +1,1 @@
+"""Device mesh, layout rules, sharded initialisation and the jitted train/eval steps."""

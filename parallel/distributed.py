@@ -1,0 +1,46 @@
+"""Multi-host start-up and per-process feeding of the global batch."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+
+def initialize(coordinator: str | None, num_processes: int | None, process_id: int | None, auto: bool) -> None:
+    """Joins a multi-process run: explicit coordinator/count/id, or ``auto`` (TPU pods, SLURM, Open MPI, where
+    jax finds them itself). A no-op for a single process."""
+    if coordinator is None and not auto:
+        return
+    # CPU processes need a collectives backend to talk to each other; GPUs and TPUs ignore this setting.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if coordinator is None:
+        jax.distributed.initialize()
+    else:
+        jax.distributed.initialize(coordinator, num_processes, process_id)
+
+
+def process_rows(sharding: NamedSharding, global_shape: tuple[int, ...]) -> slice:
+    """The contiguous range of batch rows that this process's devices hold."""
+    starts, stops = [], []
+    for index in sharding.addressable_devices_indices_map(global_shape).values():
+        rows = index[0]
+        starts.append(rows.start or 0)
+        stops.append(global_shape[0] if rows.stop is None else rows.stop)
+    return slice(min(starts), max(stops))
+
+
+def global_batch(make_rows: Callable[[slice], np.ndarray], sharding: NamedSharding,
+                 global_shape: tuple[int, ...]) -> jax.Array:
+    """A global array from this process's rows only: ``make_rows(rows)`` builds just those rows."""
+    rows = process_rows(sharding, global_shape)
+    local = make_rows(rows)
+
+    def shard(index):
+        r = index[0]
+        return local[(r.start or 0) - rows.start:(global_shape[0] if r.stop is None else r.stop) - rows.start,
+                     *index[1:]]
+
+    return jax.make_array_from_callback(global_shape, sharding, shard)

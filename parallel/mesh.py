@@ -1,0 +1,49 @@
+"""``mesh_shape`` in GPT-Neo syntax ("x:4,y:2") -> a ``jax.sharding.Mesh``."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import jax
+from jax.sharding import AxisType, Mesh
+
+from config import ConfigError
+
+_AXIS = re.compile(r"^([A-Za-z_]\w*):(-?\d+)$")
+
+
+def parse_mesh_shape(text: str, device_count: int) -> dict[str, int]:
+    """``"x:4,y:2"`` -> ``{"x": 4, "y": 2}``; one axis may be -1 and takes the devices left over."""
+    axes: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        match = _AXIS.match(part)
+        if not match:
+            raise ConfigError(f"mesh_shape: '{part}' is not axis:size (e.g. 'x:4,y:2')")
+        name, size = match.group(1), int(match.group(2))
+        if name in axes:
+            raise ConfigError(f"mesh_shape: axis '{name}' appears twice")
+        if size == 0 or size < -1:
+            raise ConfigError(f"mesh_shape: axis '{name}' has size {size}; sizes are positive or -1")
+        axes[name] = size
+    free = [name for name, size in axes.items() if size == -1]
+    if len(free) > 1:
+        raise ConfigError(f"mesh_shape: only one axis may be -1, got {', '.join(free)}")
+    fixed = math.prod(size for size in axes.values() if size != -1)
+    if free:
+        if device_count % fixed:
+            raise ConfigError(f"mesh_shape: '{text}' fixes {fixed} devices, which does not divide the "
+                              f"{device_count} devices available")
+        axes[free[0]] = device_count // fixed
+    elif fixed != device_count:
+        raise ConfigError(f"mesh_shape: '{text}' needs {fixed} devices but {device_count} are available")
+    return axes
+
+
+def make_mesh(text: str, devices=None) -> Mesh:
+    """The device mesh for ``mesh_shape``, over all devices of all processes unless ``devices`` is given."""
+    devices = jax.devices() if devices is None else list(devices)
+    axes = parse_mesh_shape(text, len(devices))
+    # Auto axes: shardings are chosen by the layout and propagated by XLA (the pjit model).
+    return jax.make_mesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes),
+                         devices=devices)

@@ -1,0 +1,96 @@
+"""The train state, its shardings from the layout, and sharded initialisation.
+
+Recipe (flax lm1b/gemma): build the model abstractly with ``nnx.eval_shape``, read the logical axes off every
+parameter, turn them into NamedShardings with the layout, then run the real initialiser under
+``jax.jit(out_shardings=...)`` so every parameter and optimizer slot is born on its devices, never whole on one
+host. Optimizer slots take the sharding of the parameter they shadow (matched by tree path); anything else
+(counters, Adafactor's factored moments) is replicated.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from parallel.layout import Layout, replicated
+
+Params = dict  # nested {name: {...: jax.Array}}: the pure-dict form of the model's nnx.Param state
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Params
+    opt_state: optax.OptState
+
+
+def path_name(path) -> str:
+    """``(DictKey('blocks'), DictKey(0), ...)`` -> ``"blocks/0/..."``."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def abstract_model(make_model: Callable[[nnx.Rngs], nnx.Module]) -> tuple[nnx.GraphDef, Params, dict]:
+    """The graph definition, abstract parameters and per-parameter logical axes, without allocating anything."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: make_model(nnx.Rngs(0))))
+    logical = jax.tree.map(lambda v: v.get_metadata().get("logical_axes"), state,
+                           is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return graphdef, nnx.to_pure_dict(state), nnx.to_pure_dict(logical)
+
+
+def param_shardings(layout: Layout, abstract: Params, logical: dict) -> Params:
+    """A NamedSharding per parameter; a parameter without logical axes is a model bug, not a user error."""
+    flat_logical = dict(jax.tree_util.tree_flatten_with_path(logical, is_leaf=lambda x: isinstance(x, tuple))[0])
+
+    def sharding(path, leaf):
+        names = flat_logical.get(path)
+        if names is None:
+            raise ValueError(f"parameter {path_name(path)} has no logical_axes metadata")
+        return layout.checked_sharding(f"parameter {path_name(path)}", leaf.shape, names)
+
+    return jax.tree_util.tree_map_with_path(sharding, abstract)
+
+
+def shardings_like(tree: Any, params: Params, shardings: Params, layout: Layout) -> Any:
+    """Shardings for a tree of optimizer slots: each leaf whose path ends with a parameter's path and has its
+    shape takes that parameter's sharding; everything else is replicated."""
+    by_path = {path: (leaf.shape, sh) for (path, leaf), sh in zip(
+        jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(shardings))}
+
+    def pick(path, leaf):
+        for start in range(len(path)):
+            shape_and_sharding = by_path.get(tuple(path[start:]))
+            if shape_and_sharding and shape_and_sharding[0] == leaf.shape:
+                return shape_and_sharding[1]
+        return replicated(layout.mesh)
+
+    return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
+                         layout: Layout) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+    """(graphdef, abstract state, state shardings) with nothing allocated: the init and restore target."""
+    graphdef, abstract_params, logical = abstract_model(make_model)
+    p_shardings = param_shardings(layout, abstract_params, logical)
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    shardings = TrainState(step=replicated(layout.mesh), params=p_shardings,
+                           opt_state=shardings_like(abstract_opt, abstract_params, p_shardings, layout))
+    abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    return graphdef, abstract, shardings
+
+
+def create_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
+                       layout: Layout, seed: int) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+    """Initialises a sharded ``TrainState``; returns (graphdef, state, state shardings)."""
+    graphdef, _, shardings = abstract_train_state(make_model, tx, layout)
+
+    def init() -> TrainState:
+        params = nnx.to_pure_dict(nnx.state(make_model(nnx.Rngs(params=seed))))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    return graphdef, jax.jit(init, out_shardings=shardings)(), shardings

@@ -1,0 +1,187 @@
+"""Train a NeoMesh model: ``python train.py --config configs/quickstart.json``.
+
+Reads the JSON config, builds the device mesh and layout, creates (or resumes) a sharded train state, and runs
+the jitted train step over batches that are a pure function of the step. Writes metrics.jsonl, TensorBoard
+events and orbax checkpoints under ``model_path``; prints a sample at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="JSON config (configs/*.json)")
+    p.add_argument("--model-path", help="run directory; overrides the config's model_path")
+    fresh = p.add_mutually_exclusive_group()
+    fresh.add_argument("--resume", action="store_true", help="resume from model_path (the default when it has "
+                       "a checkpoint); an error if it has none")
+    fresh.add_argument("--new", action="store_true", help="start fresh; an existing run directory is moved aside")
+    p.add_argument("--eval", action="store_true", help="only evaluate the latest checkpoint")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key; VALUE is JSON, or a plain string (repeatable)")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default")
+    dist = p.add_argument_group("multi-host (jax.distributed)")
+    dist.add_argument("--coordinator", help="host:port of process 0")
+    dist.add_argument("--num-processes", type=int)
+    dist.add_argument("--process-id", type=int)
+    dist.add_argument("--distributed", action="store_true", help="auto-detect the cluster (TPU pod, SLURM)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs one line per eval)")
+    args = p.parse_args(argv)
+    if not args.help_config and not args.config:
+        p.error("--config is required")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from config import ConfigError, describe_keys
+
+    if args.help_config:
+        print(describe_keys())
+        return 0
+    try:
+        train(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; the last checkpoint is intact", file=sys.stderr)
+        return 130
+    return 0
+
+
+def train(args) -> None:
+    import jax
+    from tqdm import tqdm
+
+    from config import ConfigError, load_config
+    from data.source import make_source
+    from models.gpt_neo import GPTNeo
+    from models.sampling import sample
+    from parallel import distributed
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from parallel.state import abstract_train_state, create_train_state
+    from parallel.steps import batch_sharding, make_eval_step, make_train_step, microbatch_count
+    from training.checkpoint import Checkpoints
+    from training.flops import peak_flops_per_second, train_flops_per_token
+    from training.metrics import MetricsWriter
+    from training.optimizer import learning_rate_schedule, make_optimizer
+
+    cfg, notes = load_config(args.config, tuple(args.set))
+    if args.model_path:
+        cfg = cfg.replace(model_path=args.model_path)
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
+    lead = jax.process_index() == 0
+    say = tqdm.write if lead else (lambda *a, **k: None)
+    for note in notes:
+        say(f"note: {note}")
+
+    mesh = make_mesh(cfg.mesh_shape)
+    layout = Layout.from_config(mesh, cfg.layout)
+    say(f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
+        f"({jax.process_count()} processes); layout {cfg.layout}")
+    window = cfg.n_ctx + 1
+    train_sharding = batch_sharding(layout, cfg.train_batch_size, window, "train_batch_size")
+    eval_sharding = batch_sharding(layout, cfg.eval_batch_size, window, "eval_batch_size")
+    train_data = make_source(cfg, "train")
+    eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
+
+    def global_batch(source, step, batch_size, sharding):
+        return distributed.global_batch(lambda rows: source.batch(step, batch_size, rows), sharding,
+                                        (batch_size, window))
+
+    tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
+    make_model = lambda rngs: GPTNeo(cfg, rngs=rngs)  # noqa: E731
+    if args.new and lead and os.path.exists(cfg.model_path):
+        aside = f"{cfg.model_path.rstrip('/')}-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(cfg.model_path, aside)
+        say(f"--new: moved the previous run to {aside}")
+    if args.new and jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("new run directory")
+    checkpoints = Checkpoints(cfg.model_path, cfg.keep_checkpoints)
+    latest = checkpoints.latest_step()
+    if latest is not None:
+        graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
+        state = checkpoints.restore(abstract, latest)
+        say(f"resumed from {checkpoints.directory} at step {latest}")
+    elif args.resume or args.eval:
+        raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
+                          f"{checkpoints.directory}")
+    else:
+        graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed)
+    n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
+    say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
+
+    eval_step = make_eval_step(graphdef, layout, shardings.params, eval_sharding, precision=cfg.precision)
+
+    def evaluate(params) -> dict:
+        totals = [eval_step(params, global_batch(eval_data, i, cfg.eval_batch_size, eval_sharding))
+                  for i in range(cfg.eval_steps)]
+        loss = sum(float(t["loss_sum"]) for t in totals) / sum(float(t["tokens"]) for t in totals)
+        return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)),
+                "bits_per_byte": loss / math.log(2) / eval_data.bytes_per_token}
+
+    start = int(state.step)
+    metrics = MetricsWriter(cfg.model_path, start)
+    if args.eval:
+        result = evaluate(state.params) if eval_data else {}
+        say(f"eval at step {start}: " + "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
+        metrics.write({"step": start, "kind": "eval", **result})
+        metrics.close()
+        checkpoints.close()
+        return
+
+    microbatches = microbatch_count(cfg, layout)
+    train_step = make_train_step(graphdef, tx, schedule, layout, shardings, train_sharding,
+                                 precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
+    tokens_per_step = cfg.train_batch_size * cfg.n_ctx
+    peak = peak_flops_per_second()
+    flops_per_token = train_flops_per_token(cfg)
+    bar = tqdm(total=cfg.train_steps, initial=start, disable=args.no_progress or not lead, unit="step",
+               dynamic_ncols=True)
+    first_loss = last_loss = None
+    tick = time.perf_counter()
+    for step in range(start, cfg.train_steps):
+        state, out = train_step(state, global_batch(train_data, step, cfg.train_batch_size, train_sharding))
+        out = {k: float(v) for k, v in jax.device_get(out).items()}
+        now = time.perf_counter()
+        tokens_per_sec = tokens_per_step / (now - tick)
+        tick = now
+        mfu = tokens_per_sec * flops_per_token / peak if peak else None
+        metrics.write({"step": step + 1, "kind": "train", **out, "tokens_per_sec": tokens_per_sec, "mfu": mfu})
+        first_loss = out["loss"] if first_loss is None else first_loss
+        last_loss = out["loss"]
+        bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
+        bar.update(1)
+        done = step + 1 == cfg.train_steps
+        if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or done):
+            result = evaluate(state.params)
+            metrics.write({"step": step + 1, "kind": "eval", **result})
+            say(f"step {step + 1}: eval loss {result['loss']:.4f}  perplexity {result['perplexity']:.2f}  "
+                f"bits/byte {result['bits_per_byte']:.4f}")
+        if (step + 1) % cfg.steps_per_checkpoint == 0 or done:
+            checkpoints.save(step + 1, state, cfg.to_dict())
+        tick = time.perf_counter()  # eval and checkpoint time are not training time
+    bar.close()
+    checkpoints.close()
+    metrics.close()
+    if first_loss is not None:
+        say(f"train loss {first_loss:.4f} -> {last_loss:.4f} over steps {start + 1}..{cfg.train_steps}")
+    if cfg.sample_tokens:  # every process takes part: the parameters are spread over all of them
+        tokenizer = train_data.tokenizer
+        with layout.active():
+            ids = sample(graphdef, state.params, tokenizer.encode(cfg.sample_prompt), cfg.sample_tokens, cfg.n_ctx,
+                         seed=cfg.seed)
+        say(f"sample:\n{cfg.sample_prompt}{tokenizer.decode(ids)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

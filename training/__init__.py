@@ -1,0 +1,1 @@
+"""Optimizer and schedule, checkpoints, metrics: the mechanics behind train.py."""

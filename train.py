@@ -23,6 +23,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                        "a checkpoint); an error if it has none")
     fresh.add_argument("--new", action="store_true", help="start fresh; an existing run directory is moved aside")
     p.add_argument("--eval", action="store_true", help="only evaluate the latest checkpoint")
+    p.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and stop after step N (a time-sliced "
+                   "job); the next run resumes there exactly")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key; VALUE is JSON, or a plain string (repeatable)")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default")
@@ -149,7 +151,8 @@ def train(args) -> None:
                dynamic_ncols=True)
     first_loss = last_loss = None
     tick = time.perf_counter()
-    for step in range(start, cfg.train_steps):
+    stop = min(cfg.train_steps, args.stop_at_step or cfg.train_steps)
+    for step in range(start, stop):
         state, out = train_step(state, global_batch(train_data, step, cfg.train_batch_size, train_sharding))
         out = {k: float(v) for k, v in jax.device_get(out).items()}
         now = time.perf_counter()
@@ -161,8 +164,9 @@ def train(args) -> None:
         last_loss = out["loss"]
         bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
         bar.update(1)
-        done = step + 1 == cfg.train_steps
-        if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or done):
+        done = step + 1 == stop
+        finished = step + 1 == cfg.train_steps
+        if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or finished):
             result = evaluate(state.params)
             metrics.write({"step": step + 1, "kind": "eval", **result})
             say(f"step {step + 1}: eval loss {result['loss']:.4f}  perplexity {result['perplexity']:.2f}  "
@@ -174,7 +178,7 @@ def train(args) -> None:
     checkpoints.close()
     metrics.close()
     if first_loss is not None:
-        say(f"train loss {first_loss:.4f} -> {last_loss:.4f} over steps {start + 1}..{cfg.train_steps}")
+        say(f"train loss {first_loss:.4f} -> {last_loss:.4f} over steps {start + 1}..{stop}")
     if cfg.sample_tokens:  # every process takes part: the parameters are spread over all of them
         tokenizer = train_data.tokenizer
         with layout.active():

@@ -86,7 +86,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
                 loss, grads = accumulated(state.params, tokens, key)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-            metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(state.step)}
+            metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
             return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return jax.jit(train_step, in_shardings=(state_shardings, data_sharding),

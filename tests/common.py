@@ -1,0 +1,61 @@
+"""Shared test helpers: a tiny config, a sharded trainer, and the command-line runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from config import from_dict
+from models.gpt_neo import GPTNeo
+from parallel.layout import Layout
+from parallel.mesh import make_mesh
+from parallel.state import create_train_state
+from parallel.steps import batch_sharding, make_train_step
+from training.optimizer import learning_rate_schedule, make_optimizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = dict(n_ctx=32, n_embd=64, n_head=4, n_layer=2, n_vocab=128, attention_types=[[["global", "local"], 1]],
+            local_attention_radius=8, train_batch_size=8, eval_batch_size=8, warmup_steps=2, train_steps=10,
+            lr=1e-3)
+
+
+def tiny_config(**changes):
+    return from_dict({**TINY, **changes})[0]
+
+
+def random_batches(cfg, steps: int, seed: int = 0) -> np.ndarray:
+    """(steps, B, n_ctx+1) token ids."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, cfg.n_vocab, (steps, cfg.train_batch_size, cfg.n_ctx + 1)).astype(np.int32)
+
+
+def train_losses(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None, microbatches=1) -> list[float]:
+    """Per-step losses of ``cfg`` trained on ``batches`` with the given mesh and layout."""
+    mesh = make_mesh(mesh_shape, devices)
+    layout = Layout.from_config(mesh, layout)
+    tx = make_optimizer(cfg)
+    graphdef, state, shardings = create_train_state(lambda rngs: GPTNeo(cfg, rngs=rngs), tx, layout, cfg.seed)
+    data = batch_sharding(layout, cfg.train_batch_size, cfg.n_ctx + 1)
+    step = make_train_step(graphdef, tx, learning_rate_schedule(cfg), layout, shardings, data,
+                           precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
+    losses = []
+    for batch in batches:
+        state, metrics = step(state, jax.device_put(batch, data))
+        losses.append(float(metrics["loss"]))
+    return losses
+
+
+def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Runs ``python <args>`` from the repository root as a user would."""
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def metrics_rows(model_path: str, kind: str = "train") -> list[dict]:
+    with open(os.path.join(model_path, "metrics.jsonl")) as f:
+        return [row for row in map(json.loads, f) if row["kind"] == kind]

@@ -1,0 +1,106 @@
+"""Config loading: defaults, GPT-Neo compatibility, --set overrides, and one-line errors naming the culprit."""
+
+import json
+
+import pytest
+
+from config import ConfigError, describe_keys, from_dict, load_config, parse_override
+from tests.common import TINY, run_cli
+
+GPT_NEO_SMALL = {  # a config written for GPT-Neo itself (its configs/gpt3_small_256.json)
+    "n_head": 12, "n_vocab": 50304, "embed_dropout": 0, "lr": 0.0006, "lr_decay": "cosine",
+    "warmup_steps": 3000, "beta1": 0.9, "beta2": 0.95, "epsilon": 1e-8, "opt_name": "adam", "weight_decay": 0,
+    "train_batch_size": 256, "attn_dropout": 0, "train_steps": 572300, "eval_steps": 0, "predict_steps": 1,
+    "res_dropout": 0, "eval_batch_size": 64, "predict_batch_size": 1, "iterations": 2500, "n_embd": 768,
+    "datasets": [["openwebtext2_new_inputs", None, None, None]], "model_path": "gs://neo-models/GPT3_SMALL",
+    "n_ctx": 2048, "n_layer": 12, "scale_by_depth": True, "scale_by_in": False,
+    "attention_types": [[["global"], 12]], "mesh_shape": "x:64,y:4",
+    "layout": "batch:x,heads:y,vocab:y,intermediate_expanded:y", "activation_function": "gelu",
+    "recompute_grad": True, "gradient_clipping": 1.0,
+}
+
+
+def error_of(raw=None, overrides=()):
+    with pytest.raises(ConfigError) as info:
+        from_dict({**TINY, **(raw or {})}, overrides=tuple(overrides))
+    return str(info.value)
+
+
+def test_defaults_are_documented_and_valid():
+    cfg, notes = from_dict({})
+    assert notes == []
+    assert cfg.attention_layers == ("global",) * cfg.n_layer
+    text = describe_keys()
+    for key in ("n_embd", "layout", "tokens_per_mb_per_replica", "iterations"):
+        assert key in text
+
+
+def test_gpt_neo_config_loads_and_explains_tpu_keys():
+    cfg, notes = from_dict(GPT_NEO_SMALL, source="gpt3_small_256.json")
+    assert cfg.n_layer == 12 and cfg.recompute_grad
+    explained = " ".join(notes)
+    for key in ("iterations", "predict_steps", "predict_batch_size"):
+        assert f"'{key}'" in explained
+
+
+def test_attention_types_expand():
+    cfg, _ = from_dict({**TINY, "n_layer": 6, "attention_types": [[["global", "local"], 2], [["local"], 2]]})
+    assert cfg.attention_layers == ("global", "local", "global", "local", "local", "local")
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ({"n_embed": 64}, "unknown key 'n_embed'; did you mean 'n_embd'?"),
+    ({"n_layer": "2"}, 'n_layer: expected int, got "2"'),
+    ({"lr": -1.0}, "lr: -1.0 is below the minimum 0.0"),
+    ({"precision": "fp16"}, 'precision: "fp16" is not one of float32, bfloat16'),
+    ({"n_head": 5}, "n_embd: 64 is not divisible by n_head 5"),
+    ({"attention_types": [[["global", "local"], 3]]}, "attention_types: expands to 6 layers but n_layer is 2"),
+    ({"attention_types": [[["globl"], 2]]}, 'attention_types: unknown kind "globl"'),
+    ({"attention_types": [["global", 2]]}, "attention_types: entry"),
+    ({"res_dropout": 1.5}, "res_dropout: 1.5 is above the maximum 1.0"),
+    ({"num_mem_kv": 4}, "num_mem_kv: 4 asks for a feature NeoMesh does not have yet"),
+    ({"datasets": []}, "datasets: empty"),
+])
+def test_bad_values_name_the_key(raw, expected):
+    assert expected in error_of(raw)
+
+
+def test_set_overrides_parse_json_or_string():
+    assert parse_override("lr=0.1") == ("lr", 0.1)
+    assert parse_override("mesh_shape=x:4,y:2") == ("mesh_shape", "x:4,y:2")
+    assert parse_override('attention_types=[[["local"],2]]') == ("attention_types", [[["local"], 2]])
+    cfg, _ = from_dict(TINY, overrides=("n_layer=4", 'attention_types=[[["local"],4]]', "mesh_shape=x:4,y:2", "precision=bfloat16"))
+    assert (cfg.n_layer, cfg.mesh_shape, cfg.precision) == (4, "x:4,y:2", "bfloat16")
+    assert "unknown key 'n_layers'" in error_of(overrides=["n_layers=3"])
+    assert "expected key=value" in error_of(overrides=["n_layer"])
+
+
+def test_load_config_files(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(TINY))
+    cfg, _ = load_config(str(path))
+    assert cfg.model_path == "runs/mine"
+    path.write_text('{"n_layer": 2,\n "n_embd": }')
+    with pytest.raises(ConfigError, match=r"mine.json: invalid JSON at line 2"):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(str(tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["bogus=1"], "unknown key 'bogus'"),
+    (["mesh_shape=x:3"], "mesh_shape: 'x:3' needs 3 devices but 8 are available"),
+    (["mesh_shape=x:4,y:2", "layout=batch:x,heads:z"], "names mesh axis 'z', which is not in mesh_shape"),
+    (["layout=batch:x,hedas:x"], "unknown dimension 'hedas'"),
+    (["train_batch_size=12"], "train_batch_size: 12 is not divisible by the 8 ways"),
+    (["mesh_shape=x:2,y:4", "layout=batch:x,heads:y", "n_head=6", "n_embd=48"],
+     "parameter blocks/0/attn/k/kernel dimension 'heads' has size 6, not divisible by mesh axis 'y' of size 4"),
+])
+def test_cli_errors_are_one_line(tmp_path, overrides, expected):
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    result = run_cli("train.py", "--config", "configs/quickstart.json", "--model-path", str(tmp_path / "run"),
+                     "--no-progress", *sets, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and expected in lines[0], result.stderr

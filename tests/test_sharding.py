@@ -1,0 +1,92 @@
+"""Sharding invariance: every layout computes the same training run; parameters are born sharded."""
+
+import jax
+import numpy as np
+import pytest
+
+from models.gpt_neo import GPTNeo
+from parallel.layout import Layout
+from parallel.mesh import make_mesh, parse_mesh_shape
+from parallel.state import create_train_state
+from parallel.steps import microbatch_count
+from tests.common import random_batches, tiny_config, train_losses
+from training.optimizer import make_optimizer
+
+LAYOUTS = [
+    ("x:8", "batch:x"),  # data parallel
+    ("x:4,y:2", "batch:x,heads:y,embd:y"),  # Megatron-like tensor parallel
+    ("x:2,y:4", "batch:x,embd:y,vocab:y"),  # FSDP-like: every parameter split over y
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    cfg = tiny_config()
+    batches = random_batches(cfg, 5)
+    return cfg, batches, train_losses(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
+
+
+@pytest.mark.parametrize("mesh_shape, layout", LAYOUTS)
+def test_losses_match_one_device(reference, mesh_shape, layout):
+    cfg, batches, single = reference
+    sharded = train_losses(cfg, batches, mesh_shape, layout)
+    assert single[-1] < single[0]  # the run is training, not idling
+    np.testing.assert_allclose(sharded, single, rtol=0, atol=1e-5)
+
+
+def test_parameters_are_created_sharded():
+    cfg = tiny_config()
+    layout = Layout.from_config(make_mesh("x:4,y:2"), "batch:x,heads:y,embd:y")
+    _, state, _ = create_train_state(lambda rngs: GPTNeo(cfg, rngs=rngs), make_optimizer(cfg), layout, 0)
+    q = state.params["blocks"][0]["attn"]["q"]["kernel"]  # (D, N, H): heads over y
+    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "y", None)
+    assert q.addressable_shards[0].data.shape == (64, 2, 16)
+    fc = state.params["blocks"][0]["mlp"]["c_fc"]["kernel"]  # (D, F): embd over y
+    assert fc.addressable_shards[0].data.shape == (32, 256)
+    mu = state.opt_state[1][0].mu["blocks"][0]["attn"]["q"]["kernel"]  # Adam moment follows its parameter
+    assert mu.sharding.spec == q.sharding.spec
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    cfg = tiny_config(train_batch_size=32)
+    batches = random_batches(cfg, 4, seed=1)
+    whole = train_losses(cfg, batches, "x:8", "batch:x")
+    accumulated = train_losses(cfg, batches, "x:8", "batch:x", microbatches=4)
+    np.testing.assert_allclose(accumulated, whole, rtol=0, atol=1e-5)
+
+
+def test_microbatches_from_tokens_per_mb_per_replica():
+    layout = Layout.from_config(make_mesh("x:8"), "batch:x")
+    # 32 sequences over 8 replicas = 4 each; 64 tokens per microbatch = 2 sequences -> 2 microbatches.
+    assert microbatch_count(tiny_config(train_batch_size=32, tokens_per_mb_per_replica=64), layout) == 2
+    assert microbatch_count(tiny_config(train_batch_size=32), layout) == 1
+    from config import ConfigError
+    with pytest.raises(ConfigError, match="tokens_per_mb_per_replica: 48 tokens"):
+        microbatch_count(tiny_config(train_batch_size=32, tokens_per_mb_per_replica=48), layout)
+
+
+def test_bfloat16_compute_keeps_float32_masters():
+    cfg = tiny_config(precision="bfloat16")
+    batches = random_batches(cfg, 5)
+    losses = train_losses(cfg, batches, "x:4,y:2", "batch:x,heads:y")
+    reference = train_losses(tiny_config(), batches, "x:4,y:2", "batch:x,heads:y")
+    assert losses[-1] < losses[0]
+    np.testing.assert_allclose(losses, reference, atol=0.05)  # bf16 rounding, same trajectory
+    assert not np.allclose(losses, reference, rtol=0, atol=1e-6)  # and it really ran in bf16
+
+
+def test_remat_gives_the_same_losses():
+    cfg = tiny_config(recompute_grad=True)
+    batches = random_batches(cfg, 3)
+    np.testing.assert_allclose(train_losses(cfg, batches), train_losses(tiny_config(), batches), atol=1e-6)
+
+
+def test_mesh_shape_parsing():
+    assert parse_mesh_shape("x:4,y:2", 8) == {"x": 4, "y": 2}
+    assert parse_mesh_shape("x:-1,y:2", 8) == {"x": 4, "y": 2}
+    from config import ConfigError
+    for text, message in [("x:3", "needs 3 devices but 8 are available"), ("x:-1,y:-1", "only one axis"),
+                          ("x:3,y:-1", "does not divide the 8 devices"), ("x=4", "is not axis:size"),
+                          ("x:4,x:2", "appears twice")]:
+        with pytest.raises(ConfigError, match=message):
+            parse_mesh_shape(text, 8)

@@ -1,0 +1,78 @@
+"""train.py as a user runs it: the quickstart (shortened), exact resume, --eval, --new, kept checkpoints."""
+
+import glob
+import os
+import re
+
+import pytest
+
+from tests.common import metrics_rows, run_cli
+
+TINY_SETS = ["n_layer=2", "n_embd=64", "n_head=4", "n_ctx=32", 'attention_types=[[["global","local"],1]]',
+             "local_attention_radius=8", "train_batch_size=8", "eval_batch_size=8", "eval_steps=2",
+             "warmup_steps=2", "sample_tokens=0"]
+
+
+def train(model_path, *sets, extra=()):
+    args = ["train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--no-progress"]
+    for s in TINY_SETS + list(sets):
+        args += ["--set", s]
+    result = run_cli(*args, *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def checkpoint_steps(model_path):
+    return sorted(int(os.path.basename(p)) for p in glob.glob(os.path.join(model_path, "checkpoints", "*"))
+                  if os.path.basename(p).isdigit())
+
+
+def test_quickstart_shortened(tmp_path):
+    model_path = tmp_path / "quickstart"
+    result = run_cli("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path),
+                     "--no-progress", "--set", "train_steps=12", "--set", "warmup_steps=3", "--set", "eval_steps=2",
+                     "--set", "sample_tokens=24")
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, last = map(float, re.search(r"train loss ([\d.]+) -> ([\d.]+)", result.stdout).groups())
+    assert last < first - 0.5, result.stdout
+    assert "sample:\ndef " in result.stdout
+    rows = metrics_rows(model_path)
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert {"loss", "lr", "grad_norm", "tokens_per_sec", "mfu"} <= set(rows[0])
+    assert rows[0]["lr"] == 0.0 and rows[3]["lr"] == pytest.approx(0.002)  # warmup from 0 to lr
+    (evaluation,) = metrics_rows(model_path, "eval")
+    assert evaluation["step"] == 12 and evaluation["perplexity"] == pytest.approx(2.718281828 ** evaluation["loss"])
+    assert 0 < evaluation["bits_per_byte"] < 9
+    assert checkpoint_steps(model_path) == [12]
+    assert glob.glob(str(model_path / "tensorboard" / "events.out.tfevents.*"))
+
+
+def test_resume_is_exact_and_checkpoints_rotate(tmp_path):
+    sets = ["train_steps=6", "steps_per_checkpoint=2", "keep_checkpoints=2", "embed_dropout=0.1",
+            "res_dropout=0.1"]
+    whole = tmp_path / "whole"
+    train(whole, *sets)
+    assert checkpoint_steps(whole) == [4, 6]
+
+    parts = tmp_path / "parts"
+    train(parts, *sets, extra=["--stop-at-step", "3"])
+    assert [r["step"] for r in metrics_rows(parts)] == [1, 2, 3]
+    resumed = train(parts, *sets)
+    assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout
+    losses = lambda path: [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in metrics_rows(path)]  # noqa
+    assert losses(parts) == losses(whole)  # bit-identical, dropout included
+    evals = lambda path: [(r["step"], r["loss"]) for r in metrics_rows(path, "eval")]  # noqa
+    assert evals(parts) == evals(whole)
+
+
+def test_eval_only_new_and_resume_errors(tmp_path):
+    model_path = tmp_path / "run"
+    result = run_cli("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--resume")
+    assert result.returncode == 2 and "error: model_path: no checkpoint to resume" in result.stderr
+    train(model_path, "train_steps=2")
+    evaluated = train(model_path, "train_steps=2", extra=["--eval"])
+    assert "eval at step 2: loss" in evaluated.stdout
+    fresh = train(model_path, "train_steps=1", extra=["--new"])
+    assert "moved the previous run to" in fresh.stdout
+    assert [r["step"] for r in metrics_rows(model_path)] == [1]
+    assert len(glob.glob(str(model_path) + "-*")) == 1  # the old run is kept, not deleted

@@ -39,7 +39,7 @@ def test_quickstart_shortened(tmp_path):
     rows = metrics_rows(model_path)
     assert [r["step"] for r in rows] == list(range(1, 13))
     assert {"loss", "lr", "grad_norm", "tokens_per_sec", "mfu"} <= set(rows[0])
-    assert rows[0]["lr"] == 0.0 and rows[3]["lr"] == pytest.approx(0.002)  # warmup from 0 to lr
+    assert rows[0]["lr"] == 0.0 and rows[3]["lr"] == pytest.approx(0.003)  # warmup from 0 to lr
     (evaluation,) = metrics_rows(model_path, "eval")
     assert evaluation["step"] == 12 and evaluation["perplexity"] == pytest.approx(2.718281828 ** evaluation["loss"])
     assert 0 < evaluation["bits_per_byte"] < 9

@@ -1,0 +1,173 @@
+"""train.py under jax.distributed: 2 processes x 4 CPU devices against 1 process x 8 CPU devices.
+
+Each test launches ``train.py`` as subprocesses (the test process itself never initializes jax.distributed):
+
+* a reference run, one process with 8 simulated devices, for ``STEPS + 1`` steps;
+* a two-process run (4 simulated devices each, gloo collectives, coordinator on a free 127.0.0.1 port) for
+  ``STEPS`` steps, which must log the same per-step train and eval losses and leave a complete checkpoint at
+  step ``STEPS``;
+* a single-process 8-device ``--eval`` of that checkpoint, which must reproduce the two-process run's final
+  eval loss exactly (up to fp32 reduction order), and a single-process ``--resume`` to ``STEPS + 1`` steps,
+  which must match the reference's last step (so parameters, optimizer state and step were all restored).
+
+The learning-rate schedule is pinned (``warmup_steps=1``, ``lr_decay_end``) so that it does not depend on
+``train_steps`` and the runs of different lengths follow the same trajectory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 300  # seconds per train.py launch
+TOLERANCE = 1e-5  # fp32 losses; only the order of the cross-device reductions differs
+STEPS = 3
+
+SMALL = {
+    "n_layer": 2, "attention_types": [[["global", "local"], 1]], "local_attention_radius": 8,
+    "n_embd": 64, "n_head": 4, "n_ctx": 32, "train_batch_size": 8, "eval_batch_size": 8,
+    "eval_steps": 1, "eval_every": 1, "sample_tokens": 0, "precision": "float32",
+    "warmup_steps": 1, "lr_decay_end": 16, "steps_per_checkpoint": 100,
+}
+
+LAYOUTS = [
+    pytest.param("x:8", "batch:x", id="data-parallel"),
+    # Parameters and optimizer state are split over both processes (embd over x, which spans them), so the
+    # checkpoint holds shards that only process 1 has.
+    pytest.param("x:4,y:2", "batch:x,heads:y,embd:x", id="fsdp-tensor-parallel"),
+]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_command(model_path: str, mesh_shape: str, layout: str, steps: int, *extra: str) -> list[str]:
+    settings = {**SMALL, "train_steps": steps, "mesh_shape": mesh_shape, "layout": layout}
+    cmd = [sys.executable, "train.py", "--config", "configs/quickstart.json", "--model-path", model_path,
+           "--no-progress"]
+    for key, value in settings.items():
+        cmd += ["--set", f"{key}={json.dumps(value)}"]
+    return cmd + list(extra)
+
+
+def environment(devices: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"  # replaces conftest's 8
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def launch(commands: list[list[str]], devices: int) -> list[tuple[int, str, str]]:
+    """Runs ``commands`` concurrently; if one fails or the deadline passes, the others are killed.
+
+    Returns (returncode, stdout, stderr) per command; raises AssertionError with every process's output on a
+    failure."""
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=environment(devices), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for cmd in commands]
+    # Drain the pipes in threads so a chatty process can never block on a full pipe.
+    outputs: list[list[str]] = [["", ""] for _ in procs]
+
+    def drain(i, which, stream):
+        outputs[i][which] = stream.read()
+
+    readers = [threading.Thread(target=drain, args=(i, w, s), daemon=True)
+               for i, p in enumerate(procs) for w, s in ((0, p.stdout), (1, p.stderr))]
+    for r in readers:
+        r.start()
+    deadline = time.monotonic() + TIMEOUT
+    timed_out = False
+    while any(p.poll() is None for p in procs):
+        failed = any(p.returncode not in (None, 0) for p in procs)
+        if failed or time.monotonic() > deadline:
+            timed_out = not failed
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.2)
+    for p in procs:
+        p.wait()
+    for r in readers:
+        r.join(timeout=30)
+    results = [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+    if timed_out or any(code != 0 for code, _, _ in results):
+        report = "\n".join(
+            f"--- process {i}: exit {code}\n$ {' '.join(cmd)}\n[stdout]\n{out[-4000:]}\n[stderr]\n{err[-8000:]}"
+            for i, (cmd, (code, out, err)) in enumerate(zip(commands, results)))
+        why = f"timed out after {TIMEOUT} s" if timed_out else "failed"
+        raise AssertionError(f"train.py {why}:\n{report}")
+    return results
+
+
+def read_metrics(model_path: str) -> tuple[dict[int, float], dict[int, float]]:
+    """{step: loss} for the train rows and for the eval rows of model_path/metrics.jsonl."""
+    train, evals = {}, {}
+    with open(os.path.join(model_path, "metrics.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                (train if row["kind"] == "train" else evals)[row["step"]] = row["loss"]
+    return train, evals
+
+
+def assert_close(got: dict[int, float], want: dict[int, float], what: str) -> None:
+    worst = max(abs(got[s] - want[s]) for s in want)
+    assert worst <= TOLERANCE, f"{what}: losses differ by up to {worst:.3g}\n got  {got}\n want {want}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_shape,layout", LAYOUTS)
+def test_two_processes_match_one_and_checkpoint_together(tmp_path, mesh_shape, layout):
+    reference = str(tmp_path / "one-process")
+    launch([train_command(reference, mesh_shape, layout, STEPS + 1, "--new")], devices=8)
+    ref_train, ref_eval = read_metrics(reference)
+    assert sorted(ref_train) == list(range(1, STEPS + 2)), ref_train
+    assert len(set(ref_train.values())) > 1, f"the loss should move over the steps: {ref_train}"
+
+    # Two processes, 4 devices each, one global mesh of 8.
+    multi = str(tmp_path / "two-processes")
+    port = free_port()
+    results = launch([train_command(multi, mesh_shape, layout, STEPS, "--new", "--coordinator",
+                                    f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i))
+                      for i in range(2)], devices=4)
+    assert "over 8 cpu devices (2 processes)" in results[0][1], results[0][1]
+    train, evals = read_metrics(multi)  # written by process 0 only
+    assert sorted(train) == list(range(1, STEPS + 1)), train
+    assert sorted(evals) == list(range(1, STEPS + 1)), evals
+    assert_close(train, {s: ref_train[s] for s in train}, "train loss, 2x4 vs 1x8 devices")
+    assert_close(evals, {s: ref_eval[s] for s in evals}, "eval loss, 2x4 vs 1x8 devices")
+
+    # The final save was committed: orbax finalizes (renames) a step directory only after every process has
+    # written its shards, so a process that skipped the save would have hung or failed the run above.
+    checkpoints = os.path.join(multi, "checkpoints")
+    final = os.path.join(checkpoints, str(STEPS))
+    assert os.path.isdir(final), f"no checkpoint at {final}: {os.listdir(checkpoints)}"
+    assert os.listdir(checkpoints) == [str(STEPS)], f"unfinished or extra saves: {os.listdir(checkpoints)}"
+
+    # One process with 8 devices restores the two-process checkpoint: --eval reproduces the final eval loss.
+    launch([train_command(multi, mesh_shape, layout, STEPS, "--eval")], devices=8)
+    with open(os.path.join(multi, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    assert rows[-1]["kind"] == "eval" and rows[-1]["step"] == STEPS, rows[-1]
+    assert abs(rows[-1]["loss"] - evals[STEPS]) <= TOLERANCE, (rows[-1], evals)
+
+    # ...and --resume continues the two-process run exactly where the one-process reference went.
+    [(_, out, _)] = launch([train_command(multi, mesh_shape, layout, STEPS + 1, "--resume")], devices=8)
+    assert f"at step {STEPS}" in out, out
+    train, evals = read_metrics(multi)
+    assert sorted(train) == list(range(1, STEPS + 2)), train
+    assert_close(train, ref_train, "train loss after a one-process resume of the two-process run")
+    assert_close(evals, ref_eval, "eval loss after a one-process resume of the two-process run")
+    assert os.path.isdir(os.path.join(checkpoints, str(STEPS + 1)))

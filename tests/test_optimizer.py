@@ -1,0 +1,44 @@
+"""Schedule, weight-decay mask and both optimizers."""
+
+import jax
+import numpy as np
+import pytest
+
+from models.gpt_neo import GPTNeo
+from parallel.state import abstract_model
+from tests.common import random_batches, tiny_config, train_losses
+from training.optimizer import decay_mask, learning_rate_schedule
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear"])
+def test_warmup_then_decay_to_a_tenth(kind):
+    cfg = tiny_config(lr=1.0, warmup_steps=10, train_steps=200, lr_decay_end=110, lr_decay=kind)
+    lr = learning_rate_schedule(cfg)
+    assert float(lr(0)) == 0.0 and float(lr(5)) == pytest.approx(0.5) and float(lr(10)) == pytest.approx(1.0)
+    midpoint = 0.55 if kind == "cosine" else 0.55  # both pass 0.55 halfway between 1.0 and 0.1
+    assert float(lr(60)) == pytest.approx(midpoint, abs=1e-6)
+    assert float(lr(110)) == pytest.approx(0.1) and float(lr(199)) == pytest.approx(0.1)
+    assert float(lr(30)) > float(lr(31))
+
+
+def test_no_decay_schedule_is_constant_after_warmup():
+    lr = learning_rate_schedule(tiny_config(lr=0.5, warmup_steps=4, lr_decay="none"))
+    assert [float(lr(s)) for s in (4, 7, 9)] == [0.5, 0.5, 0.5]
+
+
+def test_weight_decay_skips_biases_and_norms():
+    _, params, _ = abstract_model(lambda rngs: GPTNeo(tiny_config(), rngs=rngs))
+    mask = dict((jax.tree_util.keystr(p), m) for p, m in jax.tree_util.tree_flatten_with_path(decay_mask(params))[0])
+    decayed = sorted(k for k, m in mask.items() if m)
+    kept = sorted(k for k, m in mask.items() if not m)
+    assert all("kernel" in k or "embedding" in k for k in decayed)
+    assert all(k.endswith(("['bias']", "['scale']")) for k in kept) and kept
+
+
+def test_adafactor_trains_and_is_sharding_invariant():
+    cfg = tiny_config(opt_name="adafactor", lr=0.01, beta1=0.0, weight_decay=0.0)
+    batches = random_batches(cfg, 6)
+    single = train_losses(cfg, batches, "x:1", devices=jax.devices()[:1])
+    sharded = train_losses(cfg, batches, "x:4,y:2", "batch:x,heads:y,intermediate_expanded:y")
+    assert single[-1] < single[0]
+    np.testing.assert_allclose(sharded, single, atol=1e-5)

@@ -70,6 +70,9 @@ def test_eval_only_new_and_resume_errors(tmp_path):
     result = run_cli("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--resume")
     assert result.returncode == 2 and "error: model_path: no checkpoint to resume" in result.stderr
     train(model_path, "train_steps=2")
+    # A save that died half-way (orbax writes into a temporary directory and renames it when complete) must
+    # be ignored: the last complete checkpoint is what gets restored.
+    os.makedirs(model_path / "checkpoints" / "7.orbax-checkpoint-tmp-1700000000000000")
     evaluated = train(model_path, "train_steps=2", extra=["--eval"])
     assert "eval at step 2: loss" in evaluated.stdout
     fresh = train(model_path, "train_steps=1", extra=["--new"])

@@ -51,6 +51,7 @@ class Config:
     scale_by_depth: bool = _key(True, "scale the init of residual output projections by 1/sqrt(n_layer)")
     scale_by_in: bool = _key(False, "scale the init of MLP projections by 1/sqrt(fan_in)")
     no_weight_tie: bool = _key(False, "use a separate output projection instead of the token embedding")
+    qkv_bias: bool = _key(False, "biases on the q/k/v projections (GPT-2 has them, GPT-Neo does not)")
     # GPT-Neo features that arrive with later work: accepted at their off value, an error when switched on.
     num_mem_kv: int = _key(0, "learned memory key/value slots in global layers (not available yet)", minimum=0)
     moe_layers: Optional[list] = _key(None, "layer indices whose MLP is a mixture of experts (not available yet)")

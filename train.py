@@ -23,6 +23,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                        "a checkpoint); an error if it has none")
     fresh.add_argument("--new", action="store_true", help="start fresh; an existing run directory is moved aside")
     p.add_argument("--eval", action="store_true", help="only evaluate the latest checkpoint")
+    p.add_argument("--init-from", metavar="HF_DIR", help="start a new run from a Hugging Face GPT-Neo/GPT-2 "
+                   "model's weights (fresh optimizer state and schedule): fine-tuning")
     p.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and stop after step N (a time-sliced "
                    "job); the next run resumes there exactly")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -65,7 +67,7 @@ def train(args) -> None:
     from config import ConfigError, load_config
     from data.source import make_source
     from models.gpt_neo import GPTNeo
-    from models.sampling import sample
+    from models.generate import complete
     from parallel import distributed
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
@@ -118,7 +120,10 @@ def train(args) -> None:
         raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
                           f"{checkpoints.directory}")
     else:
-        graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed)
+        params = imported_params(cfg, args.init_from) if args.init_from else None
+        graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params)
+        if args.init_from:
+            say(f"initialised from {args.init_from}")
     n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
     say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
 
@@ -180,11 +185,26 @@ def train(args) -> None:
     if first_loss is not None:
         say(f"train loss {first_loss:.4f} -> {last_loss:.4f} over steps {start + 1}..{stop}")
     if cfg.sample_tokens:  # every process takes part: the parameters are spread over all of them
-        tokenizer = train_data.tokenizer
         with layout.active():
-            ids = sample(graphdef, state.params, tokenizer.encode(cfg.sample_prompt), cfg.sample_tokens, cfg.n_ctx,
-                         seed=cfg.seed)
-        say(f"sample:\n{cfg.sample_prompt}{tokenizer.decode(ids)}")
+            text = complete(graphdef, state.params, train_data.tokenizer, cfg.sample_prompt, cfg.sample_tokens,
+                            cfg.n_ctx, seed=cfg.seed)
+        say(f"sample:\n{cfg.sample_prompt}{text}")
+
+
+def imported_params(cfg, hf_dir: str):
+    """A Hugging Face model's weights for ``cfg``'s model; a one-line error if its shape differs."""
+    from config import ConfigError
+    from models import hf
+
+    hf_config, tensors = hf.read_hf_dir(hf_dir)
+    theirs = hf.config_from_hf(hf_config, f"{hf_dir}/config.json")
+    keys = ["n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "attention_layers", "activation_function",
+            "no_weight_tie", "qkv_bias"] + (["local_attention_radius"] if "local" in cfg.attention_layers else [])
+    for key in keys:
+        if getattr(theirs, key) != getattr(cfg, key):
+            raise ConfigError(f"--init-from {hf_dir}: {key} is {getattr(theirs, key)} there but "
+                              f"{getattr(cfg, key)} in the config")
+    return hf.params_from_hf(cfg, hf_config, tensors, hf_dir)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,16 @@ def _tokenize(texts: list[str], tokenizer: Tokenizer) -> tuple[np.ndarray, float
     return np.asarray(ids, dtype=np.int32), n_bytes / len(ids)
 
 
+def make_tokenizer(cfg: Config) -> Tokenizer:
+    """The tokenizer of the config's (first) dataset."""
+    name = cfg.datasets[0][0]
+    kind = load_dataset_config(name).get("tokenizer_path", "bytes")
+    if kind not in TOKENIZERS:
+        raise ConfigError(f"configs/dataset_configs/{name}.json: unknown tokenizer_path '{kind}' "
+                          f"(known: {', '.join(TOKENIZERS)})")
+    return TOKENIZERS[kind]()
+
+
 def make_source(cfg: Config, split: str) -> WindowSource:
     """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
     if len(cfg.datasets) != 1:
@@ -80,10 +90,7 @@ def make_source(cfg: Config, split: str) -> WindowSource:
     if dataset.get("path") != "embedded":
         raise ConfigError(f"{where}: path {json.dumps(dataset.get('path'))} is not readable yet; "
                           "only the embedded corpus ('embedded') is")
-    kind = dataset.get("tokenizer_path", "bytes")
-    if kind not in TOKENIZERS:
-        raise ConfigError(f"{where}: unknown tokenizer_path '{kind}' (known: {', '.join(TOKENIZERS)})")
-    tokenizer = TOKENIZERS[kind]()
+    tokenizer = make_tokenizer(cfg)
     if tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the {tokenizer.vocab_size} tokens of "
                           f"{where}'s tokenizer")

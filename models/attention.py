@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from config import Config
+from models import kv_cache
 from models.layers import dropout, dropout_keys, projection
 from parallel.layout import constrain
 
@@ -49,9 +50,10 @@ class SelfAttention(nnx.Module):
     def __init__(self, cfg: Config, kind: str, *, rngs: nnx.Rngs):
         d, n, h = cfg.n_embd, cfg.n_head, cfg.head_dim
         qkv_axes = ("embd", "heads", "features_per_head")
-        self.q = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, (d * h) ** -0.5, rngs)
-        self.k = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, d ** -0.5, rngs)
-        self.v = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, d ** -0.5, rngs)
+        bias = qkv_axes[1:] if cfg.qkv_bias else None
+        self.q = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, (d * h) ** -0.5, rngs, bias=bias)
+        self.k = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, d ** -0.5, rngs, bias=bias)
+        self.v = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, d ** -0.5, rngs, bias=bias)
         self.out = projection("BTNH,NHD->BTD", (n, h, d), ("heads", "features_per_head", "embd"), (n * h) ** -0.5,
                               rngs, bias=("embd",))
         self.window = cfg.local_attention_radius if kind == "local" else None
@@ -66,6 +68,36 @@ class SelfAttention(nnx.Module):
         a = dot_product_attention(q, k, v, self.window, self.attn_dropout, attn_key)  # (B, T, N, H)
         y = self.out(constrain(a, QUERY))  # (B, T, D)
         return dropout(self.res_dropout, y, res_key)
+
+    def init_cache(self, batch: int, length: int, dtype) -> kv_cache.LayerCache:
+        n, h = self.k.kernel.shape[1:]
+        return kv_cache.empty(batch, length if self.window is None else min(self.window, length), n, h, dtype)
+
+    def decode(self, x: jax.Array, cache: kv_cache.LayerCache, state: kv_cache.DecodeState):
+        """Attention for T new tokens at buffer indices state.index..+T-1 against the cache; returns the output
+        and the updated cache. Global layers write first and attend over the whole buffer; local layers attend
+        over the ring (older tokens) plus the new tokens, then keep the newest ``window`` of them."""
+        t = x.shape[1]
+        q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, N, H)
+        query_index = state.index + jnp.arange(t)
+        if self.window is None:
+            cache = kv_cache.LayerCache(k=jax.lax.dynamic_update_slice_in_dim(cache.k, k.astype(cache.k.dtype),
+                                                                              state.index, axis=1),
+                                        v=jax.lax.dynamic_update_slice_in_dim(cache.v, v.astype(cache.v.dtype),
+                                                                              state.index, axis=1))
+            keys, values, key_index = cache.k, cache.v, jnp.arange(cache.k.shape[1])
+        else:
+            w = cache.k.shape[1]
+            keys = jnp.concatenate([cache.k, k.astype(cache.k.dtype)], axis=1)  # (B, W+T, N, H)
+            values = jnp.concatenate([cache.v, v.astype(cache.v.dtype)], axis=1)
+            key_index = jnp.concatenate([kv_cache.ring_indices(state.index, w), query_index])
+            kept = min(t, w)  # the newest tokens overwrite the ring slots of their indices
+            slots = jnp.mod(query_index[t - kept:], w)
+            cache = kv_cache.LayerCache(k=cache.k.at[:, slots].set(k[:, t - kept:].astype(cache.k.dtype)),
+                                        v=cache.v.at[:, slots].set(v[:, t - kept:].astype(cache.v.dtype)))
+        mask = kv_cache.visible(query_index, key_index, state.pad, self.window)[:, None]  # (B, 1, T, S)
+        a = jax.nn.dot_product_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask, scale=1.0)
+        return self.out(a), cache
 
 
 # The attention slot of a block: each kind of layer maps to the module that implements it.

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from config import Config
+from models import kv_cache
 from models.attention import make_attention
 from models.layers import axes, dropout, dropout_keys, layer_norm
 from models.mlp import make_mlp
@@ -28,6 +29,12 @@ class Block(nnx.Module):
         attn_key, mlp_key = dropout_keys(dropout_key, 2)
         x = constrain(x + self.attn(self.ln_1(x), attn_key), HIDDEN)
         return constrain(x + self.mlp(self.ln_2(x), mlp_key), HIDDEN)  # (B, T, D)
+
+    def decode(self, x: jax.Array, cache, state: kv_cache.DecodeState):
+        """The block for new tokens against a KV cache: (B, T, D) -> (B, T, D), updated cache."""
+        a, cache = self.attn.decode(self.ln_1(x), cache, state)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), cache
 
 
 class GPTNeo(nnx.Module):
@@ -55,6 +62,25 @@ class GPTNeo(nnx.Module):
         run_block = nnx.remat(Block.__call__) if self.remat else Block.__call__
         for block, key in zip(self.blocks, block_keys):
             x = run_block(block, x, key)
+        return constrain(self.logits(x), ("batch", "sequence", "vocab"))
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """Final LayerNorm and output projection: (B, T, D) -> (B, T, V)."""
         x = self.ln_f(x)
-        logits = self.lm_head(x) if self.lm_head is not None else self.wte.attend(x)  # (B, T, V)
-        return constrain(logits, ("batch", "sequence", "vocab"))
+        return self.lm_head(x) if self.lm_head is not None else self.wte.attend(x)
+
+    def init_cache(self, batch: int, length: int, pad: jax.Array, dtype=jnp.float32) -> kv_cache.DecodeState:
+        """An empty cache for ``batch`` rows of up to ``length`` tokens, rows left-padded by ``pad`` (B,)."""
+        return kv_cache.DecodeState(index=jnp.zeros((), jnp.int32), pad=pad.astype(jnp.int32),
+                                    layers=tuple(b.attn.init_cache(batch, length, dtype) for b in self.blocks))
+
+    def decode(self, tokens: jax.Array, state: kv_cache.DecodeState) -> tuple[jax.Array, kv_cache.DecodeState]:
+        """(B, T) new tokens -> (B, T, V) logits and the advanced cache. Prefill is one call with the whole
+        (left-padded) prompt; each generated token is one call with T=1."""
+        x = self.wte(tokens) + self.wpe(state.positions(tokens.shape[1]))  # (B, T, D)
+        layers = []
+        for block, cache in zip(self.blocks, state.layers):
+            x, cache = block.decode(x, cache, state)
+            layers.append(cache)
+        state = state.replace(index=state.index + tokens.shape[1], layers=tuple(layers))
+        return self.logits(x), state

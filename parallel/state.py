@@ -14,9 +14,11 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
+from config import ConfigError
 from parallel.layout import Layout, replicated
 
 Params = dict  # nested {name: {...: jax.Array}}: the pure-dict form of the model's nnx.Param state
@@ -85,12 +87,29 @@ def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax
 
 
 def create_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
-                       layout: Layout, seed: int) -> tuple[nnx.GraphDef, TrainState, TrainState]:
-    """Initialises a sharded ``TrainState``; returns (graphdef, state, state shardings)."""
-    graphdef, _, shardings = abstract_train_state(make_model, tx, layout)
+                       layout: Layout, seed: int, params: Params | None = None
+                       ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+    """Initialises a sharded ``TrainState`` (from ``params``, e.g. imported weights, if given, with fresh
+    optimizer state); returns (graphdef, state, state shardings)."""
+    graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
+    if params is None:
+        def init() -> TrainState:
+            fresh = nnx.to_pure_dict(nnx.state(make_model(nnx.Rngs(params=seed))))
+            return TrainState(step=jnp.zeros((), jnp.int32), params=fresh, opt_state=tx.init(fresh))
 
-    def init() -> TrainState:
-        params = nnx.to_pure_dict(nnx.state(make_model(nnx.Rngs(params=seed))))
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+        return graphdef, jax.jit(init, out_shardings=shardings)(), shardings
+    check_params_fit(params, abstract.params)
+    params = jax.tree.map(lambda p, a: jax.device_put(jnp.asarray(p, a.dtype), a.sharding), params, abstract.params)
+    init = jax.jit(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
+                   in_shardings=(shardings.params,), out_shardings=shardings)
+    return graphdef, init(params), shardings
 
-    return graphdef, jax.jit(init, out_shardings=shardings)(), shardings
+
+def check_params_fit(params: Params, abstract: Params) -> None:
+    """A one-line error naming the first parameter whose path or shape does not match the model."""
+    given = {path_name(p): np.shape(v) for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    wanted = {path_name(p): tuple(v.shape) for p, v in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    for name in sorted(set(given) | set(wanted)):
+        if given.get(name) != wanted.get(name):
+            raise ConfigError(f"parameter {name}: the weights have shape {given.get(name)}, the config's model "
+                              f"{wanted.get(name)}")

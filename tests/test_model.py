@@ -12,11 +12,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 import config
-from models import attention
+from models import attention, hf
+from tests import hf_fixtures
 from models.gpt_neo import GPTNeo
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch  # noqa: F401  (test requirement: the reference implementation)
 
 
 def make_cfg(**kw):
@@ -29,60 +29,18 @@ def make_cfg(**kw):
 
 def hf_model(cfg):
     """A randomly initialised GPTNeoForCausalLM with the same shape and semantics as ``cfg``, in eval mode."""
-    hf_cfg = transformers.GPTNeoConfig(
-        vocab_size=cfg.n_vocab, max_position_embeddings=cfg.n_ctx, hidden_size=cfg.n_embd, num_layers=cfg.n_layer,
-        num_heads=cfg.n_head, attention_types=cfg.attention_types or [[["global"], cfg.n_layer]],
-        window_size=cfg.local_attention_radius,
-        intermediate_size=4 * cfg.n_embd, activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0,
-        attention_dropout=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=not cfg.no_weight_tie,
-        bos_token_id=0, eos_token_id=0)
-    hf_cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.GPTNeoForCausalLM(hf_cfg).eval()
+    model = hf_fixtures.gpt_neo(n_embd=cfg.n_embd, n_head=cfg.n_head, n_layer=cfg.n_layer, n_ctx=cfg.n_ctx,
+                                window=cfg.local_attention_radius,
+                                attention_types=cfg.attention_types or [[["global"], cfg.n_layer]],
+                                tied=not cfg.no_weight_tie, vocab=cfg.n_vocab)
     assert (model.lm_head.weight is model.transformer.wte.weight) == (not cfg.no_weight_tie)
-    # The default init (std 0.02, LayerNorms at (1, 0), zero biases) makes attention almost uniform and the MLP
-    # almost linear, which would hide a wrong scale, mask or activation. Make every part of the model matter.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "ln_" in name:
-                p.add_(0.1 * torch.randn_like(p))
-            elif any(s in name for s in ("q_proj", "k_proj", "v_proj", "c_fc", "wte", "lm_head")):
-                p.normal_(0.0, 0.1)
     return model
 
 
-def hf_to_neomesh(hf, cfg):
-    """Hugging Face GPT-Neo weights -> the NeoMesh parameter pure-dict. torch Linear weights are (out, in)."""
-    d, n, h = cfg.n_embd, cfg.n_head, cfg.head_dim
-    sd = {k: v.detach().numpy().astype(np.float32) for k, v in hf.state_dict().items()}
-    t = "transformer."
-
-    def norm(prefix):
-        return {"scale": sd[prefix + ".weight"], "bias": sd[prefix + ".bias"]}
-
-    blocks = {}
-    for i in range(cfg.n_layer):
-        b = f"{t}h.{i}."
-        a = b + "attn.attention."
-        blocks[i] = {
-            "ln_1": norm(b + "ln_1"),
-            "attn": {
-                "q": {"kernel": sd[a + "q_proj.weight"].T.reshape(d, n, h)},
-                "k": {"kernel": sd[a + "k_proj.weight"].T.reshape(d, n, h)},
-                "v": {"kernel": sd[a + "v_proj.weight"].T.reshape(d, n, h)},
-                "out": {"kernel": sd[a + "out_proj.weight"].T.reshape(n, h, d), "bias": sd[a + "out_proj.bias"]},
-            },
-            "ln_2": norm(b + "ln_2"),
-            "mlp": {
-                "c_fc": {"kernel": sd[b + "mlp.c_fc.weight"].T, "bias": sd[b + "mlp.c_fc.bias"]},
-                "c_proj": {"kernel": sd[b + "mlp.c_proj.weight"].T, "bias": sd[b + "mlp.c_proj.bias"]},
-            },
-        }
-    params = {"wte": {"embedding": sd[t + "wte.weight"]}, "wpe": {"embedding": sd[t + "wpe.weight"]},
-              "blocks": blocks, "ln_f": norm(t + "ln_f")}
-    if cfg.no_weight_tie:
-        params["lm_head"] = {"kernel": sd["lm_head.weight"].T}
-    return jax.tree.map(jnp.asarray, params)
+def hf_to_neomesh(model, cfg):
+    """The library's import mapping applied to the live torch model's weights."""
+    tensors = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    return jax.tree.map(jnp.asarray, hf.params_from_hf(cfg, model.config.to_dict(), tensors))
 
 
 def abstract(cfg):
@@ -113,11 +71,11 @@ def test_logits_match_hugging_face(name):
     kw = dict(PARITY_CONFIGS[name])
     seq = kw.pop("seq")
     cfg = make_cfg(**kw)
-    hf = hf_model(cfg)
+    reference = hf_model(cfg)
     tokens = np.random.default_rng(0).integers(0, cfg.n_vocab, size=(2, seq))
     with torch.no_grad():
-        want = hf(torch.from_numpy(tokens)).logits.numpy()
-    got = neomesh_logits(cfg, hf_to_neomesh(hf, cfg), tokens)
+        want = reference(torch.from_numpy(tokens)).logits.numpy()
+    got = neomesh_logits(cfg, hf_to_neomesh(reference, cfg), tokens)
     assert got.shape == want.shape == (2, seq, cfg.n_vocab)
     diff = float(np.max(np.abs(got - want)))
     print(f"{name}: max abs logit diff {diff:.3g}")

@@ -6,18 +6,40 @@ previous checkpoint intact. All processes call ``save``/``restore`` together (mu
 
 from __future__ import annotations
 
+import contextlib
 import os
 
+import jax
 import orbax.checkpoint as ocp
 
 from config import ConfigError
 
 
+@contextlib.contextmanager
+def _quiet_absl(quiet: bool):
+    from absl import logging
+
+    level = logging.get_verbosity()
+    if quiet:
+        logging.set_verbosity(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
 class Checkpoints:
-    def __init__(self, model_path: str, keep: int):
+    def __init__(self, model_path: str, keep: int, read_only: bool = False):
         self.directory = os.path.abspath(os.path.join(model_path, "checkpoints"))
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "config"))
+        if read_only and not os.path.isdir(self.directory):
+            raise ConfigError(f"model_path: no checkpoint in {self.directory}")
+        if read_only:
+            options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0,
+                                                   enable_async_checkpointing=False)
+        else:
+            options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=True)
+        with _quiet_absl(read_only):  # orbax warns that a read-only manager is read-only
+            self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "config"))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -40,7 +62,50 @@ class Checkpoints:
                               f"model ({str(e).splitlines()[0][:200]})") from None
         return restored.state
 
+    def restore_params(self, abstract_params, step: int | None = None):
+        """Only the parameters (no optimizer state), placed with the shardings in ``abstract_params``."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise ConfigError(f"model_path: no checkpoint in {self.directory}")
+        target = {"params": abstract_params}
+        restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), target)
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                item=target, restore_args=restore_args, partial_restore=True)))
+        except (ValueError, KeyError) as e:
+            raise ConfigError(f"model_path: checkpoint {self.directory}/{step} does not fit this config's "
+                              f"model ({str(e).splitlines()[0][:200]})") from None
+        return restored.state["params"]
+
+    def config(self, step: int | None = None) -> dict:
+        """The config the checkpoint was written with."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise ConfigError(f"model_path: no checkpoint in {self.directory}")
+        return dict(self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config)
+
     def close(self) -> None:
         """Waits for pending saves to finish."""
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def restore_params(model_path: str, layout=None, overrides: tuple[str, ...] = ()):
+    """(config, parameters) of the latest checkpoint in ``model_path``, on ``layout`` (default: one device).
+    The checkpoint may have been written on any mesh: orbax reshards on restore."""
+    from config import from_dict
+    from models.gpt_neo import GPTNeo
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from parallel.state import abstract_model, param_shardings
+
+    checkpoints = Checkpoints(model_path, keep=1, read_only=True)
+    cfg, _ = from_dict(checkpoints.config(), source=f"{model_path} checkpoint config", overrides=overrides)
+    if layout is None:
+        layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
+    _, abstract, logical = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+    shardings = param_shardings(layout, abstract, logical)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    params = checkpoints.restore_params(abstract)
+    checkpoints.close()
+    return cfg, params

@@ -1,0 +1,187 @@
+"""Text generation with a KV cache: prefill and the decode loop run inside one jit, compiled once per
+(batch, prompt length, new tokens) shape.
+
+Sampling follows Hugging Face's order: the repetition penalty edits the logits (sign-aware, prompt included),
+then temperature, top-k and top-p shape the distribution; temperature 0 is greedy. Beam search keeps ``num_beams``
+alive hypotheses and a pool of finished ones scored by ``sum log p / length ** length_penalty``, and stops when
+no alive beam can beat the finished pool. An optional host callback sees each new token (streaming, stop strings)
+and can end a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.experimental import io_callback
+
+NEG_INF = -1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    repetition_penalty: float = 1.0  # 1: off
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    eos_id: int | None = None
+
+
+def apply_repetition_penalty(logits: jax.Array, seen: jax.Array, penalty: float) -> jax.Array:
+    """Hugging Face's rule for every token already seen: negative logits times ``penalty``, others divided."""
+    if penalty == 1.0:
+        return logits
+    return jnp.where(seen, jnp.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """Masks everything outside the top-k tokens and outside the smallest set whose probability reaches top_p."""
+    if top_k > 0:
+        kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth, NEG_INF, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]  # descending
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # probability mass strictly above each token
+        cutoff = jnp.min(jnp.where(before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, NEG_INF, logits)
+    return logits
+
+
+def choose(logits: jax.Array, seen: jax.Array, s: Sampling, key: jax.Array) -> jax.Array:
+    """(B, V) float32 logits -> (B,) next tokens."""
+    logits = apply_repetition_penalty(logits, seen, s.repetition_penalty)
+    if s.temperature == 0:
+        return jnp.argmax(logits, axis=-1)
+    logits = filter_logits(logits / s.temperature, s.top_k, s.top_p)
+    return jax.random.categorical(key, logits, axis=-1)
+
+
+def _host_check(callback, tokens, step):
+    """Runs ``callback(tokens, step) -> stop flags`` on the host, in order, from inside the loop."""
+    return io_callback(callback, jax.ShapeDtypeStruct(tokens.shape, jnp.bool_), tokens, step,
+                                        ordered=True)
+
+
+def sample(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s: Sampling, key: jax.Array,
+           on_tokens: Callable | None = None) -> jax.Array:
+    """(B, P) left-padded prompts -> (B, max_new_tokens) new tokens; rows that ended (eos, or the callback said
+    stop) are filled with eos (or 0) after their last token. ``on_tokens(tokens (B,), step) -> (B,) bool`` runs on
+    the host after every step when given."""
+    b, p = prompts.shape
+    fill = 0 if s.eos_id is None else s.eos_id
+
+    @jax.jit
+    def run(params, prompts, pad, key):
+        model = nnx.merge(graphdef, nnx.State(params))
+        cache = model.init_cache(b, p + s.max_new_tokens, pad, params_dtype(params))
+        logits, cache = model.decode(prompts, cache)  # prefill: (B, P, V)
+        rows = jnp.arange(p)[None, :] >= pad[:, None]
+        seen = jnp.zeros((b, logits.shape[-1]), bool).at[jnp.arange(b)[:, None], prompts].max(rows)
+        out = jnp.full((b, s.max_new_tokens), fill, jnp.int32)
+
+        def cond(carry):
+            i, _, _, _, done, _ = carry
+            return (i < s.max_new_tokens) & ~jnp.all(done)
+
+        def body(carry):
+            i, last_logits, cache, seen, done, out = carry
+            token = choose(last_logits.astype(jnp.float32), seen, s, jax.random.fold_in(key, i))
+            token = jnp.where(done, fill, token).astype(jnp.int32)
+            out = out.at[:, i].set(token)
+            seen = seen.at[jnp.arange(b), token].set(True)
+            done = done | ((token == s.eos_id) if s.eos_id is not None else False)
+            if on_tokens is not None:
+                done = done | _host_check(on_tokens, token, i)
+            logits, cache = model.decode(token[:, None], cache)
+            return i + 1, logits[:, -1], cache, seen, done, out
+
+        carry = (jnp.zeros((), jnp.int32), logits[:, -1], cache, seen, jnp.zeros((b,), bool), out)
+        return jax.lax.while_loop(cond, body, carry)[-1]
+
+    return run(params, prompts, pad, key)
+
+
+def beam_search(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s: Sampling) -> jax.Array:
+    """(B, P) left-padded prompts -> (B, max_new_tokens): the best hypothesis per row, eos-filled after it ends."""
+    b, p = prompts.shape
+    k, n = s.num_beams, s.max_new_tokens
+    eos = -1 if s.eos_id is None else s.eos_id
+    fill = 0 if s.eos_id is None else s.eos_id
+
+    def score(log_prob, length):
+        return log_prob / length.astype(jnp.float32) ** s.length_penalty
+
+    @jax.jit
+    def run(params, prompts, pad):
+        model = nnx.merge(graphdef, nnx.State(params))
+        cache = model.init_cache(b, p + n, pad, params_dtype(params))
+        logits, cache = model.decode(prompts, cache)
+        # Every beam starts from the prompt: repeat rows, and let only beam 0 be alive at first.
+        cache = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0) if x.ndim and x.shape[0] == b else x, cache)
+        last = jnp.repeat(logits[:, -1], k, axis=0)  # (B*K, V)
+        alive_seq = jnp.full((b, k, n), fill, jnp.int32)
+        alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (b, 1))  # (B, K)
+        fin_seq = jnp.full((b, k, n), fill, jnp.int32)
+        fin_score = jnp.full((b, k), NEG_INF)
+
+        def cond(carry):
+            i, _, _, _, alive_lp, _, fin_score = carry
+            # Log probabilities only fall, so an alive beam's best possible score uses the longest length.
+            best_alive = score(alive_lp[:, 0], jnp.asarray(n)) if s.length_penalty >= 0 else alive_lp[:, 0]
+            finished = jnp.all(fin_score[:, -1] >= best_alive)
+            return (i < n) & ~finished
+
+        def body(carry):
+            i, last, cache, alive_seq, alive_lp, fin_seq, fin_score = carry
+            v = last.shape[-1]
+            log_p = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1).reshape(b, k, v)
+            candidates = (alive_lp[:, :, None] + log_p).reshape(b, k * v)
+            top_lp, top_idx = jax.lax.top_k(candidates, 2 * k)  # (B, 2K)
+            beam, token = top_idx // v, (top_idx % v).astype(jnp.int32)
+            seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, i].set(token)  # (B, 2K, N)
+            is_eos = token == eos
+            # Finished pool: the best K of the old pool and the candidates that just emitted eos.
+            new_scores = jnp.where(is_eos, score(top_lp, i + 1), NEG_INF)
+            pool_scores = jnp.concatenate([fin_score, new_scores], axis=1)
+            pool_seqs = jnp.concatenate([fin_seq, seqs], axis=1)
+            fin_score, keep = jax.lax.top_k(pool_scores, k)
+            fin_seq = jnp.take_along_axis(pool_seqs, keep[:, :, None], axis=1)
+            # Alive: the best K candidates that did not emit eos.
+            alive_lp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_lp), k)
+            alive_seq = jnp.take_along_axis(seqs, keep[:, :, None], axis=1)
+            parent = (jnp.take_along_axis(beam, keep, axis=1) + jnp.arange(b)[:, None] * k).reshape(-1)
+            cache = jax.tree.map(lambda x: x[parent] if x.ndim and x.shape[0] == b * k else x, cache)
+            tokens = jnp.take_along_axis(token, keep, axis=1).reshape(-1)
+            logits, cache = model.decode(tokens[:, None], cache)
+            return i + 1, logits[:, -1], cache, alive_seq, alive_lp, fin_seq, fin_score
+
+        carry = (jnp.zeros((), jnp.int32), last, cache, alive_seq, alive_lp, fin_seq, fin_score)
+        i, _, _, alive_seq, alive_lp, fin_seq, fin_score = jax.lax.while_loop(cond, body, carry)
+        # An alive beam that reached the length limit competes with the finished ones, as in Hugging Face.
+        use_alive = score(alive_lp[:, 0], jnp.maximum(i, 1)) > fin_score[:, 0]
+        return jnp.where(use_alive[:, None], alive_seq[:, 0], fin_seq[:, 0])
+
+    return run(params, prompts, pad)
+
+
+def params_dtype(params) -> jnp.dtype:
+    return jax.tree.leaves(params)[0].dtype
+
+
+def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str, max_new_tokens: int, n_ctx: int, *,
+             temperature: float = 0.8, seed: int = 0) -> str:
+    """The text that follows ``prompt`` (sampled; at most until eos or the context is full)."""
+    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
+    new = min(max_new_tokens, n_ctx - 1)
+    ids = ids[-(n_ctx - new):]
+    out = sample(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
+                 Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id), jax.random.key(seed))
+    tokens = [int(t) for t in jax.device_get(out)[0]]
+    return tokenizer.decode(tokens[:tokens.index(tokenizer.eos_id)] if tokenizer.eos_id in tokens else tokens)

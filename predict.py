@@ -1,0 +1,215 @@
+"""Generate text: ``python predict.py --config configs/quickstart.json --prompt "def "``.
+
+The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path; it may have
+been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2 directory (``--hf-model``). Prompts
+(repeated ``--prompt`` or one per line of ``--prompt-file``) run as one left-padded batch; a single prompt
+streams to stdout as it is generated. Generation is KV-cached and compiled once per shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="JSON config; its model_path is the default --model-path")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model-path", help="NeoMesh run directory with checkpoints")
+    source.add_argument("--hf-model", help="Hugging Face GPT-Neo or GPT-2 directory")
+    prompts = p.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
+    prompts.add_argument("--prompt-file", help="a file with one prompt per line")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="keep the smallest set with this probability (1: all)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="Hugging Face's penalty (1: off)")
+    p.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="beam score = log p / length ** this")
+    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop when this text appears (repeatable)")
+    p.add_argument("--truncate-prompt", action="store_true", help="keep the last tokens of a prompt too long "
+                   "for n_ctx instead of stopping with an error")
+    p.add_argument("--mesh-shape", help="run sharded on this mesh (default: one device)")
+    p.add_argument("--layout", default="batch:x", help="layout with --mesh-shape")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from config import ConfigError
+
+    try:
+        predict(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def check_options(args) -> None:
+    from config import ConfigError
+
+    checks = [(args.max_new_tokens >= 1, "--max-new-tokens must be at least 1"),
+              (args.temperature >= 0, "--temperature must be >= 0"), (args.top_k >= 0, "--top-k must be >= 0"),
+              (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
+              (args.repetition_penalty > 0, "--repetition-penalty must be > 0"),
+              (args.num_beams >= 1, "--num-beams must be at least 1"),
+              (args.num_samples >= 1, "--num-samples must be at least 1"),
+              (args.num_beams == 1 or args.num_samples == 1, "--num-samples > 1 needs sampling, not --num-beams"),
+              (args.config or args.model_path or args.hf_model, "give --config, --model-path or --hf-model")]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def load_model(args, layout):
+    """(config, parameters placed on ``layout``, tokenizer) from --hf-model or a NeoMesh run directory."""
+    import os
+
+    import jax
+
+    from config import ConfigError, load_config
+    from data.source import make_tokenizer
+    from models import hf
+    from models.gpt_neo import GPTNeo
+    from parallel.state import abstract_model, param_shardings
+    from training.checkpoint import restore_params
+
+    if args.hf_model:
+        hf_config, tensors = hf.read_hf_dir(args.hf_model)
+        cfg = hf.config_from_hf(hf_config, f"{args.hf_model}/config.json")
+        params = hf.params_from_hf(cfg, hf_config, tensors, args.hf_model)
+        _, abstract, logical = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+        shardings = param_shardings(layout, abstract, logical)
+        params = jax.tree.map(lambda p, s: jax.device_put(p, s), params, shardings)
+        return cfg, params, hf.load_tokenizer(args.hf_model)
+    model_path = args.model_path
+    if model_path is None:
+        model_path = load_config(args.config, tuple(args.set))[0].model_path
+    cfg, params = restore_params(model_path, layout, tuple(args.set))
+    tokenizer_dir = os.path.join(model_path, "tokenizer")
+    tokenizer = hf.load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else make_tokenizer(cfg)
+    if tokenizer.vocab_size > cfg.n_vocab:
+        raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens")
+    return cfg, params, tokenizer
+
+
+class Printer:
+    """Host side of generation: streams one row's text as it grows, and ends rows that produce a stop string.
+    Text is decoded from all of a row's tokens each time, so multi-byte characters split over tokens print
+    whole; text that could still become a stop string is held back until it cannot."""
+
+    def __init__(self, tokenizer, rows: int, stops: list[str], stream: bool):
+        self.tokenizer, self.stops, self.stream = tokenizer, stops, stream
+        self.ids = [[] for _ in range(rows)]
+        self.stopped = [False] * rows
+        self.printed = 0
+        self.hold = max((len(s) for s in stops), default=1) - 1
+
+    def text(self, row: int) -> str:
+        text = self.tokenizer.decode(self.ids[row])
+        cut = min((text.find(s) for s in self.stops if s in text), default=-1)
+        return text if cut < 0 else text[:cut]
+
+    def __call__(self, tokens, step):
+        import numpy as np
+
+        for row, token in enumerate(np.asarray(tokens)):
+            if self.stopped[row]:
+                continue
+            if token == self.tokenizer.eos_id:
+                self.stopped[row] = True
+                continue
+            self.ids[row].append(int(token))
+            self.stopped[row] = any(s in self.tokenizer.decode(self.ids[row]) for s in self.stops)
+        if self.stream:
+            text = self.text(0)
+            ready = len(text) if self.stopped[0] else len(text) - self.hold
+            if ready > self.printed and not text[:ready].endswith("\ufffd"):
+                sys.stdout.write(text[self.printed:ready])
+                sys.stdout.flush()
+                self.printed = ready
+        return np.asarray(self.stopped)
+
+    def finish(self) -> None:
+        if self.stream:
+            sys.stdout.write(self.text(0)[self.printed:] + "\n")
+            sys.stdout.flush()
+
+
+def predict(args) -> None:
+    import jax
+    import numpy as np
+
+    from config import ConfigError
+    from models.generate import Sampling, beam_search, sample
+    from models.gpt_neo import GPTNeo
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from parallel.state import abstract_model
+
+    check_options(args)
+    prompts = args.prompt
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file) as f:
+                prompts = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+        except OSError as e:
+            raise ConfigError(f"{args.prompt_file}: {e.strerror}") from None
+        if not prompts:
+            raise ConfigError(f"{args.prompt_file}: no prompts in it")
+    mesh = make_mesh(args.mesh_shape) if args.mesh_shape else make_mesh("x:1", jax.devices()[:1])
+    layout = Layout.from_config(mesh, args.layout)
+    cfg, params, tokenizer = load_model(args, layout)
+    graphdef, _, _ = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+
+    encoded = []
+    for i, text in enumerate(prompts):
+        ids = tokenizer.encode(text) or [tokenizer.eos_id]
+        room = cfg.n_ctx - args.max_new_tokens
+        if len(ids) > room:
+            if not args.truncate_prompt or room < 1:
+                raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; with --max-new-tokens "
+                                  f"{args.max_new_tokens} only {max(room, 0)} fit in n_ctx {cfg.n_ctx} "
+                                  "(shorten it, lower --max-new-tokens, or pass --truncate-prompt)")
+            ids = ids[-room:]
+        encoded += [ids] * args.num_samples
+    width = max(map(len, encoded))
+    pad = np.array([width - len(ids) for ids in encoded], np.int32)
+    batch = np.array([[tokenizer.eos_id] * p + ids for p, ids in zip(pad, encoded)], np.int32)  # left-padded
+
+    settings = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, repetition_penalty=args.repetition_penalty, num_beams=args.num_beams,
+                        length_penalty=args.length_penalty, eos_id=tokenizer.eos_id)
+    stream = len(encoded) == 1 and args.num_beams == 1
+    printer = Printer(tokenizer, len(encoded), args.stop, stream)
+    if stream:
+        sys.stdout.write(prompts[0])
+        sys.stdout.flush()
+    with layout.active():
+        if args.num_beams > 1:
+            out = beam_search(graphdef, params, batch, pad, settings)
+        else:
+            callback = printer if (stream or args.stop) else None
+            out = sample(graphdef, params, batch, pad, settings, jax.random.key(args.seed), callback)
+    out = np.asarray(jax.device_get(out))
+    if stream:
+        printer.finish()
+        return
+    for row, ids in enumerate(out):
+        ids = list(ids)
+        if tokenizer.eos_id in ids:
+            ids = ids[:ids.index(tokenizer.eos_id)]
+        printer.ids[row] = ids
+        prompt_index, sample_index = divmod(row, args.num_samples)
+        header = f"=== prompt {prompt_index + 1}" + (f", sample {sample_index + 1}" if args.num_samples > 1 else "")
+        print(f"{header} ===\n{prompts[prompt_index]}{printer.text(row)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

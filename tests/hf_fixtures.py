@@ -1,0 +1,68 @@
+"""Small Hugging Face reference models built locally with random weights (no downloads), saved as directories
+with a byte-level BPE tokenizer, as a user's checkpoint would be."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from data import corpus
+
+VOCAB = 320
+
+
+def tokenizer() -> Tokenizer:
+    """A byte-level BPE with <|endoftext|> trained on a slice of the embedded corpus."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([text for _, text in corpus.documents()[:40]], trainer)
+    return tok
+
+
+def randomize(model) -> None:
+    """The default init (std 0.02, LayerNorms at (1, 0), zero biases) makes attention almost uniform and the MLP
+    almost linear, which would hide a wrong scale, mask or activation: make every part of the model matter. The
+    embeddings keep their small init, so greedy decoding wanders over many tokens instead of repeating one."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "ln_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+            elif any(s in name for s in ("q_proj", "k_proj", "v_proj", "c_attn", "c_fc")):
+                p.normal_(0.0, 0.3)
+
+
+def gpt_neo(n_embd=64, n_head=2, n_layer=2, n_ctx=64, window=8, attention_types=None, tied=True,
+            vocab=VOCAB) -> transformers.GPTNeoForCausalLM:
+    cfg = transformers.GPTNeoConfig(
+        vocab_size=vocab, max_position_embeddings=n_ctx, hidden_size=n_embd, num_layers=n_layer, num_heads=n_head,
+        attention_types=attention_types or [[["global", "local"], n_layer // 2]], window_size=window,
+        intermediate_size=4 * n_embd, activation_function="gelu_new", resid_dropout=0.0, embed_dropout=0.0,
+        attention_dropout=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.GPTNeoForCausalLM(cfg).eval()
+    randomize(model)
+    return model
+
+
+def gpt2(n_embd=64, n_head=4, n_layer=2, n_ctx=64, vocab=VOCAB) -> transformers.GPT2LMHeadModel:
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=n_ctx, n_embd=n_embd, n_layer=n_layer,
+                                  n_head=n_head, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                                  attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    randomize(model)
+    return model
+
+
+def save(model, path) -> str:
+    """Saves ``model`` (safetensors) and the test tokenizer to ``path``; returns it as a string."""
+    model.save_pretrained(str(path))
+    tokenizer().save(str(path / "tokenizer.json"))
+    return str(path)

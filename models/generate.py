@@ -11,6 +11,7 @@ and can end a row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -73,43 +74,49 @@ def sample(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s
            on_tokens: Callable | None = None) -> jax.Array:
     """(B, P) left-padded prompts -> (B, max_new_tokens) new tokens; rows that ended (eos, or the callback said
     stop) are filled with eos (or 0) after their last token. ``on_tokens(tokens (B,), step) -> (B,) bool`` runs on
-    the host after every step when given."""
+    the host after every step when given. Compiled once per (model, settings, shapes)."""
+    return _sample(graphdef, s, on_tokens, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32),
+                   key)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _sample(graphdef, s: Sampling, on_tokens, params, prompts, pad, key):
     b, p = prompts.shape
     fill = 0 if s.eos_id is None else s.eos_id
+    model = nnx.merge(graphdef, nnx.State(params))
+    cache = model.init_cache(b, p + s.max_new_tokens, pad, params_dtype(params))
+    logits, cache = model.decode(prompts, cache)  # prefill: (B, P, V)
+    rows = jnp.arange(p)[None, :] >= pad[:, None]
+    seen = jnp.zeros((b, logits.shape[-1]), bool).at[jnp.arange(b)[:, None], prompts].max(rows)
+    out = jnp.full((b, s.max_new_tokens), fill, jnp.int32)
 
-    @jax.jit
-    def run(params, prompts, pad, key):
-        model = nnx.merge(graphdef, nnx.State(params))
-        cache = model.init_cache(b, p + s.max_new_tokens, pad, params_dtype(params))
-        logits, cache = model.decode(prompts, cache)  # prefill: (B, P, V)
-        rows = jnp.arange(p)[None, :] >= pad[:, None]
-        seen = jnp.zeros((b, logits.shape[-1]), bool).at[jnp.arange(b)[:, None], prompts].max(rows)
-        out = jnp.full((b, s.max_new_tokens), fill, jnp.int32)
+    def cond(carry):
+        i, _, _, _, done, _ = carry
+        return (i < s.max_new_tokens) & ~jnp.all(done)
 
-        def cond(carry):
-            i, _, _, _, done, _ = carry
-            return (i < s.max_new_tokens) & ~jnp.all(done)
+    def body(carry):
+        i, last_logits, cache, seen, done, out = carry
+        token = choose(last_logits.astype(jnp.float32), seen, s, jax.random.fold_in(key, i))
+        token = jnp.where(done, fill, token).astype(jnp.int32)
+        out = out.at[:, i].set(token)
+        seen = seen.at[jnp.arange(b), token].set(True)
+        done = done | ((token == s.eos_id) if s.eos_id is not None else False)
+        if on_tokens is not None:
+            done = done | _host_check(on_tokens, token, i)
+        logits, cache = model.decode(token[:, None], cache)
+        return i + 1, logits[:, -1], cache, seen, done, out
 
-        def body(carry):
-            i, last_logits, cache, seen, done, out = carry
-            token = choose(last_logits.astype(jnp.float32), seen, s, jax.random.fold_in(key, i))
-            token = jnp.where(done, fill, token).astype(jnp.int32)
-            out = out.at[:, i].set(token)
-            seen = seen.at[jnp.arange(b), token].set(True)
-            done = done | ((token == s.eos_id) if s.eos_id is not None else False)
-            if on_tokens is not None:
-                done = done | _host_check(on_tokens, token, i)
-            logits, cache = model.decode(token[:, None], cache)
-            return i + 1, logits[:, -1], cache, seen, done, out
-
-        carry = (jnp.zeros((), jnp.int32), logits[:, -1], cache, seen, jnp.zeros((b,), bool), out)
-        return jax.lax.while_loop(cond, body, carry)[-1]
-
-    return run(params, prompts, pad, key)
+    carry = (jnp.zeros((), jnp.int32), logits[:, -1], cache, seen, jnp.zeros((b,), bool), out)
+    return jax.lax.while_loop(cond, body, carry)[-1]
 
 
 def beam_search(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s: Sampling) -> jax.Array:
     """(B, P) left-padded prompts -> (B, max_new_tokens): the best hypothesis per row, eos-filled after it ends."""
+    return _beam_search(graphdef, s, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _beam_search(graphdef, s: Sampling, params, prompts, pad):
     b, p = prompts.shape
     k, n = s.num_beams, s.max_new_tokens
     eos = -1 if s.eos_id is None else s.eos_id
@@ -118,57 +125,53 @@ def beam_search(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Arr
     def score(log_prob, length):
         return log_prob / length.astype(jnp.float32) ** s.length_penalty
 
-    @jax.jit
-    def run(params, prompts, pad):
-        model = nnx.merge(graphdef, nnx.State(params))
-        cache = model.init_cache(b, p + n, pad, params_dtype(params))
-        logits, cache = model.decode(prompts, cache)
-        # Every beam starts from the prompt: repeat rows, and let only beam 0 be alive at first.
-        cache = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0) if x.ndim and x.shape[0] == b else x, cache)
-        last = jnp.repeat(logits[:, -1], k, axis=0)  # (B*K, V)
-        alive_seq = jnp.full((b, k, n), fill, jnp.int32)
-        alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (b, 1))  # (B, K)
-        fin_seq = jnp.full((b, k, n), fill, jnp.int32)
-        fin_score = jnp.full((b, k), NEG_INF)
+    model = nnx.merge(graphdef, nnx.State(params))
+    cache = model.init_cache(b, p + n, pad, params_dtype(params))
+    logits, cache = model.decode(prompts, cache)
+    # Every beam starts from the prompt: repeat rows, and let only beam 0 be alive at first.
+    cache = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0) if x.ndim and x.shape[0] == b else x, cache)
+    last = jnp.repeat(logits[:, -1], k, axis=0)  # (B*K, V)
+    alive_seq = jnp.full((b, k, n), fill, jnp.int32)
+    alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (b, 1))  # (B, K)
+    fin_seq = jnp.full((b, k, n), fill, jnp.int32)
+    fin_score = jnp.full((b, k), NEG_INF)
 
-        def cond(carry):
-            i, _, _, _, alive_lp, _, fin_score = carry
-            # Log probabilities only fall, so an alive beam's best possible score uses the longest length.
-            best_alive = score(alive_lp[:, 0], jnp.asarray(n)) if s.length_penalty >= 0 else alive_lp[:, 0]
-            finished = jnp.all(fin_score[:, -1] >= best_alive)
-            return (i < n) & ~finished
+    def cond(carry):
+        i, _, _, _, alive_lp, _, fin_score = carry
+        # Log probabilities only fall, so an alive beam's best possible score uses the longest length.
+        best_alive = score(alive_lp[:, 0], jnp.asarray(n)) if s.length_penalty >= 0 else alive_lp[:, 0]
+        finished = jnp.all(fin_score[:, -1] >= best_alive)
+        return (i < n) & ~finished
 
-        def body(carry):
-            i, last, cache, alive_seq, alive_lp, fin_seq, fin_score = carry
-            v = last.shape[-1]
-            log_p = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1).reshape(b, k, v)
-            candidates = (alive_lp[:, :, None] + log_p).reshape(b, k * v)
-            top_lp, top_idx = jax.lax.top_k(candidates, 2 * k)  # (B, 2K)
-            beam, token = top_idx // v, (top_idx % v).astype(jnp.int32)
-            seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, i].set(token)  # (B, 2K, N)
-            is_eos = token == eos
-            # Finished pool: the best K of the old pool and the candidates that just emitted eos.
-            new_scores = jnp.where(is_eos, score(top_lp, i + 1), NEG_INF)
-            pool_scores = jnp.concatenate([fin_score, new_scores], axis=1)
-            pool_seqs = jnp.concatenate([fin_seq, seqs], axis=1)
-            fin_score, keep = jax.lax.top_k(pool_scores, k)
-            fin_seq = jnp.take_along_axis(pool_seqs, keep[:, :, None], axis=1)
-            # Alive: the best K candidates that did not emit eos.
-            alive_lp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_lp), k)
-            alive_seq = jnp.take_along_axis(seqs, keep[:, :, None], axis=1)
-            parent = (jnp.take_along_axis(beam, keep, axis=1) + jnp.arange(b)[:, None] * k).reshape(-1)
-            cache = jax.tree.map(lambda x: x[parent] if x.ndim and x.shape[0] == b * k else x, cache)
-            tokens = jnp.take_along_axis(token, keep, axis=1).reshape(-1)
-            logits, cache = model.decode(tokens[:, None], cache)
-            return i + 1, logits[:, -1], cache, alive_seq, alive_lp, fin_seq, fin_score
+    def body(carry):
+        i, last, cache, alive_seq, alive_lp, fin_seq, fin_score = carry
+        v = last.shape[-1]
+        log_p = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1).reshape(b, k, v)
+        candidates = (alive_lp[:, :, None] + log_p).reshape(b, k * v)
+        top_lp, top_idx = jax.lax.top_k(candidates, 2 * k)  # (B, 2K)
+        beam, token = top_idx // v, (top_idx % v).astype(jnp.int32)
+        seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, i].set(token)  # (B, 2K, N)
+        is_eos = token == eos
+        # Finished pool: the best K of the old pool and the candidates that just emitted eos.
+        new_scores = jnp.where(is_eos, score(top_lp, i + 1), NEG_INF)
+        pool_scores = jnp.concatenate([fin_score, new_scores], axis=1)
+        pool_seqs = jnp.concatenate([fin_seq, seqs], axis=1)
+        fin_score, keep = jax.lax.top_k(pool_scores, k)
+        fin_seq = jnp.take_along_axis(pool_seqs, keep[:, :, None], axis=1)
+        # Alive: the best K candidates that did not emit eos.
+        alive_lp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_lp), k)
+        alive_seq = jnp.take_along_axis(seqs, keep[:, :, None], axis=1)
+        parent = (jnp.take_along_axis(beam, keep, axis=1) + jnp.arange(b)[:, None] * k).reshape(-1)
+        cache = jax.tree.map(lambda x: x[parent] if x.ndim and x.shape[0] == b * k else x, cache)
+        tokens = jnp.take_along_axis(token, keep, axis=1).reshape(-1)
+        logits, cache = model.decode(tokens[:, None], cache)
+        return i + 1, logits[:, -1], cache, alive_seq, alive_lp, fin_seq, fin_score
 
-        carry = (jnp.zeros((), jnp.int32), last, cache, alive_seq, alive_lp, fin_seq, fin_score)
-        i, _, _, alive_seq, alive_lp, fin_seq, fin_score = jax.lax.while_loop(cond, body, carry)
-        # An alive beam that reached the length limit competes with the finished ones, as in Hugging Face.
-        use_alive = score(alive_lp[:, 0], jnp.maximum(i, 1)) > fin_score[:, 0]
-        return jnp.where(use_alive[:, None], alive_seq[:, 0], fin_seq[:, 0])
-
-    return run(params, prompts, pad)
+    carry = (jnp.zeros((), jnp.int32), last, cache, alive_seq, alive_lp, fin_seq, fin_score)
+    i, _, _, alive_seq, alive_lp, fin_seq, fin_score = jax.lax.while_loop(cond, body, carry)
+    # An alive beam that reached the length limit competes with the finished ones, as in Hugging Face.
+    use_alive = score(alive_lp[:, 0], jnp.maximum(i, 1)) > fin_score[:, 0]
+    return jnp.where(use_alive[:, None], alive_seq[:, 0], fin_seq[:, 0])
 
 
 def params_dtype(params) -> jnp.dtype:

@@ -146,13 +146,14 @@ class SelfAttention(nnx.Module):
         self.attn_dropout = cfg.attn_dropout
         self.res_dropout = cfg.res_dropout
         self.rotary_dim = cfg.rotary_dim
-        self.mem_k = self.mem_v = None
         if kind == "global" and cfg.num_mem_kv:
             # GPT-Neo's memory_key_values: learned slots shared by the whole batch, never rotated (no position).
             init = jax.nn.initializers.normal(0.02)
             meta = axes("memory_length", "heads", "features_per_head")
             self.mem_k = nnx.Param(init(rngs.params(), (cfg.num_mem_kv, n, h)), **meta)  # (S, N, H)
             self.mem_v = nnx.Param(init(rngs.params(), (cfg.num_mem_kv, n, h)), **meta)  # (S, N, H)
+        else:
+            self.mem_k = self.mem_v = None
         self.kernel = cfg.attention_kernel
         if kind in ("global", "local"):  # a forced kernel that cannot run is an error at start-up, not mid-run
             choose_kernel(self.kernel, jax.default_backend(), COMPUTE_DTYPES[cfg.precision], h,

@@ -20,9 +20,10 @@ def sample(graphdef: nnx.GraphDef, params, prompt: Sequence[int], max_new_tokens
 
     @jax.jit
     def generate(params, buffer, key):
-        model = nnx.merge(graphdef, nnx.State(params))
-
         def step(i, buffer):
+            # Merged inside the loop body: layers that sow (mixture of experts) may only mutate a module
+            # created at the trace level they run in.
+            model = nnx.merge(graphdef, nnx.State(params))
             position = len(prompt) + i
             logits = model(buffer)[0, position - 1].astype(jnp.float32)  # (V,)
             if temperature == 0:

@@ -11,7 +11,8 @@ Dispatch never builds GShard's dense (tokens, experts, capacity) one-hot. Token 
 expert MLPs are one batched einsum over (B, E, C, D); with a layout ``experts:x`` that buffer is split over
 experts (see ``constrain(..., prefer=("experts",))``) and XLA moves tokens with an all-to-all.
 
-Each MoE layer sows a vector of statistics (``nnx.Intermediate`` "moe_stats"); ``moe_losses`` turns them into
+Each MoE layer sows a vector of statistics (``nnx.Intermediate`` "moe_stats", collected with ``nnx.capture``
+around the model call); ``moe_losses`` turns them into
 the loss terms and metrics the train step adds: the Switch load-balancing loss (E * sum_e f_e * p_e, where f_e is
 the fraction of tokens whose first choice is e and p_e the mean router probability of e; 1.0 when balanced), the
 router z-loss (mean squared logsumexp of the logits) and the fraction of token choices dropped.
@@ -116,7 +117,7 @@ class MoeMlp(nnx.Module):
         first = jax.nn.one_hot(choices[..., 0], e, dtype=jnp.float32)  # (B, T, E): O(tokens x experts)
         load_balance = e * jnp.sum(first.mean((0, 1)) * probs.mean((0, 1)))
         z_loss = jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-        dropped = 1.0 - kept.mean(dtype=jnp.float32)
+        dropped = jnp.sum(~kept, dtype=jnp.float32) / kept.size  # exactly 0 when nothing is dropped
         penalty = self.aux_loss_weight * load_balance + self.z_loss_weight * z_loss
         self.sow(nnx.Intermediate, "moe_stats", jnp.stack([load_balance, z_loss, dropped, penalty]))
         return dropout(self.res_dropout, out, dropout_key)

@@ -53,8 +53,8 @@ def losses_and_aux(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, co
     and the metrics are empty."""
     params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
     model = nnx.merge(graphdef, nnx.State(params))
-    logits = model(tokens[:, :-1], dropout_key=dropout_key)  # (B, T, V)
-    penalty, aux = moe_losses(nnx.pop(model, nnx.Intermediate))
+    logits, sown = nnx.capture(model, nnx.Intermediate)(tokens[:, :-1], dropout_key=dropout_key)  # (B, T, V)
+    penalty, aux = moe_losses(sown)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), tokens[:, 1:])
     return losses, penalty, aux
 

@@ -76,7 +76,8 @@ def test_bad_values_name_the_key(raw, expected):
 
 
 def test_new_attention_and_moe_keys_load():
-    cfg, _ = from_dict({**TINY, "n_layer": 6, "attention_types": [[["global", "none", "none"], 1], [["linear", "local", "none"], 1]],
+    kinds = [[["global", "none", "none"], 1], [["linear", "local", "none"], 1]]
+    cfg, _ = from_dict({**TINY, "n_layer": 6, "attention_types": kinds,
                         "moe_layers": [1, 4], "moe_params": {"num_experts": 4, "top_k": 1}, "num_mem_kv": 2,
                         "rotary_emb": True, "rotary_emb_fraction": 0.25})
     assert cfg.attention_layers == ("global", "none", "none", "linear", "local", "none")
@@ -115,6 +116,9 @@ def test_load_config_files(tmp_path):
     (["train_batch_size=12"], "train_batch_size: 12 is not divisible by the 8 ways"),
     (["mesh_shape=x:2,y:4", "layout=batch:x,heads:y", "n_head=6", "n_embd=48"],
      "parameter blocks/0/attn/k/kernel dimension 'heads' has size 6, not divisible by mesh axis 'y' of size 4"),
+    (["attention_kernel=cudnn"], "attention_kernel: 'cudnn' cannot run here (the platform is cpu, not a CUDA GPU"),
+    (["moe_layers=[1]", "moe_params={\"num_experts\": 4}", "layout=batch:x,experts:x"],
+     "parameter blocks/1/mlp/b_in dimension 'experts' has size 4, not divisible by mesh axis 'x' of size 8"),
 ])
 def test_cli_errors_are_one_line(tmp_path, overrides, expected):
     sets = [arg for o in overrides for arg in ("--set", o)]

@@ -3,7 +3,10 @@
 Routing is GShard/Switch style with a fixed expert capacity, so every shape is static. Each sequence is one
 routing group: its T tokens pick their top-k experts (k = 1 or 2) from a float32 softmax router; expert e takes
 at most C = min(T, ceil(k * T * capacity_factor / E)) of them and the rest are dropped (their MLP output is zero,
-the residual carries them). First choices are placed before any second choice, in token order.
+the residual carries them). First choices are placed before any second choice, in token order. So with top-1, or
+whenever nothing is dropped, a token's output never depends on later tokens; with top-2 and drops, a later
+token's first choice can take the slot an earlier token's second choice wanted (GShard's routing has the same
+property), which a capacity_factor large enough to drop nothing rules out.
 
 Dispatch never builds GShard's dense (tokens, experts, capacity) one-hot. Token choices are sorted by expert
 (a stable argsort), their rank inside their expert's run is their slot, and the tokens are scattered into a

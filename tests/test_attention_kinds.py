@@ -135,7 +135,8 @@ def random_params(cfg, seed=3):
 
 def logits_of(cfg, params, tokens):
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPTNeo(cfg, rngs=nnx.Rngs(0))))
-    return np.asarray(jax.jit(lambda p, t: nnx.merge(graphdef, nnx.State(p))(t))(params, jnp.asarray(tokens)))
+    forward = jax.jit(lambda p, t: nnx.capture(nnx.merge(graphdef, nnx.State(p)), nnx.Intermediate)(t)[0])
+    return np.asarray(forward(params, jnp.asarray(tokens)))
 
 
 KIND_MODELS = {
@@ -144,6 +145,9 @@ KIND_MODELS = {
     "local-blocked": dict(attention_types=[[["local"], 2]], local_attention_radius=4),
     "linear": dict(attention_types=[[["linear"], 2]]),
     "none": dict(attention_types=[[["none", "global"], 1]]),
+    # Top-1 routing places tokens in order, so even with tokens dropped a later token never displaces an earlier.
+    "experts-top1-dropping": dict(attention_types=[[["global"], 2]], moe_layers=[0, 1],
+                                  moe_params={"num_experts": 4, "top_k": 1, "capacity_factor": 0.5}),
     "rotary-every-kind": dict(n_layer=4, attention_types=[[["global", "local", "linear", "none"], 1]],
                               rotary_emb=True, rotary_emb_fraction=0.5, num_mem_kv=2, local_attention_radius=4),
 }

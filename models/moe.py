@@ -57,9 +57,21 @@ def assign_slots(choices: jax.Array, num_experts: int, capacity: int) -> tuple[j
     counts = jax.vmap(lambda f: jnp.bincount(f, length=num_experts))(flat)  # (B, E)
     starts = jnp.cumsum(counts, axis=-1) - counts  # (B, E): where each expert's run begins in sorted order
     rank = jnp.arange(k * t)[None, :] - jnp.take_along_axis(starts, sorted_experts, axis=-1)  # (B, K*T)
-    position = jnp.zeros_like(flat).at[jnp.arange(b)[:, None], order].set(rank)  # back to choice-major order
+    position = jax.vmap(lambda o, r: jnp.zeros_like(o).at[o].set(r))(order, rank)  # back to choice-major order
     position = position.reshape(b, k, t).transpose(0, 2, 1)  # (B, T, K)
     return choices * capacity + position, position < capacity
+
+
+def top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """(..., E) -> the k largest (values, indices), (..., K), by k argmaxes: reductions that XLA partitions along
+    the batch sharding (its TopK gathers the whole batch first). Ties go to the lower index."""
+    values, indices = [], []
+    for _ in range(k):
+        index = jnp.argmax(probs, axis=-1)
+        values.append(jnp.take_along_axis(probs, index[..., None], axis=-1)[..., 0])
+        indices.append(index)
+        probs = jnp.where(jax.nn.one_hot(index, probs.shape[-1], dtype=bool), -jnp.inf, probs)
+    return jnp.stack(values, -1), jnp.stack(indices, -1).astype(jnp.int32)
 
 
 class MoeMlp(nnx.Module):
@@ -95,16 +107,17 @@ class MoeMlp(nnx.Module):
         logits = jnp.einsum("BTD,DE->BTE", x, self.router[...].astype(x.dtype),
                             preferred_element_type=jnp.float32)  # (B, T, E)
         probs = jax.nn.softmax(logits, axis=-1)
-        gates, choices = jax.lax.top_k(probs, k)  # (B, T, K)
+        gates, choices = top_k(probs, k)  # (B, T, K)
         if k > 1:  # GShard renormalises the top-2 gates; Switch (top-1) keeps the router probability
             gates = gates / gates.sum(-1, keepdims=True)
         slot, kept = assign_slots(choices, e, c)  # (B, T, K)
         slot = jnp.where(kept, slot, e * c)  # dropped choices land in one spare row that is never read back
-        rows = jnp.arange(b)[:, None, None]
 
-        # Dispatch: (B, T, D) -> (B, E*C+1, D) by scatter; each kept (expert, position) is written once.
-        buffer = jnp.zeros((b, e * c + 1, d), x.dtype).at[rows, slot].set(
-            jnp.broadcast_to(x[:, :, None, :], (b, t, k, d)))
+        # Dispatch: (B, T, D) -> (B, E*C+1, D) by scatter; each kept (expert, position) is written once. Written
+        # per sequence (vmap) so the scatter and gather carry batch as a batching dimension, which XLA partitions
+        # along the batch sharding instead of gathering every device's tokens.
+        buffer = jax.vmap(lambda x, slot: jnp.zeros((e * c + 1, d), x.dtype).at[slot].set(
+            jnp.broadcast_to(x[:, None, :], (t, k, d))))(x, slot)
         buffer = constrain(buffer[:, :-1].reshape(b, e, c, d), EXPERT_BUFFER)  # tokens where they came from
         buffer = constrain(buffer, EXPERT_BUFFER, prefer=("experts",))  # all-to-all onto the experts' devices
         h = jnp.einsum("BECD,EDF->BECF", buffer, self.w_in[...]) + self.b_in[...][None, :, None, :]
@@ -115,7 +128,7 @@ class MoeMlp(nnx.Module):
 
         # Combine: gather each choice's expert output and weight it by its gate (zero when dropped).
         weights = (gates * kept).astype(y.dtype)  # (B, T, K)
-        out = jnp.einsum("BTKD,BTK->BTD", y[rows, slot], weights)  # (B, T, D)
+        out = jnp.einsum("BTKD,BTK->BTD", jax.vmap(lambda y, slot: y[slot])(y, slot), weights)  # (B, T, D)
 
         first = jax.nn.one_hot(choices[..., 0], e, dtype=jnp.float32)  # (B, T, E): O(tokens x experts)
         load_balance = e * jnp.sum(first.mean((0, 1)) * probs.mean((0, 1)))

@@ -173,3 +173,28 @@ def test_expert_parallel_training_equals_one_device():
     _, _, shardings = abstract_train_state(lambda rngs: GPTNeo(cfg, rngs=rngs), make_optimizer(cfg), layout)
     assert shardings.params["blocks"][0]["mlp"]["w_in"].spec == PartitionSpec("x", None, None)  # (E, D, F)
     assert 0.0 < single[0]["dropped_tokens_fraction"] < 0.5 and single[0]["aux_loss"] >= 1.0
+
+
+def test_expert_parallel_moves_tokens_by_all_to_all_only():
+    """With batch and experts on one mesh axis the layer's forward pass exchanges tokens with all-to-alls and
+    never gathers the batch (a naive partitioning of the scatter/gather or of top-k would all-gather it)."""
+    cfg = moe_config(num_experts=8, top_k=2)
+    layout = Layout.from_config(make_mesh("x:8"), "batch:x,experts:x")
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: MoeMlp(cfg, rngs=nnx.Rngs(0))))
+
+    def sharded(a, names):
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=layout.sharding(names))
+
+    logical = {"router": ("embd", None), "w_in": ("experts", "embd", "intermediate_expanded"),
+               "b_in": ("experts", "intermediate_expanded"), "w_out": ("experts", "intermediate_expanded", "embd"),
+               "b_out": ("experts", "embd")}
+    state = nnx.State({name: sharded(leaf, logical[name]) for name, leaf in nnx.to_pure_dict(state).items()})
+
+    def forward(state, x):
+        with layout.active():
+            return nnx.capture(nnx.merge(graphdef, state), nnx.Intermediate)(x)[0]
+
+    x = sharded(jax.ShapeDtypeStruct((8, 32, 16), jnp.float32), ("batch", None, None))
+    hlo = jax.jit(forward).lower(state, x).compile().as_text()
+    assert " all-to-all(" in hlo
+    assert " all-gather(" not in hlo and " all-reduce(" not in hlo, "tokens or routing left their devices"

@@ -175,8 +175,7 @@ LEGACY_KEYS = {
     "lr_decay_end_ratio": "decay always ends at 0.1*lr",
 }
 
-_UNAVAILABLE_WHEN_ON = ("mlp_glu", "scalenorm", "rezero",
-                        "macaron", "axial_pos_emb", "mlm_training")
+_UNAVAILABLE_WHEN_ON = ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb", "mlm_training")
 
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 

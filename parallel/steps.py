@@ -88,7 +88,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
             metrics_and_grads = grad_fn(params, chunk, jax.random.fold_in(key, i))
             return jax.tree.map(jnp.add, carry, metrics_and_grads), None
 
-        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, chunks[0], key))
+        metrics_shapes = jax.eval_shape(grad_fn, params, chunks[0], key)[0]
+        zeros = (jax.tree.map(jnp.zeros_like, metrics_shapes), jax.tree.map(jnp.zeros_like, params))
         (metrics, grads), _ = jax.lax.scan(body, zeros, (chunks, jnp.arange(microbatches)))
         return jax.tree.map(lambda x: x / microbatches, (metrics, grads))
 

@@ -34,6 +34,7 @@ from models.layers import ACTIVATIONS, axes, dropout
 from models.mlp import BASE_STDDEV
 from parallel.layout import constrain
 
+# Letters beyond the shared dimension names: C the capacity slots of one expert, K a token's top_k choices.
 EXPERT_BUFFER = ("batch", "experts", None, "embd")  # (B, E, C, D)
 EXPERT_HIDDEN = ("batch", "experts", None, "intermediate_expanded")  # (B, E, C, F)
 STATS = ("load_balance", "z_loss", "dropped", "penalty")  # the sown vector, in this order

@@ -16,7 +16,15 @@ import typing
 from typing import Any, Optional
 
 ATTENTION_KINDS = ("global", "local", "linear", "none")
-IMPLEMENTED_ATTENTION = ("global", "local")
+IMPLEMENTED_ATTENTION = ("global", "local", "linear", "none")
+# Mixture-of-experts options (``moe_params``) and their defaults; see models/moe.py.
+MOE_DEFAULTS = {
+    "num_experts": 8,  # experts per MoE layer; a layout 'experts:x' splits them over mesh axis x
+    "top_k": 2,  # experts each token is routed to: 1 (Switch) or 2 (GShard)
+    "capacity_factor": 1.25,  # expert capacity = ceil(top_k * sequence length * capacity_factor / num_experts)
+    "aux_loss_weight": 0.01,  # weight of the load-balancing loss added to the training loss
+    "z_loss_weight": 0.001,  # weight of the router z-loss (mean squared logsumexp of router logits)
+}
 ACTIVATIONS = ("gelu", "gelu_exact", "relu", "silu", "swish", "selu", "elu", "softplus", "tanh", "sigmoid")
 
 
@@ -52,11 +60,17 @@ class Config:
     scale_by_in: bool = _key(False, "scale the init of MLP projections by 1/sqrt(fan_in)")
     no_weight_tie: bool = _key(False, "use a separate output projection instead of the token embedding")
     qkv_bias: bool = _key(False, "biases on the q/k/v projections (GPT-2 has them, GPT-Neo does not)")
+    num_mem_kv: int = _key(0, "learned memory key/value slots every query of a global layer attends to", minimum=0)
+    moe_layers: Optional[list] = _key(None, "layer indices whose MLP is a mixture of experts")
+    moe_params: Optional[dict] = _key(None, "mixture-of-experts options: " + ", ".join(
+        f"{k} (default {v})" for k, v in MOE_DEFAULTS.items()))
+    rotary_emb: bool = _key(False, "rotary position embedding (GPT-J's interleaved form) instead of learned "
+                                   "positions")
+    rotary_emb_fraction: float = _key(1.0, "fraction of each head's dimensions rotated when rotary_emb is on "
+                                           "(GPT-J 6B: 0.25)", minimum=0.0, maximum=1.0)
+    attention_kernel: str = _key("auto", "softmax attention kernel: 'auto' (cuDNN where it applies, else XLA), "
+                                         "'xla' or 'cudnn'", choices=("auto", "xla", "cudnn"))
     # GPT-Neo features that arrive with later work: accepted at their off value, an error when switched on.
-    num_mem_kv: int = _key(0, "learned memory key/value slots in global layers (not available yet)", minimum=0)
-    moe_layers: Optional[list] = _key(None, "layer indices whose MLP is a mixture of experts (not available yet)")
-    moe_params: Optional[dict] = _key(None, "mixture-of-experts options (not available yet)")
-    rotary_emb: bool = _key(False, "rotary position embedding (not available yet)")
     mlp_glu: bool = _key(False, "gated MLP (not available yet)")
     scalenorm: bool = _key(False, "ScaleNorm instead of LayerNorm (not available yet)")
     rezero: bool = _key(False, "ReZero residuals (not available yet)")
@@ -118,6 +132,16 @@ class Config:
         return tuple(kind for kinds, repeat in self.attention_types for _ in range(repeat) for kind in kinds)
 
     @property
+    def moe(self) -> dict:
+        """``moe_params`` with every option filled in from ``MOE_DEFAULTS``."""
+        return {**MOE_DEFAULTS, **(self.moe_params or {})}
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dimensions of each head rotary embedding rotates (even; 0 when off)."""
+        return 2 * int(self.head_dim * self.rotary_emb_fraction / 2) if self.rotary_emb else 0
+
+    @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
@@ -152,8 +176,7 @@ LEGACY_KEYS = {
     "lr_decay_end_ratio": "decay always ends at 0.1*lr",
 }
 
-_UNAVAILABLE_WHEN_ON = ("num_mem_kv", "moe_layers", "moe_params", "rotary_emb", "mlp_glu", "scalenorm", "rezero",
-                        "macaron", "axial_pos_emb", "mlm_training")
+_UNAVAILABLE_WHEN_ON = ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb", "mlm_training")
 
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 
@@ -212,6 +235,10 @@ def validated(cfg: Config) -> Config:
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"n_embd: {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
     _check_attention_types(cfg)
+    _check_moe(cfg)
+    if cfg.rotary_emb and cfg.rotary_dim == 0:
+        raise ConfigError(f"rotary_emb_fraction: {cfg.rotary_emb_fraction} of head_dim {cfg.head_dim} rotates no "
+                          f"pair of dimensions; use at least {2 / cfg.head_dim:.3g}")
     if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
         raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
     _check_datasets(cfg.datasets)
@@ -242,6 +269,35 @@ def _check_attention_types(cfg: Config) -> None:
     n = len(cfg.attention_layers)
     if n != cfg.n_layer:
         raise ConfigError(f"attention_types: expands to {n} layers but n_layer is {cfg.n_layer}")
+
+
+def _check_moe(cfg: Config) -> None:
+    layers = cfg.moe_layers or []
+    for layer in layers:
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < cfg.n_layer:
+            raise ConfigError(f"moe_layers: {json.dumps(layer)} is not a layer index in 0..{cfg.n_layer - 1}")
+    if len(set(layers)) != len(layers):
+        raise ConfigError(f"moe_layers: {json.dumps(layers)} names a layer twice")
+    for key, value in (cfg.moe_params or {}).items():
+        if key not in MOE_DEFAULTS:
+            close = difflib.get_close_matches(key, tuple(MOE_DEFAULTS), n=1, cutoff=0.5)
+            hint = f"; did you mean 'moe_params.{close[0]}'?" if close else f" (valid: {', '.join(MOE_DEFAULTS)})"
+            raise ConfigError(f"moe_params: unknown key '{key}'{hint}")
+        expected = type(MOE_DEFAULTS[key])
+        if isinstance(value, bool) or not isinstance(value, (int, float) if expected is float else int):
+            raise ConfigError(f"moe_params.{key}: expected {expected.__name__}, got {json.dumps(value)}")
+    moe = cfg.moe
+    if moe["num_experts"] < 1:
+        raise ConfigError(f"moe_params.num_experts: {moe['num_experts']} is below the minimum 1")
+    if moe["top_k"] not in (1, 2):
+        raise ConfigError(f"moe_params.top_k: {moe['top_k']} is not 1 or 2")
+    if moe["top_k"] > moe["num_experts"]:
+        raise ConfigError(f"moe_params.top_k: {moe['top_k']} is more than num_experts {moe['num_experts']}")
+    if moe["capacity_factor"] <= 0:
+        raise ConfigError(f"moe_params.capacity_factor: {moe['capacity_factor']} must be above 0")
+    for key in ("aux_loss_weight", "z_loss_weight"):
+        if moe[key] < 0:
+            raise ConfigError(f"moe_params.{key}: {moe[key]} is below the minimum 0")
 
 
 def _check_datasets(datasets: list) -> None:

@@ -96,6 +96,7 @@ def _sample(graphdef, s: Sampling, on_tokens, params, prompts, pad, key):
 
     def body(carry):
         i, last_logits, cache, seen, done, out = carry
+        model = nnx.merge(graphdef, nnx.State(params))  # per trace level: layers that sow (MoE) mutate it
         token = choose(last_logits.astype(jnp.float32), seen, s, jax.random.fold_in(key, i))
         token = jnp.where(done, fill, token).astype(jnp.int32)
         out = out.at[:, i].set(token)
@@ -145,6 +146,7 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
 
     def body(carry):
         i, last, cache, alive_seq, alive_lp, fin_seq, fin_score = carry
+        model = nnx.merge(graphdef, nnx.State(params))  # per trace level: layers that sow (MoE) mutate it
         v = last.shape[-1]
         log_p = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1).reshape(b, k, v)
         candidates = (alive_lp[:, :, None] + log_p).reshape(b, k * v)

@@ -152,7 +152,8 @@ def params_from_hf(cfg: Config, hf: dict, tensors: dict[str, np.ndarray], source
 
 def gpt_neo_config(cfg: Config) -> dict:
     """The transformers GPTNeoConfig (as a dict) of a GPT-Neo-compatible NeoMesh config."""
-    unsupported = {"qkv_bias": cfg.qkv_bias}
+    unsupported = {"qkv_bias": cfg.qkv_bias, "num_mem_kv": cfg.num_mem_kv, "rotary_emb": cfg.rotary_emb,
+                   "moe_layers": cfg.moe_layers}
     for key, value in unsupported.items():
         if value:
             raise ConfigError(f"export: {key}={json.dumps(value)} has no GPT-Neo equivalent")

@@ -3,7 +3,7 @@
 Tokens live at *buffer indices*: a batch of left-padded prompts fills indices 0..P-1 (row b's first ``pad[b]``
 indices are padding), generated tokens follow. A token's position is its buffer index minus its row's padding.
 Global layers cache every index; local layers keep a ring of their last ``window`` indices, so a long generation
-never holds more than the window for them.
+never holds more than the window for them; linear layers keep two running sums; ``none`` layers keep nothing.
 """
 
 from __future__ import annotations
@@ -20,10 +20,18 @@ class LayerCache:
 
 
 @flax.struct.dataclass
+class LinearCache:
+    """A linear layer's running sums over every token so far: its whole state, whatever the length."""
+
+    k_sum: jax.Array  # (B, N, H) float32: sum of exp(k)
+    kv_sum: jax.Array  # (B, N, H, I) float32: sum of exp(k) (x) v
+
+
+@flax.struct.dataclass
 class DecodeState:
     index: jax.Array  # () int32: buffer index of the first token of the next call
     pad: jax.Array  # (B,) int32: left padding per row
-    layers: tuple  # one entry per block (a LayerCache, or None for layers that keep nothing)
+    layers: tuple  # one entry per block: LayerCache, LinearCache, or None (layers without attention)
 
     def positions(self, t: int) -> jax.Array:
         """(B, t) positions of the next ``t`` tokens."""

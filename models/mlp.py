@@ -1,4 +1,4 @@
-"""The feed-forward slot of a block: GPT-Neo's MLP (embd -> 4*embd -> embd)."""
+"""The feed-forward slot of a block: GPT-Neo's MLP (embd -> 4*embd -> embd), or a mixture of experts."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ class Mlp(nnx.Module):
 
 
 def make_mlp(cfg: Config, layer: int, *, rngs: nnx.Rngs) -> nnx.Module:
-    """The MLP of block ``layer``; mixture-of-experts layers plug in here."""
-    del layer
+    """The MLP of block ``layer``: a mixture of experts for the layers in ``moe_layers``, else GPT-Neo's MLP."""
+    if layer in (cfg.moe_layers or ()):
+        from models.moe import MoeMlp  # moe.py builds on this file's init constants
+
+        return MoeMlp(cfg, rngs=rngs)
     return Mlp(cfg, rngs=rngs)

@@ -62,11 +62,13 @@ class Layout:
     def from_config(cls, mesh: Mesh, layout: str) -> "Layout":
         return cls(mesh, parse_layout(layout, mesh))
 
-    def spec(self, names: Sequence[str | None]) -> PartitionSpec:
-        return PartitionSpec(*nn.logical_to_mesh_axes(tuple(names), self.rules))
+    def spec(self, names: Sequence[str | None], prefer: Sequence[str] = ()) -> PartitionSpec:
+        """``prefer`` moves the rules of those dimensions to the front, so they win a contested mesh axis."""
+        rules = sorted(self.rules, key=lambda rule: rule[0] not in prefer)  # stable: layout order otherwise
+        return PartitionSpec(*nn.logical_to_mesh_axes(tuple(names), rules))
 
-    def sharding(self, names: Sequence[str | None]) -> NamedSharding:
-        return NamedSharding(self.mesh, self.spec(names))
+    def sharding(self, names: Sequence[str | None], prefer: Sequence[str] = ()) -> NamedSharding:
+        return NamedSharding(self.mesh, self.spec(names, prefer))
 
     def axis_size(self, name: str) -> int:
         """How many ways the dimension ``name`` is split (1 if the layout leaves it whole)."""
@@ -104,12 +106,16 @@ class Layout:
 _active = threading.local()
 
 
-def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-    """Pins an activation's sharding by dimension names; a no-op outside ``Layout.active()``."""
+def constrain(x: jax.Array, names: Sequence[str | None], prefer: Sequence[str] = ()) -> jax.Array:
+    """Pins an activation's sharding by dimension names; a no-op outside ``Layout.active()``.
+
+    ``prefer`` names dimensions that take a mesh axis ahead of the layout order. Expert parallelism uses it: with
+    ``batch:x,experts:x`` the expert computation runs on (batch, experts, ...) buffers split over experts, so
+    moving from tokens split by batch to buffers split by experts is one all-to-all over x."""
     layout = getattr(_active, "layout", None)
     if layout is None:
         return x
-    return jax.lax.with_sharding_constraint(x, layout.sharding(names))
+    return jax.lax.with_sharding_constraint(x, layout.sharding(names, prefer))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -10,6 +10,7 @@ import optax
 from flax import nnx
 
 from config import ConfigError
+from models.moe import moe_losses
 from parallel.layout import Layout, constrain, replicated
 from parallel.state import Params, TrainState
 
@@ -42,10 +43,20 @@ def token_losses(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, comp
                  dropout_key: jax.Array | None = None) -> jax.Array:
     """(B, T+1) tokens -> (B, T) next-token cross-entropy in float32. Compute runs in ``compute_dtype`` on a cast
     copy of the float32 master parameters, so gradients land on the masters."""
+    return losses_and_aux(graphdef, params, tokens, compute_dtype, dropout_key)[0]
+
+
+def losses_and_aux(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, compute_dtype,
+                   dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array, dict]:
+    """``token_losses`` plus what the model sowed: (losses (B, T), auxiliary loss term, auxiliary metrics).
+    Mixture-of-experts layers sow their load-balancing and z-losses (models/moe.py); without them the term is 0
+    and the metrics are empty."""
     params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
     model = nnx.merge(graphdef, nnx.State(params))
-    logits = model(tokens[:, :-1], dropout_key=dropout_key)  # (B, T, V)
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), tokens[:, 1:])
+    logits, sown = nnx.capture(model, nnx.Intermediate)(tokens[:, :-1], dropout_key=dropout_key)  # (B, T, V)
+    penalty, aux = moe_losses(sown)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), tokens[:, 1:])
+    return losses, penalty, aux
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, schedule: optax.Schedule,
@@ -60,9 +71,13 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
     compute_dtype = COMPUTE_DTYPES[precision]
 
     def loss_fn(params, tokens, key):
-        return token_losses(graphdef, params, tokens, compute_dtype, key).mean()
+        losses, penalty, aux = losses_and_aux(graphdef, params, tokens, compute_dtype, key)
+        loss = losses.mean()  # reported as "loss": cross-entropy alone, comparable with eval
+        return loss + penalty, {"loss": loss, **aux}
 
-    grad_fn = jax.value_and_grad(loss_fn)
+    def grad_fn(params, tokens, key):  # -> (metrics with "loss", grads of loss + auxiliary losses)
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, key)
+        return metrics, grads
 
     def accumulated(params, tokens, key):
         b, w = tokens.shape
@@ -70,23 +85,24 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
 
         def body(carry, chunk_and_index):
             chunk, i = chunk_and_index
-            loss, grads = grad_fn(params, chunk, jax.random.fold_in(key, i))
-            return jax.tree.map(jnp.add, carry, (loss, grads)), None
+            metrics_and_grads = grad_fn(params, chunk, jax.random.fold_in(key, i))
+            return jax.tree.map(jnp.add, carry, metrics_and_grads), None
 
-        zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-        (loss, grads), _ = jax.lax.scan(body, zeros, (chunks, jnp.arange(microbatches)))
-        return jax.tree.map(lambda x: x / microbatches, (loss, grads))
+        metrics_shapes = jax.eval_shape(grad_fn, params, chunks[0], key)[0]
+        zeros = (jax.tree.map(jnp.zeros_like, metrics_shapes), jax.tree.map(jnp.zeros_like, params))
+        (metrics, grads), _ = jax.lax.scan(body, zeros, (chunks, jnp.arange(microbatches)))
+        return jax.tree.map(lambda x: x / microbatches, (metrics, grads))
 
     def train_step(state: TrainState, tokens: jax.Array):
         with layout.active():
             key = jax.random.fold_in(jax.random.key(seed), state.step)
             if microbatches == 1:
-                loss, grads = grad_fn(state.params, tokens, key)
+                metrics, grads = grad_fn(state.params, tokens, key)
             else:
-                loss, grads = accumulated(state.params, tokens, key)
+                metrics, grads = accumulated(state.params, tokens, key)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-            metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+            metrics = {**metrics, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
             return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return jax.jit(train_step, in_shardings=(state_shardings, data_sharding),

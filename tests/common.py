@@ -37,6 +37,11 @@ def random_batches(cfg, steps: int, seed: int = 0) -> np.ndarray:
 
 def train_losses(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None, microbatches=1) -> list[float]:
     """Per-step losses of ``cfg`` trained on ``batches`` with the given mesh and layout."""
+    return [m["loss"] for m in train_metrics(cfg, batches, mesh_shape, layout, devices, microbatches)]
+
+
+def train_metrics(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None, microbatches=1) -> list[dict]:
+    """Per-step metrics dicts (floats) of ``cfg`` trained on ``batches`` with the given mesh and layout."""
     mesh = make_mesh(mesh_shape, devices)
     layout = Layout.from_config(mesh, layout)
     tx = make_optimizer(cfg)
@@ -44,11 +49,11 @@ def train_losses(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None,
     data = batch_sharding(layout, cfg.train_batch_size, cfg.n_ctx + 1)
     step = make_train_step(graphdef, tx, learning_rate_schedule(cfg), layout, shardings, data,
                            precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
-    losses = []
+    rows = []
     for batch in batches:
         state, metrics = step(state, jax.device_put(batch, data))
-        losses.append(float(metrics["loss"]))
-    return losses
+        rows.append({k: float(v) for k, v in jax.device_get(metrics).items()})
+    return rows
 
 
 def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -58,11 +58,32 @@ def test_attention_types_expand():
     ({"attention_types": [[["globl"], 2]]}, 'attention_types: unknown kind "globl"'),
     ({"attention_types": [["global", 2]]}, "attention_types: entry"),
     ({"res_dropout": 1.5}, "res_dropout: 1.5 is above the maximum 1.0"),
-    ({"num_mem_kv": 4}, "num_mem_kv: 4 asks for a feature NeoMesh does not have yet"),
+    ({"mlp_glu": True}, "mlp_glu: true asks for a feature NeoMesh does not have yet"),
+    ({"moe_layers": [0, 2]}, "moe_layers: 2 is not a layer index in 0..1"),
+    ({"moe_layers": [1, 1]}, "moe_layers: [1, 1] names a layer twice"),
+    ({"moe_params": {"num_expert": 4}}, "moe_params: unknown key 'num_expert'; did you mean 'moe_params.num_experts'?"),
+    ({"moe_params": {"top_k": 3}}, "moe_params.top_k: 3 is not 1 or 2"),
+    ({"moe_params": {"num_experts": 1}}, "moe_params.top_k: 2 is more than num_experts 1"),
+    ({"moe_params": {"capacity_factor": 0}}, "moe_params.capacity_factor: 0 must be above 0"),
+    ({"moe_params": {"num_experts": "4"}}, 'moe_params.num_experts: expected int, got "4"'),
+    ({"moe_params": {"z_loss_weight": -1.0}}, "moe_params.z_loss_weight: -1.0 is below the minimum 0"),
+    ({"rotary_emb": True, "rotary_emb_fraction": 0.01}, "rotary_emb_fraction: 0.01 of head_dim 16 rotates no"),
+    ({"attention_kernel": "flash"}, 'attention_kernel: "flash" is not one of auto, xla, cudnn'),
     ({"datasets": []}, "datasets: empty"),
 ])
 def test_bad_values_name_the_key(raw, expected):
     assert expected in error_of(raw)
+
+
+def test_new_attention_and_moe_keys_load():
+    kinds = [[["global", "none", "none"], 1], [["linear", "local", "none"], 1]]
+    cfg, _ = from_dict({**TINY, "n_layer": 6, "attention_types": kinds,
+                        "moe_layers": [1, 4], "moe_params": {"num_experts": 4, "top_k": 1}, "num_mem_kv": 2,
+                        "rotary_emb": True, "rotary_emb_fraction": 0.25})
+    assert cfg.attention_layers == ("global", "none", "none", "linear", "local", "none")
+    assert cfg.moe == {"num_experts": 4, "top_k": 1, "capacity_factor": 1.25, "aux_loss_weight": 0.01,
+                       "z_loss_weight": 0.001}
+    assert cfg.rotary_dim == 4  # a quarter of head_dim 16
 
 
 def test_set_overrides_parse_json_or_string():
@@ -95,6 +116,9 @@ def test_load_config_files(tmp_path):
     (["train_batch_size=12"], "train_batch_size: 12 is not divisible by the 8 ways"),
     (["mesh_shape=x:2,y:4", "layout=batch:x,heads:y", "n_head=6", "n_embd=48"],
      "parameter blocks/0/attn/k/kernel dimension 'heads' has size 6, not divisible by mesh axis 'y' of size 4"),
+    (["attention_kernel=cudnn"], "attention_kernel: 'cudnn' cannot run here (the platform is cpu, not a CUDA GPU"),
+    (["moe_layers=[1]", "moe_params={\"num_experts\": 4}", "layout=batch:x,experts:x"],
+     "parameter blocks/1/mlp/b_in dimension 'experts' has size 4, not divisible by mesh axis 'x' of size 8"),
 ])
 def test_cli_errors_are_one_line(tmp_path, overrides, expected):
     sets = [arg for o in overrides for arg in ("--set", o)]

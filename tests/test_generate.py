@@ -62,8 +62,15 @@ def trim(tokens, eos):
 
 # --- KV cache -------------------------------------------------------------------------------------------------
 
-def test_cached_decoding_equals_full_recomputation():
-    cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]], local_attention_radius=4)
+EVERY_KIND = dict(n_layer=5, attention_types=[[["global", "local", "linear", "none", "global"], 1]],
+                  local_attention_radius=4, num_mem_kv=2, rotary_emb=True, rotary_emb_fraction=0.5, moe_layers=[1],
+                  moe_params={"num_experts": 4, "top_k": 2, "capacity_factor": 8.0})
+
+
+@pytest.mark.parametrize("changes", [dict(n_layer=4, attention_types=[[["global", "local"], 2]],
+                                          local_attention_radius=4), EVERY_KIND], ids=["global-local", "every-kind"])
+def test_cached_decoding_equals_full_recomputation(changes):
+    cfg = tiny_config(**changes)
     model = GPTNeo(cfg, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
     lengths, new = [5, 9], 12  # both prompts longer than the window for part of the run; row 0 left-padded by 4
@@ -84,10 +91,11 @@ def test_cached_decoding_equals_full_recomputation():
         np.testing.assert_allclose(np.stack(got[b]), full, atol=2e-5, rtol=0)
 
 
-def test_local_cache_keeps_only_the_window():
-    cfg = tiny_config(local_attention_radius=4)
-    cache = GPTNeo(cfg, rngs=nnx.Rngs(0)).init_cache(1, 30, jnp.zeros((1,), jnp.int32))
-    assert [layer.k.shape[1] for layer in cache.layers] == [30, 4]  # global, local
+def test_caches_keep_only_what_each_kind_needs():
+    cfg = tiny_config(**EVERY_KIND)
+    layers = GPTNeo(cfg, rngs=nnx.Rngs(0)).init_cache(1, 30, jnp.zeros((1,), jnp.int32)).layers
+    assert layers[0].k.shape[1] == 30 and layers[1].k.shape[1] == 4  # global: everything; local: its window
+    assert layers[2].kv_sum.shape == (1, 4, 16, 16) and layers[3] is None  # linear: running sums; none: nothing
 
 
 # --- Hugging Face import --------------------------------------------------------------------------------------

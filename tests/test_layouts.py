@@ -31,7 +31,8 @@ def layout_table(config_path: str) -> str:
 
 def test_every_shipped_config_has_a_golden_file():
     names = {os.path.basename(p)[:-5] for p in CONFIGS}
-    assert {"quickstart", "gpt_neo_125M", "gpt_neo_1.3B", "gpt_neo_2.7B"} <= names
+    assert {"quickstart", "gpt_neo_125M", "gpt_neo_1.3B", "gpt_neo_2.7B", "moe", "par"} <= names
+    assert os.path.exists(os.path.join(GOLDEN, "moe.txt")) and os.path.exists(os.path.join(GOLDEN, "par.txt"))
 
 
 @pytest.mark.parametrize("config_path", CONFIGS, ids=lambda p: os.path.basename(p))

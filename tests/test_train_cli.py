@@ -79,3 +79,18 @@ def test_eval_only_new_and_resume_errors(tmp_path):
     assert "moved the previous run to" in fresh.stdout
     assert [r["step"] for r in metrics_rows(model_path)] == [1]
     assert len(glob.glob(str(model_path) + "-*")) == 1  # the old run is kept, not deleted
+
+
+def test_moe_config_logs_its_auxiliary_losses(tmp_path):
+    model_path = tmp_path / "moe"
+    sets = ["n_embd=64", "n_head=4", "n_ctx=32", "local_attention_radius=8", "train_batch_size=8",
+            "eval_batch_size=8", "train_steps=4", "warmup_steps=2", "eval_steps=1", "sample_tokens=8"]
+    result = run_cli("train.py", "--config", "configs/moe.json", "--model-path", str(model_path), "--no-progress",
+                     *[arg for s in sets for arg in ("--set", s)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "['global', 'local', 'linear', 'global']" in result.stdout and "sample:\ndef " in result.stdout
+    rows = metrics_rows(model_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for row in rows:
+        assert 1.0 <= row["aux_loss"] < 8.0  # the load-balancing loss: 1 when balanced, num_experts at worst
+        assert row["z_loss"] > 0.0 and 0.0 <= row["dropped_tokens_fraction"] < 1.0

@@ -16,14 +16,25 @@ PEAK_FLOPS = {
 
 
 def train_flops_per_token(cfg: Config) -> float:
-    """6 x (matmul parameters) + attention score/value FLOPs (PaLM appendix B), per trained token.
+    """6 x (matmul parameters a token passes through) + attention score/value FLOPs (PaLM appendix B), per
+    trained token.
 
-    Global layers count the full context (PaLM's convention, so MFU compares with other reports); local layers
-    count their window."""
+    Global layers count the full context (PaLM's convention, so MFU compares with other reports) plus their memory
+    slots; local layers count their window; linear layers their running k (x) v sums (head_dim per head, like a
+    window of head_dim); ``none`` layers have no attention. A mixture-of-experts layer counts top_k expert MLPs and
+    its router."""
     d, f, v = cfg.n_embd, 4 * cfg.n_embd, cfg.n_vocab
-    matmul_params = cfg.n_layer * (4 * d * d + 2 * d * f) + d * v
-    attention = sum(12 * d * (min(cfg.n_ctx, cfg.local_attention_radius) if kind == "local" else cfg.n_ctx)
-                    for kind in cfg.attention_layers)
+    moe_layers = set(cfg.moe_layers or ())
+    matmul_params = d * v
+    attention = 0
+    for layer, kind in enumerate(cfg.attention_layers):
+        if kind != "none":
+            matmul_params += 4 * d * d
+        mlp = 2 * d * f
+        matmul_params += mlp * cfg.moe["top_k"] + d * cfg.moe["num_experts"] if layer in moe_layers else mlp
+        span = {"global": cfg.n_ctx + cfg.num_mem_kv, "local": min(cfg.n_ctx, cfg.local_attention_radius),
+                "linear": cfg.head_dim, "none": 0}[kind]
+        attention += 12 * d * span
     return 6 * matmul_params + attention
 
 

@@ -28,6 +28,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key; VALUE is JSON, or a plain string (repeatable)")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default")
+    p.add_argument("--check-dataset", action="store_true", help="decode the first train batch, print token id "
+                   "range, counts and its first text, and exit")
     dist = p.add_argument_group("multi-host (jax.distributed)")
     dist.add_argument("--coordinator", help="host:port of process 0")
     dist.add_argument("--num-processes", type=int)
@@ -79,6 +81,12 @@ def train(args) -> None:
     cfg, notes = load_config(args.config, tuple(args.set))
     if args.model_path:
         cfg = cfg.replace(model_path=args.model_path)
+    if args.check_dataset:
+        from data.check import check_dataset
+        return check_dataset(cfg)
+    if cfg.mlm_training:
+        raise ConfigError("mlm_training: the GPT-Neo decoder is causal and trains on next tokens; masked-LM "
+                          "batches (data/mlm.py) wait for the encoder models")
     distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
     lead = jax.process_index() == 0
     say = tqdm.write if lead else (lambda *a, **k: None)

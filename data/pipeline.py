@@ -158,12 +158,12 @@ def mix(tf, streams: list, weights: list[float], seed: int):
 
 def batches(tf, stream, batch_size: int, rows: slice, start_batch: int = 0):
     """Global batches of ``batch_size`` windows from ``start_batch`` on, cut to this process's ``rows``:
-    int32 (rows, n_ctx+1), prefetched."""
+    int32 (rows, n_ctx+1) (or a dict of such arrays after the MLM stage), prefetched."""
     out = stream.batch(batch_size, drop_remainder=True)
     if start_batch:
         out = out.skip(start_batch)  # exact resume: the stream is deterministic, so skipping replays it
     if (rows.start or 0) != 0 or rows.stop not in (None, batch_size):
-        out = out.map(lambda b: b[rows.start:rows.stop])
+        out = out.map(lambda b: tf.nest.map_structure(lambda t: t[rows.start:rows.stop], b))
     options = tf.data.Options()
     options.deterministic = True
     return out.with_options(options).prefetch(tf.data.AUTOTUNE)

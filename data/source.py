@@ -99,7 +99,8 @@ class TFDataSource:
         self._memo: dict = {}
 
     def batch(self, step: int, batch_size: int, rows: slice | None = None) -> np.ndarray:
-        """Rows ``rows`` (default all) of global batch ``step``: (rows, n_ctx+1) int32 tokens."""
+        """Rows ``rows`` (default all) of global batch ``step``: (rows, n_ctx+1) int32 tokens (with
+        ``mlm_training``, a dict of (rows, n_ctx) ``inputs``/``targets``/``mask`` arrays)."""
         from data.tf_import import tensorflow
         from data.tfrecords import diagnose
         tf = tensorflow()
@@ -111,7 +112,7 @@ class TFDataSource:
             self._iterator = iter(self._build(batch_size, rows, step))
             self._key = key
         try:
-            out = next(self._iterator).numpy()
+            out = tf.nest.map_structure(lambda t: t.numpy(), next(self._iterator))
         except tf.errors.OpError as e:
             raise diagnose(self.files, e) from None
         self._next = step + 1
@@ -239,7 +240,11 @@ def make_source(cfg: Config, split: str):
                                           shuffle_buffer=buffer)
             streams.append(windows(tf, docs, cfg.n_ctx, mode, stitch, shuffle=shuffle, seed=seed,
                                    shuffle_buffer=buffer))
-        return batches(tf, mix(tf, streams, weights, cfg.seed * 1000 + 7), batch_size, rows, start)
+        stream = mix(tf, streams, weights, cfg.seed * 1000 + 7)
+        if cfg.mlm_training:
+            from data.mlm import mlm_stage
+            stream = mlm_stage(tf, stream, cfg, cfg.seed * 1000 + 8)
+        return batches(tf, stream, batch_size, rows, start)
 
     bytes_per_token = None
     if all(tb is not None for tb in token_bytes):

@@ -47,7 +47,7 @@ def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, see
     paths = paths.repeat()
 
     def read(path):
-        return tf.data.TFRecordDataset(path, buffer_size=1 << 20).enumerate().map(lambda i, r: (path, i, r))
+        return tf.data.TFRecordDataset(path).enumerate().map(lambda i, r: (path, i, r))
 
     records = paths.interleave(read, cycle_length=min(READ_CYCLE, len(files)), block_length=1,
                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -71,15 +71,15 @@ def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, see
     return docs
 
 
-def tfds_documents(tf, name: str, split: str, data_dir: str | None, tokenizer, *, shuffle: bool, seed: int,
-                   shuffle_buffer: int, text_key: str = "text"):
-    """Endless stream of tokenized documents (each + <|endoftext|>) from a prepared TFDS dataset."""
-    import numpy as np
+def open_tfds(name: str, data_dir: str | None, split: str, text_key: str):
+    """The TFDS builder of a dataset prepared in ``data_dir`` (read from its files; nothing is downloaded)."""
     import tensorflow_datasets as tfds
 
     try:
         builder = tfds.builder(name, data_dir=data_dir)
         splits = builder.info.splits
+        if not builder.is_prepared():
+            raise FileNotFoundError(f"not prepared in {builder.data_dir}")
     except Exception as e:  # tfds raises many types; all mean "not here"
         raise ConfigError(f"datasets: tfds:{name}: not found in {data_dir or 'the default TFDS data dir'} "
                           f"({str(e).splitlines()[0][:200]}); nothing is downloaded: prepare it there first") from None
@@ -88,6 +88,14 @@ def tfds_documents(tf, name: str, split: str, data_dir: str | None, tokenizer, *
     if text_key not in builder.info.features:
         raise ConfigError(f"datasets: tfds:{name} has no {text_key!r} feature "
                           f"(features: {', '.join(builder.info.features)})")
+    return builder
+
+
+def tfds_documents(tf, builder, split: str, tokenizer, *, shuffle: bool, seed: int, shuffle_buffer: int,
+                   text_key: str = "text"):
+    """Endless stream of tokenized documents (each + <|endoftext|>) from a prepared TFDS dataset."""
+    import numpy as np
+
     docs = builder.as_dataset(split=split, shuffle_files=False).map(lambda ex: ex[text_key]).repeat()
     if shuffle:
         docs = docs.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)

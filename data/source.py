@@ -193,7 +193,7 @@ def make_source(cfg: Config, split: str):
     if len(sizes) > 1:
         raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "
                           "mixed datasets must share one tokenizer")
-    from data.pipeline import batches, mix, tfds_documents, tfrecord_documents, windows
+    from data.pipeline import batches, mix, open_tfds, tfds_documents, tfrecord_documents, windows
     from data.tf_import import tensorflow
     from data.tfrecords import check_vocab, list_files, read_indexes
 
@@ -209,8 +209,10 @@ def make_source(cfg: Config, split: str):
         seed = cfg.seed * 1000 + 10 * k  # every entry and every stage draws its own stream
         buffer = dataset.get("shuffle_buffer", SHUFFLE_BUFFER)
         if dataset["path"].startswith("tfds:"):
-            tfds_split = dataset.get(f"{split}_split")
-            plan.append(("tfds", dataset, tokenizer, mode, stitch, seed, buffer, tfds_split))
+            tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")
+            text_key = dataset.get("text_key", "text")
+            builder = open_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, text_key)
+            plan.append(("tfds", (builder, tfds_split, text_key), tokenizer, mode, stitch, seed, buffer))
             token_bytes.append(None)
         else:
             pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
@@ -220,7 +222,7 @@ def make_source(cfg: Config, split: str):
             indexes = read_indexes(files)
             check_vocab(indexes, tokenizer, cfg.n_vocab, where)
             all_files += files
-            plan.append(("tfrecord", files, tokenizer, mode, stitch, seed, buffer, None))
+            plan.append(("tfrecord", files, tokenizer, mode, stitch, seed, buffer))
             full = len(indexes) == len(files)
             token_bytes.append((sum(i["tokens"] for i in indexes.values()), sum(i["bytes"] for i in indexes.values()))
                                if full else None)
@@ -228,13 +230,11 @@ def make_source(cfg: Config, split: str):
 
     def build(batch_size: int, rows: slice, start: int):
         streams = []
-        for kind, what, tokenizer, mode, stitch, seed, buffer, tfds_split in plan:
+        for kind, what, tokenizer, mode, stitch, seed, buffer in plan:
             if kind == "tfds":
-                name = what["path"][len("tfds:"):]
-                default = "train" if split == "train" else "validation"
-                docs = tfds_documents(tf, name, tfds_split or default, what.get("data_dir"), tokenizer,
-                                      shuffle=shuffle, seed=seed, shuffle_buffer=buffer,
-                                      text_key=what.get("text_key", "text"))
+                builder, tfds_split, text_key = what
+                docs = tfds_documents(tf, builder, tfds_split, tokenizer, shuffle=shuffle, seed=seed,
+                                      shuffle_buffer=buffer, text_key=text_key)
             else:
                 docs = tfrecord_documents(tf, what, n_vocab=cfg.n_vocab, shuffle=shuffle, seed=seed,
                                           shuffle_buffer=buffer)

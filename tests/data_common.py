@@ -45,3 +45,25 @@ def config(datasets, n_ctx=16, n_vocab=1_000_000, **changes):
 def take(source, steps, batch_size=8, start=0) -> np.ndarray:
     """(steps * batch_size, n_ctx+1) windows of batches start..start+steps-1."""
     return np.concatenate([source.batch(s, batch_size) for s in range(start, start + steps)])
+
+
+def prepare_tiny_tfds(data_dir: str, texts: list[str]) -> None:
+    """A prepared TFDS text dataset ``neomesh_tiny_text`` (train: texts[:15], validation: the rest) in
+    ``data_dir``, as ``tfds build`` would leave it; train.py reads it by name from the files alone."""
+    import tensorflow_datasets as tfds
+
+    class NeomeshTinyText(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+                                                  disable_shuffling=True)
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(texts[:15]), "validation": self._generate_examples(texts[15:])}
+
+        def _generate_examples(self, split_texts):
+            for i, t in enumerate(split_texts):
+                yield i, {"text": t}
+
+    NeomeshTinyText(data_dir=data_dir).download_and_prepare()

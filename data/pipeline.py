@@ -58,8 +58,8 @@ def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, see
 
         def fail():
             bad = tf.boolean_mask(ids, (ids < 0) | (ids >= n_vocab))[0]
-            msg = tf.strings.format("NEOMESH_BAD_TOKEN {}: record {}: token id {} is outside [0, n_vocab={}) END",
-                                    (path, i, bad, n_vocab))
+            msg = tf.strings.join(["NEOMESH_BAD_TOKEN ", path, ": record ", tf.strings.as_string(i), ": token id ",
+                                   tf.strings.as_string(bad), f" is outside [0, n_vocab={n_vocab}) END"])
             with tf.control_dependencies([tf.debugging.Assert(False, [msg])]):
                 return tf.identity(ids)
 

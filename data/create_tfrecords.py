@@ -135,7 +135,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t = index["totals"]
-    print(f"wrote {len(index['files'])} files to {args.output_dir}: {t['documents']:,} documents, "
+    print(f"wrote {len(index['files'])} file(s) to {args.output_dir}: {t['documents']:,} documents, "
           f"{t['records']:,} records, {t['tokens']:,} tokens ({t['bytes'] / max(t['tokens'], 1):.2f} bytes/token), "
           f"index {os.path.join(args.output_dir, args.name + '.index')}; no document or token was dropped")
     return 0

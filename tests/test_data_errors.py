@@ -140,3 +140,11 @@ except ConfigError as e:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "ERROR datasets: TFRecord and TFDS data need TensorFlow (pip install tensorflow-cpu==2.21.0)" \
         in result.stdout
+
+
+def test_mlm_training_is_refused_by_the_decoder_in_one_line(capsys):
+    base = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--set", "mlm_training=true"]
+    assert train.main(base) == 2
+    assert capsys.readouterr().err == "error: mlm_mask_token_id: mlm_training needs the id of the mask token\n"
+    assert train.main(base + ["--set", "mlm_mask_token_id=1"]) == 2
+    assert capsys.readouterr().err.startswith("error: mlm_training: the GPT-Neo decoder is causal")

@@ -77,7 +77,7 @@ class Config:
     macaron: bool = _key(False, "macaron blocks (not available yet)")
     axial_pos_emb: Optional[list] = _key(None, "axial position embedding (not available yet)")
     causal: bool = _key(True, "causal (decoder) attention; false arrives with the encoder models")
-    mlm_training: bool = _key(False, "masked-LM training (not available yet)")
+    mlm_training: bool = _key(False, "masked-LM batches (data/mlm.py); needs an encoder model (not available yet)")
     mlm_cls_token_id: Optional[int] = _key(None, "MLM: id prepended as CLS")
     mlm_mask_prob: float = _key(0.15, "MLM: fraction of tokens selected", minimum=0.0, maximum=1.0)
     mlm_same_token_prob: float = _key(0.10, "MLM: selected tokens kept as they are", minimum=0.0, maximum=1.0)
@@ -120,6 +120,10 @@ class Config:
     # Data and output.
     datasets: list = _key([["embedded", None, None, None]],
                           "[[id, stitch, sampling_mode, weight], ...]; id names configs/dataset_configs/ID.json")
+    tokenizer_path: Optional[str] = _key(
+        None, "tokenizer for text datasets (tfds:NAME): a tokenizer.json, a GPT-2 vocab.json+merges.txt directory, "
+        "or 'bytes'; default: the first dataset config's")
+    tfds_data_dir: Optional[str] = _key(None, "local TFDS data dir for tfds:NAME datasets (default: TFDS's own)")
     model_path: Optional[str] = _key(None, "run directory (default: runs/<config name>)")
     sample_prompt: str = _key("def ", "prompt of the sample printed at the end of training")
     sample_tokens: int = _key(96, "tokens sampled at the end of training (0: none)", minimum=0)
@@ -176,7 +180,7 @@ LEGACY_KEYS = {
     "lr_decay_end_ratio": "decay always ends at 0.1*lr",
 }
 
-_UNAVAILABLE_WHEN_ON = ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb", "mlm_training")
+_UNAVAILABLE_WHEN_ON = ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb")
 
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 
@@ -242,6 +246,10 @@ def validated(cfg: Config) -> Config:
     if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
         raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
     _check_datasets(cfg.datasets)
+    if cfg.mlm_training and cfg.mlm_mask_token_id is None:
+        raise ConfigError("mlm_mask_token_id: mlm_training needs the id of the mask token")
+    if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:
+        raise ConfigError("mlm_random_token_prob: mlm_same_token_prob + mlm_random_token_prob is above 1")
     return cfg
 
 

@@ -30,6 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key; VALUE is JSON, or a plain string (repeatable)")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default")
+    p.add_argument("--check-dataset", action="store_true", help="decode the first train batch, print token id "
+                   "range, counts and its first text, and exit")
     dist = p.add_argument_group("multi-host (jax.distributed)")
     dist.add_argument("--coordinator", help="host:port of process 0")
     dist.add_argument("--num-processes", type=int)
@@ -81,6 +83,12 @@ def train(args) -> None:
     cfg, notes = load_config(args.config, tuple(args.set))
     if args.model_path:
         cfg = cfg.replace(model_path=args.model_path)
+    if args.check_dataset:
+        from data.check import check_dataset
+        return check_dataset(cfg)
+    if cfg.mlm_training:
+        raise ConfigError("mlm_training: the GPT-Neo decoder is causal and trains on next tokens; masked-LM "
+                          "batches (data/mlm.py) wait for the encoder models")
     distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
     lead = jax.process_index() == 0
     say = tqdm.write if lead else (lambda *a, **k: None)
@@ -96,6 +104,9 @@ def train(args) -> None:
     eval_sharding = batch_sharding(layout, cfg.eval_batch_size, window, "eval_batch_size")
     train_data = make_source(cfg, "train")
     eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
+    if lead and hasattr(train_data.tokenizer, "save"):  # the run keeps its tokenizer: predict.py and export use it
+        os.makedirs(os.path.join(cfg.model_path, "tokenizer"), exist_ok=True)
+        train_data.tokenizer.save(os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
 
     def global_batch(source, step, batch_size, sharding):
         return distributed.global_batch(lambda rows: source.batch(step, batch_size, rows), sharding,

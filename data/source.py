@@ -1,10 +1,15 @@
-"""Token sources: every batch is a pure function of (seed, step), so a resumed run reads exactly what the
-uninterrupted run would have, and each process can build just its own rows of the global batch.
+"""Token sources: every batch is a pure function of (config, step), so a resumed run reads exactly what the
+uninterrupted run would have, and each process builds just its own rows of the global batch.
 
-``make_source(cfg, split)`` is the seam train.py uses; dataset configs (``configs/dataset_configs/ID.json``)
-say where tokens come from. The embedded corpus is read into memory and cut into non-overlapping windows of
-n_ctx+1 tokens (targets are the inputs shifted by one); train windows are visited in a fresh permutation per
-epoch, eval windows in order.
+``make_source(cfg, split)`` is the seam train.py uses. ``cfg.datasets`` is GPT-Neo's
+``[[id, stitch, sampling_mode, weight], ...]``; ``id`` names ``configs/dataset_configs/ID.json`` or is
+``tfds:NAME[/CONFIG]`` (a TFDS text dataset prepared in ``tfds_data_dir``). Two kinds of source:
+
+* ``WindowSource``: the embedded corpus held in memory (``path: "embedded"``): no TensorFlow needed.
+* ``TFDataSource``: TFRecords (GPT-Neo's format, ``path``/``eval_path`` globs) and TFDS through tf.data
+  (``data/pipeline.py``): parallel reads, seeded shuffles, sampling modes, weighted mixing, prefetch.
+
+Relative paths in dataset configs are relative to the repository root.
 """
 
 from __future__ import annotations
@@ -16,23 +21,42 @@ import numpy as np
 
 from config import Config, ConfigError
 from data import corpus
-from data.tokenizer import TOKENIZERS, Tokenizer
+from data.tokenizer import Tokenizer, load_tokenizer
 
-DATASET_CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                                  "dataset_configs")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATASET_CONFIG_DIR = os.path.join(ROOT, "configs", "dataset_configs")
+DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
+                "prepare", "vocab_size", "shuffle_buffer", "text_key", "train_split", "eval_split", "data_dir"}
+SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
 
 
 def load_dataset_config(name: str) -> dict:
+    """``configs/dataset_configs/NAME.json``, checked, with relative paths made absolute."""
     path = os.path.join(DATASET_CONFIG_DIR, f"{name}.json")
     if not os.path.exists(path):
         known = sorted(f[:-5] for f in os.listdir(DATASET_CONFIG_DIR) if f.endswith(".json"))
-        raise ConfigError(f"datasets: no dataset config {path} (known: {', '.join(known)})")
-    with open(path) as f:
-        return json.load(f)
+        raise ConfigError(f"datasets: no dataset config {path} (known: {', '.join(known)}; or tfds:NAME)")
+    where = f"configs/dataset_configs/{name}.json"
+    try:
+        with open(path) as f:
+            dataset = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    unknown = sorted(set(dataset) - DATASET_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(DATASET_KEYS))})")
+    if "path" not in dataset:
+        raise ConfigError(f"{where}: no 'path' (a TFRecord glob, tfds:NAME, or embedded)")
+    for key in ("path", "eval_path", "tokenizer_path", "data_dir"):
+        value = dataset.get(key)
+        if isinstance(value, str) and value not in ("embedded", "bytes") and not value.startswith("tfds:") \
+                and "://" not in value and not os.path.isabs(value):
+            dataset[key] = os.path.join(ROOT, value)
+    return {**dataset, "where": where}
 
 
 class WindowSource:
-    """Non-overlapping (n_ctx+1)-token windows over one token stream."""
+    """Non-overlapping (n_ctx+1)-token windows over one in-memory token stream (no TensorFlow)."""
 
     def __init__(self, tokens: np.ndarray, n_ctx: int, *, shuffle: bool, seed: int, tokenizer: Tokenizer,
                  bytes_per_token: float, name: str):
@@ -42,6 +66,7 @@ class WindowSource:
             raise ConfigError(f"datasets: {name} has {len(tokens)} tokens, fewer than one window of n_ctx+1")
         self.tokens, self.n_ctx, self.shuffle, self.seed = tokens, n_ctx, shuffle, seed
         self.tokenizer, self.bytes_per_token = tokenizer, bytes_per_token
+        self.description = f"{name}: {len(tokens):,} tokens in memory, {self.num_windows:,} windows per epoch"
 
     def _window_ids(self, examples: np.ndarray) -> np.ndarray:
         epoch, position = np.divmod(examples, self.num_windows)
@@ -60,40 +85,186 @@ class WindowSource:
         return np.stack([self.tokens[s:s + self.window] for s in starts]).astype(np.int32)
 
 
-def _tokenize(texts: list[str], tokenizer: Tokenizer) -> tuple[np.ndarray, float]:
-    ids: list[int] = []
-    n_bytes = 0
-    for text in texts:
-        ids.extend(tokenizer.encode(text))
-        ids.append(tokenizer.eos_id)
-        n_bytes += len(text.encode("utf-8"))
-    return np.asarray(ids, dtype=np.int32), n_bytes / len(ids)
+class TFDataSource:
+    """Batches from a tf.data pipeline that is a pure function of the config: batch ``step`` is the ``step``-th
+    batch of the stream. Reading forward is the fast path; any other step (a resumed run, a repeated
+    evaluation) rebuilds the pipeline and skips to it, which reads but does not train on what it skips."""
+
+    def __init__(self, build, files: list[str], tokenizer: Tokenizer, bytes_per_token: float | None,
+                 description: str, memoize: bool):
+        self._build, self.files, self.tokenizer = build, files, tokenizer
+        self._bytes_per_token, self.description, self._memoize = bytes_per_token, description, memoize
+        self._key = self._iterator = None
+        self._next = 0
+        self._memo: dict = {}
+
+    def batch(self, step: int, batch_size: int, rows: slice | None = None) -> np.ndarray:
+        """Rows ``rows`` (default all) of global batch ``step``: (rows, n_ctx+1) int32 tokens (with
+        ``mlm_training``, a dict of (rows, n_ctx) ``inputs``/``targets``/``mask`` arrays)."""
+        from data.tf_import import tensorflow
+        from data.tfrecords import diagnose
+        tf = tensorflow()
+        rows = rows or slice(0, batch_size)
+        key = (batch_size, rows.start, rows.stop)
+        if self._memoize and (step, key) in self._memo:
+            return self._memo[(step, key)]
+        if key != self._key or step != self._next:
+            self._iterator = iter(self._build(batch_size, rows, step))
+            self._key = key
+        try:
+            out = tf.nest.map_structure(lambda t: t.numpy(), next(self._iterator))
+        except tf.errors.OpError as e:
+            raise diagnose(self.files, e) from None
+        self._next = step + 1
+        if self._memoize:
+            self._memo[(step, key)] = out
+        return out
+
+    @property
+    def bytes_per_token(self) -> float:
+        """From the TFRecord indexes when every file has one, else measured on the first batch."""
+        if self._bytes_per_token is None:
+            sample = self.batch(0, 8)[:, 1:]  # targets only: the shared first token is counted once
+            text = "".join(self.tokenizer.decode(row) for row in sample)
+            self._bytes_per_token = len(text.encode("utf-8")) / sample.size
+        return self._bytes_per_token
 
 
-def make_tokenizer(cfg: Config) -> Tokenizer:
-    """The tokenizer of the config's (first) dataset."""
-    name = cfg.datasets[0][0]
-    kind = load_dataset_config(name).get("tokenizer_path", "bytes")
-    if kind not in TOKENIZERS:
-        raise ConfigError(f"configs/dataset_configs/{name}.json: unknown tokenizer_path '{kind}' "
-                          f"(known: {', '.join(TOKENIZERS)})")
-    return TOKENIZERS[kind]()
-
-
-def make_source(cfg: Config, split: str) -> WindowSource:
-    """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
-    if len(cfg.datasets) != 1:
-        raise ConfigError("datasets: mixing several datasets needs the TFRecord pipeline; give one dataset")
-    name = cfg.datasets[0][0]
-    dataset = load_dataset_config(name)
-    where = f"configs/dataset_configs/{name}.json"
-    if dataset.get("path") != "embedded":
-        raise ConfigError(f"{where}: path {json.dumps(dataset.get('path'))} is not readable yet; "
-                          "only the embedded corpus ('embedded') is")
-    tokenizer = make_tokenizer(cfg)
+def _embedded_source(cfg: Config, dataset: dict, split: str) -> WindowSource:
+    where = dataset["where"]
+    if len(cfg.datasets) != 1 or cfg.datasets[0][2] not in (None, "chunks") or cfg.datasets[0][1] is not None:
+        raise ConfigError(f"datasets: {where} (the in-memory embedded corpus) is read alone, in 'chunks' mode; "
+                          "mixing and sampling modes are for TFRecord datasets (e.g. embedded_bpe)")
+    tokenizer = load_tokenizer(dataset.get("tokenizer_path", "bytes"))
     if tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the {tokenizer.vocab_size} tokens of "
                           f"{where}'s tokenizer")
-    tokens, bytes_per_token = _tokenize(corpus.split(corpus.documents(), split), tokenizer)
-    return WindowSource(tokens, cfg.n_ctx, shuffle=split == "train", seed=cfg.seed, tokenizer=tokenizer,
-                        bytes_per_token=bytes_per_token, name=f"{name} ({split})")
+    ids: list[int] = []
+    n_bytes = 0
+    for text in corpus.split(corpus.documents(), split):
+        ids.extend(tokenizer.encode(text))
+        ids.append(tokenizer.eos_id)
+        n_bytes += len(text.encode("utf-8"))
+    return WindowSource(np.asarray(ids, dtype=np.int32), cfg.n_ctx, shuffle=split == "train", seed=cfg.seed,
+                        tokenizer=tokenizer, bytes_per_token=n_bytes / len(ids), name=f"{where} ({split})")
+
+
+def _check_tokenizer(tokenizer: Tokenizer, dataset: dict, cfg: Config) -> None:
+    where = dataset["where"]
+    if tokenizer.vocab_size > cfg.n_vocab:
+        raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the {tokenizer.vocab_size} tokens of "
+                          f"{where}'s tokenizer")
+    if dataset.get("n_vocab") is not None and dataset["n_vocab"] != tokenizer.vocab_size:
+        raise ConfigError(f"{where}: n_vocab {dataset['n_vocab']} does not match the {tokenizer.vocab_size} tokens "
+                          f"of its tokenizer {dataset.get('tokenizer_path', 'bytes')}")
+    if dataset.get("eos_id") is not None and dataset["eos_id"] != tokenizer.eos_id:
+        raise ConfigError(f"{where}: eos_id {dataset['eos_id']} is not the tokenizer's <|endoftext|> id "
+                          f"{tokenizer.eos_id}")
+
+
+def make_tokenizer(cfg: Config) -> Tokenizer:
+    """The tokenizer of the config's first dataset (``tokenizer_path`` overrides it), without reading any data;
+    a dataset that prepares its own tokenizer (embedded_bpe) is prepared first."""
+    name = cfg.datasets[0][0]
+    if cfg.tokenizer_path:
+        return load_tokenizer(cfg.tokenizer_path)
+    dataset = {"path": name, "where": name} if name.startswith("tfds:") else load_dataset_config(name)
+    if dataset.get("prepare"):
+        from data.prepare import ensure_prepared
+        ensure_prepared(dataset, dataset["where"], cfg.n_ctx)
+    return load_tokenizer(dataset.get("tokenizer_path", "bytes"))
+
+
+def make_source(cfg: Config, split: str):
+    """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
+    from data.pipeline import check_mode
+
+    datasets = []
+    for entry in cfg.datasets:
+        name = entry[0]
+        if name.startswith("tfds:"):
+            dataset = {"path": name, "where": name, "data_dir": cfg.tfds_data_dir}
+            if cfg.tokenizer_path:
+                dataset["tokenizer_path"] = cfg.tokenizer_path
+        else:
+            dataset = load_dataset_config(name)
+        datasets.append(dataset)
+    if any(d["path"] == "embedded" for d in datasets):
+        return _embedded_source(cfg, datasets[0], split)
+    # Text datasets (TFDS) take the tokenizer of the first dataset config when none is set.
+    default_tokenizer = cfg.tokenizer_path or next(
+        (d["tokenizer_path"] for d in datasets if "tokenizer_path" in d), "bytes")
+    for d in datasets:
+        d.setdefault("tokenizer_path", default_tokenizer)
+        if d.get("prepare"):
+            from data.prepare import ensure_prepared
+            ensure_prepared(d, d["where"], cfg.n_ctx)
+    tokenizers = [load_tokenizer(d["tokenizer_path"]) for d in datasets]
+    for tokenizer, dataset in zip(tokenizers, datasets):
+        _check_tokenizer(tokenizer, dataset, cfg)
+    sizes = {t.vocab_size for t in tokenizers}
+    if len(sizes) > 1:
+        raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "
+                          "mixed datasets must share one tokenizer")
+    from data.pipeline import batches, mix, open_tfds, tfds_documents, tfrecord_documents, windows
+    from data.tf_import import tensorflow
+    from data.tfrecords import check_vocab, list_files, read_indexes
+
+    tf = tensorflow()
+    shuffle = split == "train"
+    plan, all_files, weights, token_bytes = [], [], [], []
+    for k, (entry, dataset, tokenizer) in enumerate(zip(cfg.datasets, datasets, tokenizers)):
+        where = dataset["where"]
+        mode, stitch = check_mode(entry, where)
+        weight = 1.0 if entry[3] is None else entry[3]
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
+            raise ConfigError(f"datasets: {where}: weight {weight!r} must be a positive number or null")
+        seed = cfg.seed * 1000 + 10 * k  # every entry and every stage draws its own stream
+        buffer = dataset.get("shuffle_buffer", SHUFFLE_BUFFER)
+        if dataset["path"].startswith("tfds:"):
+            tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")
+            text_key = dataset.get("text_key", "text")
+            builder = open_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, text_key)
+            plan.append(("tfds", (builder, tfds_split, text_key), tokenizer, mode, stitch, seed, buffer))
+            token_bytes.append(None)
+        else:
+            pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
+            if pattern is None:
+                raise ConfigError(f"{where}: no 'eval_path' for evaluation; add one or set eval_steps to 0")
+            files = list_files(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}")
+            indexes = read_indexes(files)
+            check_vocab(indexes, tokenizer, cfg.n_vocab, where)
+            all_files += files
+            plan.append(("tfrecord", files, tokenizer, mode, stitch, seed, buffer))
+            full = len(indexes) == len(files)
+            token_bytes.append((sum(i["tokens"] for i in indexes.values()), sum(i["bytes"] for i in indexes.values()))
+                               if full else None)
+        weights.append(float(weight))
+
+    def build(batch_size: int, rows: slice, start: int):
+        streams = []
+        for kind, what, tokenizer, mode, stitch, seed, buffer in plan:
+            if kind == "tfds":
+                builder, tfds_split, text_key = what
+                docs = tfds_documents(tf, builder, tfds_split, tokenizer, shuffle=shuffle, seed=seed,
+                                      shuffle_buffer=buffer, text_key=text_key)
+            else:
+                docs = tfrecord_documents(tf, what, n_vocab=cfg.n_vocab, shuffle=shuffle, seed=seed,
+                                          shuffle_buffer=buffer)
+            streams.append(windows(tf, docs, cfg.n_ctx, mode, stitch, shuffle=shuffle, seed=seed,
+                                   shuffle_buffer=buffer))
+        stream = mix(tf, streams, weights, cfg.seed * 1000 + 7)
+        if cfg.mlm_training:
+            from data.mlm import mlm_stage
+            stream = mlm_stage(tf, stream, cfg, cfg.seed * 1000 + 8)
+        return batches(tf, stream, batch_size, rows, start)
+
+    bytes_per_token = None
+    if all(tb is not None for tb in token_bytes):
+        total = sum(weights)
+        bytes_per_token = sum(w / total * b / max(t, 1) for w, (t, b) in zip(weights, token_bytes))
+    names = ", ".join(f"{d['where']} ({check_mode(e, d['where'])[0]}, weight {w:g})"
+                      for d, e, w in zip(datasets, cfg.datasets, weights))
+    description = f"{split}: {names}; {len(all_files)} TFRecord files" + (
+        f", {sum(t for t, _ in token_bytes):,} tokens" if bytes_per_token else "")
+    return TFDataSource(build, all_files, tokenizers[0], bytes_per_token, description, memoize=not shuffle)

@@ -1,15 +1,30 @@
-"""Tokenizers behind one small interface: ``encode``, ``decode``, ``vocab_size``, ``eos_id``."""
+"""Tokenizers behind one small interface: ``encode``, ``decode``, ``vocab_size``, ``eos_id``, ``padding_id``.
+
+Two kinds: the built-in byte tokenizer (no training, no files) and byte-level BPE from Hugging Face
+``tokenizers``, trained here (``data/train_tokenizer.py``) or loaded from a ``tokenizer.json`` or from the
+GPT-2 files a user already has (``vocab.json`` + ``merges.txt``). Byte-level BPE is lossless: decoding an
+encoding gives the text back exactly.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import os
+from typing import Iterable, Protocol, Sequence
+
+from config import ConfigError
+
+EOS = "<|endoftext|>"
+PAD = "<|padding|>"
 
 
 class Tokenizer(Protocol):
     vocab_size: int
     eos_id: int
+    padding_id: int
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -19,12 +34,93 @@ class ByteTokenizer:
 
     vocab_size = 257
     eos_id = 256
+    padding_id = 256
+    name = "bytes"
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
-TOKENIZERS = {"bytes": ByteTokenizer}
+class BPETokenizer:
+    """A ``tokenizers.Tokenizer`` (byte-level BPE) with its end-of-text and padding ids."""
+
+    def __init__(self, tokenizer, name: str):
+        self.tok, self.name = tokenizer, name
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.eos_id = tokenizer.token_to_id(EOS)
+        if self.eos_id is None:
+            raise ConfigError(f"{name}: the tokenizer has no {EOS} token")
+        pad = tokenizer.token_to_id(PAD)
+        self.padding_id = self.eos_id if pad is None else pad
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(list(texts))]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def save(self, path: str) -> None:
+        self.tok.save(path)
+
+
+def _byte_level(tok):
+    """Byte-level pre-tokenizer and decoder without a prefix space: the exact-round-trip settings."""
+    from tokenizers import decoders, pre_tokenizers
+
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
+    """Trains a byte-level BPE on ``texts``: 256 byte tokens, ``<|endoftext|>``, ``<|padding|>``, then merges up
+    to ``vocab_size`` tokens in all."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    if vocab_size < 258:
+        raise ConfigError(f"vocab_size: {vocab_size} is below 258 (256 bytes + {EOS} + {PAD})")
+    tok = _byte_level(HFTokenizer(models.BPE()))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOS, PAD],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return BPETokenizer(tok, "trained BPE")
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """``"bytes"``, a ``tokenizer.json``, or a directory holding ``tokenizer.json`` or GPT-2's ``vocab.json`` and
+    ``merges.txt``. Nothing is downloaded: a hub name like ``gpt2`` must be a local directory."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    if path == "bytes":
+        return ByteTokenizer()
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "tokenizer.json")):
+        path = os.path.join(path, "tokenizer.json")
+    if os.path.isfile(path):
+        try:
+            return BPETokenizer(HFTokenizer.from_file(path), path)
+        except Exception as e:  # tokenizers raises plain Exceptions with multi-line messages
+            raise ConfigError(f"{path}: not a tokenizers JSON file ({str(e).splitlines()[0][:160]})") from None
+    vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
+    if os.path.isdir(path) and os.path.exists(vocab) and os.path.exists(merges):
+        try:
+            tok = _byte_level(HFTokenizer(models.BPE.from_file(vocab, merges)))
+        except Exception as e:
+            raise ConfigError(f"{path}: unreadable vocab.json/merges.txt ({str(e).splitlines()[0][:160]})") from None
+        if tok.token_to_id(EOS) is None:
+            raise ConfigError(f"{vocab}: no {EOS} token in the vocabulary")
+        # GPT-2's files have <|endoftext|> (id 50256) and no padding token: padding falls back to end-of-text.
+        tok.add_special_tokens([t for t in (EOS, PAD) if tok.token_to_id(t) is not None])
+        return BPETokenizer(tok, path)
+    raise ConfigError(f"tokenizer_path: {path!r} is neither 'bytes', a tokenizer.json, nor a directory with "
+                      "tokenizer.json or vocab.json + merges.txt (nothing is downloaded)")

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import sys
-from typing import Sequence
 
 import numpy as np
 
@@ -221,35 +220,13 @@ def write_gpt_neo(cfg: Config, params: dict, out_dir: str, tokenizer_dir: str | 
 # ---------------------------------------------------------------------------------------------------------------
 # Tokenizers.
 
-class HFTokenizer:
-    """A ``tokenizers`` tokenizer behind NeoMesh's interface (encode, decode, vocab_size, eos_id)."""
+def load_tokenizer(path: str):
+    """The tokenizer of an HF directory: tokenizer.json, or GPT-2's vocab.json + merges.txt."""
+    from data.tokenizer import load_tokenizer as load
 
-    def __init__(self, tokenizer, eos_id: int):
-        self.tokenizer, self.eos_id = tokenizer, eos_id
-        self.vocab_size = tokenizer.get_vocab_size()
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
-
-
-def load_tokenizer(path: str) -> HFTokenizer:
-    """tokenizer.json, or GPT-2's vocab.json + merges.txt, from a directory; eos is ``<|endoftext|>``."""
-    from tokenizers import Tokenizer
-    from tokenizers.implementations import ByteLevelBPETokenizer
-
-    if os.path.exists(os.path.join(path, "tokenizer.json")):
-        tokenizer = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    elif os.path.exists(os.path.join(path, "vocab.json")) and os.path.exists(os.path.join(path, "merges.txt")):
-        tokenizer = ByteLevelBPETokenizer(os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt"))
-    else:
+    if not any(os.path.exists(os.path.join(path, name)) for name in ("tokenizer.json", "vocab.json")):
         raise ConfigError(f"{path}: no tokenizer (tokenizer.json, or vocab.json + merges.txt)")
-    eos = tokenizer.token_to_id("<|endoftext|>")
-    if eos is None:
-        raise ConfigError(f"{path}: the tokenizer has no <|endoftext|> token")
-    return HFTokenizer(tokenizer, eos)
+    return load(path)
 
 
 def copy_tokenizer(src: str, dst: str) -> None:

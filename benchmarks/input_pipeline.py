@@ -1,0 +1,96 @@
+"""Is the input pipeline ever the bottleneck? Tokens/s the tf.data pipeline delivers (batch 8 x 2048, each
+sampling mode) next to tokens/s the train step consumes for the GPT-Neo 125M config, on this machine.
+
+    python benchmarks/input_pipeline.py [--batches 40] [--train-steps 2]
+
+The data is the quickstart's (BPE tokenizer and TFRecords prepared from the embedded corpus into data_cache/).
+The train step runs the 125M config on whatever devices jax sees, with the 8 x 2048 batch accumulated over
+microbatches of one sequence (``tokens_per_mb_per_replica=2048``) so it fits in a CPU's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pipeline_rate(cfg, batches: int, batch_size: int) -> tuple[float, float]:
+    """(tokens/s over ``batches`` batches after the first, seconds to the first batch)."""
+    from data.source import make_source
+
+    start = time.perf_counter()
+    source = make_source(cfg, "train")
+    source.batch(0, batch_size)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    for step in range(1, batches + 1):
+        source.batch(step, batch_size)
+    return batches * batch_size * cfg.n_ctx / (time.perf_counter() - start), first
+
+
+def train_rate(cfg, steps: int) -> float:
+    """Tokens/s of the jitted train step (compile excluded) on a data-parallel mesh over all devices."""
+    import jax
+    import numpy as np
+
+    from models.gpt_neo import GPTNeo
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from parallel.state import create_train_state
+    from parallel.steps import batch_sharding, make_train_step, microbatch_count
+    from training.optimizer import learning_rate_schedule, make_optimizer
+
+    layout = Layout.from_config(make_mesh(cfg.mesh_shape), cfg.layout)
+    tx = make_optimizer(cfg)
+    graphdef, state, shardings = create_train_state(lambda rngs: GPTNeo(cfg, rngs=rngs), tx, layout, cfg.seed)
+    data = batch_sharding(layout, cfg.train_batch_size, cfg.n_ctx + 1)
+    step = make_train_step(graphdef, tx, learning_rate_schedule(cfg), layout, shardings, data,
+                           microbatches=microbatch_count(cfg, layout), seed=cfg.seed)
+    tokens = np.random.default_rng(0).integers(0, cfg.n_vocab, (cfg.train_batch_size, cfg.n_ctx + 1), np.int32)
+    batch = jax.device_put(tokens, data)
+    state, metrics = step(state, batch)  # compile
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    return steps * cfg.train_batch_size * cfg.n_ctx / (time.perf_counter() - start)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/gpt_neo_125M.json")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batches", type=int, default=40, help="pipeline batches timed per mode")
+    p.add_argument("--train-steps", type=int, default=2, help="train steps timed (0: skip the train step)")
+    args = p.parse_args()
+    import jax
+
+    from config import load_config
+
+    base, _ = load_config(args.config, ("train_batch_size=%d" % args.batch_size, "tokens_per_mb_per_replica=2048",
+                                        "mesh_shape=x:-1"))
+    modes = [("chunks", None), ("documents_fixed", 4), ("documents_random", 4)]
+    cores = os.cpu_count()
+    print(f"machine: {cores} CPU cores, jax devices: {jax.device_count()} x {jax.devices()[0].device_kind}")
+    print(f"{'what':44} {'tokens/s':>12}")
+    rates = []
+    for mode, stitch in modes:
+        cfg = base.replace(datasets=[["embedded_bpe", stitch, mode if mode != "chunks" else None, None]])
+        rate, first = pipeline_rate(cfg, args.batches, args.batch_size)
+        rates.append(rate)
+        print(f"{'pipeline ' + mode + f' ({args.batch_size} x {cfg.n_ctx})':44} {rate:12,.0f}   "
+              f"(first batch after {first:.1f} s)")
+    if args.train_steps:
+        consumed = train_rate(base.replace(train_batch_size=args.batch_size), args.train_steps)
+        print(f"{'train step, ' + os.path.basename(args.config) + f' ({args.batch_size} x {base.n_ctx})':44} "
+              f"{consumed:12,.0f}")
+        print(f"pipeline / train step: {min(rates) / consumed:,.0f}x (slowest mode)")
+
+
+if __name__ == "__main__":
+    main()

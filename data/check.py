@@ -1,0 +1,24 @@
+"""``train.py --check-dataset``: look at what the model would be fed before spending compute on it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from config import Config
+
+
+def check_dataset(cfg: Config, batch_size: int | None = None) -> None:
+    """Builds the train source, decodes its first batch and prints the token id range, counts and first text."""
+    from data.source import make_source
+
+    source = make_source(cfg, "train")
+    batch = source.batch(0, batch_size or cfg.train_batch_size)  # (B, n_ctx+1)
+    tok = source.tokenizer
+    counts = np.bincount(batch.ravel(), minlength=1)
+    print(source.description)
+    print(f"batch 0: shape {batch.shape} {batch.dtype}; token ids min {batch.min()} max {batch.max()} "
+          f"(n_vocab {cfg.n_vocab}, tokenizer {tok.vocab_size}); {int((counts > 0).sum())} distinct ids; "
+          f"<|endoftext|> ({tok.eos_id}) x{int((batch == tok.eos_id).sum())}; "
+          f"{source.bytes_per_token:.2f} bytes/token")
+    text = tok.decode(batch[0])
+    print(f"first text ({len(text)} characters):\n{text}")

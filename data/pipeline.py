@@ -1,0 +1,177 @@
+"""tf.data graphs: documents from TFRecords or TFDS -> (n_ctx+1)-token windows by sampling mode -> weighted mix
+-> global batches, of which a process keeps only its own rows.
+
+Every stage is deterministic for a given seed (seeded shuffles, ``deterministic=True`` parallel reads and maps,
+``Dataset.random`` for random offsets), so the stream of batches is a pure function of the config: batch ``s`` is
+the same in every run, on any number of processes. Epochs follow each other inside the stream (files and
+documents reshuffled each epoch), so a run crosses epoch boundaries without a seam.
+
+Sampling modes (GPT-Neo's ``[id, stitch, sampling_mode, weight]``):
+
+* ``chunks`` (or null): the documents' token stream (each ends with ``<|endoftext|>``) packed into windows of
+  n_ctx+1 tokens that overlap by one, so every token is a target exactly once. ``stitch`` must be null.
+* ``documents_fixed``: each window starts at a document: at least ``stitch`` (default 1) documents, and more
+  while they are shorter than n_ctx+1 tokens, are joined and the first n_ctx+1 tokens taken.
+* ``documents_random``: the same groups, and a window at a random offset inside each.
+
+Short documents are joined with the next ones, never dropped or padded.
+"""
+
+from __future__ import annotations
+
+from config import ConfigError
+
+MODES = ("chunks", "documents_fixed", "documents_random")
+READ_CYCLE = 4  # files read in parallel (GPT-Neo's cycle_length)
+
+
+def check_mode(entry: list, where: str) -> tuple[str, int]:
+    """``(mode, stitch)`` from a datasets entry; a stitch that would have no effect is an error, not ignored."""
+    _, stitch, mode, _ = entry
+    mode = mode or "chunks"
+    if mode not in MODES:
+        raise ConfigError(f"datasets: {where}: sampling_mode {mode!r} is not one of {', '.join(MODES)} (or null)")
+    if mode == "chunks" and stitch not in (None, 0, 1):
+        raise ConfigError(f"datasets: {where}: stitch {stitch} has no effect in sampling_mode 'chunks' (the whole "
+                          "stream is packed); use 'documents_fixed' or 'documents_random', or set stitch to null")
+    if stitch is not None and (not isinstance(stitch, int) or isinstance(stitch, bool) or stitch < 1):
+        raise ConfigError(f"datasets: {where}: stitch {stitch!r} must be a positive integer or null")
+    return mode, stitch or 1
+
+
+def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, seed: int, shuffle_buffer: int):
+    """Endless stream of int64[None] records (documents or chunks); token ids are checked against n_vocab."""
+    paths = tf.data.Dataset.from_tensor_slices(files)
+    if shuffle:
+        paths = paths.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    paths = paths.repeat()
+
+    def read(path):
+        return tf.data.TFRecordDataset(path).enumerate().map(lambda i, r: (path, i, r))
+
+    records = paths.interleave(read, cycle_length=min(READ_CYCLE, len(files)), block_length=1,
+                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def parse(path, i, record):
+        ids = tf.io.parse_single_example(record, {"text": tf.io.VarLenFeature(tf.int64)})["text"].values
+        ok = tf.reduce_all((ids >= 0) & (ids < n_vocab))
+
+        def fail():
+            bad = tf.boolean_mask(ids, (ids < 0) | (ids >= n_vocab))[0]
+            msg = tf.strings.join(["NEOMESH_BAD_TOKEN ", path, ": record ", tf.strings.as_string(i), ": token id ",
+                                   tf.strings.as_string(bad), f" is outside [0, n_vocab={n_vocab}) END"])
+            with tf.control_dependencies([tf.debugging.Assert(False, [msg])]):
+                return tf.identity(ids)
+
+        return tf.cond(ok, lambda: ids, fail)
+
+    docs = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if shuffle:
+        docs = docs.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    return docs
+
+
+def open_tfds(name: str, data_dir: str | None, split: str, text_key: str):
+    """The TFDS builder of a dataset prepared in ``data_dir`` (read from its files; nothing is downloaded)."""
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+        splits = builder.info.splits
+        if not builder.is_prepared():
+            raise FileNotFoundError(f"not prepared in {builder.data_dir}")
+    except Exception as e:  # tfds raises many types; all mean "not here"
+        raise ConfigError(f"datasets: tfds:{name}: not found in {data_dir or 'the default TFDS data dir'} "
+                          f"({str(e).splitlines()[0][:200]}); nothing is downloaded: prepare it there first") from None
+    if split not in splits:
+        raise ConfigError(f"datasets: tfds:{name} has no split {split!r} (splits: {', '.join(splits)})")
+    if text_key not in builder.info.features:
+        raise ConfigError(f"datasets: tfds:{name} has no {text_key!r} feature "
+                          f"(features: {', '.join(builder.info.features)})")
+    return builder
+
+
+def tfds_documents(tf, builder, split: str, tokenizer, *, shuffle: bool, seed: int, shuffle_buffer: int,
+                   text_key: str = "text"):
+    """Endless stream of tokenized documents (each + <|endoftext|>) from a prepared TFDS dataset."""
+    import numpy as np
+
+    docs = builder.as_dataset(split=split, shuffle_files=False).map(lambda ex: ex[text_key]).repeat()
+    if shuffle:
+        docs = docs.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+
+    def encode(text):
+        ids = tokenizer.encode(text.decode("utf-8")) + [tokenizer.eos_id]
+        return np.asarray(ids, dtype=np.int64)
+
+    return docs.map(lambda t: tf.ensure_shape(tf.numpy_function(encode, [t], tf.int64), [None]),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def pack(tf, docs, n_ctx: int):
+    """Token stream -> windows of n_ctx+1 tokens, consecutive windows sharing one token; nothing is dropped."""
+    def step(carry, ids):
+        buf = tf.concat([carry, ids], 0)
+        n = tf.maximum((tf.size(buf, tf.int64) - 1) // n_ctx, 0)
+        index = tf.range(n)[:, None] * n_ctx + tf.range(n_ctx + 1, dtype=tf.int64)[None, :]  # (n, n_ctx+1)
+        return buf[n * n_ctx:], tf.gather(buf, index)
+
+    return docs.scan(tf.zeros([0], tf.int64), step).unbatch()
+
+
+def groups(tf, docs, n_ctx: int, stitch: int):
+    """Documents joined until there are at least ``stitch`` of them and n_ctx+1 tokens: int64[>= n_ctx+1]."""
+    def step(state, ids):
+        buf, count = state
+        buf, count = tf.concat([buf, ids], 0), count + 1
+        ready = (count >= stitch) & (tf.size(buf) >= n_ctx + 1)
+        empty = (tf.zeros([0], tf.int64), tf.constant(0, tf.int64))
+        return tf.cond(ready, lambda: empty, lambda: (buf, count)), (ready, buf)
+
+    def is_ready(ready, buf):
+        return ready
+
+    def tokens(ready, buf):
+        return buf
+
+    start = (tf.zeros([0], tf.int64), tf.constant(0, tf.int64))
+    return docs.scan(start, step).filter(is_ready).map(tokens)
+
+
+def windows(tf, docs, n_ctx: int, mode: str, stitch: int, *, shuffle: bool, seed: int, shuffle_buffer: int):
+    """One dataset entry's stream of int32[n_ctx+1] windows in its sampling mode."""
+    if mode == "chunks":
+        out = pack(tf, docs, n_ctx)
+        if shuffle:  # neighbouring windows come from the same document
+            out = out.shuffle(shuffle_buffer, seed=seed + 2, reshuffle_each_iteration=True)
+    elif mode == "documents_fixed":
+        out = groups(tf, docs, n_ctx, stitch).map(lambda buf: buf[:n_ctx + 1])
+    else:
+        offsets = tf.data.Dataset.random(seed=seed + 3)
+
+        def sample(buf, r):
+            start = tf.math.floormod(r, tf.size(buf, tf.int64) - n_ctx)  # any of the len - n_ctx starts
+            return buf[start:start + n_ctx + 1]
+
+        out = tf.data.Dataset.zip(groups(tf, docs, n_ctx, stitch), offsets).map(sample)
+    return out.map(lambda w: tf.ensure_shape(tf.cast(w, tf.int32), [n_ctx + 1]))
+
+
+def mix(tf, streams: list, weights: list[float], seed: int):
+    """Weighted sampling between endless window streams (each window drawn from stream i with prob. w_i)."""
+    if len(streams) == 1:
+        return streams[0]
+    return tf.data.Dataset.sample_from_datasets(streams, weights=weights, seed=seed + 4)
+
+
+def batches(tf, stream, batch_size: int, rows: slice, start_batch: int = 0):
+    """Global batches of ``batch_size`` windows from ``start_batch`` on, cut to this process's ``rows``:
+    int32 (rows, n_ctx+1) (or a dict of such arrays after the MLM stage), prefetched."""
+    out = stream.batch(batch_size, drop_remainder=True)
+    if start_batch:
+        out = out.skip(start_batch)  # exact resume: the stream is deterministic, so skipping replays it
+    if (rows.start or 0) != 0 or rows.stop not in (None, batch_size):
+        out = out.map(lambda b: tf.nest.map_structure(lambda t: t[rows.start:rows.stop], b))
+    options = tf.data.Options()
+    options.deterministic = True
+    return out.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,64 @@
+"""Data that prepares itself on first use: the quickstart's BPE tokenizer and TFRecords, built from the embedded
+corpus into a cache directory in seconds and reused afterwards.
+
+A dataset config with ``"prepare": "embedded"`` names where its files go (``path``, ``eval_path``,
+``tokenizer_path``) and the ``vocab_size`` to train. Preparation runs under a file lock (several processes of a
+multi-host run, or parallel tests, may start together) and publishes the directory with one atomic rename, so a
+half-written cache is never read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+
+from config import ConfigError
+
+PREPARERS = ("embedded",)
+
+
+def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
+    """Builds the dataset's cache directory if it is missing (the directory of its ``tokenizer_path``)."""
+    kind = dataset["prepare"]
+    if kind not in PREPARERS:
+        raise ConfigError(f"{where}: prepare {kind!r} is not one of {', '.join(PREPARERS)}")
+    target = os.path.dirname(dataset["tokenizer_path"])
+    if os.path.exists(os.path.join(target, "DONE")):
+        return
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    with open(target + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first process builds; the others wait and then find DONE
+        if os.path.exists(os.path.join(target, "DONE")):
+            return
+        build = target + f".tmp-{os.getpid()}"
+        shutil.rmtree(build, ignore_errors=True)
+        prepare_embedded(build, dataset, where, n_ctx)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(build, target)
+
+
+def prepare_embedded(directory: str, dataset: dict, where: str, n_ctx: int) -> None:
+    """Trains the BPE on the embedded corpus's train documents and writes train/eval TFRecords."""
+    from data import corpus
+    from data.create_tfrecords import write_file, write_index
+    from data.tokenizer import train_bpe
+
+    os.makedirs(directory)
+    if "vocab_size" not in dataset:
+        raise ConfigError(f"{where}: 'prepare' needs 'vocab_size' (tokens of the BPE to train)")
+    docs = corpus.documents()
+    train, held_out = corpus.split(docs, "train"), corpus.split(docs, "eval")
+    tokenizer = train_bpe(train, dataset["vocab_size"])
+    tokenizer_file = os.path.basename(dataset["tokenizer_path"])
+    tokenizer.save(os.path.join(directory, tokenizer_file))
+    for split, texts, pattern in (("train", train, dataset["path"]), ("eval", held_out, dataset.get("eval_path"))):
+        if pattern is None:
+            continue
+        name = os.path.basename(pattern).split("*")[0].rstrip("_") or split
+        out = os.path.join(directory, f"{name}_00000.tfrecords")
+        counts = write_file(texts, tokenizer, out, "chunks", n_ctx + 1)
+        write_index(os.path.join(directory, f"{name}.index"), [counts], tokenizer, tokenizer_file, "chunks",
+                    n_ctx + 1)
+    with open(os.path.join(directory, "DONE"), "w") as f:
+        f.write("prepared from the embedded corpus\n")

@@ -1,0 +1,69 @@
+"""Helpers for the data tests: TFRecords written with TensorFlow's own writer, and dataset configs in a
+temporary directory that ``make_source`` reads instead of configs/dataset_configs/."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from tests.common import tiny_config
+
+EOS = 1  # synthetic documents: document d is (d+1)*1000 + [0, 1, ..., len-1], then EOS
+
+
+def synthetic_docs(lengths, first: int = 0) -> list[list[int]]:
+    return [[(first + d + 1) * 1000 + i for i in range(n)] + [EOS] for d, n in enumerate(lengths)]
+
+
+def write_tf_records(path: str, records: list[list[int]]) -> str:
+    """GPT-Neo's format, written by TensorFlow itself: a tf.train.Example per record, int64 list "text"."""
+    import tensorflow as tf
+    with tf.io.TFRecordWriter(path) as writer:
+        for ids in records:
+            feature = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
+            writer.write(tf.train.Example(features=tf.train.Features(feature={"text": feature})).SerializeToString())
+    return path
+
+
+def use_dataset_configs(monkeypatch, directory, **configs: dict) -> None:
+    """Writes NAME.json dataset configs into ``directory`` and points make_source at it."""
+    import data.source
+    os.makedirs(directory, exist_ok=True)
+    for name, body in configs.items():
+        with open(os.path.join(directory, f"{name}.json"), "w") as f:
+            json.dump(body, f)
+    monkeypatch.setattr(data.source, "DATASET_CONFIG_DIR", str(directory))
+
+
+def config(datasets, n_ctx=16, n_vocab=1_000_000, **changes):
+    """A tiny config for data tests (no model is built, so n_vocab may be large)."""
+    return tiny_config(n_ctx=n_ctx, n_vocab=n_vocab, datasets=datasets, **changes)
+
+
+def take(source, steps, batch_size=8, start=0) -> np.ndarray:
+    """(steps * batch_size, n_ctx+1) windows of batches start..start+steps-1."""
+    return np.concatenate([source.batch(s, batch_size) for s in range(start, start + steps)])
+
+
+def prepare_tiny_tfds(data_dir: str, texts: list[str]) -> None:
+    """A prepared TFDS text dataset ``neomesh_tiny_text`` (train: texts[:15], validation: the rest) in
+    ``data_dir``, as ``tfds build`` would leave it; train.py reads it by name from the files alone."""
+    import tensorflow_datasets as tfds
+
+    class NeomeshTinyText(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+                                                  disable_shuffling=True)
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(texts[:15]), "validation": self._generate_examples(texts[15:])}
+
+        def _generate_examples(self, split_texts):
+            for i, t in enumerate(split_texts):
+                yield i, {"text": t}
+
+    NeomeshTinyText(data_dir=data_dir).download_and_prepare()

@@ -1,0 +1,150 @@
+"""Bad data is never silent: each case is a one-line error naming the file (and record or offset)."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+import train
+from config import ConfigError
+from data.source import make_source
+from data.tfrecords import DataError
+from tests.common import ROOT
+from tests.data_common import config, synthetic_docs, take, use_dataset_configs, write_tf_records
+
+
+def record_offsets(path):
+    """Byte offset of each record: 8-byte length, 4-byte length CRC, data, 4-byte data CRC."""
+    data, offsets, at = open(path, "rb").read(), [], 0
+    while at < len(data):
+        offsets.append(at)
+        at += 16 + struct.unpack("<Q", data[at:at + 8])[0]
+    return offsets
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    """Six good records in one file and a dataset config 'bad' pointing at it."""
+    path = write_tf_records(str(tmp_path / "bad_0.tfrecords"), synthetic_docs([30] * 6))
+    use_dataset_configs(monkeypatch, tmp_path / "dc", bad={"path": str(tmp_path / "bad_*.tfrecords"),
+                                                           "tokenizer_path": "bytes"})
+    return path
+
+
+def first_batches(n_vocab=1_000_000):
+    return take(make_source(config([["bad", None, None, None]], 16, n_vocab=n_vocab), "train"), 4)
+
+
+def test_good_records_read(records):
+    assert first_batches().shape == (32, 17)
+
+
+def test_corrupt_record_names_file_record_and_offset(records):
+    offset = record_offsets(records)[2]
+    data = bytearray(open(records, "rb").read())
+    data[offset + 20] ^= 0xFF  # a byte inside record 2's payload: its CRC no longer matches
+    open(records, "wb").write(data)
+    with pytest.raises(DataError) as e:
+        first_batches()
+    # TensorFlow reports the offset of the record's payload, 12 bytes (length and its CRC) after its start.
+    assert str(e.value) == f"{records}: record 2 at byte offset {offset + 12} is corrupt (CRC mismatch)"
+
+
+def test_truncated_file_names_the_record(records):
+    offset = record_offsets(records)[4]
+    data = open(records, "rb").read()
+    open(records, "wb").write(data[:offset + 30])
+    with pytest.raises(DataError, match=rf"^{records}: record 4 .*is truncated$"):
+        first_batches()
+
+
+def test_token_id_outside_n_vocab_names_the_record(records):
+    with pytest.raises(DataError) as e:
+        first_batches(n_vocab=3500)  # documents 3.. hold ids 3000+, 4000+, ...
+    assert str(e.value) == f"{records}: record 3: token id 4000 is outside [0, n_vocab=3500)"
+    assert "\n" not in str(e.value)
+
+
+def test_missing_and_empty_globs(tmp_path, monkeypatch):
+    open(tmp_path / "empty_0.tfrecords", "wb").close()
+    use_dataset_configs(monkeypatch, tmp_path / "dc", gone={"path": str(tmp_path / "gone_*.tfrecords")},
+                        empty={"path": str(tmp_path / "empty_*.tfrecords")},
+                        noeval={"path": str(tmp_path / "empty_*.tfrecords")})
+    with pytest.raises(DataError, match=rf"^configs/dataset_configs/gone.json path: {tmp_path}/gone_\*.tfrecords "
+                                        "matches no file$"):
+        make_source(config([["gone", None, None, None]]), "train")
+    with pytest.raises(DataError, match=rf"^{tmp_path}/empty_0.tfrecords: empty file \(0 bytes\)"):
+        make_source(config([["empty", None, None, None]]), "train")
+    with pytest.raises(ConfigError, match="noeval.json: no 'eval_path' for evaluation"):
+        make_source(config([["noeval", None, None, None]]), "eval")
+
+
+def test_tokenizer_and_vocab_size_mismatches(records, tmp_path, monkeypatch):
+    with open(tmp_path / "bad.index", "w") as f:  # as create_tfrecords writes it, for a 300-token BPE
+        json.dump({"vocab_size": 300, "eos_id": 0, "files": [{"file": "bad_0.tfrecords", "documents": 6,
+                                                              "records": 6, "tokens": 186, "bytes": 0}]}, f)
+    with pytest.raises(DataError, match=r"bad.index: bad_0.tfrecords was written with a 300-token tokenizer but "
+                                        r"configs/dataset_configs/bad.json names one with 257 tokens"):
+        first_batches()
+    use_dataset_configs(monkeypatch, tmp_path / "dc", neo={"path": records, "tokenizer_path": "bytes",
+                                                           "n_vocab": 50257})
+    with pytest.raises(ConfigError, match=r"neo.json: n_vocab 50257 does not match the 257 tokens of its tokenizer"):
+        make_source(config([["neo", None, None, None]]), "train")
+    with pytest.raises(ConfigError, match=r"^n_vocab: 200 is smaller than the 257 tokens"):
+        make_source(config([["bad", None, None, None]], n_vocab=200), "train")
+
+
+def test_bad_dataset_entries(records):
+    with pytest.raises(ConfigError, match="stitch 4 has no effect in sampling_mode 'chunks'"):
+        make_source(config([["bad", 4, None, None]]), "train")
+    with pytest.raises(ConfigError, match="sampling_mode 'documents' is not one of"):
+        make_source(config([["bad", None, "documents", None]]), "train")
+    with pytest.raises(ConfigError, match="weight -1 must be a positive number"):
+        make_source(config([["bad", None, None, -1]]), "train")
+
+
+def test_check_dataset_cli_prints_or_fails_in_one_line(records, capsys):
+    args = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--check-dataset", "--set",
+            'datasets=[["bad", null, null, null]]', "--set", "n_vocab=1000000", "--set", "n_ctx=16"]
+    assert train.main(args) == 0
+    out = capsys.readouterr().out
+    assert "batch 0: shape (16, 17) int32; token ids min 1 max 6029" in out and "first text (" in out
+    data = bytearray(open(records, "rb").read())
+    data[record_offsets(records)[1] + 20] ^= 0xFF
+    open(records, "wb").write(data)
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {records}: record 1 at byte offset {record_offsets(records)[1] + 12} is corrupt (CRC " \
+                  "mismatch)\n"
+
+
+def test_everything_but_the_tfrecord_path_runs_without_tensorflow():
+    code = """
+import sys
+sys.modules["tensorflow"] = None  # importing it now raises ImportError, as where it is not installed
+import train, models.gpt_neo, parallel.steps, data.source
+from config import ConfigError
+from tests.common import tiny_config
+cfg = tiny_config(n_vocab=257, datasets=[["embedded", None, None, None]])
+assert data.source.make_source(cfg, "train").batch(3, 2).shape == (2, 33)
+try:
+    data.source.make_source(tiny_config(n_vocab=1024, datasets=[["embedded_bpe", None, None, None]]), "train")
+except ConfigError as e:
+    print("ERROR", e)
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ERROR datasets: TFRecord and TFDS data need TensorFlow (pip install tensorflow-cpu==2.21.0)" \
+        in result.stdout
+
+
+def test_mlm_training_is_refused_by_the_decoder_in_one_line(capsys):
+    base = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--set", "mlm_training=true"]
+    assert train.main(base) == 2
+    assert capsys.readouterr().err == "error: mlm_mask_token_id: mlm_training needs the id of the mask token\n"
+    assert train.main(base + ["--set", "mlm_mask_token_id=1"]) == 2
+    assert capsys.readouterr().err.startswith("error: mlm_training: the GPT-Neo decoder is causal")

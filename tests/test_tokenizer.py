@@ -1,0 +1,77 @@
+"""Byte-level BPE: exact round trips, special tokens, GPT-2 vocab.json+merges.txt files, the training CLI."""
+
+import json
+import os
+
+import pytest
+import zstandard
+
+from config import ConfigError
+from data.tokenizer import EOS, PAD, ByteTokenizer, load_tokenizer, train_bpe
+from tests.common import run_cli
+
+TEXTS = ["def f(x):\n    return x  +  1\n", "Grüße, 世界! \t tabs\r\nand\u00a0nbsp 😀", "  leading spaces",
+         "the the the theory of the thing " * 20]
+HARD = TEXTS + ["", " ", "<|endoftext|> inside text", "\n\n\n", "ǅ\u200b\ufeffzero width"]
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return train_bpe(TEXTS * 5, vocab_size=300, min_frequency=1)
+
+
+def test_bpe_round_trip_is_exact_and_has_special_tokens(bpe):
+    assert bpe.vocab_size == 300
+    assert bpe.tok.token_to_id(EOS) == bpe.eos_id and bpe.tok.token_to_id(PAD) == bpe.padding_id != bpe.eos_id
+    for text in HARD:
+        assert bpe.decode(bpe.encode(text)) == text
+    assert len(bpe.encode(TEXTS[3])) < len(TEXTS[3].encode()) / 2  # it learned merges
+    assert bpe.encode("a<|endoftext|>b").count(bpe.eos_id) == 1  # special, not split into bytes
+    byte = ByteTokenizer()
+    assert all(byte.decode(byte.encode(t)) == t for t in HARD)
+
+
+def test_saved_and_gpt2_files_load_with_the_same_ids(bpe, tmp_path):
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    reloaded = load_tokenizer(str(tmp_path))
+    gpt2_dir = tmp_path / "gpt2"
+    os.makedirs(gpt2_dir)
+    bpe.tok.model.save(str(gpt2_dir))  # vocab.json + merges.txt, the files GPT-2 users have
+    assert sorted(os.listdir(gpt2_dir)) == ["merges.txt", "vocab.json"]
+    gpt2 = load_tokenizer(str(gpt2_dir))
+    for text in HARD:
+        assert reloaded.encode(text) == bpe.encode(text)
+        assert gpt2.encode(text) == bpe.encode(text)
+        assert gpt2.decode(gpt2.encode(text)) == text
+    assert gpt2.eos_id == bpe.eos_id and gpt2.vocab_size == bpe.vocab_size
+    with pytest.raises(ConfigError, match="gpt2.*nothing is downloaded"):
+        load_tokenizer("gpt2")
+
+
+def test_bpe_training_is_deterministic():
+    a, b = (train_bpe(TEXTS, 280, 1) for _ in range(2))
+    assert a.tok.to_str() == b.tok.to_str()
+
+
+def test_train_tokenizer_cli_reads_txt_jsonl_and_zst(tmp_path):
+    (tmp_path / "a.txt").write_text(TEXTS[0])
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in TEXTS[1:3]) + "\n")
+    (tmp_path / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        (json.dumps({"text": TEXTS[3]}) + "\n").encode()))
+    out = tmp_path / "tok"
+    result = run_cli("data/train_tokenizer.py", "--input", str(tmp_path / "*.txt"), str(tmp_path / "b.jsonl"),
+                     str(tmp_path / "c.jsonl.zst"), "--output-dir", str(out), "--vocab-size", "290",
+                     "--min-frequency", "1")
+    assert result.returncode == 0, result.stderr
+    assert "trained on 4 documents" in result.stdout and "from 3 files" in result.stdout
+    tok = load_tokenizer(str(out / "tokenizer.json"))
+    assert tok.vocab_size == 290 and all(tok.decode(tok.encode(t)) == t for t in HARD)
+    bad = run_cli("data/train_tokenizer.py", "--input", str(tmp_path / "missing*.txt"), "--output-dir", str(out),
+                  "--vocab-size", "290")
+    assert bad.returncode == 2 and bad.stderr.strip() == \
+        f"error: --input {tmp_path / 'missing*.txt'}: matches no .txt/.jsonl/.jsonl.zst file"
+    (tmp_path / "broken.jsonl").write_text('{"text": "ok"}\nnot json\n')
+    bad = run_cli("data/train_tokenizer.py", "--input", str(tmp_path / "broken.jsonl"), "--output-dir", str(out),
+                  "--vocab-size", "290")
+    assert bad.returncode == 2 and "broken.jsonl: line 2 is not a JSON object" in bad.stderr
+    assert "Traceback" not in bad.stderr

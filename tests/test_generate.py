@@ -109,6 +109,19 @@ def test_gpt2_logits_match_transformers(gpt2_dir):
     assert np.max(np.abs(got - want)) <= 1e-4
 
 
+def test_pytorch_model_bin_imports_like_safetensors(gpt2_dir, tmp_path):
+    reference = hf_fixtures.gpt2()  # an older checkpoint: config.json and a torch pickle of the state dict
+    reference.config.save_pretrained(str(tmp_path))
+    torch.save(reference.state_dict(), tmp_path / "pytorch_model.bin")
+    def imported(path):
+        hf_config, tensors = hf.read_hf_dir(path)
+        return hf.params_from_hf(hf.config_from_hf(hf_config), hf_config, tensors)
+
+    from_bin, from_safetensors = imported(str(tmp_path)), imported(gpt2_dir)
+    assert jax.tree.structure(from_bin) == jax.tree.structure(from_safetensors)
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, from_bin, from_safetensors)))
+
+
 @pytest.mark.parametrize("which", ["neo", "gpt2"])
 def test_greedy_matches_transformers_generate(which, neo_dir, gpt2_dir):
     graphdef, params, tokenizer, reference = load(neo_dir if which == "neo" else gpt2_dir)

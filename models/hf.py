@@ -289,8 +289,9 @@ def main(argv=None) -> int:
     try:
         if args.command == "import":
             cfg = import_hf(args.hf_dir, args.model_path)
-            print(f"imported {cfg.n_layer} layers x {cfg.n_embd} into {args.model_path}; "
-                  f"fine-tune with: python train.py --config {os.path.join(args.model_path, 'config.json')}")
+            print(f"imported {cfg.n_layer} layers x {cfg.n_embd} into {args.model_path}: generate with "
+                  f"predict.py --model-path {args.model_path}; train on data with its tokenizer with train.py "
+                  f"--config YOUR_CONFIG --model-path {args.model_path}")
         else:
             export_hf(args.model_path, args.hf_dir)
             print(f"exported {args.model_path} to {args.hf_dir}")

@@ -104,9 +104,6 @@ def train(args) -> None:
     eval_sharding = batch_sharding(layout, cfg.eval_batch_size, window, "eval_batch_size")
     train_data = make_source(cfg, "train")
     eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
-    if lead and hasattr(train_data.tokenizer, "save"):  # the run keeps its tokenizer: predict.py and export use it
-        os.makedirs(os.path.join(cfg.model_path, "tokenizer"), exist_ok=True)
-        train_data.tokenizer.save(os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
 
     def global_batch(source, step, batch_size, sharding):
         return distributed.global_batch(lambda rows: source.batch(step, batch_size, rows), sharding,
@@ -121,6 +118,9 @@ def train(args) -> None:
     if args.new and jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("new run directory")
+    if lead and hasattr(train_data.tokenizer, "save"):  # the run keeps its tokenizer: predict.py and export use it
+        os.makedirs(os.path.join(cfg.model_path, "tokenizer"), exist_ok=True)
+        train_data.tokenizer.save(os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
     checkpoints = Checkpoints(cfg.model_path, cfg.keep_checkpoints)
     latest = checkpoints.latest_step()
     if latest is not None:

@@ -78,6 +78,7 @@ def test_eval_only_new_and_resume_errors(tmp_path):
     fresh = train(model_path, "train_steps=1", extra=["--new"])
     assert "moved the previous run to" in fresh.stdout
     assert [r["step"] for r in metrics_rows(model_path)] == [1]
+    assert (model_path / "tokenizer" / "tokenizer.json").exists()  # the fresh run keeps its tokenizer
     assert len(glob.glob(str(model_path) + "-*")) == 1  # the old run is kept, not deleted
 
 

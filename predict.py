@@ -68,7 +68,7 @@ def check_options(args) -> None:
 
 
 def load_model(args, layout):
-    """(config, parameters placed on ``layout``, tokenizer) from --hf-model or a NeoMesh run directory."""
+    """(config, graphdef, parameters placed on ``layout``, tokenizer) from --hf-model or a NeoMesh run directory."""
     import os
 
     import jax
@@ -77,26 +77,25 @@ def load_model(args, layout):
     from data.source import make_tokenizer
     from models import hf
     from models.gpt_neo import GPTNeo
-    from parallel.state import abstract_model, param_shardings
+    from parallel.state import sharded_abstract_params
     from training.checkpoint import restore_params
 
     if args.hf_model:
         hf_config, tensors = hf.read_hf_dir(args.hf_model)
         cfg = hf.config_from_hf(hf_config, f"{args.hf_model}/config.json")
         params = hf.params_from_hf(cfg, hf_config, tensors, args.hf_model)
-        _, abstract, logical = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
-        shardings = param_shardings(layout, abstract, logical)
-        params = jax.tree.map(lambda p, s: jax.device_put(p, s), params, shardings)
-        return cfg, params, hf.load_tokenizer(args.hf_model)
+        graphdef, abstract = sharded_abstract_params(lambda rngs: GPTNeo(cfg, rngs=rngs), layout)
+        params = jax.tree.map(lambda p, a: jax.device_put(p, a.sharding), params, abstract)
+        return cfg, graphdef, params, hf.load_tokenizer(args.hf_model)
     model_path = args.model_path
     if model_path is None:
         model_path = load_config(args.config, tuple(args.set))[0].model_path
-    cfg, params = restore_params(model_path, layout, tuple(args.set))
+    cfg, graphdef, params = restore_params(model_path, layout, tuple(args.set))
     tokenizer_dir = os.path.join(model_path, "tokenizer")
     tokenizer = hf.load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else make_tokenizer(cfg)
     if tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens")
-    return cfg, params, tokenizer
+    return cfg, graphdef, params, tokenizer
 
 
 class Printer:
@@ -148,10 +147,8 @@ def predict(args) -> None:
 
     from config import ConfigError
     from models.generate import Sampling, beam_search, sample
-    from models.gpt_neo import GPTNeo
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
-    from parallel.state import abstract_model
 
     check_options(args)
     prompts = args.prompt
@@ -165,8 +162,7 @@ def predict(args) -> None:
             raise ConfigError(f"{args.prompt_file}: no prompts in it")
     mesh = make_mesh(args.mesh_shape) if args.mesh_shape else make_mesh("x:1", jax.devices()[:1])
     layout = Layout.from_config(mesh, args.layout)
-    cfg, params, tokenizer = load_model(args, layout)
-    graphdef, _, _ = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+    cfg, graphdef, params, tokenizer = load_model(args, layout)
 
     encoded = []
     for i, text in enumerate(prompts):

@@ -270,7 +270,7 @@ def export_hf(model_path: str, hf_dir: str) -> None:
     """Restores the latest checkpoint of MODEL_PATH on one device and writes a GPT-Neo HF directory."""
     from training.checkpoint import restore_params
 
-    cfg, params = restore_params(model_path)
+    cfg, _, params = restore_params(model_path)
     tokenizer_dir = os.path.join(model_path, "tokenizer")
     write_gpt_neo(cfg, params, hf_dir, tokenizer_dir if os.path.isdir(tokenizer_dir) else None)
 

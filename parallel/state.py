@@ -73,6 +73,14 @@ def shardings_like(tree: Any, params: Params, shardings: Params, layout: Layout)
     return jax.tree_util.tree_map_with_path(pick, tree)
 
 
+def sharded_abstract_params(make_model: Callable[[nnx.Rngs], nnx.Module], layout: Layout
+                            ) -> tuple[nnx.GraphDef, Params]:
+    """(graphdef, abstract parameters carrying their layout shardings): the target to restore or place weights."""
+    graphdef, abstract, logical = abstract_model(make_model)
+    shardings = param_shardings(layout, abstract, logical)
+    return graphdef, jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
 def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
                          layout: Layout) -> tuple[nnx.GraphDef, TrainState, TrainState]:
     """(graphdef, abstract state, state shardings) with nothing allocated: the init and restore target."""

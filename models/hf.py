@@ -251,6 +251,9 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     from training.checkpoint import Checkpoints
     from training.optimizer import make_optimizer
 
+    from neomesh.hf_cache import resolve_model
+
+    hf_dir = resolve_model(hf_dir, "import")
     hf, tensors = read_hf_dir(hf_dir)
     cfg = config_from_hf(hf, f"{hf_dir}/config.json").replace(model_path=model_path)
     params = params_from_hf(cfg, hf, tensors, hf_dir)
@@ -276,15 +279,21 @@ def export_hf(model_path: str, hf_dir: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m models.hf", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from neomesh.help import HelpFormatter
+
+    command = os.path.basename(sys.argv[0])
+    p = argparse.ArgumentParser(prog="python -m models.hf" if command.endswith(".py") else command,
+                                description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
-    imp = sub.add_parser("import", help="Hugging Face directory -> NeoMesh run directory")
-    imp.add_argument("hf_dir")
-    imp.add_argument("model_path")
-    exp = sub.add_parser("export", help="NeoMesh run directory -> Hugging Face GPT-Neo directory")
-    exp.add_argument("model_path")
-    exp.add_argument("hf_dir")
+    imp = sub.add_parser("import", help="Hugging Face model -> NeoMesh run directory", allow_abbrev=False,
+                         formatter_class=HelpFormatter)
+    imp.add_argument("hf_dir", metavar="HF_MODEL", help="a Hugging Face GPT-Neo/GPT-2 directory, or ORG/NAME from "
+                     "the local Hugging Face cache")
+    imp.add_argument("model_path", help="the NeoMesh run directory to write")
+    exp = sub.add_parser("export", help="NeoMesh run directory -> Hugging Face GPT-Neo directory",
+                         allow_abbrev=False, formatter_class=HelpFormatter)
+    exp.add_argument("model_path", help="a NeoMesh run directory (its latest checkpoint is exported)")
+    exp.add_argument("hf_dir", help="the directory to write (config.json, model.safetensors, tokenizer)")
     args = p.parse_args(argv)
     try:
         if args.command == "import":

@@ -30,7 +30,7 @@ class Progress:
         self.start, self.stop, self.total, self.tokens_per_step = start, stop, total, tokens_per_step
         self.log_every, self.say = log_every, say
         self.first_loss = self.last_loss = None
-        self.train_seconds = 0.0
+        self.train_seconds = self.compile_seconds = 0.0
         self._since_line = [0, 0.0]  # steps and seconds since the last log line
         self.began = time.perf_counter()
         self.bar = None
@@ -44,6 +44,8 @@ class Progress:
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         self.train_seconds += seconds
+        if step == self.start + 1:
+            self.compile_seconds = seconds  # the first step compiles the train step
         self._since_line[0] += 1
         self._since_line[1] += seconds
         if self.bar is not None:
@@ -66,10 +68,12 @@ class Progress:
         """The closing lines: what ran, how long, the final losses and where the results are."""
         lines = []
         if self.first_loss is not None:
-            rate = steps_done * self.tokens_per_step / max(self.train_seconds, 1e-9)
+            timed_steps = steps_done - 1 if steps_done > 1 else steps_done  # after the compiling first step
+            timed_seconds = self.train_seconds - (self.compile_seconds if steps_done > 1 else 0.0)
+            rate = timed_steps * self.tokens_per_step / max(timed_seconds, 1e-9)
             lines.append(f"done: {steps_done} steps ({self.start + 1}..{self.start + steps_done}) in "
-                         f"{format_duration(time.perf_counter() - self.began)} ({rate:,.0f} tokens/s while "
-                         "training)")
+                         f"{format_duration(time.perf_counter() - self.began)}; {rate:,.0f} tokens/s while "
+                         "training")
             lines.append(f"train loss {self.first_loss:.4f} -> {self.last_loss:.4f} over steps "
                          f"{self.start + 1}..{self.start + steps_done}")
         if eval_result:

@@ -158,11 +158,14 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
             offsets.append(total)
             total += _count_documents(path)
         by_document = math.floor(total * eval_fraction) >= 1
-        held = (f"{math.floor(total * eval_fraction):,} of the documents, spread through the input" if by_document else
-                f"the last {eval_fraction:.0%} of each document (fewer than {math.ceil(1 / eval_fraction)} "
-                "documents)")
-        say(f"data: {len(files)} files, {total:,} documents, {size / 1e6:.1f} MB; eval: " +
-            (held if eval_fraction > 0 else "none (--eval-fraction 0)"))
+        if eval_fraction == 0:
+            held = "none (--eval-fraction 0)"
+        elif by_document:
+            held = f"{math.floor(total * eval_fraction):,} of the documents, spread through the input"
+        else:
+            held = (f"the last {eval_fraction:.0%} of each document (fewer than {math.ceil(1 / eval_fraction)} "
+                    "documents)")
+        say(f"data: {len(files)} files, {total:,} documents, {size / 1e6:.1f} MB; eval: {held}")
         entries = list(zip(files, offsets))
         if reused is not None:
             tok = reused

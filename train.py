@@ -23,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", nargs="+", metavar="PATH", help="train on your own text: .txt / .jsonl / .jsonl.zst "
                    "files, folders or globs (prepared once into data_cache/, cached by content, with a tokenizer "
                    "of n_vocab tokens and a 5%% eval split), or a folder data/make_dataset.py wrote")
-    p.add_argument("--model-path", help="run directory; overrides the config's model_path (default with --data: "
-                   "runs/<data name>)")
+    p.add_argument("--model-path", help="run directory; overrides the config's model_path (with --data: "
+                   "runs/NAME-HASH, named like the prepared data's folder)")
     fresh = p.add_mutually_exclusive_group()
     fresh.add_argument("--resume", action="store_true", help="resume from model_path (the default when it has "
                        "a checkpoint); an error if it has none")

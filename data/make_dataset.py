@@ -113,6 +113,58 @@ def _write_shard(job) -> dict:
     return counts
 
 
+def plan_split(files: list[str], eval_fraction: float) -> tuple[list[tuple[str, int, int]], bool, str]:
+    """``([(file, index of its first document, documents up to its end), ...], split by whole documents?,
+    a description of the eval split)``. Counting documents first lets every file be split on its own (in
+    parallel) while the held-out documents stay spread evenly through the whole input."""
+    entries, total = [], 0
+    for path in files:
+        first = total
+        total += _count_documents(path)
+        entries.append((path, first, total))
+    by_document = math.floor(total * eval_fraction) >= 1
+    if eval_fraction == 0:
+        held = "none (--eval-fraction 0)"
+    elif by_document:
+        held = f"{math.floor(total * eval_fraction):,} of the documents, spread through the input"
+    else:
+        held = f"the last {eval_fraction:.0%} of each document (fewer than {math.ceil(1 / eval_fraction)} documents)"
+    return entries, by_document, held
+
+
+def write_splits(directory: str, entries: list[tuple[str, int]], by_document: bool, eval_fraction: float, tok,
+                 tokenizer_file: str, chunk_size: int, processes: int, say) -> tuple[dict, dict]:
+    """Writes ``train_*`` / ``eval_*`` TFRecords (consecutive input files grouped into at most MAX_SHARDS files
+    per split) and their indexes; returns (the dataset config, token/document/byte totals per split)."""
+    from data.create_tfrecords import write_index
+
+    count = min(len(entries), MAX_SHARDS)
+    shards = [entries[len(entries) * i // count:len(entries) * (i + 1) // count] for i in range(count)]
+    splits = ("train", "eval") if eval_fraction > 0 else ("train",)
+    tokenizer_path = os.path.join(directory, tokenizer_file) if tokenizer_file != "bytes" else "bytes"
+    jobs = [(shard, split, by_document, eval_fraction, os.path.join(directory, f"{split}_{i:05d}.tfrecords"),
+             tokenizer_path, chunk_size) for split in splits for i, shard in enumerate(shards)]
+    processes = min(processes, len(jobs))
+    say(f"data: writing TFRecords ({processes} process{'es' if processes > 1 else ''})")
+    if processes > 1:
+        import multiprocessing  # spawn: forking after the tokenizer trained with threads can deadlock
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            written = list(pool.map(_write_shard, jobs))
+    else:
+        written = [_write_shard(job) for job in jobs]
+    dataset = {"path": "train_*.tfrecords", "tokenizer_path": tokenizer_file, "n_vocab": tok.vocab_size,
+               "eos_id": tok.eos_id}
+    totals = {}
+    for split in splits:
+        kept = [c for (_, s, *_), c in zip(jobs, written) if s == split and c["records"]]
+        totals[split] = {k: sum(c[k] for c in kept) for k in ("documents", "tokens", "bytes")}
+        if kept:
+            write_index(os.path.join(directory, f"{split}.index"), kept, tok, tokenizer_file, "chunks", chunk_size)
+            if split == "eval":
+                dataset["eval_path"] = "eval_*.tfrecords"
+    return dataset, totals
+
+
 def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: int = 8192,
                  tokenizer: str | None = None, eval_fraction: float = EVAL_FRACTION, n_ctx: int = 2048,
                  min_frequency: int = 2, workers: int = 0, say: Callable[[str], None] | None = None) -> str:
@@ -153,56 +205,21 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
 
     def build(directory: str) -> None:
         os.makedirs(directory)
-        offsets, total = [], 0
-        for path in files:
-            offsets.append(total)
-            total += _count_documents(path)
-        by_document = math.floor(total * eval_fraction) >= 1
-        if eval_fraction == 0:
-            held = "none (--eval-fraction 0)"
-        elif by_document:
-            held = f"{math.floor(total * eval_fraction):,} of the documents, spread through the input"
-        else:
-            held = (f"the last {eval_fraction:.0%} of each document (fewer than {math.ceil(1 / eval_fraction)} "
-                    "documents)")
-        say(f"data: {len(files)} files, {total:,} documents, {size / 1e6:.1f} MB; eval: {held}")
-        entries = list(zip(files, offsets))
-        if reused is not None:
-            tok = reused
-        else:
+        entries, by_document, held = plan_split(files, eval_fraction)
+        say(f"data: {len(files)} files, {entries[-1][2]:,} documents, {size / 1e6:.1f} MB; eval: {held}")
+        entries = [(path, first) for path, first, _ in entries]
+        tok = reused
+        if tok is None:
             from data.tokenizer import train_bpe
             say(f"data: training a {vocab_size:,}-token byte-level BPE on the train documents")
             tok = train_bpe(documents(entries, "train", by_document, eval_fraction), vocab_size, min_frequency)
         tokenizer_file = "tokenizer.json" if hasattr(tok, "save") else "bytes"
         if hasattr(tok, "save"):
             tok.save(os.path.join(directory, tokenizer_file))
-        tokenizer_path = os.path.join(directory, tokenizer_file) if hasattr(tok, "save") else "bytes"
-        count = min(len(entries), MAX_SHARDS)
-        shards = [entries[len(entries) * i // count:len(entries) * (i + 1) // count] for i in range(count)]
-        splits = ("train", "eval") if eval_fraction > 0 else ("train",)
-        jobs = [(shard, split, by_document, eval_fraction, os.path.join(directory, f"{split}_{i:05d}.tfrecords"),
-                 tokenizer_path, n_ctx + 1) for split in splits for i, shard in enumerate(shards)]
         # Start-up (a process imports TensorFlow) costs seconds: small inputs are written by this process alone.
-        processes = min(workers or (os.cpu_count() or 1 if size > SMALL_INPUT else 1), len(jobs))
-        say(f"data: writing TFRecords ({processes} process{'es' if processes > 1 else ''})")
-        if processes > 1:
-            import multiprocessing
-            with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-                written = list(pool.map(_write_shard, jobs))
-        else:
-            written = [_write_shard(job) for job in jobs]
-        dataset = {"path": "train_*.tfrecords", "tokenizer_path": tokenizer_file, "n_vocab": tok.vocab_size,
-                   "eos_id": tok.eos_id}
-        totals = {}
-        from data.create_tfrecords import write_index
-        for split in splits:
-            kept = [c for (_, s, *_), c in zip(jobs, written) if s == split and c["records"]]
-            totals[split] = {k: sum(c[k] for c in kept) for k in ("documents", "tokens", "bytes")}
-            if not kept:
-                continue
-            write_index(os.path.join(directory, f"{split}.index"), kept, tok, tokenizer_file, "chunks", n_ctx + 1)
-            if split == "eval":
-                dataset["eval_path"] = "eval_*.tfrecords"
+        processes = workers or (os.cpu_count() or 1 if size > SMALL_INPUT else 1)
+        dataset, totals = write_splits(directory, entries, by_document, eval_fraction, tok, tokenizer_file,
+                                       n_ctx + 1, processes, say)
         if not totals["train"]["tokens"]:
             raise ConfigError(f"--input {' '.join(inputs)}: no text to train on")
         with open(os.path.join(directory, "dataset.json"), "w") as f:

@@ -45,6 +45,11 @@ def test_summary_names_losses_time_and_where_things_are():
     assert "runs/x/metrics.jsonl" in text and "tensorboard --logdir runs/x" in text
 
 
+def test_a_finished_run_says_so():
+    progress = Progress(400, 400, total=400, tokens_per_step=100, log_every=40, bar=False, say=print)
+    assert progress.summary(0, None, None, None, "runs/x")[0] == "nothing to train: the run is at step 400 of 400"
+
+
 def test_bar_only_on_a_terminal():
     class Terminal(io.StringIO):
         def isatty(self):

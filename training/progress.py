@@ -67,6 +67,8 @@ class Progress:
                 model_path: str) -> list[str]:
         """The closing lines: what ran, how long, the final losses and where the results are."""
         lines = []
+        if steps_done == 0:
+            lines.append(f"nothing to train: the run is at step {self.start} of {self.total}")
         if self.first_loss is not None:
             timed_steps = steps_done - 1 if steps_done > 1 else steps_done  # after the compiling first step
             timed_seconds = self.train_seconds - (self.compile_seconds if steps_done > 1 else 0.0)

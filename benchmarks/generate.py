@@ -37,9 +37,9 @@ def main(argv=None) -> None:
     import numpy as np
 
     from config import load_config
-    from models import hf
+    from convert import gpt_neo
+    from models import registry
     from models.generate import Sampling, sample
-    from models.gpt_neo import GPTNeo
     from parallel.state import abstract_model
 
     torch = transformers = None
@@ -53,14 +53,14 @@ def main(argv=None) -> None:
                   "requirements-test.txt); timing NeoMesh alone on random weights", flush=True)
 
     cfg, _ = load_config(args.config)
-    graphdef, _, _ = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+    graphdef, _, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
     if transformers is not None:
-        reference = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**hf.gpt_neo_config(cfg))).eval()
+        reference = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**gpt_neo.config_to_hf(cfg))).eval()
         tensors = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
-        params = jax.tree.map(jnp.asarray, hf.params_from_hf(cfg, {"model_type": "gpt_neo"}, tensors))
+        params = jax.tree.map(jnp.asarray, gpt_neo.params_from_hf(cfg, tensors))
     else:
         from flax import nnx
-        params = nnx.to_pure_dict(nnx.state(GPTNeo(cfg, rngs=nnx.Rngs(0))))
+        params = nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(0))))
     settings = Sampling(max_new_tokens=args.new_tokens, temperature=0, eos_id=None)
 
     def timed(fn) -> float:

@@ -6,7 +6,7 @@
     neomesh-make-dataset      data/make_dataset.py   (your own text -> tokenizer, TFRecords, dataset config)
     neomesh-train-tokenizer   data/train_tokenizer.py
     neomesh-create-tfrecords  data/create_tfrecords.py
-    neomesh-hf                python -m models.hf    (Hugging Face import / export)
+    neomesh-hf                python -m convert      (Hugging Face import / export)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 # NeoMesh's own top-level modules. Installed as top-level names (see pyproject.toml), so another distribution
 # with the same generic name could shadow one of them.
-OWN_MODULES = ("config", "train", "predict", "models", "parallel", "training", "data")
+OWN_MODULES = ("config", "train", "predict", "pretrained", "models", "parallel", "training", "data", "convert")
 
 
 def shadowed_modules() -> list[str]:
@@ -65,4 +65,4 @@ def create_tfrecords(argv=None) -> int:
 
 def hf_convert(argv=None) -> int:
     """Hugging Face import/export; the one place that knows which module implements it."""
-    return _run("models.hf", argv)
+    return _run("convert.__main__", argv)

@@ -12,7 +12,7 @@ import pytest
 from tests.common import ROOT
 
 MAIN_MODULES = ["train", "predict", "data.train_tokenizer", "data.create_tfrecords", "data.make_dataset",
-                "models.hf", "benchmarks.generate", "benchmarks.input_pipeline"]
+                "convert.__main__", "benchmarks.generate", "benchmarks.input_pipeline"]
 
 
 class Captured(Exception):

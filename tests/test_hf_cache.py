@@ -87,27 +87,28 @@ def test_missing_model_is_one_line_saying_how_to_download(clean_env, tmp_path):
 
 
 def test_predict_reads_a_cached_model_by_name(clean_env, tmp_path):
-    """A tiny GPT-Neo directory, written by NeoMesh's export, placed in a fake cache: predict.py's loader reads
-    it by name."""
+    """A tiny GPT-Neo directory, written by NeoMesh's export mapping, placed in a fake cache: predict.py's loader
+    and pretrained.load read it by name."""
     import jax
     import numpy as np
     from flax import nnx
 
     import predict
+    from convert import gpt_neo
+    from convert.hf_dir import write_hf_dir
     from data.tokenizer import train_bpe
-    from models import hf
-    from models.gpt_neo import GPTNeo
+    from models import registry
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
     from tests.common import tiny_config
 
     cfg = tiny_config(n_vocab=300)
-    params = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(GPTNeo(cfg, rngs=nnx.Rngs(0)), nnx.Param)))
+    params = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(0)), nnx.Param)))
     clean_env.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     snapshot = fake_cache(tmp_path / "hub", repo="tiny/neo", files=())
     (tmp_path / "tok").mkdir()
     train_bpe(["def f(x):\n    return x + 1\n"] * 4, 300).save(str(tmp_path / "tok" / "tokenizer.json"))
-    hf.write_gpt_neo(cfg, params, str(snapshot), str(tmp_path / "tok"))
+    write_hf_dir(str(snapshot), gpt_neo.config_to_hf(cfg), gpt_neo.params_to_hf(cfg, params), str(tmp_path / "tok"))
     args = predict.parse_args(["--hf-model", "tiny/neo", "--prompt", "x"])
     predict.check_options(args)
     assert args.hf_model == str(snapshot)
@@ -115,3 +116,5 @@ def test_predict_reads_a_cached_model_by_name(clean_env, tmp_path):
     loaded_cfg, _, loaded, tokenizer = predict.load_model(args, layout)
     assert loaded_cfg.n_layer == cfg.n_layer and tokenizer.decode(tokenizer.encode("def f")) == "def f"
     assert jax.tree.all(jax.tree.map(lambda a, b: bool((np.asarray(a) == b).all()), loaded, params))
+    from pretrained import load
+    assert load("tiny/neo")[0].n_layer == cfg.n_layer

@@ -40,7 +40,7 @@ def test_summary_names_losses_time_and_where_things_are():
     text = "\n".join(lines)
     assert lines[0].startswith("done: 10 steps (1..10) in ") and "1,000 tokens/s while training" in lines[0]
     assert "train loss 9.0000 -> 0.0000 over steps 1..10" in text
-    assert "eval loss 2.5000 (perplexity 12.18) at step 10" in text
+    assert "eval at step 10: loss 2.5000  perplexity 12.1800" in text
     assert "checkpoint: runs/x/checkpoints/10" in text
     assert "runs/x/metrics.jsonl" in text and "tensorboard --logdir runs/x" in text
 

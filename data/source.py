@@ -29,7 +29,8 @@ from neomesh.paths import configs_dir, work_root
 ROOT = work_root()
 DATASET_CONFIG_DIR = os.path.join(configs_dir(), "dataset_configs")
 DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
-                "prepare", "vocab_size", "shuffle_buffer", "text_key", "train_split", "eval_split", "data_dir"}
+                "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
+                "data_dir"}
 SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
 
 

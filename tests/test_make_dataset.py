@@ -1,6 +1,7 @@
 """Your own text in one command: data/make_dataset.py (split, tokenizer, TFRecords, dataset config, cache by
 content) and train.py --data."""
 
+import glob
 import json
 import os
 import re
@@ -37,7 +38,6 @@ def work_root(tmp_path, monkeypatch):
 def records(pattern):
     from data.tf_import import tensorflow
     tf = tensorflow()
-    import glob
     out = []
     for path in sorted(glob.glob(pattern)):
         for raw in tf.data.TFRecordDataset(path):
@@ -146,24 +146,22 @@ def test_bad_inputs_are_one_line(tmp_path, work_root):
 
 @pytest.mark.e2e
 def test_train_on_a_folder_of_text_in_one_command(tmp_path):
-    texts = write_texts(tmp_path / f"mytext_{os.getpid()}", 24, lines=20, seed=os.getpid())
+    name = f"mytext_{os.getpid()}"  # unique: its data_cache/ folder is removed afterwards, whatever happens
+    texts = write_texts(tmp_path / name, 24, lines=20, seed=os.getpid())
     run = tmp_path / "run"
     sets = ["n_layer=2", "n_embd=64", "n_head=4", "n_ctx=32", 'attention_types=[[["global","local"],1]]',
             "local_attention_radius=8", "n_vocab=300", "train_batch_size=8", "eval_batch_size=8", "train_steps=6",
             "warmup_steps=2", "eval_steps=1", "sample_tokens=0", "log_every=3"]
-    result = run_cli("train.py", "--data", str(texts), "--model-path", str(run),
-                     *[arg for s in sets for arg in ("--set", s)])
-    prepared = re.search(r"preparing (\S+)", result.stdout)
     try:
+        result = run_cli("train.py", "--data", str(texts), "--model-path", str(run),
+                         *[arg for s in sets for arg in ("--set", s)])
         assert result.returncode == 0, result.stderr[-3000:]
         out = result.stdout
-        assert prepared and "training a 300-token byte-level BPE" in out
+        assert f"preparing data_cache/{name}-" in out and "training a 300-token byte-level BPE" in out
         assert [line.split()[1] for line in out.splitlines() if line.startswith("step ") and "loss" in line
                 and "eval" not in line] == ["1/6", "3/6", "6/6"]
         assert "train loss" in out and f"checkpoint: {run}/checkpoints/6" in out
         assert [r["step"] for r in metrics_rows(run)] == list(range(1, 7)) and metrics_rows(run, "eval")
-    finally:
-        if prepared:
-            shutil.rmtree(os.path.join(ROOT, prepared.group(1)), ignore_errors=True)
-            if os.path.exists(os.path.join(ROOT, prepared.group(1)) + ".lock"):
-                os.remove(os.path.join(ROOT, prepared.group(1)) + ".lock")
+    finally:  # the prepared folder, its lock, or the staging folder of a killed run
+        for path in glob.glob(os.path.join(ROOT, "data_cache", name + "-*")):
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)

@@ -58,8 +58,9 @@ def installed(tmp_path_factory):
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = (tmp / "wheels").iterdir()
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"config.py", "train.py", "predict.py", "neomesh/configs/quickstart.json",
-            "neomesh/configs/dataset_configs/embedded_bpe.json", "models/gpt_neo.py", "data/make_dataset.py"} <= set(names)
+    assert {"config.py", "train.py", "predict.py", "pretrained.py", "neomesh/configs/quickstart.json",
+            "neomesh/configs/dataset_configs/embedded_bpe.json", "models/gpt_neo.py", "convert/hf.py",
+            "data/make_dataset.py"} <= set(names)
     assert any(n.endswith("licenses/LICENSE") for n in names) and not any(n.startswith("tests/") for n in names)
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,

@@ -6,7 +6,7 @@ import math
 import re
 
 import jax
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from config import ConfigError
 
@@ -21,6 +21,8 @@ def parse_mesh_shape(text: str, device_count: int) -> dict[str, int]:
         if not match:
             raise ConfigError(f"mesh_shape: '{part}' is not axis:size (e.g. 'x:4,y:2')")
         name, size = match.group(1), int(match.group(2))
+        if name == "none":
+            raise ConfigError("mesh_shape: 'none' cannot name a mesh axis; a layout uses it for 'not split'")
         if name in axes:
             raise ConfigError(f"mesh_shape: axis '{name}' appears twice")
         if size == 0 or size < -1:
@@ -47,3 +49,10 @@ def make_mesh(text: str, devices=None) -> Mesh:
     # Auto axes: shardings are chosen by the layout and propagated by XLA (the pjit model).
     return jax.make_mesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes),
                          devices=devices)
+
+
+def abstract_mesh(text: str, device_count: int) -> AbstractMesh:
+    """The mesh of ``mesh_shape`` for ``device_count`` devices that need not exist: enough to resolve a layout
+    into PartitionSpecs (golden layout tables, the auto layout's check) without simulating the devices."""
+    axes = parse_mesh_shape(text, device_count)
+    return AbstractMesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes))

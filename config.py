@@ -114,8 +114,11 @@ class Config:
     seed: int = _key(1234, "seed for init, data order and dropout")
 
     # Parallelism.
-    mesh_shape: str = _key("x:-1", "device mesh 'x:4,y:2'; one axis may be -1 (the rest of the devices)")
-    layout: str = _key("batch:x", "tensor dimension -> mesh axis, e.g. 'batch:x,heads:y,embd:y'")
+    mesh_shape: str = _key("x:-1", "device mesh 'x:4,y:2'; one axis may be -1 (the rest of the devices); 'auto' "
+                                   "(with layout 'auto'): chosen for the devices, model and memory")
+    layout: str = _key("batch:x", "tensor dimension -> mesh axes, e.g. 'batch:x,heads:y,embd:y'; 'batch:x+z' splits "
+                                  "over two axes, 'activation_embd:none' keeps the residual stream whole; 'auto': "
+                                  "chosen, with the reason printed")
 
     # Data and output.
     datasets: list = _key([["embedded", None, None, None]],
@@ -171,14 +174,15 @@ LEGACY_KEYS = {
     "eval_tasks": "mesh-tensorflow eval harness tasks; eval reports loss, perplexity and bits per byte",
     "padding_id": "belongs to the dataset config (configs/dataset_configs)",
     "eos_id": "belongs to the dataset config (configs/dataset_configs)",
-    "auto_layout": "set mesh_shape and layout explicitly",
-    "auto_layout_and_mesh_shape": "set mesh_shape and layout explicitly",
     "slow_sampling": "sampling is compiled once; there is no slow path",
     "stop_at_token": "predict.py takes --stop",
     "remove_partial_sequences": "predict.py returns whole generations",
     "sampling_use_entmax": "predict.py samples with temperature / top-k / top-p",
     "lr_decay_end_ratio": "decay always ends at 0.1*lr",
 }
+
+# GPT-Neo's switches for mesh-tensorflow's layout search: true means NeoMesh's "auto" (parallel/auto.py).
+AUTO_KEYS = {"auto_layout": ("layout",), "auto_layout_and_mesh_shape": ("mesh_shape", "layout")}
 
 _UNAVAILABLE_WHEN_ON = ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb")
 
@@ -188,6 +192,8 @@ KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 def describe_keys() -> str:
     """Every key with its default and doc, for ``--help-config``."""
     rows = [f"{f.name:28} {json.dumps(_default(f)):>18}  {f.metadata['doc']}" for f in dataclasses.fields(Config)]
+    rows += [f"{k:28} {'false':>18}  GPT-Neo's switch: true sets {' and '.join(t)} to 'auto'"
+             for k, t in AUTO_KEYS.items()]
     rows += [f"{k:28} {'(accepted)':>18}  no effect: {why}" for k, why in LEGACY_KEYS.items()]
     return "\n".join(rows)
 
@@ -234,6 +240,9 @@ def validated(cfg: Config) -> Config:
         if value not in (None, False, 0, [], {}):
             raise ConfigError(f"{name}: {json.dumps(value)} asks for a feature NeoMesh does not have yet; "
                               f"remove the key or set it to {json.dumps(_default(_field(name)))}")
+    if cfg.mesh_shape == "auto" and cfg.layout != "auto":
+        raise ConfigError(f"mesh_shape: 'auto' needs layout 'auto' too (the layout {json.dumps(cfg.layout)} names "
+                          f"mesh axes that an automatic mesh may not have)")
     if not cfg.causal:
         raise ConfigError("causal: false (bidirectional attention) arrives with the encoder models; set it to true")
     if cfg.n_embd % cfg.n_head:
@@ -335,12 +344,21 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
         key, value = parse_override(text)
         raw[key] = value
     notes = []
+    for key, targets in AUTO_KEYS.items():
+        if key in raw:
+            value = raw.pop(key)
+            if value is True:
+                raw.update({target: "auto" for target in targets})
+                notes.append(f"{source}: '{key}': true sets {' and '.join(targets)} to 'auto'")
+            elif value is not False:
+                raise ConfigError(f"{key}: expected true or false, got {json.dumps(value)}")
     for key in list(raw):
         if key in LEGACY_KEYS:
             notes.append(f"{source}: '{key}' has no effect here ({LEGACY_KEYS[key]})")
             del raw[key]
         elif key not in KNOWN_KEYS:
-            close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS), n=1, cutoff=0.5)
+            close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS) + tuple(AUTO_KEYS), n=1,
+                                              cutoff=0.5)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise ConfigError(f"{source}: unknown key '{key}'{hint}")
     return validated(Config(**raw)), notes

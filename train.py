@@ -38,6 +38,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     dist.add_argument("--process-id", type=int)
     dist.add_argument("--distributed", action="store_true", help="auto-detect the cluster (TPU pod, SLURM)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs one line per eval)")
+    dry = p.add_argument_group("dry run: compile the train step for the mesh on simulated CPU devices, print "
+                               "parameters, FLOPs, memory per device, collectives and step-time estimates, exit")
+    dry.add_argument("--dry-run", action="store_true")
+    dry.add_argument("--devices", type=int, metavar="N", help="simulated devices (default: what mesh_shape fixes)")
+    dry.add_argument("--accelerator", default="h100", choices=("h100", "tpu-v4", "tpu-v5e"),
+                     help="whose memory per device an 'auto' mesh or layout is chosen for (default h100)")
     args = p.parse_args(argv)
     if not args.help_config and not args.config:
         p.error("--config is required")
@@ -52,6 +58,8 @@ def main(argv=None) -> int:
         print(describe_keys())
         return 0
     try:
+        if args.dry_run:
+            return dry_run(args)
         train(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -59,6 +67,18 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is intact", file=sys.stderr)
         return 130
+    return 0
+
+
+def dry_run(args) -> int:
+    from config import load_config
+    from parallel.dry_run import run_dry_run  # imports jax, but starts no backend: --devices still applies
+
+    cfg, notes = load_config(args.config, tuple(args.set))
+    for note in notes:
+        print(f"note: {note}")
+    print(f"dry run: {args.config}")
+    print(run_dry_run(cfg, args.devices, args.accelerator))
     return 0
 
 
@@ -71,8 +91,7 @@ def train(args) -> None:
     from models.gpt_neo import GPTNeo
     from models.generate import complete
     from parallel import distributed
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
+    from parallel.auto import resolve
     from parallel.state import abstract_train_state, create_train_state
     from parallel.steps import batch_sharding, make_eval_step, make_train_step, microbatch_count
     from training.checkpoint import Checkpoints
@@ -95,10 +114,13 @@ def train(args) -> None:
     for note in notes:
         say(f"note: {note}")
 
-    mesh = make_mesh(cfg.mesh_shape)
-    layout = Layout.from_config(mesh, cfg.layout)
-    say(f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
-        f"({jax.process_count()} processes); layout {cfg.layout}")
+    tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
+    make_model = lambda rngs: GPTNeo(cfg, rngs=rngs)  # noqa: E731
+    layout, auto_note = resolve(cfg, make_model, tx)
+    if auto_note:
+        say(auto_note)
+    say(f"mesh {dict(layout.mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
+        f"({jax.process_count()} processes); layout {layout.text}")
     window = cfg.n_ctx + 1
     train_sharding = batch_sharding(layout, cfg.train_batch_size, window, "train_batch_size")
     eval_sharding = batch_sharding(layout, cfg.eval_batch_size, window, "eval_batch_size")
@@ -109,8 +131,6 @@ def train(args) -> None:
         return distributed.global_batch(lambda rows: source.batch(step, batch_size, rows), sharding,
                                         (batch_size, window))
 
-    tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
-    make_model = lambda rngs: GPTNeo(cfg, rngs=rngs)  # noqa: E731
     if args.new and lead and os.path.exists(cfg.model_path):
         aside = f"{cfg.model_path.rstrip('/')}-{time.strftime('%Y%m%d-%H%M%S')}"
         os.rename(cfg.model_path, aside)

@@ -107,6 +107,11 @@ class Layout:
     def from_config(cls, mesh: Mesh, layout: str) -> "Layout":
         return cls(mesh, parse_layout(layout, mesh))
 
+    @property
+    def text(self) -> str:
+        """The rules back in layout syntax."""
+        return ",".join(f"{name}:{'+'.join(axes) or NOT_SPLIT}" for name, axes in self.rules)
+
     def spec(self, names: Sequence[str | None], prefer: Sequence[str] = ()) -> PartitionSpec:
         """``prefer`` moves the rules of those dimensions to the front, so they win a contested mesh axis."""
         rules = sorted(resolution_rules(self.rules), key=lambda rule: rule[0] not in prefer)  # stable otherwise

@@ -42,6 +42,14 @@ def parse_mesh_shape(text: str, device_count: int) -> dict[str, int]:
     return axes
 
 
+def fixed_device_count(text: str) -> int | None:
+    """The device count ``mesh_shape`` fixes ("x:16,y:16" -> 256), or None when an axis is -1 or it is "auto"."""
+    sizes = [part.partition(":")[2].strip() for part in text.split(",")]
+    if not all(re.fullmatch(r"\d+", s) for s in sizes):
+        return None
+    return math.prod(int(s) for s in sizes)
+
+
 def make_mesh(text: str, devices=None) -> Mesh:
     """The device mesh for ``mesh_shape``, over all devices of all processes unless ``devices`` is given."""
     devices = jax.devices() if devices is None else list(devices)

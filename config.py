@@ -117,8 +117,9 @@ class Config:
     mesh_shape: str = _key("x:-1", "device mesh 'x:4,y:2'; one axis may be -1 (the rest of the devices); 'auto' "
                                    "(with layout 'auto'): chosen for the devices, model and memory")
     layout: str = _key("batch:x", "tensor dimension -> mesh axes, e.g. 'batch:x,heads:y,embd:y'; 'batch:x+z' splits "
-                                  "over two axes, 'activation_embd:none' keeps the residual stream whole; 'auto': "
-                                  "chosen, with the reason printed")
+                                  "over two axes, 'name:none' not at all; activation_embd / activation_vocab place "
+                                  "the residual stream / logits apart from embd / vocab (default: like them); "
+                                  "'auto': chosen, with the reason printed")
 
     # Data and output.
     datasets: list = _key([["embedded", None, None, None]],

@@ -133,7 +133,10 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
         f"| optimizer state | {human_bytes(run.optimizer_bytes)} |",
         f"| batch | {human_bytes(run.batch_bytes)} |",
         f"| temporaries: activations, gradients, workspace (CPU compiler) | {human_bytes(run.temp_bytes)} |",
+        f"| of them at most: whole gradients the CPU program all-reduces before slicing (GPUs and TPUs "
+        f"reduce-scatter) | {human_bytes(run.hlo.whole_before_scatter)} |",
         f"| peak: arguments + temporaries + outputs not written in place | {human_bytes(run.peak_bytes)} |",
+        f"| peak without those whole gradients | {human_bytes(run.peak_bytes - run.hlo.whole_before_scatter)} |",
         "",
         "| collective | ops | runs per step | data per device per step | sent per device per step |",
         "|---|---|---|---|---|",
@@ -147,7 +150,9 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for e in run.estimates:
-        fits = "yes" if run.peak_bytes <= e.accelerator.memory else f"no ({human_bytes(e.accelerator.memory)})"
+        low = run.peak_bytes - run.hlo.whole_before_scatter
+        fits = ("yes" if run.peak_bytes <= e.accelerator.memory else "maybe" if low <= e.accelerator.memory
+                else "no") + f" ({human_bytes(e.accelerator.memory)})"
         lines.append(f"| {e.accelerator.name} | {human_seconds(e.compute_s)} | {human_seconds(e.memory_s)} | "
                      f"{human_seconds(e.collectives_s)} | {human_seconds(e.step_s)} "
                      f"({human_seconds(e.overlapped_s)}) | {e.mfu:.0%} | {fits} |")

@@ -60,6 +60,7 @@ class Collective:
 class HloStats:
     collectives: tuple[Collective, ...]
     matmul_flops: float  # per device per step: 2 x output elements x contracted elements of every dot
+    whole_before_scatter: int = 0  # bytes the CPU program holds whole before slicing (see _scattered_bytes)
 
     def by_kind(self) -> dict[str, dict]:
         """{kind: {"ops", "executions", "bytes", "wire_bytes"}} summed over the step, per device."""
@@ -141,6 +142,27 @@ def source_target_pairs(attrs: str) -> tuple[tuple[int, ...], ...]:
         if match else ()
 
 
+def _operand(arg: str) -> str:
+    """``"%name"`` or ``"f32[2] %name"`` -> ``"name"``."""
+    return arg.split(" ")[-1].lstrip("%")
+
+
+def _scattered_bytes(result: str, shape: str, users: dict, n: int) -> int:
+    """Bytes of an all-reduce's results that every user cuts down to exactly 1/n (this device's slice, indexed
+    by its partition id, often fused with what follows): a reduce-scatter that XLA's CPU pipeline leaves as
+    all-reduce + dynamic-slice, where the GPU and TPU pipelines emit a reduce-scatter."""
+    elements = [(result, shape)]
+    if shape.startswith("("):
+        elements = [(u[0], u[1]) for u in users[result] if u[2] == "get-tuple-element"]
+    total = 0
+    for element, element_shape in elements:
+        size = array_bytes(element_shape)
+        consumers = users[element]
+        if consumers and all(array_bytes(c[1]) * n == size and c[2] != "get-tuple-element" for c in consumers):
+            total += size
+    return total
+
+
 def parse_hlo(text: str, device_count: int) -> HloStats:
     """Collectives and matmul FLOPs of an optimized HLO module (``compiled.as_text()``), per device per step."""
     computations: dict[str, list[str]] = {}
@@ -182,28 +204,37 @@ def parse_hlo(text: str, device_count: int) -> HloStats:
 
     found: list[Collective] = []
     flops = 0.0
+    scattered_once = 0
     for name, lines in computations.items():
         if not runs[name]:
             continue
         shapes = dict(params[name])
+        parsed = []  # (instruction name, shape, op, arguments, attributes)
         for line in lines:
             match = _INSTRUCTION.match(line)
-            if not match:
-                continue
-            shape, call = _split_shape(match.group(2))
-            shapes[match.group(1)] = shape
-            op = call.split("(", 1)[0]
+            if match:
+                shape, call = _split_shape(match.group(2))
+                shapes[match.group(1)] = shape
+                parsed.append((match.group(1), shape, call.split("(", 1)[0], *_arguments(call)))
+        users = collections.defaultdict(list)
+        for instruction in parsed:
+            for arg in instruction[3]:
+                users[_operand(arg)].append(instruction)
+        for result, shape, op, args, attrs in parsed:
             base = op.removesuffix("-start")
             if base in COLLECTIVES and not op.endswith("-done"):
-                args, attrs = _arguments(call)
-                size = sum(array_bytes(shapes.get(a.lstrip("%").split(" ")[-1].lstrip("%"), a)) for a in args)
+                size = sum(array_bytes(shapes.get(_operand(a), a)) for a in args)
                 groups = (source_target_pairs(attrs) if base == "collective-permute"
                           else replica_groups(attrs, device_count))
-                found.append(Collective(base, size, runs[name], groups))
+                scattered = _scattered_bytes(result, shape, users, len(groups[0])) if base == "all-reduce" else 0
+                if scattered:
+                    found.append(Collective("reduce-scatter", scattered, runs[name], groups))
+                    scattered_once += scattered - scattered // len(groups[0])
+                if size > scattered:
+                    found.append(Collective(base, size - scattered, runs[name], groups))
             elif op == "dot":
-                args, attrs = _arguments(call)
-                lhs = _dims(shapes.get(args[0].lstrip("%").split(" ")[-1].lstrip("%"), args[0]))
+                lhs = _dims(shapes.get(_operand(args[0]), args[0]))
                 contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
                 inner = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d) if contracting else 1
                 flops += 2.0 * math.prod(_dims(shape)) * inner * runs[name]
-    return HloStats(tuple(found), flops)
+    return HloStats(tuple(found), flops, scattered_once)

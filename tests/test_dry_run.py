@@ -74,6 +74,8 @@ def test_dry_run_memory_matches_a_real_step():
     assert run.microbatches == 2
     kinds = run.hlo.by_kind()
     assert kinds["all-reduce"]["executions"] > kinds["all-reduce"]["ops"]  # collectives in the microbatch loop
+    # FSDP gradients: all-reduce + slice on CPU, counted as the reduce-scatter GPUs and TPUs run
+    assert kinds["reduce-scatter"]["bytes"] > 0 and run.hlo.whole_before_scatter > 0
     text = report(run, cfg, layout)
     assert "| optimizer state |" in text and "| TPU v5e |" in text
 

@@ -66,6 +66,8 @@ def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:
             hint = f"; did you mean '{close[0]}'?" if close else f" (valid: {', '.join(names)})"
             raise ConfigError(f"layout: unknown dimension '{name}'{hint}")
         axes = () if value == NOT_SPLIT else tuple(a.strip() for a in value.split("+"))
+        if not all(axes) and value != NOT_SPLIT:
+            raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x' or 'batch:x+z')")
         for axis in axes:
             if axis not in mesh.axis_names:
                 raise ConfigError(f"layout: '{part}' names mesh axis '{axis}', which is not in mesh_shape "

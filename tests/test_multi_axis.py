@@ -54,6 +54,7 @@ def test_sequence_parallelism_is_rule_order():
     ("batch:x+x", "names a mesh axis twice"),
     ("activation_emb:none", "did you mean 'activation_embd'"),
     ("batch:", "is not dimension:mesh_axis"),
+    ("batch:x+", "is not dimension:mesh_axis"),
 ])
 def test_bad_layouts_are_one_line_errors(text, message):
     with pytest.raises(ConfigError, match=message):

@@ -33,8 +33,9 @@ from parallel.estimate import ACCELERATORS, UTILISATION, StepEstimate, estimate
 from parallel.hlo_stats import HloStats, parse_hlo
 from parallel.layout import Layout
 from parallel.state import abstract_train_state
-from parallel.steps import batch_sharding, make_train_step, microbatch_count
+from parallel.steps import batch_shapes, batch_shardings, make_train_step, microbatch_count
 from training.flops import train_flops_per_token
+from training.objectives import objective_for
 from training.optimizer import learning_rate_schedule, make_optimizer
 
 GB = 1e9
@@ -89,15 +90,16 @@ def shard_bytes(tree) -> int:
 
 def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module]) -> DryRun:
     """Compiles ``cfg``'s train step for ``layout``'s mesh without allocating the model and reports it."""
-    tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
+    tx, schedule, objective = make_optimizer(cfg), learning_rate_schedule(cfg), objective_for(cfg)
     graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
-    data = batch_sharding(layout, cfg.train_batch_size, cfg.n_ctx + 1)
+    shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
+    data = batch_shardings(layout, objective, shapes)
     microbatches = microbatch_count(cfg, layout)
-    step = make_train_step(graphdef, tx, schedule, layout, shardings, data, precision=cfg.precision,
+    step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, data, precision=cfg.precision,
                            microbatches=microbatches, seed=cfg.seed)
-    tokens = jax.ShapeDtypeStruct((cfg.train_batch_size, cfg.n_ctx + 1), jnp.int32, sharding=data)
+    batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data[name]) for name, shape in shapes.items()}
     start = time.perf_counter()
-    compiled = step.lower(abstract, tokens).compile()
+    compiled = step.lower(abstract, batch).compile()
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     devices = layout.mesh.size
@@ -107,7 +109,7 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module]) -
     return DryRun(
         parameters=sum(math.prod(p.shape) for p in jax.tree.leaves(abstract.params)),
         parameter_bytes=shard_bytes(abstract.params), optimizer_bytes=shard_bytes(abstract.opt_state),
-        batch_bytes=shard_bytes(tokens), argument_bytes=memory.argument_size_in_bytes,
+        batch_bytes=shard_bytes(batch), argument_bytes=memory.argument_size_in_bytes,
         output_bytes=memory.output_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
         temp_bytes=memory.temp_size_in_bytes, model_flops=model_flops, microbatches=microbatches,
         compile_seconds=seconds, hlo=hlo,
@@ -176,7 +178,7 @@ def simulate_devices(count: int) -> None:
 def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100") -> str:
     """``train.py --dry-run``: the report for ``cfg`` on ``device_count`` simulated devices (default: the count
     ``mesh_shape`` fixes); an ``auto`` mesh or layout is chosen for ``accelerator``'s memory."""
-    from models.gpt_neo import GPTNeo
+    from models import registry
     from parallel.auto import resolve
     from parallel.mesh import fixed_device_count
 
@@ -186,7 +188,7 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100") -> str
     simulate_devices(count)
     if jax.device_count() != count:  # a backend started before us (e.g. inside a test process)
         raise ConfigError(f"--devices: jax already runs with {jax.device_count()} devices, not {count}")
-    make_model = lambda rngs: GPTNeo(cfg, rngs=rngs)  # noqa: E731
+    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
     layout, note = resolve(cfg, make_model, make_optimizer(cfg), memory=ACCELERATORS[accelerator].memory)
     run = dry_run(cfg, layout, make_model)
     return (f"{note}\n" if note else "") + report(run, cfg, layout)

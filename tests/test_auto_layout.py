@@ -9,14 +9,15 @@ import os
 import pytest
 
 from config import ConfigError, from_dict, load_config
-from models.gpt_neo import GPTNeo
+from models import registry
 from parallel.auto import choose, job_for
 from parallel.estimate import ACCELERATORS
 from parallel.layout import Layout
 from parallel.mesh import abstract_mesh, parse_mesh_shape
 from parallel.state import abstract_model, param_shardings
-from parallel.steps import batch_sharding
+from parallel.steps import batch_shapes, batch_shardings
 from tests.common import ROOT
+from training.objectives import objective_for
 from training.optimizer import make_optimizer
 
 GOLDEN = os.path.join(ROOT, "tests", "golden_layouts", "auto.txt")
@@ -44,7 +45,7 @@ CASES = {
 def model(name: str):
     """(config, abstract parameters, their logical axes), built once per config."""
     cfg, _ = load_config(os.path.join(ROOT, "configs", name + ".json"))
-    _, abstract, logical = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+    _, abstract, logical = abstract_model(lambda rngs: registry.build(cfg, rngs))
     return cfg, abstract, logical
 
 
@@ -79,7 +80,8 @@ def test_choice_is_a_usable_layout(case):
     layout = Layout.from_config(abstract_mesh(choice.mesh_shape, devices), choice.layout)
     _, abstract, logical = model(CASES[case][0])
     param_shardings(layout, abstract, logical)  # raises if a split dimension does not divide its axes
-    batch_sharding(layout, cfg.train_batch_size, cfg.n_ctx + 1)
+    objective = objective_for(cfg)
+    batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
     assert layout.axis_size("batch") * layout.axis_size("heads") >= devices  # every device has work
 
 

@@ -8,15 +8,16 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from models.gpt_neo import GPTNeo
+from models import registry
 from parallel.dry_run import dry_run, report
 from parallel.estimate import ACCELERATORS, collective_seconds
 from parallel.hlo_stats import parse_hlo, replica_groups
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 from parallel.state import create_train_state
-from parallel.steps import batch_sharding, make_train_step
+from parallel.steps import batch_shapes, batch_shardings, make_train_step
 from tests.common import random_batches, run_cli, tiny_config
+from training.objectives import objective_for
 from training.optimizer import learning_rate_schedule, make_optimizer
 
 TRIPS = 5
@@ -54,13 +55,13 @@ def test_dry_run_memory_matches_a_real_step():
     device (margin 0.1%: the step counter), and XLA's argument size equals them plus the batch (margin 1%)."""
     cfg = tiny_config(tokens_per_mb_per_replica=32)  # 2 microbatches: the loop's collectives are counted twice
     layout = Layout.from_config(make_mesh("x:4,y:2"), "batch:x,embd:x,heads:y,intermediate_expanded:y")
-    make_model = lambda rngs: GPTNeo(cfg, rngs=rngs)  # noqa: E731
+    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
     run = dry_run(cfg, layout, make_model)
 
-    tx = make_optimizer(cfg)
+    tx, objective = make_optimizer(cfg), objective_for(cfg)
     graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed)
-    data = batch_sharding(layout, cfg.train_batch_size, cfg.n_ctx + 1)
-    step = make_train_step(graphdef, tx, learning_rate_schedule(cfg), layout, shardings, data,
+    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
+    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
                            precision=cfg.precision, microbatches=2, seed=cfg.seed)
     state, _ = step(state, jax.device_put(random_batches(cfg, 1)[0], data))
     device = jax.devices()[0]

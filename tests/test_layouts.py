@@ -1,5 +1,6 @@
-"""Golden layouts: the {parameter path: PartitionSpec} table of every shipped config on its own mesh (8 devices
-where mesh_shape leaves the count open), and of pod-sized 2-D and 3-D meshes, must equal the files under
+"""Golden layouts: the PartitionSpecs of the named activations and of every parameter, for every shipped config
+on its own mesh (8 devices where mesh_shape leaves the count open) and for pod-sized 2-D and 3-D meshes, must
+equal the files under
 tests/golden_layouts/. The meshes are abstract (jax.sharding.AbstractMesh), so a 256-device table needs no
 devices. After an intended change, regenerate with
 ``NEOMESH_UPDATE_GOLDEN=1 python -m pytest tests/test_layouts.py`` and review the diff."""
@@ -12,7 +13,8 @@ import jax
 import pytest
 
 from config import load_config
-from models.gpt_neo import GPTNeo
+from models import registry
+from models.axes import HEADS, HIDDEN, LOGITS
 from parallel.layout import Layout
 from parallel.mesh import abstract_mesh
 from parallel.state import abstract_model, param_shardings, path_name
@@ -20,6 +22,8 @@ from tests.common import ROOT
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.json")))
 GOLDEN = os.path.join(ROOT, "tests", "golden_layouts")
+
+ACTIVATIONS = {"residual": HIDDEN, "logits": LOGITS, "heads": HEADS}
 
 # (config, mesh_shape, layout): GPT-Neo's own pod layouts and NeoMesh's multi-axis ones.
 MESH_CASES = {
@@ -45,11 +49,13 @@ def layout_table(config_path: str, mesh_shape: str | None = None, layout_text: s
     cfg, _ = load_config(config_path)
     mesh_shape, layout_text = mesh_shape or cfg.mesh_shape, layout_text or cfg.layout
     layout = Layout.from_config(abstract_mesh(mesh_shape, device_count(mesh_shape)), layout_text)
-    _, abstract, logical = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+    _, abstract, logical = abstract_model(lambda rngs: registry.build(cfg, rngs))
     shardings = param_shardings(layout, abstract, logical)
     flat = jax.tree_util.tree_flatten_with_path(shardings)[0]
     header = f"# mesh_shape {mesh_shape} -> {dict(layout.mesh.shape)}; layout {layout_text}\n"
-    return header + "".join(f"{path_name(path)}: {tuple(s.spec)}\n" for path, s in flat)
+    activations = "".join(f"activation {name} {names}: {tuple(layout.spec(names))}\n"
+                          for name, names in ACTIVATIONS.items())
+    return header + activations + "".join(f"{path_name(path)}: {tuple(s.spec)}\n" for path, s in flat)
 
 
 def check_golden(name: str, table: str) -> None:

@@ -7,12 +7,14 @@ from the compiled program's ``memory_analysis()``), the collectives of the step 
 compiled HLO), and an estimated step time on H100, TPU v4 and TPU v5e (``parallel/estimate.py`` states the model).
 
 The devices are simulated CPU devices (``--xla_force_host_platform_device_count``): XLA's SPMD partitioner runs
-exactly as it would for accelerators, so the per-device shapes, memory of parameters and state, and collectives
-are the real ones; GPT-Neo's 13B on 256 devices compiles in 2 to 3.5 minutes on a loaded 2-core machine in 1.4 GB. An
-abstract mesh (``jax.sharding.AbstractMesh``) is enough to lower but not to compile, and compiling is what gives
-the per-device program. What the CPU backend does not share with GPUs and TPUs: its fusion decisions and buffer
-reuse, so temporaries are the CPU compiler's figure (with its memory-minimising scheduler, as accelerators
-schedule), and it times nothing.
+as it would for accelerators, so the per-device shapes, the memory of parameters and optimizer state, the FLOPs
+and the collectives are the partitioned program's own (the CPU pipeline's all-reduce + slice of FSDP gradients is
+counted as the reduce-scatter GPUs and TPUs run). GPT-Neo's 13B on 256 devices compiles in 2 to 3.5 minutes on a
+loaded 2-core machine in 1.4 GB. An abstract mesh (``jax.sharding.AbstractMesh``) is enough to lower but not to
+compile, and compiling is what gives the per-device program. Temporaries are the CPU compiler's figure, with its
+memory-minimising scheduler: an upper one, since the CPU has no flash attention, holds FSDP gradients whole
+before slicing them (reported) and keeps gathered weights alive longer than a memory-limited accelerator
+schedule would. Nothing is timed: the step time is a stated model (``parallel/estimate.py``).
 """
 
 from __future__ import annotations

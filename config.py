@@ -140,8 +140,12 @@ class Config:
     seed: int = _key(1234, "seed for init, data order and dropout")
 
     # Parallelism.
-    mesh_shape: str = _key("x:-1", "device mesh 'x:4,y:2'; one axis may be -1 (the rest of the devices)")
-    layout: str = _key("batch:x", "tensor dimension -> mesh axis, e.g. 'batch:x,heads:y,embd:y'")
+    mesh_shape: str = _key("x:-1", "device mesh 'x:4,y:2'; one axis may be -1 (the rest of the devices); 'auto' "
+                                   "(with layout 'auto'): chosen for the devices, model and memory")
+    layout: str = _key("batch:x", "tensor dimension -> mesh axes, e.g. 'batch:x,heads:y,embd:y'; 'batch:x+z' splits "
+                                  "over two axes, 'name:none' not at all; activation_embd / activation_vocab place "
+                                  "the residual stream / logits apart from embd / vocab (default: like them); "
+                                  "'auto': chosen, with the reason printed")
 
     # Data and output.
     datasets: list = _key([["embedded", None, None, None]],
@@ -210,8 +214,6 @@ LEGACY_KEYS = {
     "eval_tasks": "mesh-tensorflow eval harness tasks; eval reports loss, perplexity and bits per byte",
     "padding_id": "belongs to the dataset config (configs/dataset_configs)",
     "eos_id": "belongs to the dataset config (configs/dataset_configs)",
-    "auto_layout": "set mesh_shape and layout explicitly",
-    "auto_layout_and_mesh_shape": "set mesh_shape and layout explicitly",
     "slow_sampling": "sampling is compiled once; there is no slow path",
     "stop_at_token": "predict.py takes --stop",
     "remove_partial_sequences": "predict.py returns whole generations",
@@ -219,12 +221,17 @@ LEGACY_KEYS = {
     "lr_decay_end_ratio": "decay always ends at 0.1*lr",
 }
 
+# GPT-Neo's switches for mesh-tensorflow's layout search: true means NeoMesh's "auto" (parallel/auto.py).
+AUTO_KEYS = {"auto_layout": ("layout",), "auto_layout_and_mesh_shape": ("mesh_shape", "layout")}
+
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 
 
 def describe_keys() -> str:
     """Every key with its default and doc, for ``--help-config``."""
     rows = [f"{f.name:28} {json.dumps(_default(f)):>18}  {f.metadata['doc']}" for f in dataclasses.fields(Config)]
+    rows += [f"{k:28} {'false':>18}  GPT-Neo's switch: true sets {' and '.join(t)} to 'auto'"
+             for k, t in AUTO_KEYS.items()]
     rows += [f"{k:28} {'(accepted)':>18}  no effect: {why}" for k, why in LEGACY_KEYS.items()]
     rows += ["", "family defaults (filled in where a config does not set the key):"]
     rows += [f"  model {name}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in registry.defaults(name).items())
@@ -269,6 +276,9 @@ def validated(cfg: Config) -> Config:
             raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
         if meta["max"] is not None and value > meta["max"]:
             raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")
+    if cfg.mesh_shape == "auto" and cfg.layout != "auto":
+        raise ConfigError(f"mesh_shape: 'auto' needs layout 'auto' too (the layout {json.dumps(cfg.layout)} names "
+                          f"mesh axes that an automatic mesh may not have)")
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"n_embd: {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
     _check_attention_types(cfg)
@@ -390,8 +400,11 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     overridden = {}
     for text in overrides:
         key, value = parse_override(text)
-        if key in LEGACY_KEYS:
-            notes += _drop_legacy_keys({key: value}, f"--set {text}")
+        if key in LEGACY_KEYS or key in AUTO_KEYS:
+            given = {key: value}
+            notes += _drop_legacy_keys(given, f"--set {text}")
+            raw.update(given)
+            overridden.update(given)
             continue
         _check_known(key, f"--set {text}")
         raw[key] = overridden[key] = value
@@ -415,8 +428,17 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
 
 
 def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
-    """Removes the mesh-tensorflow-only keys from ``raw`` (with a note each); an unknown key is an error."""
+    """Removes the mesh-tensorflow-only keys from ``raw`` (with a note each) and turns GPT-Neo's auto-layout
+    switches into "auto" values; an unknown key is an error."""
     notes = []
+    for key, targets in AUTO_KEYS.items():
+        if key in raw:
+            value = raw.pop(key)
+            if value is True:
+                raw.update({target: "auto" for target in targets})
+                notes.append(f"{source}: '{key}': true sets {' and '.join(targets)} to 'auto'")
+            elif value is not False:
+                raise ConfigError(f"{key}: expected true or false, got {json.dumps(value)}")
     for key in list(raw):
         if key in LEGACY_KEYS:
             notes.append(f"{source}: '{key}' has no effect here ({LEGACY_KEYS[key]})")
@@ -428,7 +450,7 @@ def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
 
 def _check_known(key: str, source: str) -> None:
     if key not in KNOWN_KEYS:
-        close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS), n=1, cutoff=0.5)
+        close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS) + tuple(AUTO_KEYS), n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"{source}: unknown key '{key}'{hint}")
 

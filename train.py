@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--distributed", action="store_true", help="auto-detect the cluster (TPU pod, SLURM)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar: a log line every log_every steps "
                    "instead (also what happens when the output is not a terminal)")
+    dry = p.add_argument_group("dry run: compile the train step for the mesh on simulated CPU devices, print "
+                               "parameters, FLOPs, memory per device, collectives and step-time estimates, exit")
+    dry.add_argument("--dry-run", action="store_true", help="compile for the configured mesh, report, exit")
+    dry.add_argument("--devices", type=int, metavar="N", help="simulated devices (default: what mesh_shape fixes)")
+    dry.add_argument("--accelerator", default="h100", choices=("h100", "tpu-v4", "tpu-v5e"),
+                     help="whose memory per device an 'auto' mesh or layout is chosen for")
     return p
 
 
@@ -77,6 +83,8 @@ def main(argv=None) -> int:
         if args.init_from:
             from neomesh.hf_cache import resolve_model
             args.init_from = resolve_model(args.init_from, "--init-from")
+        if args.dry_run:
+            return dry_run(args, cfg, notes)
         train(args, cfg, notes)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -84,6 +92,16 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is intact", file=sys.stderr)
         return 130
+    return 0
+
+
+def dry_run(args, cfg, notes: list[str]) -> int:
+    from parallel.dry_run import run_dry_run  # imports jax, but starts no backend: --devices still applies
+
+    for note in notes:
+        print(f"note: {note}")
+    print(f"dry run: {args.config}")
+    print(run_dry_run(cfg, args.devices, args.accelerator))
     return 0
 
 
@@ -96,8 +114,7 @@ def train(args, cfg, notes: list[str]) -> None:
     from models import registry
     from models.generate import complete
     from parallel import distributed
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
+    from parallel.auto import resolve
     from parallel.state import abstract_train_state, create_train_state
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
@@ -117,10 +134,13 @@ def train(args, cfg, notes: list[str]) -> None:
     for note in notes:
         say(f"note: {note}")
 
-    mesh = make_mesh(cfg.mesh_shape)
-    layout = Layout.from_config(mesh, cfg.layout)
-    say(f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
-        f"({jax.process_count()} processes); layout {cfg.layout}")
+    tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
+    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
+    layout, auto_note = resolve(cfg, make_model, tx)
+    if auto_note:
+        say(auto_note)
+    say(f"mesh {dict(layout.mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
+        f"({jax.process_count()} processes); layout {layout.text}")
     objective = objective_for(cfg)
     train_shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
     eval_shapes = batch_shapes(objective, cfg, cfg.eval_batch_size)
@@ -138,8 +158,6 @@ def train(args, cfg, notes: list[str]) -> None:
 
         return distributed.global_batch(rows_of, sharding, shapes)
 
-    tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
-    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
     if args.new and lead and os.path.exists(cfg.model_path):
         aside = f"{cfg.model_path.rstrip('/')}-{time.strftime('%Y%m%d-%H%M%S')}"
         os.rename(cfg.model_path, aside)

@@ -6,7 +6,7 @@ import math
 import re
 
 import jax
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from config import ConfigError
 
@@ -22,6 +22,8 @@ def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[st
         if not match:
             raise ConfigError(f"mesh_shape: '{part}' is not axis:size (e.g. 'x:4,y:2')")
         name, size = match.group(1), int(match.group(2))
+        if name == "none":
+            raise ConfigError("mesh_shape: 'none' cannot name a mesh axis; a layout uses it for 'not split'")
         if name in axes:
             raise ConfigError(f"mesh_shape: axis '{name}' appears twice")
         if size == 0 or size < -1:
@@ -44,6 +46,14 @@ def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[st
     return axes
 
 
+def fixed_device_count(text: str) -> int | None:
+    """The device count ``mesh_shape`` fixes ("x:16,y:16" -> 256), or None when an axis is -1 or it is "auto"."""
+    sizes = [part.partition(":")[2].strip() for part in text.split(",")]
+    if not all(re.fullmatch(r"\d+", s) for s in sizes):
+        return None
+    return math.prod(int(s) for s in sizes)
+
+
 def make_mesh(text: str, devices=None) -> Mesh:
     """The device mesh for ``mesh_shape``, over all devices of all processes unless ``devices`` is given."""
     devices = jax.devices() if devices is None else list(devices)
@@ -51,3 +61,10 @@ def make_mesh(text: str, devices=None) -> Mesh:
     # Auto axes: shardings are chosen by the layout and propagated by XLA (the pjit model).
     return jax.make_mesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes),
                          devices=devices)
+
+
+def abstract_mesh(text: str, device_count: int) -> AbstractMesh:
+    """The mesh of ``mesh_shape`` for ``device_count`` devices that need not exist: enough to resolve a layout
+    into PartitionSpecs (golden layout tables, the auto layout's check) without simulating the devices."""
+    axes = parse_mesh_shape(text, device_count)
+    return AbstractMesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes))

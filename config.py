@@ -25,7 +25,16 @@ MOE_DEFAULTS = {
     "aux_loss_weight": 0.01,  # weight of the load-balancing loss added to the training loss
     "z_loss_weight": 0.001,  # weight of the router z-loss (mean squared logsumexp of router logits)
 }
-ACTIVATIONS = ("gelu", "gelu_exact", "relu", "silu", "swish", "selu", "elu", "softplus", "tanh", "sigmoid")
+# MLP activations (models/layers.py ACTIVATIONS): NeoMesh's names and GPT-Neo's parameter-free set
+# (models/activations.py there). GPT-Neo's activations with learned parameters are refused by name.
+ACTIVATIONS = ("gelu", "gelu_exact", "relu", "silu", "swish", "selu", "elu", "softplus", "tanh", "sigmoid",
+               "abs", "sin", "cos", "sign", "lrelu001", "lrelu020", "id", "triangle_relax", "square_relax", "spike",
+               "spike2", "tanhshrink", "softsign", "softmax", "logsoftmax", "bipolarsigmoid", "rrelu", "elish",
+               "arcsinh", "maxsig", "cosid", "minsin", "maxtanh", "mish", "tanhexp", "lisht", "seagull", "snake",
+               "roottanh", "softplusmone")
+LEARNED_ACTIVATIONS = ("aria", "prelu", "parcsinh", "psoftplus", "proottanh")
+# GPT-Neo's eval_tasks (its tasks.py).
+EVAL_TASKS = ("lambada",)
 
 
 class ConfigError(ValueError):
@@ -51,7 +60,8 @@ class Config:
         None, 'per-layer attention in GPT-Neo syntax [[["global","local"], 6]]; default: every layer global')
     local_attention_radius: int = _key(
         256, "local window: a token sees itself and the previous window-1 tokens", minimum=1)
-    activation_function: str = _key("gelu", "MLP activation ('gelu' is GPT-Neo's tanh approximation)",
+    activation_function: str = _key("gelu", "MLP activation ('gelu' is GPT-Neo's tanh approximation; GPT-Neo's "
+                                    "key activation_fn is the same key); --help-config lists the rest",
                                     choices=ACTIVATIONS)
     res_dropout: float = _key(0.0, "dropout on each residual branch output", minimum=0.0, maximum=1.0)
     embed_dropout: float = _key(0.0, "dropout on token+position embeddings", minimum=0.0, maximum=1.0)
@@ -76,6 +86,13 @@ class Config:
     rezero: bool = _key(False, "ReZero residuals (not available yet)")
     macaron: bool = _key(False, "macaron blocks (not available yet)")
     axial_pos_emb: Optional[list] = _key(None, "axial position embedding (not available yet)")
+    # GPT-Neo model options that arrive with the new model blocks: accepted at their off value, an error when on.
+    share_parameters: bool = _key(False, "one set of block weights for every layer (not available yet)")
+    moe_activation: Optional[str] = _key(None, "activation of the experts' MLPs (GPT-Neo: relu); null: "
+                                               "activation_function (not available yet)", choices=ACTIVATIONS)
+    z_loss: float = _key(0.0, "weight of the mean squared log-partition of the output logits (GPT-Neo: 1e-4; not "
+                              "available yet)", minimum=0.0)
+    entmax_loss: bool = _key(False, "1.3-entmax loss instead of softmax cross-entropy (not available yet)")
     causal: bool = _key(True, "causal (decoder) attention; false arrives with the encoder models")
     mlm_training: bool = _key(False, "masked-LM batches (data/mlm.py); needs an encoder model (not available yet)")
     mlm_cls_token_id: Optional[int] = _key(None, "MLM: id prepended as CLS")
@@ -87,14 +104,20 @@ class Config:
     mlm_random_token_ids: Optional[list] = _key(None, "MLM: ids random replacements are drawn from")
 
     # Optimisation.
-    opt_name: str = _key("adam", "'adam' (AdamW, GPT-Neo semantics) or 'adafactor'",
+    opt_name: str = _key("adam", "'adam' (AdamW, GPT-Neo semantics) or 'adafactor' (GPT-Neo's: constant lr, "
+                                 "see weight_decay and ada_epsilon1/2)",
                          choices=("adam", "adamw", "adafactor"))
     lr: float = _key(6e-4, "peak learning rate", minimum=0.0)
     lr_decay: str = _key("cosine", "decay after warmup, down to 0.1*lr at lr_decay_end",
                          choices=("cosine", "linear", "none"))
     lr_decay_end: Optional[int] = _key(None, "step where decay ends (default: train_steps)", minimum=1)
     warmup_steps: int = _key(3000, "linear warmup steps from 0 to lr", minimum=0)
-    weight_decay: float = _key(0.01, "decoupled weight decay (not on biases and norms)", minimum=0.0)
+    weight_decay: Optional[float] = _key(
+        None, "adam: decoupled weight decay, not on biases and norms (null: 0.01); adafactor: as in GPT-Neo, the "
+        "constant decay rate of its second-moment estimates (null: Adafactor's 1-(step+1)^-0.8)", minimum=0.0)
+    ada_epsilon1: float = _key(1e-30, "Adafactor: added to squared gradients", minimum=0.0)
+    ada_epsilon2: float = _key(1e-3, "Adafactor: floor of the parameter scale its updates are relative to",
+                               minimum=0.0)
     beta1: float = _key(0.9, "Adam beta1 (Adafactor momentum when > 0)", minimum=0.0, maximum=1.0)
     beta2: float = _key(0.95, "Adam beta2", minimum=0.0, maximum=1.0)
     epsilon: float = _key(1e-8, "Adam epsilon", minimum=0.0)
@@ -127,6 +150,8 @@ class Config:
     model_path: Optional[str] = _key(None, "run directory (default: runs/<config name>)")
     sample_prompt: str = _key("def ", "prompt of the sample printed at the end of training")
     sample_tokens: int = _key(96, "tokens sampled at the end of training (0: none)", minimum=0)
+    predict_max_steps: Optional[int] = _key(None, "predict.py's default --max-new-tokens (null: 64)", minimum=1)
+    eval_tasks: list = _key([], "GPT-Neo's eval tasks (lambada): accepted and checked; not evaluated yet")
 
     @property
     def attention_layers(self) -> tuple[str, ...]:
@@ -167,8 +192,7 @@ LEGACY_KEYS = {
     "predict_batch_size": "TPU predict batch; predict.py batches its prompts itself",
     "use_tpu": "the device comes from JAX (CPU, GPU or TPU)",
     "num_cores": "the device count comes from JAX",
-    "model": "GPT-Neo's model family switch; this config builds the GPT-Neo decoder",
-    "eval_tasks": "mesh-tensorflow eval harness tasks; eval reports loss, perplexity and bits per byte",
+    "model": "GPT-Neo's model family switch (only 'GPT' existed); this config builds the GPT-Neo decoder",
     "padding_id": "belongs to the dataset config (configs/dataset_configs)",
     "eos_id": "belongs to the dataset config (configs/dataset_configs)",
     "auto_layout": "set mesh_shape and layout explicitly",
@@ -178,9 +202,42 @@ LEGACY_KEYS = {
     "remove_partial_sequences": "predict.py returns whole generations",
     "sampling_use_entmax": "predict.py samples with temperature / top-k / top-p",
     "lr_decay_end_ratio": "decay always ends at 0.1*lr",
+    "input_fn": "GPT-Neo's choice of input function; NeoMesh has one tf.data pipeline (data/pipeline.py)",
+    "no_dataset": "GPT-Neo's switch for configs without data; NeoMesh always names its datasets",
+    "log_grads": "every metrics.jsonl row has the global grad_norm",
+    "shuffle_input_filenames": "training always shuffles files and documents by seed",
+    "gpu_ids": "the devices come from JAX",
+}
+
+# GPT-Neo's other spellings of NeoMesh keys: its code reads activation_fn, its README documents n_heads,
+# mlm_mask_id and axial_pos_emb_.
+ALIASES = {"activation_fn": "activation_function", "n_heads": "n_head", "mlm_mask_id": "mlm_mask_token_id",
+           "axial_pos_emb_": "axial_pos_emb"}
+
+# GPT-Neo's moe_params were mesh-tensorflow's MoE hyperparameters (moe.py there). Those with a NeoMesh
+# equivalent are renamed; those that only tuned mesh-tensorflow's routing are accepted with a note.
+MOE_FROM_MESH_TF = {"moe_num_experts": "num_experts", "moe_loss_coef": "aux_loss_weight",
+                    "moe_capacity_factor_train": "capacity_factor", "moe_z_loss": "z_loss_weight"}
+MOE_GATING = {"top_2": 2, "switch": 1}  # mesh-tensorflow's moe_gating -> NeoMesh's top_k
+_SECOND = "mesh-tensorflow skipped a token's second expert at random by its gate; NeoMesh always uses top_k experts"
+_SWITCH = "mesh-tensorflow's switch-gating noise and policies; NeoMesh's router is deterministic"
+MOE_MESH_TF_NOTES = {
+    "moe_capacity_factor_eval": "NeoMesh uses capacity_factor in training and evaluation alike",
+    "moe_capacity_factor_second_level": "only for mesh-tensorflow's hierarchical MoE",
+    "moe_group_size": "mesh-tensorflow routed tokens in groups of this size; NeoMesh routes each sequence",
+    "moe_min_expert_capacity": "NeoMesh's capacity ceil(top_k*T*capacity_factor/num_experts) is at least 1",
+    "moe_use_second_place_loss": "mesh-tensorflow's extra balancing loss for second places; NeoMesh's "
+                                 "load-balancing loss counts every routed expert",
+    "moe_second_policy_train": _SECOND, "moe_second_policy_eval": _SECOND,
+    "moe_second_threshold_train": _SECOND, "moe_second_threshold_eval": _SECOND,
+    "moe_switch_policy_train": _SWITCH, "moe_switch_policy_eval": _SWITCH, "moe_switch_dropout": _SWITCH,
+    "moe_switch_temperature": _SWITCH, "moe_switch_jitter": _SWITCH,
+    "moe_ntlb_top_k": "only for mesh-tensorflow's ntlb gating",
 }
 
 _UNAVAILABLE_WHEN_ON = ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb")
+# GPT-Neo model options NeoMesh accepts only at their off value until the new model blocks arrive.
+_NOT_YET = ("share_parameters", "moe_activation", "z_loss", "entmax_loss")
 
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 
@@ -189,6 +246,8 @@ def describe_keys() -> str:
     """Every key with its default and doc, for ``--help-config``."""
     rows = [f"{f.name:28} {json.dumps(_default(f)):>18}  {f.metadata['doc']}" for f in dataclasses.fields(Config)]
     rows += [f"{k:28} {'(accepted)':>18}  no effect: {why}" for k, why in LEGACY_KEYS.items()]
+    rows += [f"{k:28} {'(alias)':>18}  GPT-Neo's name for {v}" for k, v in ALIASES.items()]
+    rows += ["", "activation_function / moe_activation values: " + ", ".join(ACTIVATIONS)]
     return "\n".join(rows)
 
 
@@ -216,6 +275,11 @@ def _type_name(annotation: str) -> str:
 
 def validated(cfg: Config) -> Config:
     """Checks every key's type and range and the relations between keys; raises ``ConfigError``."""
+    for key in ("activation_function", "moe_activation"):
+        if getattr(cfg, key) in LEARNED_ACTIVATIONS:
+            raise ConfigError(f"{key}: {json.dumps(getattr(cfg, key))} is one of GPT-Neo's activations with learned "
+                              f"parameters ({', '.join(LEARNED_ACTIVATIONS)}), which NeoMesh does not have; "
+                              "pick a parameter-free one (python train.py --help-config)")
     for f in dataclasses.fields(Config):
         value = getattr(cfg, f.name)
         if not _type_ok(value, f.type):
@@ -224,12 +288,12 @@ def validated(cfg: Config) -> Config:
             continue
         meta = f.metadata
         if meta["choices"] and value not in meta["choices"]:
-            raise ConfigError(f"{f.name}: {json.dumps(value)} is not one of {', '.join(meta['choices'])}")
+            raise ConfigError(f"{f.name}: {json.dumps(value)} is not one of {_choices_hint(value, meta['choices'])}")
         if meta["min"] is not None and value < meta["min"]:
             raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
         if meta["max"] is not None and value > meta["max"]:
             raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")
-    for name in _UNAVAILABLE_WHEN_ON:
+    for name in _UNAVAILABLE_WHEN_ON + _NOT_YET:
         value = getattr(cfg, name)
         if value not in (None, False, 0, [], {}):
             raise ConfigError(f"{name}: {json.dumps(value)} asks for a feature NeoMesh does not have yet; "
@@ -246,11 +310,23 @@ def validated(cfg: Config) -> Config:
     if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
         raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
     _check_datasets(cfg.datasets)
+    for task in cfg.eval_tasks:
+        if task not in EVAL_TASKS:
+            raise ConfigError(f"eval_tasks: unknown task {json.dumps(task)} (known: {', '.join(EVAL_TASKS)})")
     if cfg.mlm_training and cfg.mlm_mask_token_id is None:
         raise ConfigError("mlm_mask_token_id: mlm_training needs the id of the mask token")
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:
         raise ConfigError("mlm_random_token_prob: mlm_same_token_prob + mlm_random_token_prob is above 1")
     return cfg
+
+
+def _choices_hint(value, choices: tuple) -> str:
+    """The valid values, or for a long list the closest one and where the list is."""
+    if len(choices) <= 10:
+        return ", ".join(choices)
+    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+    return (f"the known values (did you mean '{close[0]}'? " if close else "the known values (") + \
+        "python train.py --help-config lists them)"
 
 
 def _field(name):
@@ -329,21 +405,78 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
-    """Builds a validated ``Config``; returns it with notes about legacy keys that were accepted."""
-    raw = dict(raw)
+    """Builds a validated ``Config``; returns it with notes about GPT-Neo keys that were accepted or translated."""
+    raw = _canonical_spellings(dict(raw), source)
     for text in overrides:
         key, value = parse_override(text)
-        raw[key] = value
+        raw[ALIASES.get(key, key)] = value
     notes = []
     for key in list(raw):
         if key in LEGACY_KEYS:
             notes.append(f"{source}: '{key}' has no effect here ({LEGACY_KEYS[key]})")
             del raw[key]
         elif key not in KNOWN_KEYS:
-            close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS), n=1, cutoff=0.5)
+            close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS) + tuple(ALIASES), n=1, cutoff=0.5)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise ConfigError(f"{source}: unknown key '{key}'{hint}")
-    return validated(Config(**raw)), notes
+    if isinstance(raw.get("datasets"), list):  # GPT-Neo: a bare "name" is [name, null, null, null]
+        raw["datasets"] = [[d, None, None, None] if isinstance(d, str) else d for d in raw["datasets"]]
+    if isinstance(raw.get("moe_params"), dict):
+        raw["moe_params"], moe_notes = _moe_params_from_mesh_tf(raw["moe_params"], raw, source)
+        notes += moe_notes
+    cfg = validated(Config(**raw))
+    if cfg.eval_tasks:
+        notes.append(f"{source}: eval_tasks {json.dumps(cfg.eval_tasks)} accepted but not evaluated yet (the "
+                     "LAMBADA task is being built); eval reports loss, perplexity and bits per byte")
+    if cfg.opt_name == "adafactor":
+        notes.append(f"{source}: opt_name adafactor runs at the constant lr {cfg.lr:g}, as GPT-Neo's Adafactor did; "
+                     "warmup_steps and lr_decay have no effect")
+    return cfg, notes
+
+
+def _canonical_spellings(raw: dict, source: str) -> dict:
+    """GPT-Neo's alias keys (``ALIASES``) renamed to NeoMesh's; both spellings with different values is an error."""
+    for alias, key in ALIASES.items():
+        if alias not in raw:
+            continue
+        value = raw.pop(alias)
+        if key in raw and raw[key] != value:
+            raise ConfigError(f"{source}: '{alias}' {json.dumps(value)} contradicts '{key}' {json.dumps(raw[key])} "
+                              f"(the same key in GPT-Neo's spelling); keep one")
+        raw[key] = value
+    return raw
+
+
+def _moe_params_from_mesh_tf(params: dict, raw: dict, source: str) -> tuple[dict, list[str]]:
+    """GPT-Neo's ``moe_params`` (mesh-tensorflow's MoE hyperparameters) -> NeoMesh's, with notes for the ones
+    that only tuned mesh-tensorflow's implementation. NeoMesh's own keys pass through unchanged."""
+    out, notes = {}, []
+    for key, value in params.items():
+        if key in MOE_FROM_MESH_TF:
+            out[MOE_FROM_MESH_TF[key]] = value
+        elif key == "moe_gating":
+            if value not in MOE_GATING:
+                raise ConfigError(f"moe_params.moe_gating: {json.dumps(value)} is not one of "
+                                  f"{', '.join(MOE_GATING)} (NeoMesh's top_k 2 and 1)")
+            out["top_k"] = MOE_GATING[value]
+        elif key == "moe_dropout_rate":
+            if value:
+                raise ConfigError(f"moe_params.moe_dropout_rate: {json.dumps(value)}: dropout inside the experts is "
+                                  "not available yet; set it to 0")
+        elif key == "moe_hidden_size":
+            width = 4 * raw.get("n_embd", _field("n_embd").default)
+            if value != width:
+                raise ConfigError(f"moe_params.moe_hidden_size: {json.dumps(value)} differs from the experts' width "
+                                  f"4*n_embd = {width}; other widths are not available yet")
+        elif key == "moe_use_experts_attention":
+            if value:
+                raise ConfigError("moe_params.moe_use_experts_attention: mesh-tensorflow's experts-attention layers "
+                                  "are not available; set it to false")
+        elif key in MOE_MESH_TF_NOTES:
+            notes.append(f"{source}: 'moe_params.{key}' has no effect here ({MOE_MESH_TF_NOTES[key]})")
+        else:
+            out[key] = value
+    return out, notes
 
 
 def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
@@ -362,3 +495,17 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, lis
         name = os.path.splitext(os.path.basename(path))[0]
         cfg = dataclasses.replace(cfg, model_path=os.path.join("runs", name))
     return cfg, notes
+
+
+def model_config_path(name: str) -> str:
+    """GPT-Neo's ``--model NAME``: ``configs/NAME.json`` (from the working directory, else the repository), or
+    NAME itself when it ends in .json."""
+    if name.endswith(".json"):
+        return name
+    relative = os.path.join("configs", f"{name}.json")
+    for path in (relative, os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)):
+        if os.path.exists(path):
+            return path
+    configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+    known = sorted(f[:-5] for f in os.listdir(configs) if f.endswith(".json"))
+    raise ConfigError(f"--model {name}: no {relative} (known: {', '.join(known)}; or give a .json path)")

@@ -16,7 +16,9 @@ import time
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="JSON config (configs/*.json)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--config", help="JSON config (configs/*.json)")
+    which.add_argument("--model", metavar="NAME", help="GPT-Neo's way to name a config: configs/NAME.json")
     p.add_argument("--model-path", help="run directory; overrides the config's model_path")
     fresh = p.add_mutually_exclusive_group()
     fresh.add_argument("--resume", action="store_true", help="resume from model_path (the default when it has "
@@ -39,8 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     dist.add_argument("--distributed", action="store_true", help="auto-detect the cluster (TPU pod, SLURM)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs one line per eval)")
     args = p.parse_args(argv)
-    if not args.help_config and not args.config:
-        p.error("--config is required")
+    if not args.help_config and not args.config and not args.model:
+        p.error("--config (or --model NAME) is required")
     return args
 
 
@@ -66,8 +68,8 @@ def train(args) -> None:
     import jax
     from tqdm import tqdm
 
-    from config import ConfigError, load_config
-    from data.source import make_source
+    from config import ConfigError, load_config, model_config_path
+    from data.source import NoEvalSet, make_source
     from models.gpt_neo import GPTNeo
     from models.generate import complete
     from parallel import distributed
@@ -80,7 +82,7 @@ def train(args) -> None:
     from training.metrics import MetricsWriter
     from training.optimizer import learning_rate_schedule, make_optimizer
 
-    cfg, notes = load_config(args.config, tuple(args.set))
+    cfg, notes = load_config(args.config or model_config_path(args.model), tuple(args.set))
     if args.model_path:
         cfg = cfg.replace(model_path=args.model_path)
     if args.check_dataset:
@@ -102,8 +104,12 @@ def train(args) -> None:
     window = cfg.n_ctx + 1
     train_sharding = batch_sharding(layout, cfg.train_batch_size, window, "train_batch_size")
     eval_sharding = batch_sharding(layout, cfg.eval_batch_size, window, "eval_batch_size")
-    train_data = make_source(cfg, "train")
-    eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
+    train_data = None if args.eval else make_source(cfg, "train")  # --eval reads eval-only datasets too
+    try:
+        eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
+    except NoEvalSet as e:
+        eval_data = None
+        say(f"note: {e}; evaluation is skipped")
 
     def global_batch(source, step, batch_size, sharding):
         return distributed.global_batch(lambda rows: source.batch(step, batch_size, rows), sharding,
@@ -118,7 +124,8 @@ def train(args) -> None:
     if args.new and jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("new run directory")
-    if lead and hasattr(train_data.tokenizer, "save"):  # the run keeps its tokenizer: predict.py and export use it
+    # the run keeps its tokenizer: predict.py and export use it
+    if lead and train_data is not None and hasattr(train_data.tokenizer, "save"):
         os.makedirs(os.path.join(cfg.model_path, "tokenizer"), exist_ok=True)
         train_data.tokenizer.save(os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
     checkpoints = Checkpoints(cfg.model_path, cfg.keep_checkpoints)

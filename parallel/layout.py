@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import threading
 from typing import Iterator, Sequence
 
@@ -42,11 +43,12 @@ def parse_layout(text: str, mesh: Mesh) -> tuple[tuple[str, str], ...]:
             raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x')")
         if name not in DIMENSIONS:
             raise ConfigError(f"layout: unknown dimension '{name}' (valid: {', '.join(DIMENSIONS)})")
-        if axis not in mesh.axis_names:
-            raise ConfigError(f"layout: '{part}' names mesh axis '{axis}', which is not in mesh_shape "
-                              f"(axes: {', '.join(mesh.axis_names)})")
         if any(name == seen for seen, _ in rules):
             raise ConfigError(f"layout: dimension '{name}' is given twice")
+        if axis not in mesh.axis_names:  # mesh-tensorflow ignored such a rule; so do we, but say so
+            print(f"warning: layout: '{part}' names mesh axis '{axis}', which is not in mesh_shape (axes: "
+                  f"{', '.join(mesh.axis_names)}); '{name}' stays whole", file=sys.stderr)
+            continue
         rules.append((name, axis))
     return tuple(rules)
 

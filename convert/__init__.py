@@ -1,0 +1,1 @@
+"""Weights in and out of NeoMesh runs: one mapping file per source format."""

@@ -156,6 +156,8 @@ def gpt_neo_config(cfg: Config) -> dict:
     for key, value in unsupported.items():
         if value:
             raise ConfigError(f"export: {key}={json.dumps(value)} has no GPT-Neo equivalent")
+    if cfg.activation_function not in ACTIVATIONS_TO_HF:
+        raise ConfigError(f"export: activation_function {cfg.activation_function!r} has no Hugging Face equivalent")
     if set(cfg.attention_layers) - {"global", "local"}:
         raise ConfigError(f"export: GPT-Neo has only global and local layers, not {sorted(set(cfg.attention_layers))}")
     return {

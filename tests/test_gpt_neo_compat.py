@@ -312,3 +312,9 @@ def test_predict_prompt_files_output_and_predict_max_steps(tmp_path, capsys):
     assert len((tmp_path / "explicit.txt").read_text()) > len(written)
     assert predict.main(["--model-path", run, "--prompt", str(tmp_path / "p2.txt"), "--max-new-tokens", "1"]) == 0
     assert "is used as text; for that file's contents use --prompt-from-file" in capsys.readouterr().err
+
+
+def test_export_refuses_activations_hugging_face_lacks():
+    from models.hf import gpt_neo_config
+    with pytest.raises(ConfigError, match="export: activation_function 'snake' has no Hugging Face equivalent"):
+        gpt_neo_config(from_dict({**TINY, "activation_function": "snake"})[0])

@@ -89,6 +89,9 @@ def config_from_gpt_neo(raw: dict, source: str) -> Config:
                           "converted")
     if cfg.moe_layers:
         raise ConfigError(f"{source}: moe_layers: mesh-tensorflow's mixture-of-experts weights are not converted")
+    options = [key for key in ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb") if getattr(cfg, key)]
+    if options:
+        raise ConfigError(f"{source}: {options[0]}: checkpoints with GPT-Neo's block options are not converted yet")
     if cfg.rotary_emb and cfg.rotary_dim != cfg.head_dim:
         raise ConfigError(f"{source}: rotary_emb_fraction: GPT-Neo rotated whole heads; set it to 1.0")
     return cfg
@@ -154,7 +157,7 @@ def convert(checkpoint: str, model_path: str, config_path: str | None = None, to
     import jax
 
     from data.tokenizer import load_tokenizer
-    from models.gpt_neo import GPTNeo
+    from models import registry
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
     from parallel.state import create_train_state
@@ -179,7 +182,7 @@ def convert(checkpoint: str, model_path: str, config_path: str | None = None, to
     if tok is not None and tok.vocab_size > cfg.n_vocab:
         raise ConfigError(f"--tokenizer {tokenizer}: {tok.vocab_size} tokens do not fit n_vocab {cfg.n_vocab}")
     layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
-    _, state, shardings = create_train_state(lambda rngs: GPTNeo(cfg, rngs=rngs), make_optimizer(cfg), layout,
+    _, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), layout,
                                              cfg.seed, params=params)
     step = (global_step or 0) if keep_step else 0
     state = state.replace(step=jax.device_put(np.int32(step), shardings.step))

@@ -16,7 +16,7 @@ from flax import nnx
 from convert import gpt_neo_mtf
 from models.rotary import apply_rotary
 from tests import hf_fixtures
-from training.checkpoint import restore_params
+from pretrained import load_run
 
 N_EMBD, N_HEAD, N_LAYER, N_CTX, WINDOW = 32, 4, 4, 32, 8
 GPT_NEO_CONFIG = {  # as a GPT-Neo release's config.json: GPT-Neo's keys, TPU keys and all
@@ -86,8 +86,8 @@ def bf16_rounded(model):
 
 
 def run_logits(model_path, tokens):
-    cfg, graphdef, params = restore_params(model_path)
-    return cfg, np.asarray(nnx.merge(graphdef, nnx.State(params))(jnp.asarray(tokens)))
+    cfg, graphdef, params = load_run(model_path)
+    return cfg, np.asarray(nnx.merge(graphdef, nnx.State(params))(jnp.asarray(tokens))[0])  # (B, T, V)
 
 
 def test_release_checkpoint_converts_with_logit_parity(tmp_path, reference):

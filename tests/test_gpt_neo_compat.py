@@ -206,7 +206,8 @@ def test_check_dataset_with_mlm_training(neo_records, tmp_path, monkeypatch, cap
     use_dataset_configs(monkeypatch, tmp_path / "dc", neo={"path": neo_records, "tokenizer_path": "bytes"})
     args = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--check-dataset", "--set",
             'datasets=[["neo", null, null, null]]', "--set", "n_ctx=16", "--set", "mlm_training=true",
-            "--set", "mlm_mask_token_id=3", "--set", "mlm_mask_prob=0.5", "--set", "train_batch_size=8"]
+            "--set", "mlm_mask_token_id=3", "--set", "mlm_mask_prob=0.5", "--set", "train_batch_size=8",
+            "--set", "causal=false"]
     assert train.main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "batch 0 inputs: shape (8, 16) int32" in out and "masked-LM: " in out and "first text (" in out
@@ -291,11 +292,11 @@ def test_train_tokenizer_takes_gpt_neo_flags(tmp_path, capsys):
 
 def test_predict_prompt_files_output_and_predict_max_steps(tmp_path, capsys):
     import predict
-    from models import hf
+    from convert.hf import import_hf
     from tests import hf_fixtures
 
     run = str(tmp_path / "run")
-    hf.import_hf(hf_fixtures.save(hf_fixtures.gpt_neo(n_layer=2), tmp_path / "hf"), run)
+    import_hf(hf_fixtures.save(hf_fixtures.gpt_neo(n_layer=2), tmp_path / "hf"), run)
     (tmp_path / "p1.txt").write_text("def add(a, b):\n    return")
     (tmp_path / "p2.txt").write_text("class A:\n")
     argv = ["--model-path", run, "--prompt-from-file", str(tmp_path / "p1.txt"), "--prompt-from-file",
@@ -314,7 +315,7 @@ def test_predict_prompt_files_output_and_predict_max_steps(tmp_path, capsys):
     assert "is used as text; for that file's contents use --prompt-from-file" in capsys.readouterr().err
 
 
-def test_export_refuses_activations_hugging_face_lacks():
-    from models.hf import gpt_neo_config
+def test_export_refuses_activations_hugging_face_lacks(tmp_path):
+    from convert.hf import export_params
     with pytest.raises(ConfigError, match="export: activation_function 'snake' has no Hugging Face equivalent"):
-        gpt_neo_config(from_dict({**TINY, "activation_function": "snake"})[0])
+        export_params(from_dict({**TINY, "activation_function": "snake"})[0], {}, str(tmp_path / "hf"))

@@ -107,6 +107,9 @@ class Config:
                                    "positions")
     rotary_emb_fraction: float = _key(1.0, "fraction of each head's dimensions rotated when rotary_emb is on "
                                            "(GPT-J 6B: 0.25)", minimum=0.0, maximum=1.0)
+    rotary_style: str = _key("interleaved", "which features rotary pairs: 'interleaved' (GPT-J: 2i with 2i+1) or "
+                                            "'halves' (GPT-Neo, GPT-NeoX: i with i + R/2)",
+                             choices=("interleaved", "halves"))
     attention_kernel: str = _key("auto", "softmax attention kernel: 'auto' (cuDNN where it applies, else XLA), "
                                          "'xla' or 'cudnn'", choices=("auto", "xla", "cudnn"))
     # GPT-Neo model options that arrive with the new model blocks: accepted at their off value, an error when on.

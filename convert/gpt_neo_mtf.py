@@ -21,9 +21,8 @@ are never saved), float32, or bfloat16 when the run had ``precision: bfloat16``,
     h{i}/norm_2/g, b    h{i}/mlp/conv1d_main/c_fc/kernel [embd, 4*embd], bias; .../c_proj/kernel, bias
 
 ``none`` layers have no norm_1 and no attn. Optimizer slots (``.../adam_m``, ``_slot_v``, ...) and
-``global_step`` are skipped. GPT-Neo's rotary rotated the two halves of each head (feature i with i + H/2);
-NeoMesh's rotates adjacent pairs, so q and k features are reordered on the way in (the dot products, hence the
-logits, are unchanged). Refused, each with its reason: untied output layers (``no_weight_tie``: GPT-Neo's
+``global_step`` are skipped. GPT-Neo's rotary rotated the two halves of each head (feature i with i + H/2): the
+run gets ``rotary_style: halves``. Refused, each with its reason: untied output layers (``no_weight_tie``: GPT-Neo's
 ``wte_final_linear`` reads the last block without ln_f and adds a bias; NeoMesh's applies ln_f), mixture-of-experts
 layers, and the model options NeoMesh does not have yet.
 """
@@ -94,13 +93,7 @@ def config_from_gpt_neo(raw: dict, source: str) -> Config:
         raise ConfigError(f"{source}: {options[0]}: checkpoints with GPT-Neo's block options are not converted yet")
     if cfg.rotary_emb and cfg.rotary_dim != cfg.head_dim:
         raise ConfigError(f"{source}: rotary_emb_fraction: GPT-Neo rotated whole heads; set it to 1.0")
-    return cfg
-
-
-def halves_to_pairs(features: int) -> np.ndarray:
-    """Feature order taking GPT-Neo's rotary pairs (i, i + H/2) to NeoMesh's adjacent pairs (2i, 2i+1)."""
-    half = features // 2
-    return np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1)
+    return cfg.replace(rotary_style="halves") if cfg.rotary_emb else cfg
 
 
 def params_from_mtf(cfg: Config, tensors: dict[str, np.ndarray], source: str) -> dict:
@@ -124,7 +117,6 @@ def params_from_mtf(cfg: Config, tensors: dict[str, np.ndarray], source: str) ->
     def norm(prefix: str) -> dict:
         return {"scale": get(prefix + "/g"), "bias": get(prefix + "/b")}
 
-    order = halves_to_pairs(h) if cfg.rotary_emb else None
     blocks = {}
     for i, kind in enumerate(cfg.attention_layers):
         b = f"h{i}/"
@@ -133,8 +125,6 @@ def params_from_mtf(cfg: Config, tensors: dict[str, np.ndarray], source: str) ->
             for name in ("c_fc", "c_proj")}}
         if kind != "none":
             attn = {name: {"kernel": get(f"{b}attn/{name}").reshape(d, n, h)} for name in "qkv"}  # (D, N, H)
-            if order is not None:  # rotary pairs: GPT-Neo's halves -> NeoMesh's neighbours
-                attn["q"]["kernel"], attn["k"]["kernel"] = (attn[x]["kernel"][..., order] for x in "qk")
             attn["out"] = {"kernel": get(b + "attn/o").reshape(n, h, d),  # (N, H, D)
                            "bias": get(b + "attn/compute_output_bias/o_b")}
             if kind == "global" and cfg.num_mem_kv:

@@ -103,6 +103,7 @@ def test_attention_types_expand():
     ({"axial_pos_emb": [4, 8], "rotary_emb": True}, "axial_pos_emb: rotary_emb is on too"),
     ({"norm": "batchnorm"}, 'norm: "batchnorm" is not one of layernorm, rmsnorm, scalenorm'),
     ({"d_ff": 0}, "d_ff: 0 is below the minimum 1"),
+    ({"rotary_style": "neox"}, 'rotary_style: "neox" is not one of interleaved, halves'),
     ({"moe_layers": [0, 2]}, "moe_layers: 2 is not a layer index in 0..1"),
     ({"moe_layers": [1, 1]}, "moe_layers: [1, 1] names a layer twice"),
     ({"moe_params": {"num_expert": 4}}, "moe_params: unknown key 'num_expert'; did you mean 'moe_params.num_experts'?"),

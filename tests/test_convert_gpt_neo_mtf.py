@@ -107,25 +107,22 @@ def test_release_checkpoint_converts_with_logit_parity(tmp_path, reference):
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == [str(STEP)]
 
 
-def test_rotary_halves_become_neighbour_pairs():
-    """GPT-Neo's rotary (feature i paired with i + H/2, rotate_half) on q and k gives the same scores as NeoMesh's
-    (adjacent pairs) on the features reordered the way the converter reorders q and k kernels."""
+def test_gpt_neo_rotary_is_rotary_style_halves():
+    """GPT-Neo's rotary (its models/layers.py: half the frequencies concatenated twice, rotate_half) in numpy
+    against apply_rotary with rotary_style 'halves'; a rotary GPT-Neo config converts to that style."""
     rng = np.random.default_rng(0)
     t, h = 6, 8
-    q, k = rng.normal(size=(2, 1, t, 1, h))  # (B, T, N, H)
+    x = rng.normal(size=(2, t, 3, h))  # (B, T, N, H)
     pos = np.arange(t)
-    freqs = 1.0 / 10000 ** (np.arange(h // 2) * 2 / h)  # GPT-Neo: half the frequencies, concatenated twice
-    angles = np.concatenate([pos[:, None] * freqs] * 2, axis=1)[None, :, None, :]
-
-    def gpt_neo_rotary(x):
-        x1, x2 = x[..., :h // 2], x[..., h // 2:]
-        return x * np.cos(angles) + np.concatenate([-x2, x1], -1) * np.sin(angles)
-
-    theirs = np.einsum("btnh,bsnh->bts", gpt_neo_rotary(q), gpt_neo_rotary(k))
-    order = gpt_neo_mtf.halves_to_pairs(h)
-    positions = jnp.asarray(pos)[None]
-    rq, rk = (np.asarray(apply_rotary(jnp.asarray(x[..., order], jnp.float32), positions, h)) for x in (q, k))
-    np.testing.assert_allclose(np.einsum("btnh,bsnh->bts", rq, rk), theirs, atol=1e-5)
+    freqs = 1.0 / 10000 ** (np.arange(h // 2) * 2 / h)
+    angles = np.concatenate([pos[:, None] * freqs] * 2, axis=1)[None, :, None, :]  # (1, T, 1, H)
+    x1, x2 = x[..., :h // 2], x[..., h // 2:]
+    theirs = x * np.cos(angles) + np.concatenate([-x2, x1], -1) * np.sin(angles)
+    ours = apply_rotary(jnp.asarray(x, jnp.float32), jnp.broadcast_to(jnp.asarray(pos), (2, t)), h, "halves")
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
+    assert not np.allclose(np.asarray(apply_rotary(jnp.asarray(x, jnp.float32), jnp.asarray(pos)[None], h)), theirs)
+    cfg = gpt_neo_mtf.config_from_gpt_neo({**GPT_NEO_CONFIG, "rotary_emb": True}, "config.json")
+    assert cfg.rotary_style == "halves" and cfg.rotary_dim == N_EMBD // N_HEAD
 
 
 def one_line_error(capsys, argv) -> str:

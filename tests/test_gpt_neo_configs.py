@@ -45,8 +45,8 @@ def test_shipped_config_loads_as_shipped(name):
 def test_bare_dataset_names_and_the_model_key():
     cfg, _ = load_config(os.path.join(HERE, "gpt2_small.json"))
     assert cfg.datasets == [["openwebtext2_new_inputs", None, None, None]]
-    _, notes = load_config(os.path.join(HERE, "colab_GPT3_XL.json"))
-    assert any("'model' has no effect here" in note for note in notes)
+    cfg, notes = load_config(os.path.join(HERE, "colab_GPT3_XL.json"))
+    assert cfg.model == "gpt_neo" and any("model 'GPT' is GPT-Neo's name for the gpt_neo family" in n for n in notes)
 
 
 def shrunk(raw: dict, model_path: str) -> dict:

@@ -146,3 +146,14 @@ def test_python_api_loads_any_zoo_model_and_runs_it_on_text(tmp_path):
     assert np.asarray(model(texts)).shape == (*batch["inputs"].shape, hf_fixtures.VOCAB)
     with pytest.raises(Exception, match="does not generate text"):
         model.generate("def ")
+
+
+def test_pytorch_model_bin_imports_like_safetensors(tmp_path):
+    reference = hf_fixtures.encoder(kind="bert", head="sequence_classification")
+    reference.save_pretrained(str(tmp_path / "safetensors"))
+    (tmp_path / "bin").mkdir()
+    reference.config.save_pretrained(str(tmp_path / "bin"))
+    torch.save(reference.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    (cfg_a, a), (cfg_b, b) = load_hf(str(tmp_path / "safetensors")), load_hf(str(tmp_path / "bin"))
+    assert cfg_a == cfg_b and jax.tree.structure(a) == jax.tree.structure(b)
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))

@@ -28,7 +28,16 @@ MOE_DEFAULTS = {
     "aux_loss_weight": 0.01,  # weight of the load-balancing loss added to the training loss
     "z_loss_weight": 0.001,  # weight of the router z-loss (mean squared logsumexp of router logits)
 }
-ACTIVATIONS = ("gelu", "gelu_exact", "relu", "silu", "swish", "selu", "elu", "softplus", "tanh", "sigmoid")
+# MLP activations (models/layers.py ACTIVATIONS): NeoMesh's names and GPT-Neo's parameter-free set
+# (models/activations.py there). GPT-Neo's activations with learned parameters are refused by name.
+ACTIVATIONS = ("gelu", "gelu_exact", "relu", "silu", "swish", "selu", "elu", "softplus", "tanh", "sigmoid",
+               "abs", "sin", "cos", "sign", "lrelu001", "lrelu020", "id", "triangle_relax", "square_relax", "spike",
+               "spike2", "tanhshrink", "softsign", "softmax", "logsoftmax", "bipolarsigmoid", "rrelu", "elish",
+               "arcsinh", "maxsig", "cosid", "minsin", "maxtanh", "mish", "tanhexp", "lisht", "seagull", "snake",
+               "roottanh", "softplusmone")
+LEARNED_ACTIVATIONS = ("aria", "prelu", "parcsinh", "psoftplus", "proottanh")
+# GPT-Neo's eval_tasks (its tasks.py).
+EVAL_TASKS = ("lambada",)
 
 
 class ConfigError(ValueError):
@@ -60,7 +69,8 @@ class Config:
         None, 'per-layer attention in GPT-Neo syntax [[["global","local"], 6]]; default: every layer global')
     local_attention_radius: int = _key(
         256, "local window: a token sees itself and the previous window-1 tokens", minimum=1)
-    activation_function: str = _key("gelu", "MLP activation ('gelu' is GPT-Neo's tanh approximation)",
+    activation_function: str = _key("gelu", "MLP activation ('gelu' is GPT-Neo's tanh approximation; GPT-Neo's "
+                                    "key activation_fn is the same key); --help-config lists the rest",
                                     choices=ACTIVATIONS)
     d_ff: Optional[int] = _key(None, "MLP hidden width (of each half with mlp_glu); default 4*n_embd", minimum=1)
     mlp_glu: bool = _key(False, "gated MLP: activation(x W_gate) * (x W_fc), GPT-Neo's mlp_glu (GEGLU/SwiGLU)")
@@ -97,8 +107,18 @@ class Config:
                                    "positions")
     rotary_emb_fraction: float = _key(1.0, "fraction of each head's dimensions rotated when rotary_emb is on "
                                            "(GPT-J 6B: 0.25)", minimum=0.0, maximum=1.0)
+    rotary_style: str = _key("interleaved", "which features rotary pairs: 'interleaved' (GPT-J: 2i with 2i+1) or "
+                                            "'halves' (GPT-Neo, GPT-NeoX: i with i + R/2)",
+                             choices=("interleaved", "halves"))
     attention_kernel: str = _key("auto", "softmax attention kernel: 'auto' (cuDNN where it applies, else XLA), "
                                          "'xla' or 'cudnn'", choices=("auto", "xla", "cudnn"))
+    # GPT-Neo model options that arrive with the new model blocks: accepted at their off value, an error when on.
+    share_parameters: bool = _key(False, "one set of block weights for every layer (not available yet)")
+    moe_activation: Optional[str] = _key(None, "activation of the experts' MLPs (GPT-Neo: relu); null: "
+                                               "activation_function (not available yet)", choices=ACTIVATIONS)
+    z_loss: float = _key(0.0, "weight of the mean squared log-partition of the output logits (GPT-Neo: 1e-4; not "
+                              "available yet)", minimum=0.0)
+    entmax_loss: bool = _key(False, "1.3-entmax loss instead of softmax cross-entropy (not available yet)")
     causal: bool = _key(True, "causal (decoder) attention; false: every token sees the whole sequence")
     mlm_training: bool = _key(False, "masked-LM batches (data/mlm.py) and objective; needs causal: false")
     mlm_cls_token_id: Optional[int] = _key(None, "MLM: id prepended as CLS")
@@ -110,14 +130,20 @@ class Config:
     mlm_random_token_ids: Optional[list] = _key(None, "MLM: ids random replacements are drawn from")
 
     # Optimisation.
-    opt_name: str = _key("adam", "'adam' (AdamW, GPT-Neo semantics) or 'adafactor'",
+    opt_name: str = _key("adam", "'adam' (AdamW, GPT-Neo semantics) or 'adafactor' (GPT-Neo's: constant lr, "
+                                 "see weight_decay and ada_epsilon1/2)",
                          choices=("adam", "adamw", "adafactor"))
     lr: float = _key(6e-4, "peak learning rate", minimum=0.0)
     lr_decay: str = _key("cosine", "decay after warmup, down to 0.1*lr at lr_decay_end",
                          choices=("cosine", "linear", "none"))
     lr_decay_end: Optional[int] = _key(None, "step where decay ends (default: train_steps)", minimum=1)
     warmup_steps: int = _key(3000, "linear warmup steps from 0 to lr", minimum=0)
-    weight_decay: float = _key(0.01, "decoupled weight decay (not on biases and norms)", minimum=0.0)
+    weight_decay: Optional[float] = _key(
+        None, "adam: decoupled weight decay, not on biases and norms (null: 0.01); adafactor: as in GPT-Neo, the "
+        "constant decay rate of its second-moment estimates (null: Adafactor's 1-(step+1)^-0.8)", minimum=0.0)
+    ada_epsilon1: float = _key(1e-30, "Adafactor: added to squared gradients", minimum=0.0)
+    ada_epsilon2: float = _key(1e-3, "Adafactor: floor of the parameter scale its updates are relative to",
+                               minimum=0.0)
     beta1: float = _key(0.9, "Adam beta1 (Adafactor momentum when > 0)", minimum=0.0, maximum=1.0)
     beta2: float = _key(0.95, "Adam beta2", minimum=0.0, maximum=1.0)
     epsilon: float = _key(1e-8, "Adam epsilon", minimum=0.0)
@@ -157,6 +183,8 @@ class Config:
     model_path: Optional[str] = _key(None, "run directory (default: runs/<config name>)")
     sample_prompt: str = _key("def ", "prompt of the sample printed at the end of training")
     sample_tokens: int = _key(96, "tokens sampled at the end of training (0: none)", minimum=0)
+    predict_max_steps: Optional[int] = _key(None, "predict.py's default --max-new-tokens (null: 64)", minimum=1)
+    eval_tasks: list = _key([], "GPT-Neo's eval tasks (lambada): accepted and checked; not evaluated yet")
 
     @property
     def attention_layers(self) -> tuple[str, ...]:
@@ -211,7 +239,6 @@ LEGACY_KEYS = {
     "predict_batch_size": "TPU predict batch; predict.py batches its prompts itself",
     "use_tpu": "the device comes from JAX (CPU, GPU or TPU)",
     "num_cores": "the device count comes from JAX",
-    "eval_tasks": "mesh-tensorflow eval harness tasks; eval reports loss, perplexity and bits per byte",
     "padding_id": "belongs to the dataset config (configs/dataset_configs)",
     "eos_id": "belongs to the dataset config (configs/dataset_configs)",
     "slow_sampling": "sampling is compiled once; there is no slow path",
@@ -219,10 +246,44 @@ LEGACY_KEYS = {
     "remove_partial_sequences": "predict.py returns whole generations",
     "sampling_use_entmax": "predict.py samples with temperature / top-k / top-p",
     "lr_decay_end_ratio": "decay always ends at 0.1*lr",
+    "input_fn": "GPT-Neo's choice of input function; NeoMesh has one tf.data pipeline (data/pipeline.py)",
+    "no_dataset": "GPT-Neo's switch for configs without data; NeoMesh always names its datasets",
+    "log_grads": "every metrics.jsonl row has the global grad_norm",
+    "shuffle_input_filenames": "training always shuffles files and documents by seed",
+    "gpu_ids": "the devices come from JAX",
 }
 
 # GPT-Neo's switches for mesh-tensorflow's layout search: true means NeoMesh's "auto" (parallel/auto.py).
 AUTO_KEYS = {"auto_layout": ("layout",), "auto_layout_and_mesh_shape": ("mesh_shape", "layout")}
+
+# GPT-Neo's other spellings of NeoMesh keys: its code reads activation_fn, its README documents n_heads,
+# mlm_mask_id and axial_pos_emb_.
+ALIASES = {"activation_fn": "activation_function", "n_heads": "n_head", "mlm_mask_id": "mlm_mask_token_id",
+           "axial_pos_emb_": "axial_pos_emb"}
+
+# GPT-Neo's moe_params were mesh-tensorflow's MoE hyperparameters (moe.py there). Those with a NeoMesh
+# equivalent are renamed; those that only tuned mesh-tensorflow's routing are accepted with a note.
+MOE_FROM_MESH_TF = {"moe_num_experts": "num_experts", "moe_loss_coef": "aux_loss_weight",
+                    "moe_capacity_factor_train": "capacity_factor", "moe_z_loss": "z_loss_weight"}
+MOE_GATING = {"top_2": 2, "switch": 1}  # mesh-tensorflow's moe_gating -> NeoMesh's top_k
+_SECOND = "mesh-tensorflow skipped a token's second expert at random by its gate; NeoMesh always uses top_k experts"
+_SWITCH = "mesh-tensorflow's switch-gating noise and policies; NeoMesh's router is deterministic"
+MOE_MESH_TF_NOTES = {
+    "moe_capacity_factor_eval": "NeoMesh uses capacity_factor in training and evaluation alike",
+    "moe_capacity_factor_second_level": "only for mesh-tensorflow's hierarchical MoE",
+    "moe_group_size": "mesh-tensorflow routed tokens in groups of this size; NeoMesh routes each sequence",
+    "moe_min_expert_capacity": "NeoMesh's capacity ceil(top_k*T*capacity_factor/num_experts) is at least 1",
+    "moe_use_second_place_loss": "mesh-tensorflow's extra balancing loss for second places; NeoMesh's "
+                                 "load-balancing loss counts every routed expert",
+    "moe_second_policy_train": _SECOND, "moe_second_policy_eval": _SECOND,
+    "moe_second_threshold_train": _SECOND, "moe_second_threshold_eval": _SECOND,
+    "moe_switch_policy_train": _SWITCH, "moe_switch_policy_eval": _SWITCH, "moe_switch_dropout": _SWITCH,
+    "moe_switch_temperature": _SWITCH, "moe_switch_jitter": _SWITCH,
+    "moe_ntlb_top_k": "only for mesh-tensorflow's ntlb gating",
+}
+
+# GPT-Neo model options NeoMesh accepts only at their off value until the new model blocks arrive.
+_NOT_YET = ("share_parameters", "moe_activation", "z_loss", "entmax_loss")
 
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 
@@ -233,6 +294,8 @@ def describe_keys() -> str:
     rows += [f"{k:28} {'false':>18}  GPT-Neo's switch: true sets {' and '.join(t)} to 'auto'"
              for k, t in AUTO_KEYS.items()]
     rows += [f"{k:28} {'(accepted)':>18}  no effect: {why}" for k, why in LEGACY_KEYS.items()]
+    rows += [f"{k:28} {'(alias)':>18}  GPT-Neo's name for {v}" for k, v in ALIASES.items()]
+    rows += ["", "activation_function / moe_activation values: " + ", ".join(ACTIVATIONS)]
     rows += ["", "family defaults (filled in where a config does not set the key):"]
     rows += [f"  model {name}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in registry.defaults(name).items())
              for name in registry.FAMILIES]
@@ -263,6 +326,11 @@ def _type_name(annotation: str) -> str:
 
 def validated(cfg: Config) -> Config:
     """Checks every key's type and range and the relations between keys; raises ``ConfigError``."""
+    for key in ("activation_function", "moe_activation"):
+        if getattr(cfg, key) in LEARNED_ACTIVATIONS:
+            raise ConfigError(f"{key}: {json.dumps(getattr(cfg, key))} is one of GPT-Neo's activations with learned "
+                              f"parameters ({', '.join(LEARNED_ACTIVATIONS)}), which NeoMesh does not have; "
+                              "pick a parameter-free one (python train.py --help-config)")
     for f in dataclasses.fields(Config):
         value = getattr(cfg, f.name)
         if not _type_ok(value, f.type):
@@ -271,7 +339,7 @@ def validated(cfg: Config) -> Config:
             continue
         meta = f.metadata
         if meta["choices"] and value not in meta["choices"]:
-            raise ConfigError(f"{f.name}: {json.dumps(value)} is not one of {', '.join(meta['choices'])}")
+            raise ConfigError(f"{f.name}: {json.dumps(value)} is not one of {_choices_hint(value, meta['choices'])}")
         if meta["min"] is not None and value < meta["min"]:
             raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
         if meta["max"] is not None and value > meta["max"]:
@@ -279,6 +347,12 @@ def validated(cfg: Config) -> Config:
     if cfg.mesh_shape == "auto" and cfg.layout != "auto":
         raise ConfigError(f"mesh_shape: 'auto' needs layout 'auto' too (the layout {json.dumps(cfg.layout)} names "
                           f"mesh axes that an automatic mesh may not have)")
+
+    for name in _NOT_YET:
+        value = getattr(cfg, name)
+        if value not in (None, False, 0, [], {}):
+            raise ConfigError(f"{name}: {json.dumps(value)} asks for a feature NeoMesh does not have yet; "
+                              f"remove the key or set it to {json.dumps(_default(_field(name)))}")
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"n_embd: {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
     _check_attention_types(cfg)
@@ -289,6 +363,9 @@ def validated(cfg: Config) -> Config:
     if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
         raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
     _check_datasets(cfg.datasets)
+    for task in cfg.eval_tasks:
+        if task not in EVAL_TASKS:
+            raise ConfigError(f"eval_tasks: unknown task {json.dumps(task)} (known: {', '.join(EVAL_TASKS)})")
     _check_block_options(cfg)
     _check_task(cfg)
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:
@@ -296,6 +373,17 @@ def validated(cfg: Config) -> Config:
     return cfg
 
 
+def _choices_hint(value, choices: tuple) -> str:
+    """The valid values, or for a long list the closest one and where the list is."""
+    if len(choices) <= 10:
+        return ", ".join(choices)
+    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+    return (f"the known values (did you mean '{close[0]}'? " if close else "the known values (") + \
+        "python train.py --help-config lists them)"
+
+
+def _field(name):
+    return next(f for f in dataclasses.fields(Config) if f.name == name)
 def _check_block_options(cfg: Config) -> None:
     if cfg.scalenorm and cfg.norm != "layernorm":
         raise ConfigError(f"scalenorm: true contradicts norm {json.dumps(cfg.norm)}; keep one of the two")
@@ -393,21 +481,23 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
-    """Builds a validated ``Config``; returns it with notes about legacy keys that were accepted. An error in a
-    ``--set`` override names ``--set``, not ``source``."""
-    raw = dict(raw)
+    """Builds a validated ``Config``; returns it with notes about GPT-Neo keys that were accepted or translated.
+    An error in a ``--set`` override names ``--set``, not ``source``."""
+    raw = _canonical_spellings(dict(raw), source)
     notes = _drop_legacy_keys(raw, source)
     overridden = {}
     for text in overrides:
         key, value = parse_override(text)
+        given = {ALIASES.get(key, key): value}
         if key in LEGACY_KEYS or key in AUTO_KEYS:
-            given = {key: value}
             notes += _drop_legacy_keys(given, f"--set {text}")
-            raw.update(given)
-            overridden.update(given)
-            continue
-        _check_known(key, f"--set {text}")
-        raw[key] = overridden[key] = value
+        else:
+            _check_known(ALIASES.get(key, key), f"--set {text}")
+        raw.update(given)
+        overridden.update(given)
+    if raw.get("model") == "GPT":  # GPT-Neo's one model name
+        raw["model"] = "gpt_neo"
+        notes.append(f"{source}: model 'GPT' is GPT-Neo's name for the gpt_neo family")
     model = raw.get("model", "gpt_neo")
     if model not in registry.FAMILIES:
         close = difflib.get_close_matches(str(model), tuple(registry.FAMILIES), n=1, cutoff=0.5)
@@ -418,13 +508,25 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     if raw.get("mlm_training"):
         family["task"] = "masked_lm"
     raw = {**family, **raw}
+    if isinstance(raw.get("datasets"), list):  # GPT-Neo: a bare "name" is [name, null, null, null]
+        raw["datasets"] = [[d, None, None, None] if isinstance(d, str) else d for d in raw["datasets"]]
+    if isinstance(raw.get("moe_params"), dict):
+        raw["moe_params"], moe_notes = _moe_params_from_mesh_tf(raw["moe_params"], raw, source)
+        notes += moe_notes
     try:
-        return validated(Config(**raw)), notes
+        cfg = validated(Config(**raw))
     except ConfigError as e:
         culprit = next((key for key in overridden if str(e).startswith(f"{key}:")), None)
         if culprit is None:
             raise
         raise ConfigError(f"--set {culprit}={json.dumps(overridden[culprit])}: {e}") from None
+    if cfg.eval_tasks:
+        notes.append(f"{source}: eval_tasks {json.dumps(cfg.eval_tasks)} accepted but not evaluated yet (the "
+                     "LAMBADA task is being built); eval reports loss, perplexity and bits per byte")
+    if cfg.opt_name == "adafactor":
+        notes.append(f"{source}: opt_name adafactor runs at the constant lr {cfg.lr:g}, as GPT-Neo's Adafactor did; "
+                     "warmup_steps and lr_decay have no effect")
+    return cfg, notes
 
 
 def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
@@ -450,9 +552,56 @@ def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
 
 def _check_known(key: str, source: str) -> None:
     if key not in KNOWN_KEYS:
-        close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS) + tuple(AUTO_KEYS), n=1, cutoff=0.5)
+        known = KNOWN_KEYS + tuple(LEGACY_KEYS) + tuple(AUTO_KEYS) + tuple(ALIASES)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"{source}: unknown key '{key}'{hint}")
+
+
+
+def _canonical_spellings(raw: dict, source: str) -> dict:
+    """GPT-Neo's alias keys (``ALIASES``) renamed to NeoMesh's; both spellings with different values is an error."""
+    for alias, key in ALIASES.items():
+        if alias not in raw:
+            continue
+        value = raw.pop(alias)
+        if key in raw and raw[key] != value:
+            raise ConfigError(f"{source}: '{alias}' {json.dumps(value)} contradicts '{key}' {json.dumps(raw[key])} "
+                              f"(the same key in GPT-Neo's spelling); keep one")
+        raw[key] = value
+    return raw
+
+
+def _moe_params_from_mesh_tf(params: dict, raw: dict, source: str) -> tuple[dict, list[str]]:
+    """GPT-Neo's ``moe_params`` (mesh-tensorflow's MoE hyperparameters) -> NeoMesh's, with notes for the ones
+    that only tuned mesh-tensorflow's implementation. NeoMesh's own keys pass through unchanged."""
+    out, notes = {}, []
+    for key, value in params.items():
+        if key in MOE_FROM_MESH_TF:
+            out[MOE_FROM_MESH_TF[key]] = value
+        elif key == "moe_gating":
+            if value not in MOE_GATING:
+                raise ConfigError(f"moe_params.moe_gating: {json.dumps(value)} is not one of "
+                                  f"{', '.join(MOE_GATING)} (NeoMesh's top_k 2 and 1)")
+            out["top_k"] = MOE_GATING[value]
+        elif key == "moe_dropout_rate":
+            if value:
+                raise ConfigError(f"moe_params.moe_dropout_rate: {json.dumps(value)}: dropout inside the experts is "
+                                  "not available yet; set it to 0")
+        elif key == "moe_hidden_size":
+            width = 4 * raw.get("n_embd", _field("n_embd").default)
+            if value != width:
+                raise ConfigError(f"moe_params.moe_hidden_size: {json.dumps(value)} differs from the experts' width "
+                                  f"4*n_embd = {width}; other widths are not available yet")
+        elif key == "moe_use_experts_attention":
+            if value:
+                raise ConfigError("moe_params.moe_use_experts_attention: mesh-tensorflow's experts-attention layers "
+                                  "are not available; set it to false")
+        elif key in MOE_MESH_TF_NOTES:
+            notes.append(f"{source}: 'moe_params.{key}' has no effect here ({MOE_MESH_TF_NOTES[key]})")
+        else:
+            out[key] = value
+    return out, notes
 
 
 def resolve_config_path(path: str) -> str:
@@ -479,7 +628,6 @@ def resolve_config_path(path: str) -> str:
     hint = f"; did you mean {os.path.join(folder, close[0] + '.json') if folder else close[0]}?" if close else ""
     raise ConfigError(f"{path}: config file not found{hint} (shipped configs: {', '.join(known)})")
 
-
 def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
     """Reads a JSON config file (see ``resolve_config_path``), applies ``--set`` overrides, validates;
     ``model_path`` defaults to runs/NAME."""
@@ -498,3 +646,17 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, lis
         name = os.path.splitext(os.path.basename(path))[0]
         cfg = dataclasses.replace(cfg, model_path=os.path.join("runs", name))
     return cfg, notes
+
+
+def model_config_path(name: str) -> str:
+    """GPT-Neo's ``--model NAME``: ``configs/NAME.json`` (from the working directory, else the repository), or
+    NAME itself when it ends in .json."""
+    if name.endswith(".json"):
+        return name
+    relative = os.path.join("configs", f"{name}.json")
+    for path in (relative, os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)):
+        if os.path.exists(path):
+            return path
+    configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+    known = sorted(f[:-5] for f in os.listdir(configs) if f.endswith(".json"))
+    raise ConfigError(f"--model {name}: no {relative} (known: {', '.join(known)}; or give a .json path)")

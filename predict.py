@@ -2,8 +2,10 @@
 
 The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path; it may have
 been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2 directory (``--hf-model``). Prompts
-(repeated ``--prompt`` or one per line of ``--prompt-file``) run as one left-padded batch; a single prompt
-streams to stdout as it is generated. Generation is KV-cached and compiled once per shape.
+(repeated ``--prompt``, one per line of ``--prompt-file``, or a whole file each with ``--prompt-from-file``, as
+GPT-Neo's ``--prompt FILE`` was) run as one left-padded batch; a single prompt streams to stdout as it is
+generated. ``--output FILE`` also writes the generations to FILE, as GPT-Neo's predictions file. Generation is
+KV-cached and compiled once per shape.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+DEFAULT_NEW_TOKENS = 64
+
 
 def build_parser() -> argparse.ArgumentParser:
     from neomesh.help import HelpFormatter
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
-    p.add_argument("--config", metavar="FILE", help="JSON config (a path, or a shipped config by name); its "
-                   "model_path is the default --model-path")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--config", metavar="FILE", help="JSON config (a path, or a shipped config by name); its "
+                       "model_path is the default --model-path")
+    which.add_argument("--model", metavar="NAME", help="GPT-Neo's way to name a config: configs/NAME.json")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model-path", help="NeoMesh run directory with checkpoints (default: the config's "
                         "model_path)")
@@ -27,7 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "
                          "line is a line break)")
-    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate per prompt")
+    prompts.add_argument("--prompt-from-file", action="append", metavar="FILE",
+                         help="a file whose whole text is one prompt (GPT-Neo's --prompt FILE; repeatable)")
+    p.add_argument("--output", metavar="FILE", help="also write the generations to FILE")
+    p.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate per prompt (default: the "
+                   f"config's predict_max_steps, else {DEFAULT_NEW_TOKENS})")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="sampling temperature; 0 is greedy")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="keep the smallest set with this "
@@ -73,17 +83,21 @@ def check_options(args) -> None:
     """Checks the options and resolves --hf-model and the config's model_path, all without jax."""
     from config import ConfigError, load_config
 
-    checks = [(args.max_new_tokens >= 1, "--max-new-tokens must be at least 1"),
+    checks = [(args.max_new_tokens is None or args.max_new_tokens >= 1, "--max-new-tokens must be at least 1"),
               (args.temperature >= 0, "--temperature must be >= 0"), (args.top_k >= 0, "--top-k must be >= 0"),
               (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
               (args.repetition_penalty > 0, "--repetition-penalty must be > 0"),
               (args.num_beams >= 1, "--num-beams must be at least 1"),
               (args.num_samples >= 1, "--num-samples must be at least 1"),
               (args.num_beams == 1 or args.num_samples == 1, "--num-samples > 1 needs sampling, not --num-beams"),
-              (args.config or args.model_path or args.hf_model, "give --config, --model-path or --hf-model")]
+              (args.config or args.model or args.model_path or args.hf_model,
+               "give --config, --model, --model-path or --hf-model")]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    if args.model:
+        from config import model_config_path
+        args.config = model_config_path(args.model)
     if args.hf_model:
         from neomesh.hf_cache import resolve_model
         args.hf_model = resolve_model(args.hf_model)
@@ -147,7 +161,41 @@ class Printer:
             sys.stdout.flush()
 
 
+def read_prompts(args) -> list[str]:
+    """The prompts of --prompt, --prompt-file (one per line, ``\\n`` for a newline) or --prompt-from-file (each
+    file whole)."""
+    import os
+
+    from config import ConfigError
+
+    if args.prompt:
+        for text in args.prompt:
+            if os.path.isfile(text):  # GPT-Neo's --prompt took a file name
+                print(f"note: --prompt {text!r} is used as text; for that file's contents use --prompt-from-file",
+                      file=sys.stderr)
+        return args.prompt
+    files = [args.prompt_file] if args.prompt_file else args.prompt_from_file
+    texts = []
+    for path in files:
+        try:
+            with open(path) as f:
+                texts.append(f.read())
+        except OSError as e:
+            raise ConfigError(f"{path}: {e.strerror}") from None
+    if args.prompt_from_file:
+        empty = [path for path, text in zip(files, texts) if not text.strip()]
+        if empty:
+            raise ConfigError(f"{empty[0]}: the prompt file is empty")
+        return texts
+    prompts = [line.rstrip("\n").replace("\\n", "\n") for line in texts[0].splitlines() if line.strip()]
+    if not prompts:
+        raise ConfigError(f"{args.prompt_file}: no prompts in it")
+    return prompts
+
+
 def predict(args) -> None:
+    import os
+
     import jax
     import numpy as np
 
@@ -156,18 +204,14 @@ def predict(args) -> None:
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
 
-    prompts = args.prompt
-    if args.prompt_file:
-        try:
-            with open(args.prompt_file) as f:
-                prompts = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
-        except OSError as e:
-            raise ConfigError(f"{args.prompt_file}: {e.strerror}") from None
-        if not prompts:
-            raise ConfigError(f"{args.prompt_file}: no prompts in it")
+    prompts = read_prompts(args)
+    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        raise ConfigError(f"--output {args.output}: no such directory")
     mesh = make_mesh(args.mesh_shape) if args.mesh_shape else make_mesh("x:1", jax.devices()[:1])
     layout = Layout.from_config(mesh, args.layout)
     cfg, graphdef, params, tokenizer = load_model(args, layout)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS
 
     encoded = []
     for i, text in enumerate(prompts):
@@ -201,15 +245,23 @@ def predict(args) -> None:
     out = np.asarray(jax.device_get(out))
     if stream:
         printer.finish()
-        return
-    for row, ids in enumerate(out):
-        ids = list(ids)
-        if tokenizer.eos_id in ids:
-            ids = ids[:ids.index(tokenizer.eos_id)]
-        printer.ids[row] = ids
-        prompt_index, sample_index = divmod(row, args.num_samples)
-        header = f"=== prompt {prompt_index + 1}" + (f", sample {sample_index + 1}" if args.num_samples > 1 else "")
-        print(f"{header} ===\n{prompts[prompt_index]}{printer.text(row)}")
+        blocks = [f"=== prompt 1 ===\n{prompts[0]}{printer.text(0)}"]
+    else:
+        blocks = []
+        for row, ids in enumerate(out):
+            ids = list(ids)
+            if tokenizer.eos_id in ids:
+                ids = ids[:ids.index(tokenizer.eos_id)]
+            printer.ids[row] = ids
+            prompt_index, sample_index = divmod(row, args.num_samples)
+            header = f"=== prompt {prompt_index + 1}" + (
+                f", sample {sample_index + 1}" if args.num_samples > 1 else "")
+            blocks.append(f"{header} ===\n{prompts[prompt_index]}{printer.text(row)}")
+            print(blocks[-1])
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write("\n".join(blocks) + "\n")
+        print(f"wrote {len(blocks)} generation(s) to {args.output}", file=sys.stderr)
 
 
 if __name__ == "__main__":

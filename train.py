@@ -18,8 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     from neomesh.help import HelpFormatter
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
-    p.add_argument("--config", metavar="FILE", help="JSON config: a path, or a shipped config by name (quickstart, "
-                   "gpt_neo_125M, moe, ...: see configs/); with --data it defaults to quickstart")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--config", metavar="FILE", help="JSON config: a path, or a shipped config by name "
+                       "(quickstart, gpt_neo_125M, moe, ...: see configs/); with --data it defaults to quickstart")
+    which.add_argument("--model", metavar="NAME", help="GPT-Neo's way to name a config: configs/NAME.json")
     p.add_argument("--data", nargs="+", metavar="PATH", help="train on your own text: .txt / .jsonl / .jsonl.zst "
                    "files, folders or globs (prepared once into data_cache/, cached by content, with a tokenizer "
                    "of n_vocab tokens and a 5%% eval split), or a folder data/make_dataset.py wrote")
@@ -60,21 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    if not args.help_config and not args.config and not args.data:
-        p.error("--config is required (or --data)")
+    if not args.help_config and not args.config and not args.model and not args.data:
+        p.error("--config (or --model NAME, or --data) is required")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from config import ConfigError, describe_keys, load_config
+    from config import ConfigError, describe_keys, load_config, model_config_path
 
     if args.help_config:
         print(describe_keys())
         return 0
     try:
         # Everything that needs no jax is checked first, so a mistake costs well under a second.
-        cfg, notes = load_config(args.config or "quickstart", tuple(args.set))
+        config = args.config or (model_config_path(args.model) if args.model else "quickstart")
+        cfg, notes = load_config(config, tuple(args.set))
         if args.data:
             from data.make_dataset import config_for_data
             cfg = config_for_data(cfg, args.data)
@@ -100,7 +103,7 @@ def dry_run(args, cfg, notes: list[str]) -> int:
 
     for note in notes:
         print(f"note: {note}")
-    print(f"dry run: {args.config}")
+    print(f"dry run: {args.config or args.model}")
     print(run_dry_run(cfg, args.devices, args.accelerator))
     return 0
 
@@ -110,7 +113,7 @@ def train(args, cfg, notes: list[str]) -> None:
     from tqdm import tqdm
 
     from config import ConfigError
-    from data.source import make_source
+    from data.source import NoEvalSet, make_source
     from models import registry
     from models.generate import complete
     from parallel import distributed
@@ -146,8 +149,12 @@ def train(args, cfg, notes: list[str]) -> None:
     eval_shapes = batch_shapes(objective, cfg, cfg.eval_batch_size)
     train_sharding = batch_shardings(layout, objective, train_shapes, "train_batch_size")
     eval_sharding = batch_shardings(layout, objective, eval_shapes, "eval_batch_size")
-    train_data = make_source(cfg, "train")
-    eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
+    train_data = None if args.eval else make_source(cfg, "train")  # --eval reads eval-only datasets too
+    try:
+        eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
+    except NoEvalSet as e:
+        eval_data = None
+        say(f"note: {e}; evaluation is skipped")
 
     def global_batch(source, step, shapes, sharding):
         def rows_of(rows):
@@ -165,7 +172,8 @@ def train(args, cfg, notes: list[str]) -> None:
     if args.new and jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("new run directory")
-    if lead and hasattr(train_data.tokenizer, "save"):  # the run keeps its tokenizer: predict.py and export use it
+    # the run keeps its tokenizer: predict.py and export use it
+    if lead and train_data is not None and hasattr(train_data.tokenizer, "save"):
         os.makedirs(os.path.join(cfg.model_path, "tokenizer"), exist_ok=True)
         train_data.tokenizer.save(os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
     checkpoints = Checkpoints(cfg.model_path, cfg.keep_checkpoints)

@@ -77,6 +77,8 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
 def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | None = None) -> None:
     """Writes ``params`` of a ``cfg`` model as a Hugging Face directory of its family (from_pretrained loads it)."""
     mapping = _mapping(cfg.model, "export: model")
+    if cfg.activation_function not in mapping.ACTIVATIONS_TO_HF:
+        raise ConfigError(f"export: activation_function {cfg.activation_function!r} has no Hugging Face equivalent")
     hf_config = mapping.config_to_hf(cfg)
     params = jax.tree.map(np.asarray, params)
     check_finite(params, "export")

@@ -8,17 +8,26 @@ from config import Config
 
 
 def check_dataset(cfg: Config, batch_size: int | None = None) -> None:
-    """Builds the train source, decodes its first batch and prints the token id range, counts and first text."""
-    from data.source import make_source
+    """Builds the train source, decodes its first batch and prints the token id range, counts and first text.
+    With ``mlm_training`` the batch is a dict: its ``inputs`` are described, with the masked share."""
+    from data.source import make_source, with_mask_token
 
     source = make_source(cfg, "train")
-    batch = source.batch(0, batch_size or cfg.train_batch_size)  # (B, n_ctx+1)
+    batch = source.batch(0, batch_size or cfg.train_batch_size)  # (B, n_ctx+1), or MLM's dict of (B, n_ctx)
+    masked = None
+    if isinstance(batch, dict):
+        masked = batch["mask"]
+        batch = batch["inputs"]
     tok = source.tokenizer
     counts = np.bincount(batch.ravel(), minlength=1)
     print(source.description)
-    print(f"batch 0: shape {batch.shape} {batch.dtype}; token ids min {batch.min()} max {batch.max()} "
-          f"(n_vocab {cfg.n_vocab}, tokenizer {tok.vocab_size}); {int((counts > 0).sum())} distinct ids; "
-          f"<|endoftext|> ({tok.eos_id}) x{int((batch == tok.eos_id).sum())}; "
+    print(f"batch 0{' inputs' if masked is not None else ''}: shape {batch.shape} {batch.dtype}; token ids min "
+          f"{batch.min()} max {batch.max()} (n_vocab {cfg.n_vocab}, tokenizer {tok.vocab_size}); "
+          f"{int((counts > 0).sum())} distinct ids; <|endoftext|> ({tok.eos_id}) x{int((batch == tok.eos_id).sum())}; "
           f"{source.bytes_per_token:.2f} bytes/token")
+    if masked is not None:
+        mask_id = with_mask_token(cfg, tok).mlm_mask_token_id
+        print(f"masked-LM: {masked.mean():.1%} of positions selected (mlm_mask_prob {cfg.mlm_mask_prob}), "
+              f"{int((batch == mask_id).sum())} set to the mask id {mask_id}")
     text = tok.decode(batch[0])
     print(f"first text ({len(text)} characters):\n{text}")

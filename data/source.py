@@ -30,8 +30,12 @@ ROOT = work_root()
 DATASET_CONFIG_DIR = os.path.join(configs_dir(), "dataset_configs")
 DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
                 "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
-                "data_dir"}
+                "data_dir", "lambada_tokens_path"}
 SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
+
+
+class NoEvalSet(ConfigError):
+    """No dataset has an eval set (GPT-Neo's ``"eval_path": ""``): train.py skips evaluation with a note."""
 
 
 def load_dataset_config(name: str) -> dict:
@@ -55,9 +59,9 @@ def load_dataset_config(name: str) -> dict:
         raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(DATASET_KEYS))})")
     if "path" not in dataset:
         raise ConfigError(f"{where}: no 'path' (a TFRecord glob, tfds:NAME, or embedded)")
-    for key in ("path", "eval_path", "tokenizer_path", "data_dir"):
+    for key in ("path", "eval_path", "tokenizer_path", "data_dir", "lambada_tokens_path"):
         value = dataset.get(key)
-        if isinstance(value, str) and value not in ("embedded", "bytes") and not value.startswith("tfds:") \
+        if isinstance(value, str) and value not in ("", "embedded", "bytes") and not value.startswith("tfds:") \
                 and "://" not in value and not os.path.isabs(value):
             dataset[key] = os.path.join(base, value)
     return {**dataset, "where": where}
@@ -132,7 +136,9 @@ class TFDataSource:
     def bytes_per_token(self) -> float:
         """From the TFRecord indexes when every file has one, else measured on the first batch."""
         if self._bytes_per_token is None:
-            sample = self.batch(0, 8)[:, 1:]  # targets only: the shared first token is counted once
+            sample = self.batch(0, 8)
+            # targets only: the shared first token is counted once (MLM's targets are the unmasked tokens)
+            sample = sample["targets"] if isinstance(sample, dict) else sample[:, 1:]
             text = "".join(self.tokenizer.decode(row) for row in sample)
             self._bytes_per_token = len(text.encode("utf-8")) / sample.size
         return self._bytes_per_token
@@ -162,9 +168,10 @@ def _check_tokenizer(tokenizer: Tokenizer, dataset: dict, cfg: Config) -> None:
     if tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the {tokenizer.vocab_size} tokens of "
                           f"{where}'s tokenizer")
-    if dataset.get("n_vocab") is not None and dataset["n_vocab"] != tokenizer.vocab_size:
-        raise ConfigError(f"{where}: n_vocab {dataset['n_vocab']} does not match the {tokenizer.vocab_size} tokens "
-                          f"of its tokenizer {dataset.get('tokenizer_path', 'bytes')}")
+    if dataset.get("n_vocab") is not None and dataset["n_vocab"] < tokenizer.vocab_size:
+        raise ConfigError(f"{where}: n_vocab {dataset['n_vocab']} is smaller than the {tokenizer.vocab_size} tokens "
+                          f"of its tokenizer {dataset.get('tokenizer_path', 'bytes')}; set it to at least "
+                          f"{tokenizer.vocab_size} (more leaves padding rows)")
     if dataset.get("eos_id") is not None and dataset["eos_id"] != tokenizer.eos_id:
         raise ConfigError(f"{where}: eos_id {dataset['eos_id']} is not the tokenizer's <|endoftext|> id "
                           f"{tokenizer.eos_id}")
@@ -201,7 +208,7 @@ def make_source(cfg: Config, split: str):
     """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
     from data.pipeline import check_mode
 
-    datasets = []
+    datasets, entries = [], []
     for entry in cfg.datasets:
         name = entry[0]
         if name.startswith("tfds:"):
@@ -210,7 +217,16 @@ def make_source(cfg: Config, split: str):
                 dataset["tokenizer_path"] = cfg.tokenizer_path
         else:
             dataset = load_dataset_config(name)
+        if split == "eval" and dataset.get("eval_path") == "":
+            continue  # GPT-Neo's way of saying "no eval set"
+        if split == "train" and dataset["path"] == "":
+            raise ConfigError(f"{dataset['where']}: 'path' is empty: an eval-only dataset config, which train.py "
+                              "--eval reads; give a TFRecord glob to train on it")
         datasets.append(dataset)
+        entries.append(entry)
+    if not datasets:
+        raise NoEvalSet(f"datasets: no eval set ('eval_path' is empty in "
+                        f"{', '.join(f'configs/dataset_configs/{e[0]}.json' for e in cfg.datasets)})")
     if any(d["path"] == "embedded" for d in datasets):
         return _embedded_source(cfg, datasets[0], split)
     # Text datasets (TFDS) take the tokenizer of the first dataset config when none is set.
@@ -237,7 +253,7 @@ def make_source(cfg: Config, split: str):
     tf = tensorflow()
     shuffle = split == "train"
     plan, all_files, weights, token_bytes = [], [], [], []
-    for k, (entry, dataset, tokenizer) in enumerate(zip(cfg.datasets, datasets, tokenizers)):
+    for k, (entry, dataset, tokenizer) in enumerate(zip(entries, datasets, tokenizers)):
         where = dataset["where"]
         mode, stitch = check_mode(entry, where)
         weight = 1.0 if entry[3] is None else entry[3]
@@ -288,7 +304,7 @@ def make_source(cfg: Config, split: str):
         total = sum(weights)
         bytes_per_token = sum(w / total * b / max(t, 1) for w, (t, b) in zip(weights, token_bytes))
     names = ", ".join(f"{d['where']} ({check_mode(e, d['where'])[0]}, weight {w:g})"
-                      for d, e, w in zip(datasets, cfg.datasets, weights))
+                      for d, e, w in zip(datasets, entries, weights))
     description = f"{split}: {names}; {len(all_files)} TFRecord files" + (
         f", {sum(t for t, _ in token_bytes):,} tokens" if bytes_per_token else "")
     return TFDataSource(build, all_files, tokenizers[0], bytes_per_token, description, memoize=not shuffle)

@@ -134,5 +134,8 @@ def load_tokenizer(path: str) -> Tokenizer:
         # GPT-2's files have <|endoftext|> (id 50256) and no padding token: padding falls back to end-of-text.
         tok.add_special_tokens([t for t in (EOS, PAD) if tok.token_to_id(t) is not None])
         return BPETokenizer(tok, path)
+    if not os.path.exists(path):
+        raise ConfigError(f"tokenizer_path: {path!r} does not exist; a hub name like 'gpt2' works only as a local "
+                          "folder with tokenizer.json or vocab.json + merges.txt (nothing is downloaded)")
     raise ConfigError(f"tokenizer_path: {path!r} is neither 'bytes', a tokenizer.json, nor a directory with "
                       "tokenizer.json or vocab.json + merges.txt (nothing is downloaded)")

@@ -2,6 +2,11 @@
 
 Reads ``.txt`` / ``.jsonl`` / ``.jsonl.zst`` files (``--input``, repeatable; default: the embedded corpus) and
 writes ``DIR/tokenizer.json`` with ``<|endoftext|>`` and ``<|padding|>`` as special tokens.
+
+GPT-Neo's flags work too: ``--base_dir DIR --file_type txt`` (the DIR/*.txt files; GPT-Neo's default type ``xz``,
+lm_dataformat archives, is not read here) ``--output_dir --vocab_size``. GPT-Neo trained on a random 20% of the
+files with NFKC normalisation and a prefix space; NeoMesh trains on every file and keeps text as it is, so that
+decoding gives the text back exactly.
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--input", nargs="+", default=["embedded"], metavar="PATH",
                    help="files, directories or globs; embedded is the corpus shipped with Python")
-    p.add_argument("--output-dir", required=True, help="where tokenizer.json is written")
-    p.add_argument("--vocab-size", type=int, required=True, help="tokens in all, special tokens included")
+    p.add_argument("--base_dir", metavar="DIR", help="GPT-Neo's input: the DIR/*.FILE_TYPE files")
+    p.add_argument("--file_type", choices=("txt", "jsonl", "jsonl.zst", "xz"), default="txt",
+                   help="with --base_dir: which files")
+    p.add_argument("--output-dir", "--output_dir", required=True, help="where tokenizer.json is written")
+    p.add_argument("--vocab-size", "--vocab_size", type=int, required=True,
+                   help="tokens in all, special tokens included")
     p.add_argument("--min-frequency", type=int, default=2, help="pairs seen fewer times are not merged")
     args = p.parse_args(argv)
     from config import ConfigError
@@ -28,7 +37,11 @@ def main(argv=None) -> int:
     from data.tokenizer import train_bpe
 
     try:
-        files = expand_inputs(args.input)
+        if args.base_dir and args.file_type == "xz":
+            raise ConfigError("--file_type xz: lm_dataformat archives are not read here; extract them to .txt or "
+                              ".jsonl files and pass --file_type txt or jsonl")
+        inputs = [os.path.join(args.base_dir, f"*.{args.file_type}")] if args.base_dir else args.input
+        files = expand_inputs(inputs)
         counts = {"documents": 0, "bytes": 0}
 
         def texts():

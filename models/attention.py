@@ -210,7 +210,7 @@ class Attention(nnx.Module):
         k = constrain(self.k(source), KEY_VALUE)  # (B, S, N, H)
         v = constrain(self.v(source), KEY_VALUE)  # (B, S, N, H)
         if context is None:
-            q, k = apply_rotary(q, positions, s.rotary_dim), apply_rotary(k, positions, s.rotary_dim)
+            q, k = (apply_rotary(x, positions, s.rotary_dim, s.rotary_style) for x in (q, k))
         if s.kind == "linear":
             a, cache = self._linear(q, k, v, segment_ids, cache)
         elif context is not None:

@@ -27,6 +27,44 @@ ACTIVATIONS = {
 }
 
 
+def _elish(x):  # GPT-Neo's formula: x/(1+e^x) above 0, (e^x-1)/(e^-x+1) below
+    e = jnp.exp(jnp.minimum(x, 0.0))  # where() picks one branch; clamping keeps the other finite
+    return jnp.where(x > 0, x / (1 + jnp.exp(x)), (e - 1) / (1 / e + 1))
+
+
+# GPT-Neo's parameter-free activations (its models/activations.py). rrelu drew its slope from U(0, 1) when
+# building each layer there; here it is the mean slope 0.5, so runs are reproducible.
+ACTIVATIONS.update({
+    "abs": jnp.abs, "sin": jnp.sin, "cos": jnp.cos, "sign": jnp.sign,
+    "lrelu001": lambda x: jax.nn.leaky_relu(x, 0.01),
+    "lrelu020": lambda x: jax.nn.leaky_relu(x, 0.20),
+    "id": lambda x: x,
+    "triangle_relax": lambda x: jnp.sin(x) - jnp.sin(3 * x) / 9 + jnp.sin(5 * x) / 25 - jnp.sin(7 * x) / 49,
+    "square_relax": lambda x: jnp.cos(x) - jnp.cos(3 * x) / 3 + jnp.cos(5 * x) / 5 - jnp.cos(7 * x) / 7,
+    "spike": lambda x: 1 / (1 + x ** 2),
+    "spike2": lambda x: jnp.exp(-x ** 2),
+    "tanhshrink": lambda x: x - jnp.tanh(x),
+    "softsign": jax.nn.soft_sign,
+    "softmax": lambda x: jax.nn.softmax(x, axis=-1),  # over the intermediate features
+    "logsoftmax": lambda x: jax.nn.log_softmax(x, axis=-1),
+    "bipolarsigmoid": lambda x: 2 * jax.nn.sigmoid(x) - 1,
+    "rrelu": lambda x: (0.5 * jnp.abs(x) + x) / 1.5,
+    "elish": _elish,
+    "arcsinh": jnp.arcsinh,
+    "maxsig": lambda x: jnp.maximum(x, jax.nn.sigmoid(x)),
+    "cosid": lambda x: jnp.cos(x) - x,
+    "minsin": lambda x: jnp.minimum(x, jnp.sin(x)),
+    "maxtanh": lambda x: jnp.maximum(x, jnp.tanh(x)),
+    "mish": lambda x: x * jnp.tanh(jax.nn.softplus(x)),
+    "tanhexp": lambda x: x * jnp.tanh(jnp.exp(x)),
+    "lisht": lambda x: x * jnp.tanh(x),
+    "seagull": lambda x: jnp.log1p(x ** 2),
+    "snake": lambda x: x + jnp.sin(x) ** 2,
+    "roottanh": lambda x: jnp.cbrt(x ** 2 + 1) * jnp.tanh(x),
+    "softplusmone": lambda x: jax.nn.softplus(x) - 1,
+})
+
+
 def projection(einsum: str, shape: Sequence[int], logical: Sequence[str | None], stddev: float,
                rngs: nnx.Rngs, bias: Sequence[str] | None = None) -> nnx.Einsum:
     """An einsum projection with normal(stddev) init and an optional zero bias over the trailing dims ``bias``."""

@@ -28,6 +28,7 @@ class AttentionSpec:
     qkv_bias: bool = False
     out_bias: bool = True
     rotary_dim: int = 0  # leading features of each head rotated by position (0: no rotary)
+    rotary_style: str = "interleaved"  # rotary pairs: "interleaved" (GPT-J) or "halves" (GPT-Neo, GPT-NeoX)
     num_mem_kv: int = 0  # learned key/value slots every query sees (GPT-Neo's memory_key_values)
     dropout: float = 0.0  # on the attention probabilities
     kernel: str = "auto"  # "auto", "xla" or "cudnn" (softmax kinds)
@@ -94,7 +95,7 @@ def block_spec(cfg: Config, layer: int, attention_init: tuple[float, float, floa
         kind=kind, causal=cfg.causal, n_embd=cfg.n_embd, n_head=cfg.n_head, head_dim=cfg.head_dim,
         window=cfg.local_attention_radius if kind == "local" else None,
         scale=cfg.head_dim ** -0.5 if cfg.attention_scale == "inverse_sqrt_head_dim" else 1.0,
-        qkv_bias=cfg.qkv_bias, out_bias=cfg.dense_bias, rotary_dim=cfg.rotary_dim,
+        qkv_bias=cfg.qkv_bias, out_bias=cfg.dense_bias, rotary_dim=cfg.rotary_dim, rotary_style=cfg.rotary_style,
         num_mem_kv=cfg.num_mem_kv if kind == "global" else 0, dropout=cfg.attn_dropout,
         kernel=cfg.attention_kernel, precision=cfg.precision, init=attention_init)
     experts = layer in (cfg.moe_layers or ())

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import sys
 from typing import Iterator, Sequence
 
 import flax.linen as nn
@@ -59,14 +60,15 @@ def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:
         axes = () if value == NOT_SPLIT else tuple(a.strip() for a in value.split("+"))
         if not all(axes) and value != NOT_SPLIT:
             raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x' or 'batch:x+z')")
-        for axis in axes:
-            if axis not in mesh.axis_names:
-                raise ConfigError(f"layout: '{part}' names mesh axis '{axis}', which is not in mesh_shape "
-                                  f"(axes: {', '.join(mesh.axis_names)})")
         if len(set(axes)) != len(axes):
             raise ConfigError(f"layout: '{part}' names a mesh axis twice")
         if any(name == seen for seen, _ in rules):
             raise ConfigError(f"layout: dimension '{name}' is given twice")
+        missing = [axis for axis in axes if axis not in mesh.axis_names]
+        if missing:  # mesh-tensorflow ignored such a rule (GPT-Neo's Colab has 'vocab:n_vocab'); so do we, and say so
+            print(f"warning: layout: '{part}' names mesh axis '{missing[0]}', which is not in mesh_shape (axes: "
+                  f"{', '.join(mesh.axis_names)}); '{name}' stays whole", file=sys.stderr)
+            continue
         rules.append((name, axes))
     return tuple(rules)
 

@@ -89,10 +89,15 @@ def test_tokenizer_and_vocab_size_mismatches(records, tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"bad.index: bad_0.tfrecords was written with a 300-token tokenizer but "
                                         r"configs/dataset_configs/bad.json names one with 257 tokens"):
         first_batches()
+    (tmp_path / "unindexed").mkdir()
+    plain = write_tf_records(str(tmp_path / "unindexed" / "plain_0.tfrecords"), synthetic_docs([30] * 6))
     use_dataset_configs(monkeypatch, tmp_path / "dc", neo={"path": records, "tokenizer_path": "bytes",
-                                                           "n_vocab": 50257})
-    with pytest.raises(ConfigError, match=r"neo.json: n_vocab 50257 does not match the 257 tokens of its tokenizer"):
+                                                           "n_vocab": 256},
+                        padded={"path": plain, "tokenizer_path": "bytes", "n_vocab": 50257})
+    with pytest.raises(ConfigError, match=r"neo.json: n_vocab 256 is smaller than the 257 tokens of its tokenizer "
+                                          r"bytes; set it to at least 257 \(more leaves padding rows\)"):
         make_source(config([["neo", None, None, None]]), "train")
+    assert make_source(config([["padded", None, None, None]]), "train").tokenizer.vocab_size == 257
     with pytest.raises(ConfigError, match=r"^n_vocab: 200 is smaller than the 257 tokens"):
         make_source(config([["bad", None, None, None]], n_vocab=200), "train")
 

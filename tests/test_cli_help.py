@@ -58,12 +58,15 @@ def test_every_option_has_help_its_default_and_no_abbreviation(module_name, monk
 
 
 def test_model_is_not_taken_for_model_path():
+    """GPT-Neo's --model NAME names a config; no abbreviation turns it into --model-path."""
     import train
-    with pytest.raises(SystemExit):
+    args = train.parse_args(["--model", "quickstart"])
+    assert args.model == "quickstart" and args.model_path is None
+    with pytest.raises(SystemExit):  # a config named twice
         train.parse_args(["--config", "quickstart", "--model", "gpt-neo-125M"])
     import predict
-    with pytest.raises(SystemExit):
-        predict.parse_args(["--model", "x", "--prompt", "y"])
+    args = predict.parse_args(["--model", "x", "--prompt", "y"])
+    assert args.model == "x" and args.model_path is None
 
 
 def run_without_jax(module: str, argv: list[str], env: dict | None = None) -> tuple[int, str, bool]:

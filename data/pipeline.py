@@ -1,5 +1,6 @@
-"""tf.data graphs: documents from TFRecords or TFDS -> (n_ctx+1)-token windows by sampling mode -> weighted mix
--> global batches, of which a process keeps only its own rows.
+"""tf.data graphs: documents from TFRecords (TFDS text is tokenized into TFRecords first, ``data/tfds_text.py``)
+-> (n_ctx+1)-token windows by sampling mode -> weighted mix -> global batches, of which a process keeps only its
+own rows.
 
 Every stage is deterministic for a given seed (seeded shuffles, ``deterministic=True`` parallel reads and maps,
 ``Dataset.random`` for random offsets), so the stream of batches is a pure function of the config: batch ``s`` is
@@ -89,23 +90,6 @@ def open_tfds(name: str, data_dir: str | None, split: str, text_key: str):
         raise ConfigError(f"datasets: tfds:{name} has no {text_key!r} feature "
                           f"(features: {', '.join(builder.info.features)})")
     return builder
-
-
-def tfds_documents(tf, builder, split: str, tokenizer, *, shuffle: bool, seed: int, shuffle_buffer: int,
-                   text_key: str = "text"):
-    """Endless stream of tokenized documents (each + <|endoftext|>) from a prepared TFDS dataset."""
-    import numpy as np
-
-    docs = builder.as_dataset(split=split, shuffle_files=False).map(lambda ex: ex[text_key]).repeat()
-    if shuffle:
-        docs = docs.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
-
-    def encode(text):
-        ids = tokenizer.encode(text.decode("utf-8")) + [tokenizer.eos_id]
-        return np.asarray(ids, dtype=np.int64)
-
-    return docs.map(lambda t: tf.ensure_shape(tf.numpy_function(encode, [t], tf.int64), [None]),
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def pack(tf, docs, n_ctx: int):

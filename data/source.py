@@ -246,7 +246,8 @@ def make_source(cfg: Config, split: str):
     if len(sizes) > 1:
         raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "
                           "mixed datasets must share one tokenizer")
-    from data.pipeline import batches, mix, open_tfds, tfds_documents, tfrecord_documents, windows
+    from data.pipeline import batches, mix, open_tfds, tfrecord_documents, windows
+    from data.tfds_text import tokenized_split
     from data.tf_import import tensorflow
     from data.tfrecords import check_vocab, list_files, read_indexes
 
@@ -261,36 +262,31 @@ def make_source(cfg: Config, split: str):
             raise ConfigError(f"datasets: {where}: weight {weight!r} must be a positive number or null")
         seed = cfg.seed * 1000 + 10 * k  # every entry and every stage draws its own stream
         buffer = dataset.get("shuffle_buffer", SHUFFLE_BUFFER)
-        if dataset["path"].startswith("tfds:"):
+        if dataset["path"].startswith("tfds:"):  # tokenized once into TFRecords, then read like any files
+            name = dataset["path"][len("tfds:"):]
             tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")
             text_key = dataset.get("text_key", "text")
-            builder = open_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, text_key)
-            plan.append(("tfds", (builder, tfds_split, text_key), tokenizer, mode, stitch, seed, buffer))
-            token_bytes.append(None)
+            builder = open_tfds(name, dataset.get("data_dir"), tfds_split, text_key)
+            files = tokenized_split(builder, name, tfds_split, text_key, tokenizer, dataset["tokenizer_path"])
         else:
             pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
             if pattern is None:
                 raise ConfigError(f"{where}: no 'eval_path' for evaluation; add one or set eval_steps to 0")
             files = list_files(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}")
-            indexes = read_indexes(files)
-            check_vocab(indexes, tokenizer, cfg.n_vocab, where)
-            all_files += files
-            plan.append(("tfrecord", files, tokenizer, mode, stitch, seed, buffer))
-            full = len(indexes) == len(files)
-            token_bytes.append((sum(i["tokens"] for i in indexes.values()), sum(i["bytes"] for i in indexes.values()))
-                               if full else None)
+        indexes = read_indexes(files)
+        check_vocab(indexes, tokenizer, cfg.n_vocab, where)
+        all_files += files
+        plan.append((files, mode, stitch, seed, buffer))
+        full = len(indexes) == len(files)
+        token_bytes.append((sum(i["tokens"] for i in indexes.values()), sum(i["bytes"] for i in indexes.values()))
+                           if full else None)
         weights.append(float(weight))
 
     def build(batch_size: int, rows: slice, start: int):
         streams = []
-        for kind, what, tokenizer, mode, stitch, seed, buffer in plan:
-            if kind == "tfds":
-                builder, tfds_split, text_key = what
-                docs = tfds_documents(tf, builder, tfds_split, tokenizer, shuffle=shuffle, seed=seed,
-                                      shuffle_buffer=buffer, text_key=text_key)
-            else:
-                docs = tfrecord_documents(tf, what, n_vocab=cfg.n_vocab, shuffle=shuffle, seed=seed,
-                                          shuffle_buffer=buffer)
+        for files, mode, stitch, seed, buffer in plan:
+            docs = tfrecord_documents(tf, files, n_vocab=cfg.n_vocab, shuffle=shuffle, seed=seed,
+                                      shuffle_buffer=buffer)
             streams.append(windows(tf, docs, cfg.n_ctx, mode, stitch, shuffle=shuffle, seed=seed,
                                    shuffle_buffer=buffer))
         stream = mix(tf, streams, weights, cfg.seed * 1000 + 7)

@@ -1,6 +1,8 @@
 """The tf.data pipeline: sampling modes, stitch, mixing weights, seeds, per-process rows, exact resume across
 epochs, TFDS by name, and the MLM stage."""
 
+import glob
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -128,6 +130,8 @@ def test_tfds_text_dataset_by_name(tmp_path):
     stream = b"".join(t.encode() + b"\xff" for t in texts[15:])  # 0xff stands for <|endoftext|> (256)
     got = bytes(0xFF if t == 256 else t for t in np.concatenate([windows[:1, 0], windows[:, 1:].ravel()]))
     assert got == stream[:len(got)] and len(got) == 129
+    tokenized = glob.glob(str(tmp_path / "**" / "neomesh_tokenized" / "validation-text-*" / "DONE"), recursive=True)
+    assert len(tokenized) == 1  # tokenized once, beside the prepared dataset; no Python runs inside tf.data
     train = take(make_source(cfg, "train"), 2, batch_size=4)
     assert set(train.ravel().tolist()) <= set(range(257)) and (train == 256).any()  # EOS between documents
     # By name from the files alone, as a user runs it (this process has the builder class registered).

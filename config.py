@@ -120,6 +120,10 @@ class Config:
     # Data and output.
     datasets: list = _key([["embedded", None, None, None]],
                           "[[id, stitch, sampling_mode, weight], ...]; id names configs/dataset_configs/ID.json")
+    data_shards: int = _key(
+        1, "the input stream is this many interleaved shards, each filling its block of rows of every batch; a "
+        "process reads only the shards its rows need, so a multiple of the process count splits the reading. "
+        "Fixed by the config, not the process count: batches are the same on any number of processes", minimum=1)
     tokenizer_path: Optional[str] = _key(
         None, "tokenizer for text datasets (tfds:NAME): a tokenizer.json, a GPT-2 vocab.json+merges.txt directory, "
         "or 'bytes'; default: the first dataset config's")
@@ -246,6 +250,10 @@ def validated(cfg: Config) -> Config:
     if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
         raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
     _check_datasets(cfg.datasets)
+    for key in ("train_batch_size", "eval_batch_size") if cfg.eval_steps else ("train_batch_size",):
+        if cfg.data_shards > getattr(cfg, key):
+            raise ConfigError(f"data_shards: {cfg.data_shards} is more than {key} {getattr(cfg, key)} (every shard "
+                              "fills at least one row of each batch)")
     if cfg.mlm_training and cfg.mlm_mask_token_id is None:
         raise ConfigError("mlm_mask_token_id: mlm_training needs the id of the mask token")
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:

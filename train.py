@@ -127,6 +127,10 @@ def train(args) -> None:
         graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
         state = checkpoints.restore(abstract, latest)
         say(f"resumed from {checkpoints.directory} at step {latest}")
+        position = None if args.eval else restore_input_position(train_data, checkpoints, latest, train_sharding,
+                                                                  (cfg.train_batch_size, window))
+        if position:
+            say(position)
     elif args.resume or args.eval:
         raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
                           f"{checkpoints.directory}")
@@ -188,7 +192,7 @@ def train(args) -> None:
             say(f"step {step + 1}: eval loss {result['loss']:.4f}  perplexity {result['perplexity']:.2f}  "
                 f"bits/byte {result['bits_per_byte']:.4f}")
         if (step + 1) % cfg.steps_per_checkpoint == 0 or done:
-            checkpoints.save(step + 1, state, cfg.to_dict())
+            checkpoints.save(step + 1, state, cfg.to_dict(), data=train_data.state(cfg.train_batch_size))
         tick = time.perf_counter()  # eval and checkpoint time are not training time
     bar.close()
     checkpoints.close()
@@ -200,6 +204,14 @@ def train(args) -> None:
             text = complete(graphdef, state.params, train_data.tokenizer, cfg.sample_prompt, cfg.sample_tokens,
                             cfg.n_ctx, seed=cfg.seed)
         say(f"sample:\n{cfg.sample_prompt}{text}")
+
+
+def restore_input_position(source, checkpoints, step: int, sharding, shape: tuple[int, ...]) -> str | None:
+    """Puts the train source at ``step`` from the input position saved with the checkpoint (no re-reading) for
+    this process's rows of ``shape``; returns the line to print (None when the source needs no position)."""
+    from parallel.distributed import process_rows
+
+    return source.restore(step, shape[0], process_rows(sharding, shape), checkpoints.restore_input(step))
 
 
 def imported_params(cfg, hf_dir: str):

@@ -34,13 +34,17 @@ def process_rows(sharding: NamedSharding, global_shape: tuple[int, ...]) -> slic
 
 def global_batch(make_rows: Callable[[slice], np.ndarray], sharding: NamedSharding,
                  global_shape: tuple[int, ...]) -> jax.Array:
-    """A global array from this process's rows only: ``make_rows(rows)`` builds just those rows."""
+    """A global array from this process's rows only: ``make_rows(rows)`` builds just those rows. It may return a
+    dict of arrays (a batch of several arrays); each becomes a global array of ``global_shape[0]`` rows."""
     rows = process_rows(sharding, global_shape)
     local = make_rows(rows)
 
-    def shard(index):
-        r = index[0]
-        return local[(r.start or 0) - rows.start:(global_shape[0] if r.stop is None else r.stop) - rows.start,
-                     *index[1:]]
+    def assemble(part: np.ndarray) -> jax.Array:
+        def shard(index):
+            r = index[0]
+            return part[(r.start or 0) - rows.start:(global_shape[0] if r.stop is None else r.stop) - rows.start,
+                        *index[1:]]
 
-    return jax.make_array_from_callback(global_shape, sharding, shard)
+        return jax.make_array_from_callback((global_shape[0], *part.shape[1:]), sharding, shard)
+
+    return jax.tree.map(assemble, local)

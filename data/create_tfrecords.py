@@ -36,9 +36,18 @@ def serialize(tf, ids) -> bytes:
 
 def write_file(documents: Iterable[str], tokenizer, out_path: str, mode: str, chunk_size: int) -> dict:
     """Tokenizes ``documents`` into ``out_path``; returns its counts for the index."""
+    from config import ConfigError
     from data.tf_import import tensorflow
     tf = tensorflow()
     counts = {"file": os.path.basename(out_path), "documents": 0, "records": 0, "tokens": 0, "bytes": 0}
+    try:
+        return _write_records(tf, documents, tokenizer, out_path, mode, chunk_size, counts)
+    except tf.errors.OpError as e:  # disk full, no permission, a missing bucket: TensorFlow's writer says which
+        raise ConfigError(f"{out_path}: cannot write ({e.message.strip().splitlines()[0][:200]})") from None
+
+
+def _write_records(tf, documents: Iterable[str], tokenizer, out_path: str, mode: str, chunk_size: int,
+                   counts: dict) -> dict:
     pending: list[int] = []
     with tf.io.TFRecordWriter(out_path) as writer:
         def emit(ids):
@@ -72,16 +81,37 @@ def write_file(documents: Iterable[str], tokenizer, out_path: str, mode: str, ch
 
 
 def _job(args) -> dict:
-    in_path, out_path, tokenizer_path, mode, chunk_size = args
-    from data.text_files import read_documents
+    """Writes one input file's TFRecords under a temporary name (``*.tmp``, which no ``*.tfrecords`` glob
+    matches); a file that cannot be decoded leaves nothing and, with ``skip_bad``, is reported instead."""
+    in_path, out_path, tokenizer_path, mode, chunk_size, skip_bad = args
+    from data.text_files import BadFile, read_documents
     from data.tokenizer import load_tokenizer
-    return write_file(read_documents(in_path), load_tokenizer(tokenizer_path), out_path, mode, chunk_size)
+    try:
+        counts = write_file(read_documents(in_path), load_tokenizer(tokenizer_path), out_path + ".tmp", mode,
+                            chunk_size)
+    except BaseException as e:
+        _remove(out_path + ".tmp")
+        if skip_bad and isinstance(e, BadFile):
+            return {"skipped": in_path, "error": str(e)}
+        raise
+    return {**counts, "file": os.path.basename(out_path)}
 
 
-def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mode: str, chunk_size: int) -> dict:
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mode: str, chunk_size: int,
+                skipped: list[dict] = ()) -> dict:
+    """``NAME.index``, written under a temporary name and renamed: the files, their counts and totals, the
+    tokenizer's size, and the input files skipped as bad (with why)."""
     totals = {k: sum(f[k] for f in files) for k in ("documents", "records", "tokens", "bytes")}
     index = {"format": INDEX_FORMAT, "mode": mode, "chunk_size": chunk_size, "tokenizer": tokenizer_path,
-             "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id, "totals": totals, "files": files}
+             "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id, "totals": totals, "files": files,
+             "skipped": list(skipped)}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(index, f, indent=1)
@@ -90,8 +120,12 @@ def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mo
 
 
 def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, mode: str = "chunks",
-           chunk_size: int = 2049, workers: int = 0) -> dict:
-    """Writes one TFRecord file per input file (in parallel over ``workers`` processes) and ``NAME.index``."""
+           chunk_size: int = 2049, workers: int = 0, skip_bad_files: bool = False) -> dict:
+    """Writes one TFRecord file per input file (in parallel over ``workers`` processes) and ``NAME.index``.
+
+    Outputs are written under temporary names and renamed only once every file is done, then the index: a
+    failure leaves no partial output. A file that cannot be decoded is an error naming it, or with
+    ``skip_bad_files`` is left out and listed under ``skipped`` in the index."""
     from config import ConfigError
     from data.text_files import expand_inputs
     from data.tokenizer import load_tokenizer
@@ -101,16 +135,29 @@ def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, m
     tokenizer = load_tokenizer(tokenizer_path)
     files = expand_inputs(inputs)
     os.makedirs(output_dir, exist_ok=True)
-    jobs = [(f, os.path.join(output_dir, f"{name}_{i:05d}.tfrecords"), tokenizer_path, mode, chunk_size)
-            for i, f in enumerate(files)]
+    jobs = [(f, os.path.join(output_dir, f"{name}_{i:05d}.tfrecords"), tokenizer_path, mode, chunk_size,
+             skip_bad_files) for i, f in enumerate(files)]
     workers = min(workers or os.cpu_count() or 1, len(jobs))
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            written = list(pool.map(_job, jobs))
-    else:
-        written = [_job(j) for j in jobs]
+    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    try:
+        results = list(pool.map(_job, jobs)) if pool else [_job(j) for j in jobs]
+    except BaseException:
+        if pool:  # jobs not started are dropped; the running ones finish, so nothing writes once it returns
+            pool.shutdown(wait=True, cancel_futures=True)
+        for job in jobs:
+            _remove(job[1] + ".tmp")
+        raise
+    if pool:
+        pool.shutdown()
+    written = [r for r in results if "skipped" not in r]
+    skipped = [r for r in results if "skipped" in r]
+    if not written:
+        raise ConfigError(f"every input file is bad; the first: {skipped[0]['error']}")
+    for result in written:
+        final = os.path.join(output_dir, result["file"])
+        os.replace(final + ".tmp", final)
     return write_index(os.path.join(output_dir, f"{name}.index"), written, tokenizer, tokenizer_path, mode,
-                       chunk_size)
+                       chunk_size, skipped)
 
 
 def main(argv=None) -> int:
@@ -126,18 +173,26 @@ def main(argv=None) -> int:
     p.add_argument("--n-ctx", type=int, default=2048, help="context length; the default chunk size is n_ctx + 1")
     p.add_argument("--chunk-size", type=int, help="tokens per record in chunks mode (default: n_ctx + 1)")
     p.add_argument("--workers", type=int, default=0, help="processes (default: one per CPU, at most one per file)")
+    p.add_argument("--skip-bad-files", action="store_true", help="leave out input files that cannot be decoded "
+                   "(invalid UTF-8, binary, corrupt or truncated .zst) and count them, instead of stopping")
     args = p.parse_args(argv)
     from config import ConfigError
     try:
         index = create(args.input, args.output_dir, args.name, args.tokenizer, args.mode,
-                       args.chunk_size or args.n_ctx + 1, args.workers)
+                       args.chunk_size or args.n_ctx + 1, args.workers, args.skip_bad_files)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    t = index["totals"]
+    except OSError as e:  # disk full, permissions, a directory where a file should be
+        print(f"error: {e.filename or args.output_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    t, skipped = index["totals"], index["skipped"]
+    dropped = (f"skipped {len(skipped)} bad input file(s) ({skipped[0]['error']}{', ...' if len(skipped) > 1 else ''}"
+               "); no document or token of the other files was dropped") if skipped else \
+        "no document or token was dropped"
     print(f"wrote {len(index['files'])} file(s) to {args.output_dir}: {t['documents']:,} documents, "
           f"{t['records']:,} records, {t['tokens']:,} tokens ({t['bytes'] / max(t['tokens'], 1):.2f} bytes/token), "
-          f"index {os.path.join(args.output_dir, args.name + '.index')}; no document or token was dropped")
+          f"index {os.path.join(args.output_dir, args.name + '.index')}; {dropped}")
     return 0
 
 

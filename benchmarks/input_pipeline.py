@@ -1,7 +1,8 @@
 """Is the input pipeline ever the bottleneck? Tokens/s the tf.data pipeline delivers (batch 8 x 2048, each
-sampling mode) next to tokens/s the train step consumes for the GPT-Neo 125M config, on this machine.
+sampling mode) next to tokens/s the train step consumes for the GPT-Neo 125M config, on this machine; and what
+a resume at step N costs with the saved input position against replaying the stream up to N.
 
-    python benchmarks/input_pipeline.py [--batches 40] [--train-steps 2]
+    python benchmarks/input_pipeline.py [--batches 40] [--train-steps 2] [--resume-at 200]
 
 The data is the quickstart's (BPE tokenizer and TFRecords prepared from the embedded corpus into data_cache/).
 The train step runs the 125M config on whatever devices jax sees, with the 8 x 2048 batch accumulated over
@@ -30,6 +31,28 @@ def pipeline_rate(cfg, batches: int, batch_size: int) -> tuple[float, float]:
     for step in range(1, batches + 1):
         source.batch(step, batch_size)
     return batches * batch_size * cfg.n_ctx / (time.perf_counter() - start), first
+
+
+def resume_cost(cfg, step: int, batch_size: int) -> tuple[float, float, int]:
+    """(seconds to batch ``step`` from a saved position, seconds by replaying the stream, bytes of the position)."""
+    from data.source import make_source
+
+    class Saved:  # what the checkpoint's input item gives back
+        def __init__(self, state):
+            self.meta, self.read = state["meta"], state["shards"].get
+
+    source = make_source(cfg, "train")
+    for s in range(step):
+        source.batch(s, batch_size)
+    state = source.state(batch_size)
+    start = time.perf_counter()
+    restored = make_source(cfg, "train")
+    restored.restore(step, batch_size, slice(0, batch_size), Saved(state))
+    restored.batch(step, batch_size)
+    restore = time.perf_counter() - start
+    start = time.perf_counter()
+    make_source(cfg, "train").batch(step, batch_size)
+    return restore, time.perf_counter() - start, sum(len(v) for v in state["shards"].values())
 
 
 def train_rate(cfg, steps: int) -> float:
@@ -67,6 +90,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--batches", type=int, default=40, help="pipeline batches timed per mode")
     p.add_argument("--train-steps", type=int, default=2, help="train steps timed (0: skip the train step)")
+    p.add_argument("--resume-at", type=int, default=200, help="step of the resume timed (0: skip it)")
     args = p.parse_args()
     import jax
 
@@ -85,6 +109,11 @@ def main() -> None:
         rates.append(rate)
         print(f"{'pipeline ' + mode + f' ({args.batch_size} x {cfg.n_ctx})':44} {rate:12,.0f}   "
               f"(first batch after {first:.1f} s)")
+    if args.resume_at:
+        cfg = base.replace(datasets=[["embedded_bpe", None, None, None]])
+        restore, replay, size = resume_cost(cfg, args.resume_at, args.batch_size)
+        print(f"{'resume at step %d, saved position (%.1f MB)' % (args.resume_at, size / 1e6):44} {restore:11.2f}s")
+        print(f"{'resume at step %d, replaying the stream' % args.resume_at:44} {replay:11.2f}s")
     if args.train_steps:
         consumed = train_rate(base.replace(train_batch_size=args.batch_size), args.train_steps)
         print(f"{'train step, ' + os.path.basename(args.config) + f' ({args.batch_size} x {base.n_ctx})':44} "

@@ -107,9 +107,9 @@ class TFDataSource:
             except tf.errors.OpError as e:
                 raise diagnose(self.files, e) from None
             except StopIteration:
-                raise DataError(f"data_shards: shard {shard} of {self.shards} holds no data (each reads every "
-                                f"{self.shards}th file, or record where there are fewer files); lower data_shards") \
-                    from None
+                raise DataError(f"data_shards: shard {shard} of {self.shards} holds no data (a shard reads every "
+                                f"{self.shards}-th file, or every {self.shards}-th record of each file when there are "
+                                "fewer files than shards); lower data_shards") from None
         reader.next = step + 1
         offset = reader.bounds[needed[0]]
         out = _rows(_concat(blocks), (rows.start or 0) - offset, rows.stop - offset)
@@ -134,33 +134,36 @@ class TFDataSource:
         from data.tf_import import tensorflow
         tf = tensorflow()
         if saved is None:
-            return (f"note: checkpoint {step} holds no input position (written before positions were saved); "
-                    f"the input stream is replayed up to step {step}")
+            return (f"note: checkpoint {step} holds no readable input position; the input stream is replayed up to "
+                    f"step {step}")
         meta = saved.meta
         expected = {"format": STATE_FORMAT, "step": step, "batch_size": batch_size, "shards": self.shards,
                     "fingerprint": self.fingerprint}
-        changed = [k for k in expected if meta.get(k) != expected[k]]
+        changed = next((k for k in expected if meta.get(k) != expected[k]), None)
         if changed:
-            what = {"fingerprint": "the datasets or their files", "shards": "data_shards",
-                    "batch_size": "train_batch_size"}.get(changed[0], changed[0])
-            return (f"note: the input position saved at step {step} does not fit ({what} changed since: "
-                    f"{meta.get(changed[0])!r} there); the input stream is replayed up to step {step}")
+            why = {"format": f"it is in format {meta.get('format')!r}, not {STATE_FORMAT!r}",
+                   "step": f"it is the position of step {meta.get('step')}",
+                   "batch_size": f"train_batch_size was {meta.get('batch_size')} there",
+                   "shards": f"data_shards was {meta.get('shards')} there",
+                   "fingerprint": "the datasets, their files or the data settings have changed since"}[changed]
+            return (f"note: the input position saved at step {step} does not fit ({why}); the input stream is "
+                    f"replayed up to step {step}")
         reader = _Reader(batch_size, self.shards)
         reader.next = step
-        missing = []
+        failed = []
         for shard in shards_for_rows(reader.bounds, rows):
-            state = saved.read(shard)
             try:
+                state = saved.read(shard)
+                if not state:
+                    raise ValueError("not saved")
                 self._open(reader, shard, step, state)
-            except (tf.errors.OpError, ValueError) as e:
-                missing.append(f"shard {shard}: {str(e).strip().splitlines()[0][:120]}")
+            except (tf.errors.OpError, ValueError, OSError) as e:
+                failed.append(f"shard {shard}: {str(e).strip().splitlines()[0][:120]}")
                 self._open(reader, shard, step)
-            if not state:
-                missing.append(f"shard {shard}: not saved")
         self._readers[batch_size] = reader
-        if missing:
-            return (f"note: input position at step {step} restored only in part ({'; '.join(missing)}); "
-                    "the other shards are replayed")
+        if failed:
+            return (f"note: the input position of step {step} could not be restored for {'; '.join(failed)}; "
+                    f"{'that shard is' if len(failed) == 1 else 'those shards are'} replayed up to step {step}")
         return f"input: continues at step {step} from the saved position ({len(reader.iterators)} shard(s); " \
                "nothing re-read)"
 

@@ -124,7 +124,8 @@ def test_restoring_reads_nothing_of_what_came_before(datasets, reads):
     assert equal(restored.batch(60, B), expected)
     reads.label = "replayed"
     replayed = make_source(cfg, "train")
-    assert replayed.restore(60, B, slice(0, B), None).startswith("note: checkpoint 60 holds no input position")
+    note = replayed.restore(60, B, slice(0, B), None)
+    assert note.startswith("note: checkpoint 60 holds no readable input position")
     assert equal(replayed.batch(60, B), expected)
     # 61 batches of 8 windows of at least 2 documents: the replay reads over 900 records; restoring reads what
     # the prefetch and parallel reads take ahead of one batch (a few dozen), whatever the step.
@@ -178,14 +179,18 @@ def test_positions_that_do_not_fit_are_replayed_with_a_note(datasets):
     state = source.state(B)
     changed = make_source(cfg.replace(data_shards=4), "train")
     note = changed.restore(5, B, slice(0, B), Saved(state))
-    assert note == ("note: the input position saved at step 5 does not fit (data_shards changed since: 2 there); "
-                    "the input stream is replayed up to step 5")
+    assert note == ("note: the input position saved at step 5 does not fit (data_shards was 2 there); the input "
+                    "stream is replayed up to step 5")
     assert changed.batch(5, B).shape == (B, N_CTX + 1) and changed.replayed == 4 * 5  # 4 shards
     broken = make_source(cfg, "train")
     state["shards"][1] = b"not an iterator state"
     note = broken.restore(5, B, slice(0, B), Saved(state))
-    assert note.startswith("note: input position at step 5 restored only in part (shard 1: ")
+    assert note.startswith("note: the input position of step 5 could not be restored for shard 1: ")
+    assert note.endswith("; that shard is replayed up to step 5")
     assert equal(broken.batch(5, B), source.batch(5, B)) and broken.replayed == 5  # shard 1 alone replayed
+    moved = make_source(config([["a", None, None, None]], N_CTX, data_shards=2, seed=7), "train")
+    assert "(the datasets, their files or the data settings have changed since)" in \
+        moved.restore(6, B, slice(0, B), Saved(source.state(B)))  # source stands at step 6
 
 
 def test_the_in_memory_source_needs_no_position():

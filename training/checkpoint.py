@@ -57,10 +57,14 @@ class Checkpoints:
 
     def restore_input(self, step: int):
         """The input position saved with ``step`` (``training.input_checkpoint.SavedInput``), or None where the
-        checkpoint has none (written by a source that needs none, or before positions were saved)."""
+        checkpoint has none (written by a source that needs none, or before positions were saved) or it is
+        unreadable."""
         if not os.path.isdir(os.path.join(self.directory, str(step), INPUT_ITEM)):
             return None
-        return self.manager.restore(step, args=ocp.args.Composite(**{INPUT_ITEM: InputStateRestore()}))[INPUT_ITEM]
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(**{INPUT_ITEM: InputStateRestore()}))[INPUT_ITEM]
+        except (OSError, ValueError):  # an unreadable position costs a replay, never the run
+            return None
 
     def restore(self, abstract_state, step: int | None = None):
         """The state at ``step`` (default: latest), placed with the shardings in ``abstract_state``."""

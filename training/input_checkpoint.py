@@ -46,7 +46,7 @@ class InputStateHandler(ocp.AsyncCheckpointHandler):
         for shard, state in shards.items():
             tmp = directory / f"{_shard_file(shard)}.tmp-{process}"
             tmp.write_bytes(state)
-            tmp.rename(directory / _shard_file(shard))
+            tmp.replace(directory / _shard_file(shard))  # equivalent states: whichever lands last is whole
         if process == 0:
             (directory / "meta.json").write_text(json.dumps(meta))
 

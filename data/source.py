@@ -198,7 +198,11 @@ def make_source(cfg: Config, split: str):
             builder = open_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, text_key)
             plan.append(("tfds", (builder, tfds_split, text_key), tokenizer, mode, stitch, seed, buffer))
             token_bytes.append(None)
-            identity.append([dataset["path"], tfds_split, builder.info.splits[tfds_split].num_examples])
+            examples = builder.info.splits[tfds_split].num_examples
+            if shards > examples:
+                raise ConfigError(f"data_shards: {shards} is more than the {examples} examples of {where} "
+                                  f"{tfds_split} (a shard reads an even part of them)")
+            identity.append([dataset["path"], tfds_split, examples])
         else:
             pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
             if pattern is None:

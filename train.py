@@ -67,6 +67,7 @@ def train(args) -> None:
     from tqdm import tqdm
 
     from config import ConfigError, load_config
+    from data.shards import reading_note
     from data.source import make_source
     from models.gpt_neo import GPTNeo
     from models.generate import complete
@@ -103,6 +104,8 @@ def train(args) -> None:
     train_sharding = batch_sharding(layout, cfg.train_batch_size, window, "train_batch_size")
     eval_sharding = batch_sharding(layout, cfg.eval_batch_size, window, "eval_batch_size")
     train_data = make_source(cfg, "train")
+    if reading_note(train_data, jax.process_count()):
+        say(reading_note(train_data, jax.process_count()))
     eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
 
     def global_batch(source, step, batch_size, sharding):

@@ -42,3 +42,13 @@ def shard_files(files: list[str], shards: int, shard: int) -> tuple[list[str], t
 def shard_seed(seed: int, shard: int) -> int:
     """Shard 0 keeps the single-stream seeds (a 1-shard stream is the stream of before); the others draw apart."""
     return seed + 1_000_003 * shard
+
+
+def reading_note(source, processes: int) -> str | None:
+    """A line for a multi-process run whose processes would read shards in common (None when they do not)."""
+    shards = getattr(source, "shards", None)  # in-memory sources have none: they read nothing
+    if shards is None or processes == 1 or shards % processes == 0:
+        return None
+    share = "every process reads the whole input" if shards == 1 else "processes read some shards in common"
+    return (f"note: data_shards {shards} is not a multiple of the {processes} processes, so {share}; a multiple of "
+            f"{processes} (dividing train_batch_size) splits the reading")

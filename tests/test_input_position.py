@@ -81,7 +81,7 @@ CASES = {
     "chunks": dict(datasets=[["one", None, None, None]]),
     "documents_random+fixed mixed": dict(datasets=[["a", 1, "documents_random", 2.0],
                                                    ["b", 2, "documents_fixed", 1.0]]),
-    "4 shards of files": dict(datasets=[["a", None, None, None]], data_shards=4),
+    "2 shards of files": dict(datasets=[["a", None, None, None]], data_shards=2),
     "2 shards of records, mixed": dict(datasets=[["one", None, None, 1.0], ["b", 1, "documents_fixed", 1.0]],
                                        data_shards=2),
     "mlm": dict(datasets=[["a", None, None, None]], n_vocab=200_000, mlm_training=True, mlm_mask_token_id=3),
@@ -251,3 +251,16 @@ def test_tfds_shards_and_position(tmp_path):
     rows = np.concatenate([half.batch(s, 4, slice(2, 4)) for s in range(3)])
     numbers = {int(n) for row in rows for n in re.findall(rb"document number (\d+):", bytes(t for t in row if t < 256))}
     assert numbers and numbers <= set(range(8, 15)), numbers  # train = texts[:15]; even split 8 + 7
+
+
+def test_a_multi_process_run_is_told_when_its_processes_read_shards_in_common():
+    from types import SimpleNamespace
+
+    from data.shards import reading_note
+
+    assert reading_note(SimpleNamespace(shards=4), 2) is None and reading_note(SimpleNamespace(shards=1), 1) is None
+    assert reading_note(SimpleNamespace(), 4) is None  # the in-memory source reads nothing
+    assert reading_note(SimpleNamespace(shards=1), 2) == (
+        "note: data_shards 1 is not a multiple of the 2 processes, so every process reads the whole input; a "
+        "multiple of 2 (dividing train_batch_size) splits the reading")
+    assert "processes read some shards in common" in reading_note(SimpleNamespace(shards=6), 4)

@@ -54,9 +54,7 @@ def main() -> None:
     import data.source
     from data.tf_import import tensorflow
     from parallel import distributed
-    from parallel.layout import Layout
     from parallel.mesh import make_mesh
-    from parallel.steps import batch_sharding
     from tests.data_common import config
     from training.checkpoint import Checkpoints
 
@@ -66,14 +64,15 @@ def main() -> None:
     data.source.DATASET_CONFIG_DIR = args.dataset_configs
     cfg = config([["a", None, "documents_fixed", None]], N_CTX, data_shards=4, train_batch_size=BATCH)
     mesh = make_mesh("x:8")
-    sharding = batch_sharding(Layout.from_config(mesh, "batch:x"), BATCH, N_CTX + 1)
+    sharding = NamedSharding(mesh, PartitionSpec("x"))  # data parallel: process p holds rows 4p..4p+3
     shape = (BATCH, N_CTX + 1)
 
     def read(source, steps) -> np.ndarray:
         out = []
         for step in steps:
-            batch = distributed.global_batch(lambda rows: source.batch(step, BATCH, rows), sharding, shape)
-            out.append(np.asarray(multihost_utils.process_allgather(batch, tiled=True)))
+            batch = distributed.global_batch(lambda rows: {"tokens": source.batch(step, BATCH, rows)},
+                                             {"tokens": sharding}, {"tokens": shape})
+            out.append(np.asarray(multihost_utils.process_allgather(batch["tokens"], tiled=True)))
             if args.save_at == step + 1:
                 checkpoints = Checkpoints(os.path.join(args.out, "run"), keep=1)
                 marker = jax.device_put(np.zeros(2, np.float32), NamedSharding(mesh, PartitionSpec()))

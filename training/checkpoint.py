@@ -113,21 +113,3 @@ def input_position_item(data: dict | None) -> dict:
         return {}
     return {INPUT_ITEM: InputStateSave(meta=data["meta"], shards=data["shards"])}
 
-
-def restore_params(model_path: str, layout=None, overrides: tuple[str, ...] = ()):
-    """(config, graphdef, parameters) of the latest checkpoint in ``model_path``, on ``layout`` (default: one
-    device). The checkpoint may have been written on any mesh: orbax reshards on restore."""
-    from config import from_dict
-    from models.gpt_neo import GPTNeo
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
-    from parallel.state import sharded_abstract_params
-
-    checkpoints = Checkpoints(model_path, keep=1, read_only=True)
-    cfg, _ = from_dict(checkpoints.config(), source=f"{model_path} checkpoint config", overrides=overrides)
-    if layout is None:
-        layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
-    graphdef, abstract = sharded_abstract_params(lambda rngs: GPTNeo(cfg, rngs=rngs), layout)
-    params = checkpoints.restore_params(abstract)
-    checkpoints.close()
-    return cfg, graphdef, params

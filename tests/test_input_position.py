@@ -84,7 +84,8 @@ CASES = {
     "2 shards of files": dict(datasets=[["a", None, None, None]], data_shards=2),
     "2 shards of records, mixed": dict(datasets=[["one", None, None, 1.0], ["b", 1, "documents_fixed", 1.0]],
                                        data_shards=2),
-    "mlm": dict(datasets=[["a", None, None, None]], n_vocab=200_000, mlm_training=True, mlm_mask_token_id=3),
+    "mlm": dict(datasets=[["a", None, None, None]], n_vocab=200_000, mlm_training=True, mlm_mask_token_id=3,
+                causal=False),
 }
 
 

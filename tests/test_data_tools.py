@@ -110,3 +110,16 @@ def test_train_tokenizer_names_or_skips_bad_files(inputs, tmp_path, capsys):
     assert int(stdout.split("trained on ")[1].split()[0]) > len(GOOD)
     assert train_tokenizer.main(["--input", str(inputs / "*.txt")] + base + ["--skip-bad-files"]) == 2
     assert capsys.readouterr().err.startswith("error: --input: no document read from 2 file(s) (2 bad; the first: ")
+
+
+def test_an_unwritable_output_is_one_line(inputs, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    code = create_tfrecords.main(["--input", str(inputs / "good.jsonl.zst"), "--output-dir", str(blocker / "out"),
+                                  "--name", "x", "--tokenizer", "bytes", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {blocker / 'out'}: "), err
+    code = train_tokenizer.main(["--input", str(inputs / "good.jsonl.zst"), "--output-dir", str(blocker),
+                                 "--vocab-size", "300"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {blocker}: "), err

@@ -176,6 +176,10 @@ class Config:
     # Data and output.
     datasets: list = _key([["embedded", None, None, None]],
                           "[[id, stitch, sampling_mode, weight], ...]; id names configs/dataset_configs/ID.json")
+    data_shards: int = _key(
+        1, "the input stream is this many interleaved shards, each filling its block of rows of every batch; a "
+        "process reads only the shards its rows need, so a multiple of the process count splits the reading. "
+        "Fixed by the config, not the process count: batches are the same on any number of processes", minimum=1)
     tokenizer_path: Optional[str] = _key(
         None, "tokenizer for text datasets (tfds:NAME): a tokenizer.json, a GPT-2 vocab.json+merges.txt directory, "
         "or 'bytes'; default: the first dataset config's")
@@ -366,6 +370,10 @@ def validated(cfg: Config) -> Config:
     for task in cfg.eval_tasks:
         if task not in EVAL_TASKS:
             raise ConfigError(f"eval_tasks: unknown task {json.dumps(task)} (known: {', '.join(EVAL_TASKS)})")
+    for key in ("train_batch_size", "eval_batch_size") if cfg.eval_steps else ("train_batch_size",):
+        if cfg.data_shards > getattr(cfg, key):
+            raise ConfigError(f"data_shards: {cfg.data_shards} is more than {key} {getattr(cfg, key)} (every shard "
+                              "fills at least one row of each batch)")
     _check_block_options(cfg)
     _check_task(cfg)
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:

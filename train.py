@@ -113,6 +113,7 @@ def train(args, cfg, notes: list[str]) -> None:
     from tqdm import tqdm
 
     from config import ConfigError
+    from data.shards import reading_note
     from data.source import NoEvalSet, make_source
     from models import registry
     from models.generate import complete
@@ -150,6 +151,9 @@ def train(args, cfg, notes: list[str]) -> None:
     train_sharding = batch_shardings(layout, objective, train_shapes, "train_batch_size")
     eval_sharding = batch_shardings(layout, objective, eval_shapes, "eval_batch_size")
     train_data = None if args.eval else make_source(cfg, "train")  # --eval reads eval-only datasets too
+    note = train_data and reading_note(train_data, jax.process_count())
+    if note:
+        say(note)
     try:
         eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
     except NoEvalSet as e:
@@ -182,6 +186,10 @@ def train(args, cfg, notes: list[str]) -> None:
         graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
         state = checkpoints.restore(abstract, latest)
         say(f"resumed from {checkpoints.directory} at step {latest}")
+        position = None if args.eval else restore_input_position(train_data, checkpoints, latest, train_sharding,
+                                                                  train_shapes)
+        if position:
+            say(position)
     elif args.resume or args.eval:
         raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
                           f"{checkpoints.directory}")
@@ -243,7 +251,7 @@ def train(args, cfg, notes: list[str]) -> None:
             metrics.write({"step": step + 1, "kind": "eval", **last_eval})
             say(f"step {step + 1}: eval " + "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
         if (step + 1) % cfg.steps_per_checkpoint == 0 or done:
-            checkpoints.save(step + 1, state, cfg.to_dict())
+            checkpoints.save(step + 1, state, cfg.to_dict(), data=train_data.state(cfg.train_batch_size))
             saved = os.path.join(cfg.model_path, "checkpoints", str(step + 1))
         tick = time.perf_counter()  # eval and checkpoint time are not training time
     progress.close()
@@ -256,6 +264,16 @@ def train(args, cfg, notes: list[str]) -> None:
         say(f"sample:\n{cfg.sample_prompt}{text}")
     for line in progress.summary(stop - start, last_eval, last_eval_step, saved, cfg.model_path):
         say(line)
+
+
+def restore_input_position(source, checkpoints, step: int, shardings: dict, shapes: dict) -> str | None:
+    """Puts the train source at ``step`` from the input position saved with the checkpoint (no re-reading) for
+    this process's rows of the batch; returns the line to print (None when the source needs no position)."""
+    from parallel.distributed import process_rows
+
+    field = next(iter(shardings))  # every field is split over batch the same way
+    rows = process_rows(shardings[field], shapes[field])
+    return source.restore(step, shapes[field][0], rows, checkpoints.restore_input(step))
 
 
 def imported_params(cfg, hf_dir: str):

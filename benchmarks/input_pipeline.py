@@ -1,8 +1,10 @@
 """Is the input pipeline ever the bottleneck? Tokens/s the tf.data pipeline delivers (each sampling mode) next
-to tokens/s the train step consumes, on this machine.
+to tokens/s the train step consumes, on this machine; and what a resume at step N costs from the saved input
+position against replaying the stream up to N.
 
     python benchmarks/input_pipeline.py [--batches 40] [--train-steps 5]    # quickstart shape: under a minute
     python benchmarks/input_pipeline.py --full                               # GPT-Neo 125M, batch 8 x 2048
+    python benchmarks/input_pipeline.py --full --resume-at 200 --train-steps 0  # resume: saved position vs replay
 
 The data is the quickstart's (BPE tokenizer and TFRecords prepared from the embedded corpus into data_cache/).
 By default the shapes are the quickstart's (batch 8 x 128), which finishes in under a minute on a 2-core CPU.
@@ -33,6 +35,28 @@ def pipeline_rate(cfg, batches: int, batch_size: int) -> tuple[float, float]:
     for step in range(1, batches + 1):
         source.batch(step, batch_size)
     return batches * batch_size * cfg.n_ctx / (time.perf_counter() - start), first
+
+
+def resume_cost(cfg, step: int, batch_size: int) -> tuple[float, float, int]:
+    """(seconds to batch ``step`` from a saved position, seconds by replaying the stream, bytes of the position)."""
+    from data.source import make_source
+
+    class Saved:  # what the checkpoint's input item gives back
+        def __init__(self, state):
+            self.meta, self.read = state["meta"], state["shards"].get
+
+    source = make_source(cfg, "train")
+    for s in range(step):
+        source.batch(s, batch_size)
+    state = source.state(batch_size)
+    start = time.perf_counter()
+    restored = make_source(cfg, "train")
+    restored.restore(step, batch_size, slice(0, batch_size), Saved(state))
+    restored.batch(step, batch_size)
+    restore = time.perf_counter() - start
+    start = time.perf_counter()
+    make_source(cfg, "train").batch(step, batch_size)
+    return restore, time.perf_counter() - start, sum(len(v) for v in state["shards"].values())
 
 
 def train_rate(cfg, steps: int) -> float:
@@ -77,6 +101,8 @@ def main(argv=None) -> None:
     p.add_argument("--batches", type=int, default=40, metavar="N", help="pipeline batches timed per mode")
     p.add_argument("--train-steps", type=int, metavar="N", help="train steps timed (0: skip the train step; "
                    "default: 5, or 2 with --full)")
+    p.add_argument("--resume-at", type=int, default=0, metavar="N", help="also time a resume at step N of the "
+                   "chunks stream: from the saved input position and by replaying it (0: skip)")
     args = p.parse_args(argv)
     import jax
 
@@ -99,6 +125,11 @@ def main(argv=None) -> None:
         rates.append(rate)
         print(f"{'pipeline ' + mode + f' ({args.batch_size} x {cfg.n_ctx})':44} {rate:12,.0f}   "
               f"(first batch after {first:.1f} s)", flush=True)
+    if args.resume_at:
+        cfg = base.replace(datasets=[["embedded_bpe", None, None, None]])
+        restore, replay, size = resume_cost(cfg, args.resume_at, args.batch_size)
+        print(f"{'resume at step %d, saved position (%.1f MB)' % (args.resume_at, size / 1e6):44} {restore:11.2f}s")
+        print(f"{'resume at step %d, replaying the stream' % args.resume_at:44} {replay:11.2f}s", flush=True)
     train_steps = (2 if args.full else 5) if args.train_steps is None else args.train_steps
     if train_steps:
         print(f"compiling the train step of {config} ...", flush=True)

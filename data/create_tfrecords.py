@@ -12,6 +12,10 @@ Input files are tokenized in parallel, one output file ``NAME_00000.tfrecords`` 
 ``--files-per N``, files of at most N records: ``NAME_00000_00000.tfrecords`` ...). ``NAME.index`` (JSON) lists
 every output file with its documents, records, tokens and bytes, and the tokenizer's vocabulary size, which the
 reader checks. No document and no token is dropped unless ``--minimum-size`` asks for it; the counts are printed.
+Outputs are written under temporary names (``*.tmp``, which no ``*.tfrecords`` glob matches) and renamed once every
+file is done, then the index: a failure leaves no partial output. An input that cannot be decoded (invalid UTF-8,
+binary, corrupt or truncated ``.zst``, bad JSON) is an error naming it, or with ``--skip-bad-files`` is left out
+and listed under ``skipped`` in the index.
 
 GPT-Neo's flags work as aliases: ``--input_dir --name --output_dir --encoder_path --chunk_size`` (its context
 length: records hold chunk_size + 1 tokens, as ``--n-ctx``) ``--processes --files_per --minimum_size --separator
@@ -56,13 +60,27 @@ class Options:
 def write_files(documents: Iterable[str], tokenizer, out_stem: str, mode: str, chunk_size: int,
                 options: Options = Options()) -> list[dict]:
     """Tokenizes ``documents`` into ``out_stem.tfrecords`` (or, with ``options.files_per``, into
-    ``out_stem_00000.tfrecords`` ... of at most that many records each); returns each file's counts."""
+    ``out_stem_00000.tfrecords`` ... of at most that many records each), each written as ``<name>.tmp`` and
+    left so (``publish`` renames them); returns each file's counts. On failure nothing it wrote is left."""
+    from config import ConfigError
     from data.tf_import import tensorflow
-    from data.text_clean import cleaner
     tf = tensorflow()
+    written: list[dict] = []
+    try:
+        return _write_records(tf, documents, tokenizer, out_stem, mode, chunk_size, options, written)
+    except BaseException as e:
+        for counts in written:
+            _remove(os.path.join(os.path.dirname(out_stem), counts["file"] + ".tmp"))
+        if isinstance(e, tf.errors.OpError):  # disk full, no permission, a missing bucket: the writer says which
+            raise ConfigError(f"{out_stem}: cannot write ({e.message.strip().splitlines()[0][:200]})") from None
+        raise
+
+
+def _write_records(tf, documents: Iterable[str], tokenizer, out_stem: str, mode: str, chunk_size: int,
+                   options: Options, written: list[dict]) -> list[dict]:
+    from data.text_clean import cleaner
     clean = cleaner(options.ftfy, options.wikitext_detokenize)
     separator = list(options.separator) if options.separator else [tokenizer.eos_id]
-    written: list[dict] = []
     writer = None
     pending: list[int] = []
 
@@ -73,7 +91,7 @@ def write_files(documents: Iterable[str], tokenizer, out_stem: str, mode: str, c
         path = f"{out_stem}.tfrecords" if options.files_per is None else f"{out_stem}_{len(written):05d}.tfrecords"
         written.append({"file": os.path.basename(path), "documents": 0, "records": 0, "tokens": 0, "bytes": 0,
                         "dropped_documents": 0})
-        writer = tf.io.TFRecordWriter(path)
+        writer = tf.io.TFRecordWriter(path + ".tmp")
 
     def emit(ids):
         if options.files_per is not None and written[-1]["records"] == options.files_per:
@@ -115,23 +133,50 @@ def write_files(documents: Iterable[str], tokenizer, out_stem: str, mode: str, c
 
 def write_file(documents: Iterable[str], tokenizer, out_path: str, mode: str, chunk_size: int) -> dict:
     """Tokenizes ``documents`` into the one file ``out_path``; returns its counts for the index."""
-    return write_files(documents, tokenizer, out_path.removesuffix(".tfrecords"), mode, chunk_size)[0]
+    [counts] = write_files(documents, tokenizer, out_path.removesuffix(".tfrecords"), mode, chunk_size)
+    publish(os.path.dirname(out_path), [counts])
+    return counts
 
 
-def _job(args) -> list[dict]:
-    in_path, out_stem, tokenizer_path, mode, chunk_size, options = args
-    from data.text_files import read_documents
+def publish(directory: str, written: list[dict]) -> None:
+    """Renames every written ``<file>.tmp`` in ``directory`` to its final name."""
+    for counts in written:
+        final = os.path.join(directory, counts["file"])
+        os.replace(final + ".tmp", final)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _job(args) -> dict:
+    """One input file's TFRecords, under temporary names; a file that cannot be decoded leaves nothing and, with
+    ``skip_bad``, is reported instead."""
+    in_path, out_stem, tokenizer_path, mode, chunk_size, options, skip_bad = args
+    from data.text_files import BadFile, read_documents
     from data.tokenizer import load_tokenizer
-    return write_files(read_documents(in_path), load_tokenizer(tokenizer_path), out_stem, mode, chunk_size, options)
+    try:
+        return {"written": write_files(read_documents(in_path), load_tokenizer(tokenizer_path), out_stem, mode,
+                                       chunk_size, options)}
+    except BadFile as e:
+        if skip_bad:
+            return {"skipped": in_path, "error": str(e)}
+        raise
 
 
 def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mode: str, chunk_size: int,
-                separator: tuple[int, ...] | None = None) -> dict:
+                separator: tuple[int, ...] | None = None, skipped: list[dict] = ()) -> dict:
+    """``NAME.index``, written under a temporary name and renamed: the files, their counts and totals, the
+    tokenizer's size and separator, and the input files skipped as bad (with why)."""
     totals = {k: sum(f.get(k, 0) for f in files) for k in ("documents", "records", "tokens", "bytes",
                                                             "dropped_documents")}
     index = {"format": INDEX_FORMAT, "mode": mode, "chunk_size": chunk_size, "tokenizer": tokenizer_path,
              "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
-             "separator": list(separator) if separator else [tokenizer.eos_id], "totals": totals, "files": files}
+             "separator": list(separator) if separator else [tokenizer.eos_id], "totals": totals, "files": files,
+             "skipped": list(skipped)}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(index, f, indent=1)
@@ -140,9 +185,12 @@ def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mo
 
 
 def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, mode: str = "chunks",
-           chunk_size: int = 2049, workers: int = 0, options: Options = Options()) -> dict:
+           chunk_size: int = 2049, workers: int = 0, options: Options = Options(),
+           skip_bad_files: bool = False) -> dict:
     """Writes TFRecord files (one per input file, or several of ``options.files_per`` records; in parallel over
-    ``workers`` processes) and ``NAME.index``."""
+    ``workers`` processes) and ``NAME.index``. Outputs are renamed into place only once every file is done, then
+    the index is written: a failure leaves no partial output. A file that cannot be decoded is an error naming it,
+    or with ``skip_bad_files`` is left out and listed under ``skipped`` in the index."""
     from config import ConfigError
     from data.text_clean import cleaner
     from data.text_files import expand_inputs
@@ -161,16 +209,30 @@ def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, m
     cleaner(options.ftfy, options.wikitext_detokenize)  # a missing ftfy is an error before any work
     files = expand_inputs(inputs)
     os.makedirs(output_dir, exist_ok=True)
-    jobs = [(f, os.path.join(output_dir, f"{name}_{i:05d}"), tokenizer_path, mode, chunk_size, options)
-            for i, f in enumerate(files)]
+    jobs = [(f, os.path.join(output_dir, f"{name}_{i:05d}"), tokenizer_path, mode, chunk_size, options,
+             skip_bad_files) for i, f in enumerate(files)]
     workers = min(workers or os.cpu_count() or 1, len(jobs))
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            written = list(pool.map(_job, jobs))
-    else:
-        written = [_job(j) for j in jobs]
-    return write_index(os.path.join(output_dir, f"{name}.index"), [f for w in written for f in w], tokenizer,
-                       tokenizer_path, mode, chunk_size, options.separator)
+    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    results: list[dict] = []
+    try:
+        for result in (pool.map(_job, jobs) if pool else map(_job, jobs)):
+            results.append(result)
+    except BaseException:
+        if pool:  # jobs not started are dropped; the running ones finish, so nothing writes once it returns
+            pool.shutdown(wait=True, cancel_futures=True)
+        for result in results:  # the failing job cleaned up after itself; the finished ones are removed here
+            for counts in result.get("written", ()):
+                _remove(os.path.join(output_dir, counts["file"] + ".tmp"))
+        raise
+    if pool:
+        pool.shutdown()
+    written = [counts for r in results for counts in r.get("written", ())]
+    skipped = [r for r in results if "skipped" in r]
+    if not written:
+        raise ConfigError(f"every input file is bad; the first: {skipped[0]['error']}")
+    publish(output_dir, written)
+    return write_index(os.path.join(output_dir, f"{name}.index"), written, tokenizer, tokenizer_path, mode,
+                       chunk_size, options.separator, skipped)
 
 
 def write_dataset_config(directory: str, name: str, output_dir: str, tokenizer_path: str, index: dict) -> str:
@@ -222,6 +284,8 @@ def main(argv=None) -> int:
                    help="undo WikiText's tokenized spacing first")
     p.add_argument("--write-dataset-config", "--write_dataset_config", action="store_true",
                    help="also write configs/dataset_configs/NAME.json naming these files")
+    p.add_argument("--skip-bad-files", action="store_true", help="leave out input files that cannot be decoded "
+                   "(invalid UTF-8, binary, corrupt or truncated .zst, bad JSON) and count them, instead of stopping")
     args = p.parse_args(argv)
     from config import ConfigError
     from data.source import DATASET_CONFIG_DIR
@@ -232,15 +296,23 @@ def main(argv=None) -> int:
             raise ConfigError("--tokenizer (GPT-Neo's --encoder_path) is required; GPT-Neo's default, GPT-2's "
                               "tokenizer, works from a local folder with vocab.json + merges.txt")
         index = create(args.input, args.output_dir, args.name, args.tokenizer, args.mode,
-                       args.chunk_size or args.n_ctx + 1, args.workers, options)
+                       args.chunk_size or args.n_ctx + 1, args.workers, options, args.skip_bad_files)
         config_path = write_dataset_config(DATASET_CONFIG_DIR, args.name, args.output_dir, args.tokenizer, index) \
             if args.write_dataset_config else None
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    t = index["totals"]
+    except OSError as e:  # disk full, permissions, a directory where a file should be
+        print(f"error: {e.filename or args.output_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    t, skipped = index["totals"], index["skipped"]
     dropped = (f"{t['dropped_documents']:,} documents under --minimum-size {args.minimum_size} were dropped"
                if t["dropped_documents"] else "no document or token was dropped")
+    if skipped:
+        of_others = dropped.replace("no document or token was dropped",
+                                    "no document or token of the other files was dropped")
+        dropped = (f"skipped {len(skipped)} bad input file(s) ({skipped[0]['error']}"
+                   f"{', ...' if len(skipped) > 1 else ''}); {of_others}")
     print(f"wrote {len(index['files'])} file(s) to {args.output_dir}: {t['documents']:,} documents, "
           f"{t['records']:,} records, {t['tokens']:,} tokens ({t['bytes'] / max(t['tokens'], 1):.2f} bytes/token), "
           f"index {os.path.join(args.output_dir, args.name + '.index')}; {dropped}")

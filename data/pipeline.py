@@ -1,11 +1,12 @@
 """tf.data graphs: documents from TFRecords (TFDS text is tokenized into TFRecords first, ``data/tfds_text.py``)
--> (n_ctx+1)-token windows by sampling mode -> weighted mix -> global batches, of which a process keeps only its
-own rows.
+-> (n_ctx+1)-token windows by sampling mode -> weighted mix -> a shard's blocks of global batch rows
+(``data/shards.py`` puts the shards' blocks together).
 
 Every stage is deterministic for a given seed (seeded shuffles, ``deterministic=True`` parallel reads and maps,
 ``Dataset.random`` for random offsets), so the stream of batches is a pure function of the config: batch ``s`` is
 the same in every run, on any number of processes. Epochs follow each other inside the stream (files and
-documents reshuffled each epoch), so a run crosses epoch boundaries without a seam.
+documents reshuffled each epoch), so a run crosses epoch boundaries without a seam. Every stage can save its
+state in a tf.data iterator checkpoint (``data/tf_source.py``), so a resumed run continues without re-reading.
 
 Sampling modes (GPT-Neo's ``[id, stitch, sampling_mode, weight]``):
 
@@ -40,18 +41,26 @@ def check_mode(entry: list, where: str) -> tuple[str, int]:
     return mode, stitch or 1
 
 
-def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, seed: int, shuffle_buffer: int):
-    """Endless stream of int64[None] records (documents or chunks); token ids are checked against n_vocab."""
+def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, seed: int, shuffle_buffer: int,
+                       record_shard: tuple[int, int] | None = None):
+    """Endless stream of int64[None] records (documents or chunks); token ids are checked against n_vocab.
+    ``record_shard = (k, S)`` keeps only the records whose index in their file is k modulo S."""
     paths = tf.data.Dataset.from_tensor_slices(files)
     if shuffle:
         paths = paths.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    paths = paths.repeat()
 
     def read(path):
-        return tf.data.TFRecordDataset(path).enumerate().map(lambda i, r: (path, i, r))
+        records = tf.data.TFRecordDataset(path).enumerate()
+        if record_shard is not None:
+            k, count = record_shard
+            records = records.filter(lambda i, r: i % count == k)
+        return records.map(lambda i, r: (path, i, r))
 
     records = paths.interleave(read, cycle_length=min(READ_CYCLE, len(files)), block_length=1,
                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # Repeated after reading, not before: an epoch reads every file once, and a shard without a single record
+    # ends (repeat stops on an empty first pass) instead of cycling through its files forever.
+    records = records.repeat()
 
     def parse(path, i, record):
         ids = tf.io.parse_single_example(record, {"text": tf.io.VarLenFeature(tf.int64)})["text"].values
@@ -148,14 +157,12 @@ def mix(tf, streams: list, weights: list[float], seed: int):
     return tf.data.Dataset.sample_from_datasets(streams, weights=weights, seed=seed + 4)
 
 
-def batches(tf, stream, batch_size: int, rows: slice, start_batch: int = 0):
-    """Global batches of ``batch_size`` windows from ``start_batch`` on, cut to this process's ``rows``:
-    int32 (rows, n_ctx+1) (or a dict of such arrays after the MLM stage), prefetched."""
-    out = stream.batch(batch_size, drop_remainder=True)
+def shard_batches(tf, stream, block: int, start_batch: int = 0):
+    """A shard's blocks of ``block`` consecutive windows, one per global batch, from ``start_batch`` on:
+    int32 (block, n_ctx+1) (or a dict of such arrays after the MLM stage), prefetched."""
+    out = stream.batch(block, drop_remainder=True)
     if start_batch:
-        out = out.skip(start_batch)  # exact resume: the stream is deterministic, so skipping replays it
-    if (rows.start or 0) != 0 or rows.stop not in (None, batch_size):
-        out = out.map(lambda b: tf.nest.map_structure(lambda t: t[rows.start:rows.stop], b))
+        out = out.skip(start_batch)  # replay: the stream is deterministic, so skipping reaches the same position
     options = tf.data.Options()
     options.deterministic = True
     return out.with_options(options).prefetch(tf.data.AUTOTUNE)

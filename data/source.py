@@ -7,8 +7,13 @@ uninterrupted run would have, and each process builds just its own rows of the g
 file (``.../dataset.json``, as data/make_dataset.py writes). Two kinds of source:
 
 * ``WindowSource``: the embedded corpus held in memory (``path: "embedded"``): no TensorFlow needed.
-* ``TFDataSource``: TFRecords (GPT-Neo's format, ``path``/``eval_path`` globs) and TFDS through tf.data
-  (``data/pipeline.py``): parallel reads, seeded shuffles, sampling modes, weighted mixing, prefetch.
+* ``TFDataSource`` (``data/tf_source.py``): TFRecords (GPT-Neo's format, ``path``/``eval_path`` globs) and TFDS
+  through tf.data (``data/pipeline.py``): parallel reads, seeded shuffles, sampling modes, weighted mixing,
+  prefetch; read as ``data_shards`` shards of which each process builds only those its rows need
+  (``data/shards.py``); its position is saved with each checkpoint, so a resumed run re-reads nothing.
+
+Both have ``batch(step, batch_size, rows)``, ``state(batch_size)`` (the position to checkpoint, or None) and
+``restore(step, batch_size, rows, saved)`` (one line saying what was restored, or None when nothing needs to be).
 
 Relative paths in the shipped dataset configs are relative to the repository root (the current directory when
 NeoMesh is installed, see neomesh/paths.py); in a dataset config given by its path, relative to its folder.
@@ -16,6 +21,7 @@ NeoMesh is installed, see neomesh/paths.py); in a dataset config given by its pa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -23,6 +29,8 @@ import numpy as np
 
 from config import Config, ConfigError
 from data import corpus
+from data.shards import shard_files, shard_seed
+from data.tf_source import TFDataSource
 from data.tokenizer import Tokenizer, load_tokenizer
 from neomesh.paths import configs_dir, work_root
 
@@ -96,52 +104,12 @@ class WindowSource:
         starts = self._window_ids(examples) * self.n_ctx
         return np.stack([self.tokens[s:s + self.window] for s in starts]).astype(np.int32)
 
+    def state(self, batch_size: int) -> None:
+        """Nothing to save: any batch is computed directly from its step (O(1))."""
+        return None
 
-class TFDataSource:
-    """Batches from a tf.data pipeline that is a pure function of the config: batch ``step`` is the ``step``-th
-    batch of the stream. Reading forward is the fast path; any other step (a resumed run, a repeated
-    evaluation) rebuilds the pipeline and skips to it, which reads but does not train on what it skips."""
-
-    def __init__(self, build, files: list[str], tokenizer: Tokenizer, bytes_per_token: float | None,
-                 description: str, memoize: bool):
-        self._build, self.files, self.tokenizer = build, files, tokenizer
-        self._bytes_per_token, self.description, self._memoize = bytes_per_token, description, memoize
-        self._key = self._iterator = None
-        self._next = 0
-        self._memo: dict = {}
-
-    def batch(self, step: int, batch_size: int, rows: slice | None = None) -> np.ndarray:
-        """Rows ``rows`` (default all) of global batch ``step``: (rows, n_ctx+1) int32 tokens (with
-        ``mlm_training``, a dict of (rows, n_ctx) ``inputs``/``targets``/``mask`` arrays)."""
-        from data.tf_import import tensorflow
-        from data.tfrecords import diagnose
-        tf = tensorflow()
-        rows = rows or slice(0, batch_size)
-        key = (batch_size, rows.start, rows.stop)
-        if self._memoize and (step, key) in self._memo:
-            return self._memo[(step, key)]
-        if key != self._key or step != self._next:
-            self._iterator = iter(self._build(batch_size, rows, step))
-            self._key = key
-        try:
-            out = tf.nest.map_structure(lambda t: t.numpy(), next(self._iterator))
-        except tf.errors.OpError as e:
-            raise diagnose(self.files, e) from None
-        self._next = step + 1
-        if self._memoize:
-            self._memo[(step, key)] = out
-        return out
-
-    @property
-    def bytes_per_token(self) -> float:
-        """From the TFRecord indexes when every file has one, else measured on the first batch."""
-        if self._bytes_per_token is None:
-            sample = self.batch(0, 8)
-            # targets only: the shared first token is counted once (MLM's targets are the unmasked tokens)
-            sample = sample["targets"] if isinstance(sample, dict) else sample[:, 1:]
-            text = "".join(self.tokenizer.decode(row) for row in sample)
-            self._bytes_per_token = len(text.encode("utf-8")) / sample.size
-        return self._bytes_per_token
+    def restore(self, step: int, batch_size: int, rows: slice, saved) -> None:
+        return None
 
 
 def _embedded_source(cfg: Config, dataset: dict, split: str) -> WindowSource:
@@ -246,14 +214,15 @@ def make_source(cfg: Config, split: str):
     if len(sizes) > 1:
         raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "
                           "mixed datasets must share one tokenizer")
-    from data.pipeline import batches, mix, open_tfds, tfrecord_documents, windows
+    from data.pipeline import mix, open_tfds, shard_batches, tfrecord_documents, windows
     from data.tfds_text import tokenized_split
     from data.tf_import import tensorflow
     from data.tfrecords import check_vocab, list_files, read_indexes
 
     tf = tensorflow()
     shuffle = split == "train"
-    plan, all_files, weights, token_bytes = [], [], [], []
+    shards = cfg.data_shards
+    plan, all_files, weights, token_bytes, identity = [], [], [], [], []
     for k, (entry, dataset, tokenizer) in enumerate(zip(entries, datasets, tokenizers)):
         where = dataset["where"]
         mode, stitch = check_mode(entry, where)
@@ -277,23 +246,31 @@ def make_source(cfg: Config, split: str):
         check_vocab(indexes, tokenizer, cfg.n_vocab, where)
         all_files += files
         plan.append((files, mode, stitch, seed, buffer))
+        identity.append([[os.path.basename(f), tf.io.gfile.stat(f).length] for f in files])
         full = len(indexes) == len(files)
+        records = sum(i["records"] for i in indexes.values())
+        if full and shards > len(files) and records < shards:  # shards split records: each needs one at least
+            raise ConfigError(f"data_shards: {shards} is more than the {records} records of {where} "
+                              f"({split}); a shard reads an even part of them")
         token_bytes.append((sum(i["tokens"] for i in indexes.values()), sum(i["bytes"] for i in indexes.values()))
                            if full else None)
         weights.append(float(weight))
 
-    def build(batch_size: int, rows: slice, start: int):
+    def build_shard(shard: int, block: int, start: int):
+        """Shard ``shard``'s stream of ``block``-row blocks of global batches ``start``, ``start + 1``, ..."""
         streams = []
         for files, mode, stitch, seed, buffer in plan:
+            seed = shard_seed(seed, shard)
+            files, record_shard = shard_files(files, shards, shard)
             docs = tfrecord_documents(tf, files, n_vocab=cfg.n_vocab, shuffle=shuffle, seed=seed,
-                                      shuffle_buffer=buffer)
+                                      shuffle_buffer=buffer, record_shard=record_shard)
             streams.append(windows(tf, docs, cfg.n_ctx, mode, stitch, shuffle=shuffle, seed=seed,
                                    shuffle_buffer=buffer))
-        stream = mix(tf, streams, weights, cfg.seed * 1000 + 7)
+        stream = mix(tf, streams, weights, shard_seed(cfg.seed * 1000 + 7, shard))
         if cfg.mlm_training:
             from data.mlm import mlm_stage
-            stream = mlm_stage(tf, stream, cfg, cfg.seed * 1000 + 8)
-        return batches(tf, stream, batch_size, rows, start)
+            stream = mlm_stage(tf, stream, cfg, shard_seed(cfg.seed * 1000 + 8, shard))
+        return shard_batches(tf, stream, block, start)
 
     bytes_per_token = None
     if all(tb is not None for tb in token_bytes):
@@ -302,5 +279,16 @@ def make_source(cfg: Config, split: str):
     names = ", ".join(f"{d['where']} ({check_mode(e, d['where'])[0]}, weight {w:g})"
                       for d, e, w in zip(datasets, entries, weights))
     description = f"{split}: {names}; {len(all_files)} TFRecord files" + (
-        f", {sum(t for t, _ in token_bytes):,} tokens" if bytes_per_token else "")
-    return TFDataSource(build, all_files, tokenizers[0], bytes_per_token, description, memoize=not shuffle)
+        f", {sum(t for t, _ in token_bytes):,} tokens" if bytes_per_token else "") + (
+        f"; {shards} shards" if shards > 1 else "")
+    fingerprint = _fingerprint(cfg, split, identity, [p[1:] for p in plan], weights)
+    return TFDataSource(build_shard, shards, all_files, tokenizers[0], bytes_per_token, description,
+                        memoize=not shuffle, fingerprint=fingerprint)
+
+
+def _fingerprint(cfg: Config, split: str, identity: list, stages: list, weights: list[float]) -> str:
+    """What decides the stream (files and their sizes, modes, seeds, buffers, weights, n_ctx, MLM settings,
+    shards): a saved input position is restored only into the same stream."""
+    mlm = {k: v for k, v in cfg.to_dict().items() if k.startswith("mlm_")}
+    what = [split, identity, stages, weights, cfg.n_ctx, cfg.n_vocab, cfg.seed, cfg.data_shards, mlm]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -4,7 +4,6 @@ per line with a ``text`` field, the Pile's format), and ``embedded`` (the corpus
 from __future__ import annotations
 
 import glob
-import io
 import json
 import os
 from typing import Iterator
@@ -12,6 +11,7 @@ from typing import Iterator
 from config import ConfigError
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.zst")
+CHUNK = 1 << 20  # compressed bytes read at a time
 
 
 def expand_inputs(patterns: list[str]) -> list[str]:
@@ -33,31 +33,79 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     return files
 
 
+class BadFile(ConfigError):
+    """An input file that cannot be decoded (invalid UTF-8, binary, corrupt or truncated zstd, bad JSON line); the
+    message names the file and where. The tools stop on it, or skip the file with ``--skip-bad-files``."""
+
+
 def read_documents(path: str) -> Iterator[str]:
-    """The documents of one input file, in file order."""
+    """The documents of one input file, in file order; ``BadFile`` if it cannot be decoded."""
     if path == "embedded":
         from data import corpus
         for _, text in corpus.documents():
             yield text
         return
     if path.endswith(".txt"):
-        with open(path, encoding="utf-8") as f:
-            yield f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
+        nul = raw.find(b"\0")
+        if nul >= 0:
+            raise BadFile(f"{path}: binary data (a NUL byte at byte offset {nul}), not text")
+        yield _decode(raw, path, 0)
         return
-    if path.endswith(".zst"):
-        import zstandard
-        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"))
-        stream = io.TextIOWrapper(raw, encoding="utf-8")
-    else:
-        stream = open(path, encoding="utf-8")
-    with stream:
-        for line_no, line in enumerate(stream, 1):
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line)["text"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ConfigError(f"{path}: line {line_no} is not a JSON object with a 'text' field") from None
-            if not isinstance(text, str):
-                raise ConfigError(f"{path}: line {line_no}: 'text' is not a string")
-            yield text
+    lines = _zstd_lines(path) if path.endswith(".zst") else _file_lines(path)
+    offset = 0
+    for line_no, line in enumerate(lines, 1):
+        text_line, offset = _decode(line, path, offset, line_no), offset + len(line)
+        if not text_line.strip():
+            continue
+        try:
+            text = json.loads(text_line)["text"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise BadFile(f"{path}: line {line_no} is not a JSON object with a 'text' field") from None
+        if not isinstance(text, str):
+            raise BadFile(f"{path}: line {line_no}: 'text' is not a string")
+        yield text
+
+
+def _decode(raw: bytes, path: str, offset: int, line_no: int | None = None) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = (f"line {line_no}, " if line_no else "") + ("decompressed " if path.endswith(".zst") else "")
+        raise BadFile(f"{path}: not UTF-8 text ({where}byte offset {offset + e.start}: 0x{raw[e.start]:02x})") \
+            from None
+
+
+def _file_lines(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        yield from f
+
+
+def _zstd_lines(path: str) -> Iterator[bytes]:
+    """Lines of a zstd-compressed file (one or more frames). A corrupt stream, or one that ends inside a frame
+    (a truncated download or copy), is a ``BadFile``, never a silently shorter input."""
+    import zstandard
+
+    decompressor = zstandard.ZstdDecompressor()
+    frame, started, pending, read = decompressor.decompressobj(), False, b"", 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            read += len(chunk)
+            while chunk:
+                started = True
+                try:
+                    pending += frame.decompress(chunk)
+                except zstandard.ZstdError as e:
+                    raise BadFile(f"{path}: corrupt zstd data near compressed byte {read} ({e})") from None
+                chunk = b""
+                if frame.eof:  # the next frame, if any, starts in what this one did not use
+                    chunk, frame, started = frame.unused_data, decompressor.decompressobj(), False
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line + b"\n"
+    if started or read == 0:
+        raise BadFile(f"{path}: truncated zstd data (the stream ends inside a frame after {read} compressed bytes)"
+                      if read else f"{path}: empty, not zstd data")
+    if pending:
+        yield pending

@@ -78,7 +78,12 @@ class BPETokenizer:
         return self.tok.token_to_id(token)
 
     def save(self, path: str) -> None:
-        self.tok.save(path)
+        """Writes ``tokenizer.json`` under a temporary name and renames it when whole: a failure (a full disk)
+        leaves no truncated file, and raises ``OSError``."""
+        text = self.tok.to_str(pretty=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
 
 
 def _byte_level(tok):

@@ -31,9 +31,11 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", "--vocab_size", type=int, required=True,
                    help="tokens in all, special tokens included")
     p.add_argument("--min-frequency", type=int, default=2, help="pairs seen fewer times are not merged")
+    p.add_argument("--skip-bad-files", action="store_true", help="skip the rest of an input file that cannot be "
+                   "decoded (invalid UTF-8, binary, corrupt or truncated .zst) and count it, instead of stopping")
     args = p.parse_args(argv)
     from config import ConfigError
-    from data.text_files import expand_inputs, read_documents
+    from data.text_files import BadFile, expand_inputs, read_documents
     from data.tokenizer import train_bpe
 
     try:
@@ -43,23 +45,38 @@ def main(argv=None) -> int:
         inputs = [os.path.join(args.base_dir, f"*.{args.file_type}")] if args.base_dir else args.input
         files = expand_inputs(inputs)
         counts = {"documents": 0, "bytes": 0}
+        bad: list[str] = []
 
         def texts():
             for path in files:
-                for text in read_documents(path):
-                    counts["documents"] += 1
-                    counts["bytes"] += len(text.encode("utf-8"))
-                    yield text
+                try:
+                    for text in read_documents(path):
+                        counts["documents"] += 1
+                        counts["bytes"] += len(text.encode("utf-8"))
+                        yield text
+                except BadFile as e:
+                    if not args.skip_bad_files:
+                        raise
+                    bad.append(str(e))  # the documents read before the bad spot were used
 
         tok = train_bpe(texts(), args.vocab_size, args.min_frequency)
+        if not counts["documents"]:
+            raise ConfigError(f"--input: no document read from {len(files)} file(s)" +
+                              (f" ({len(bad)} bad; the first: {bad[0]})" if bad else ""))
         os.makedirs(args.output_dir, exist_ok=True)
         out = os.path.join(args.output_dir, "tokenizer.json")
-        tok.save(out)
+        tok.save(out)  # renamed into place when whole
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # disk full, permissions, a file where the output directory should be
+        print(f"error: {e.filename or args.output_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    skipped = f"; skipped the rest of {len(bad)} bad file(s) ({bad[0]}{', ...' if len(bad) > 1 else ''})" \
+        if bad else ""
     print(f"trained on {counts['documents']} documents ({counts['bytes']:,} bytes) from {len(files)} files; "
-          f"wrote {out} ({tok.vocab_size} tokens; <|endoftext|> = {tok.eos_id}, <|padding|> = {tok.padding_id})")
+          f"wrote {out} ({tok.vocab_size} tokens; <|endoftext|> = {tok.eos_id}, <|padding|> = {tok.padding_id})"
+          f"{skipped}")
     return 0
 
 

@@ -47,23 +47,32 @@ def take(source, steps, batch_size=8, start=0) -> np.ndarray:
     return np.concatenate([source.batch(s, batch_size) for s in range(start, start + steps)])
 
 
+_TINY_TFDS: dict = {}  # the builder class, defined once: TFDS registers builder names process-wide
+
+
 def prepare_tiny_tfds(data_dir: str, texts: list[str]) -> None:
     """A prepared TFDS text dataset ``neomesh_tiny_text`` (train: texts[:15], validation: the rest) in
     ``data_dir``, as ``tfds build`` would leave it; train.py reads it by name from the files alone."""
     import tensorflow_datasets as tfds
 
-    class NeomeshTinyText(tfds.core.GeneratorBasedBuilder):
-        VERSION = tfds.core.Version("1.0.0")
+    if "builder" not in _TINY_TFDS:
+        class NeomeshTinyText(tfds.core.GeneratorBasedBuilder):
+            VERSION = tfds.core.Version("1.0.0")
+            texts: list[str] = []
 
-        def _info(self):
-            return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
-                                                  disable_shuffling=True)
+            def _info(self):
+                return self.dataset_info_from_configs(
+                    features=tfds.features.FeaturesDict({"text": tfds.features.Text()}), disable_shuffling=True)
 
-        def _split_generators(self, dl_manager):
-            return {"train": self._generate_examples(texts[:15]), "validation": self._generate_examples(texts[15:])}
+            def _split_generators(self, dl_manager):
+                return {"train": self._generate_examples(self.texts[:15]),
+                        "validation": self._generate_examples(self.texts[15:])}
 
-        def _generate_examples(self, split_texts):
-            for i, t in enumerate(split_texts):
-                yield i, {"text": t}
+            def _generate_examples(self, split_texts):
+                for i, t in enumerate(split_texts):
+                    yield i, {"text": t}
 
-    NeomeshTinyText(data_dir=data_dir).download_and_prepare()
+        _TINY_TFDS["builder"] = NeomeshTinyText
+    builder = _TINY_TFDS["builder"]
+    builder.texts = list(texts)
+    builder(data_dir=data_dir).download_and_prepare()

@@ -145,6 +145,7 @@ def test_two_processes_match_one_and_checkpoint_together(tmp_path, mesh_shape, l
                                     f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i))
                       for i in range(2)], devices=4)
     assert "over 8 cpu devices (2 processes)" in results[0][1], results[0][1]
+    assert "note: data_shards 1 is not a multiple of the 2 processes" in results[0][1]  # both read everything
     train, evals = read_metrics(multi)  # written by process 0 only
     assert sorted(train) == list(range(1, STEPS + 1)), train
     assert sorted(evals) == list(range(1, STEPS + 1)), evals
@@ -208,3 +209,39 @@ def test_slurm_recipe_with_a_three_axis_layout(tmp_path):
     assert sorted(train) == list(range(1, steps + 1)), train
     assert_close(train, ref_train, "train loss, SLURM 2x4 vs 1x8 devices")
     assert_close(evals, ref_eval, "eval loss, SLURM 2x4 vs 1x8 devices")
+
+
+@pytest.mark.slow
+def test_two_processes_read_disjoint_files_and_assemble_the_one_process_batches(tmp_path):
+    """Per-host input: with data_shards 4 over 4 files, each of 2 processes reads only its 2 files, and the global
+    batches are those of 1 process; the input position the 2 processes save resumes 1 process without replay."""
+    from tests.data_common import synthetic_docs, use_dataset_configs, write_tf_records
+
+    docs = synthetic_docs([3, 40, 7, 2, 25, 11, 60, 5, 1, 30, 9, 4, 18, 6, 2, 33])
+    for i in range(4):
+        write_tf_records(str(tmp_path / f"a_{i}.tfrecords"), docs[i * 4:(i + 1) * 4])
+    configs = tmp_path / "dc"
+
+    class Patch:  # use_dataset_configs wants a monkeypatch; the subprocesses get the directory instead
+        def setattr(self, *args):
+            pass
+
+    use_dataset_configs(Patch(), configs, a={"path": str(tmp_path / "a_*.tfrecords"), "tokenizer_path": "bytes",
+                                             "shuffle_buffer": 8})
+    script = [sys.executable, "tests/multihost_input.py", "--dataset-configs", str(configs), "--steps", "4"]
+    multi, single = tmp_path / "two", tmp_path / "one"
+    multi.mkdir(), single.mkdir()
+    port = free_port()
+    launch([script + ["--out", str(multi), "--save-at", "2", "--coordinator", f"127.0.0.1:{port}",
+                      "--num-processes", "2", "--process-id", str(i)] for i in range(2)], devices=4)
+    [(_, out, _)] = launch([script + ["--out", str(single), "--resume-from", str(multi / "run")]], devices=8)
+
+    read = {p: json.load(open(multi / f"files_{p}.json")) for p in range(2)}
+    assert read == {0: ["a_0.tfrecords", "a_1.tfrecords"], 1: ["a_2.tfrecords", "a_3.tfrecords"]}, read
+    assert json.load(open(single / "files_0.json")) == [f"a_{i}.tfrecords" for i in range(4)]
+    import numpy as np
+    one, two = np.load(single / "batches.npy"), np.load(multi / "batches.npy")
+    assert one.shape == (4, 8, 17) and len(np.unique(one[:, :, 0])) > 8
+    assert np.array_equal(one, two)
+    assert "input: continues at step 2" in out and "replayed 0" in out, out
+    assert np.array_equal(np.load(single / "resumed.npy"), one[2:])

@@ -59,6 +59,7 @@ def test_resume_is_exact_and_checkpoints_rotate(tmp_path):
     assert [r["step"] for r in metrics_rows(parts)] == [1, 2, 3]
     resumed = train(parts, *sets)
     assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout
+    assert "input: continues at step 3 from the saved position" in resumed.stdout  # nothing re-read
     losses = lambda path: [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in metrics_rows(path)]  # noqa
     assert losses(parts) == losses(whole)  # bit-identical, dropout included
     evals = lambda path: [(r["step"], r["loss"]) for r in metrics_rows(path, "eval")]  # noqa

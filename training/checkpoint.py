@@ -13,6 +13,8 @@ import jax
 import orbax.checkpoint as ocp
 
 from config import ConfigError
+from training.input_checkpoint import ITEM as INPUT_ITEM
+from training.input_checkpoint import InputStateHandler, InputStateRestore, InputStateSave
 
 
 @contextlib.contextmanager
@@ -39,15 +41,30 @@ class Checkpoints:
         else:
             options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=True)
         with _quiet_absl(read_only):  # orbax warns that a read-only manager is read-only
-            self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "config"))
+            self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                                 item_names=("state", "config", INPUT_ITEM),
+                                                 item_handlers={INPUT_ITEM: InputStateHandler()})
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state, config: dict) -> None:
-        """Starts an async save; returns once device arrays are copied off the devices."""
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        config=ocp.args.JsonSave(config)), force=True)
+    def save(self, step: int, state, config: dict, data: dict | None = None) -> None:
+        """Starts an async save; returns once device arrays are copied off the devices. ``data`` is the input
+        position (a source's ``state()``), saved as its own item of the same step."""
+        items = dict(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config))
+        items.update(input_position_item(data))
+        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+    def restore_input(self, step: int):
+        """The input position saved with ``step`` (``training.input_checkpoint.SavedInput``), or None where the
+        checkpoint has none (written by a source that needs none, or before positions were saved) or it is
+        unreadable."""
+        if not os.path.isdir(os.path.join(self.directory, str(step), INPUT_ITEM)):
+            return None
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(**{INPUT_ITEM: InputStateRestore()}))[INPUT_ITEM]
+        except (OSError, ValueError):  # an unreadable position costs a replay, never the run
+            return None
 
     def restore(self, abstract_state, step: int | None = None):
         """The state at ``step`` (default: latest), placed with the shardings in ``abstract_state``."""
@@ -88,4 +105,11 @@ class Checkpoints:
         """Waits for pending saves to finish."""
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def input_position_item(data: dict | None) -> dict:
+    """The checkpoint item for a source's ``state()`` (none when the source has no position to save)."""
+    if data is None:
+        return {}
+    return {INPUT_ITEM: InputStateSave(meta=data["meta"], shards=data["shards"])}
 

@@ -46,39 +46,39 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from config import ConfigError, describe_keys
+    from config import describe_keys
+    from errors import EXIT_ERROR, run_main
 
     if args.help_config:
         print(describe_keys())
         return 0
+    if args.stop_at_step is not None and args.stop_at_step < 1:
+        print(f"error: --stop-at-step: {args.stop_at_step} is not a step (steps count from 1)", file=sys.stderr)
+        return EXIT_ERROR
+    from training.stop_signals import StopNow
+
     try:
-        train(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return run_main(lambda: train(args))
     except KeyboardInterrupt:
-        print("interrupted; the last checkpoint is intact", file=sys.stderr)
+        print("interrupted before a checkpoint could be written; the last complete checkpoint is intact",
+              file=sys.stderr)
         return 130
-    return 0
+    except StopNow as e:
+        print(f"stopped by {e}; no checkpoint written (nothing trained since the last one, or a second signal)",
+              file=sys.stderr)
+        return 0
 
 
-def train(args) -> None:
+def train(args) -> int:
+    """Trains (or with --eval evaluates) as the arguments say; returns the exit code."""
+    import shutil
+
     import jax
-    from tqdm import tqdm
 
-    from config import ConfigError, load_config
-    from data.source import make_source
-    from models.gpt_neo import GPTNeo
-    from models.generate import complete
+    from config import load_config
     from parallel import distributed
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
-    from parallel.state import abstract_train_state, create_train_state
-    from parallel.steps import batch_sharding, make_eval_step, make_train_step, microbatch_count
-    from training.checkpoint import Checkpoints
-    from training.flops import peak_flops_per_second, train_flops_per_token
-    from training.metrics import MetricsWriter
-    from training.optimizer import learning_rate_schedule, make_optimizer
+    from training.run_lock import lock_run, move_run_aside
+    from training.stop_signals import StopSignals
 
     cfg, notes = load_config(args.config, tuple(args.set))
     if args.model_path:
@@ -87,14 +87,61 @@ def train(args) -> None:
         from data.check import check_dataset
         return check_dataset(cfg)
     if cfg.mlm_training:
+        from config import ConfigError
         raise ConfigError("mlm_training: the GPT-Neo decoder is causal and trains on next tokens; masked-LM "
                           "batches (data/mlm.py) wait for the encoder models")
     distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
+    signals = StopSignals(multi_process=jax.process_count() > 1)
+    signals.install()
+    lead = jax.process_index() == 0
+    if args.new:
+        aside = move_run_aside(cfg.model_path, lead)
+        if aside and lead:
+            print(f"--new: moved the previous run to {aside}")
+    created = not os.path.exists(cfg.model_path)
+    lock = lock_run(cfg.model_path, lead, print if lead else (lambda *a: None))
+    run = {"trained": False}
+    try:
+        return run_training(args, cfg, notes, signals, run)
+    except BaseException:
+        # A run that failed before doing anything (a bad --resume or --init-from, say) leaves no directory.
+        if created and lead and not run["trained"] and not _has_checkpoint(cfg.model_path):
+            lock.release()
+            shutil.rmtree(cfg.model_path, ignore_errors=True)
+        raise
+    finally:
+        lock.release()
+        signals.uninstall()
+
+
+def _has_checkpoint(model_path: str) -> bool:
+    directory = os.path.join(model_path, "checkpoints")
+    return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def run_training(args, cfg, notes, signals, run) -> int:
+    import jax
+    from tqdm import tqdm
+
+    from config import ConfigError
+    from data.source import make_source
+    from errors import raise_background_failure
+    from models.gpt_neo import GPTNeo
+    from models.generate import complete
+    from parallel import distributed
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from parallel.state import abstract_train_state, create_train_state
+    from parallel.steps import batch_sharding, make_eval_step, make_train_step, microbatch_count
+    from training.checkpoint import Checkpoints, check_same_model
+    from training.flops import peak_flops_per_second, train_flops_per_token
+    from training.metrics import MetricsWriter
+    from training.optimizer import bad_step_counts, learning_rate_schedule, make_optimizer
+
     lead = jax.process_index() == 0
     say = tqdm.write if lead else (lambda *a, **k: None)
     for note in notes:
         say(f"note: {note}")
-
     mesh = make_mesh(cfg.mesh_shape)
     layout = Layout.from_config(mesh, cfg.layout)
     say(f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
@@ -111,88 +158,109 @@ def train(args) -> None:
 
     tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
     make_model = lambda rngs: GPTNeo(cfg, rngs=rngs)  # noqa: E731
-    if args.new and lead and os.path.exists(cfg.model_path):
-        aside = f"{cfg.model_path.rstrip('/')}-{time.strftime('%Y%m%d-%H%M%S')}"
-        os.rename(cfg.model_path, aside)
-        say(f"--new: moved the previous run to {aside}")
-    if args.new and jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices("new run directory")
-    if lead and hasattr(train_data.tokenizer, "save"):  # the run keeps its tokenizer: predict.py and export use it
-        os.makedirs(os.path.join(cfg.model_path, "tokenizer"), exist_ok=True)
-        train_data.tokenizer.save(os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
-    checkpoints = Checkpoints(cfg.model_path, cfg.keep_checkpoints)
-    latest = checkpoints.latest_step()
-    if latest is not None:
+    params = imported_params(cfg, args.init_from) if args.init_from else None  # read before writing anything
+    with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
         graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
-        state = checkpoints.restore(abstract, latest)
-        say(f"resumed from {checkpoints.directory} at step {latest}")
-    elif args.resume or args.eval:
-        raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
-                          f"{checkpoints.directory}")
-    else:
-        params = imported_params(cfg, args.init_from) if args.init_from else None
-        graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params)
-        if args.init_from:
-            say(f"initialised from {args.init_from}")
-    n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
-    say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
+        state, latest = checkpoints.restore_newest_good(
+            abstract, lambda saved, step: check_same_model(saved, cfg, state_shapes, f"the checkpoint at step "
+                                                           f"{step} in {checkpoints.directory}"), say)
+        if latest is not None:
+            say(f"resumed from {checkpoints.directory} at step {latest}")
+        elif args.resume or args.eval:
+            raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
+                              f"{checkpoints.directory}")
+        else:
+            graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params)
+            if args.init_from:
+                say(f"initialised from {args.init_from}")
+        if lead and hasattr(train_data.tokenizer, "save"):  # the run keeps its tokenizer: predict.py, export
+            save_tokenizer(train_data.tokenizer, os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
+        n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
+        say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
+        start = int(state.step)
+        if args.stop_at_step is not None and args.stop_at_step <= start:
+            raise ConfigError(f"--stop-at-step: {args.stop_at_step} is not after the run's step {start}")
+        if start >= cfg.train_steps and not args.eval:
+            say(f"the run in {cfg.model_path} is finished: step {start} of train_steps {cfg.train_steps}; nothing "
+                "to do (raise train_steps to train on, --eval to evaluate, predict.py to sample, or --new)")
+            return 0
 
-    eval_step = make_eval_step(graphdef, layout, shardings.params, eval_sharding, precision=cfg.precision)
+        eval_step = make_eval_step(graphdef, layout, shardings.params, eval_sharding, precision=cfg.precision)
 
-    def evaluate(params) -> dict:
-        totals = [eval_step(params, global_batch(eval_data, i, cfg.eval_batch_size, eval_sharding))
-                  for i in range(cfg.eval_steps)]
-        loss = sum(float(t["loss_sum"]) for t in totals) / sum(float(t["tokens"]) for t in totals)
-        return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)),
-                "bits_per_byte": loss / math.log(2) / eval_data.bytes_per_token}
+        def evaluate(params) -> dict:
+            totals = [eval_step(params, global_batch(eval_data, i, cfg.eval_batch_size, eval_sharding))
+                      for i in range(cfg.eval_steps)]
+            loss = sum(float(t["loss_sum"]) for t in totals) / sum(float(t["tokens"]) for t in totals)
+            return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)),
+                    "bits_per_byte": loss / math.log(2) / eval_data.bytes_per_token}
 
-    start = int(state.step)
-    metrics = MetricsWriter(cfg.model_path, start)
-    if args.eval:
-        result = evaluate(state.params) if eval_data else {}
-        say(f"eval at step {start}: " + "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
-        metrics.write({"step": start, "kind": "eval", **result})
-        metrics.close()
-        checkpoints.close()
-        return
+        metrics = MetricsWriter(cfg.model_path, start, say)
+        try:
+            if args.eval:
+                result = evaluate(state.params) if eval_data else {}
+                line = f"eval at step {start}: " + "  ".join(f"{k} {v:.4f}" for k, v in result.items())
+                if metrics.has_eval(start):
+                    say(f"{line} (metrics.jsonl already has the eval of step {start}; not appended)")
+                else:
+                    say(line)
+                    metrics.write({"step": start, "kind": "eval", **result})
+                return 0
 
-    microbatches = microbatch_count(cfg, layout)
-    train_step = make_train_step(graphdef, tx, schedule, layout, shardings, train_sharding,
-                                 precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
-    tokens_per_step = cfg.train_batch_size * cfg.n_ctx
-    peak = peak_flops_per_second()
-    flops_per_token = train_flops_per_token(cfg)
-    bar = tqdm(total=cfg.train_steps, initial=start, disable=args.no_progress or not lead, unit="step",
-               dynamic_ncols=True)
-    first_loss = last_loss = None
-    tick = time.perf_counter()
-    stop = min(cfg.train_steps, args.stop_at_step or cfg.train_steps)
-    for step in range(start, stop):
-        state, out = train_step(state, global_batch(train_data, step, cfg.train_batch_size, train_sharding))
-        out = {k: float(v) for k, v in jax.device_get(out).items()}
-        now = time.perf_counter()
-        tokens_per_sec = tokens_per_step / (now - tick)
-        tick = now
-        mfu = tokens_per_sec * flops_per_token / peak if peak else None
-        metrics.write({"step": step + 1, "kind": "train", **out, "tokens_per_sec": tokens_per_sec, "mfu": mfu})
-        first_loss = out["loss"] if first_loss is None else first_loss
-        last_loss = out["loss"]
-        bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
-        bar.update(1)
-        done = step + 1 == stop
-        finished = step + 1 == cfg.train_steps
-        if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or finished):
-            result = evaluate(state.params)
-            metrics.write({"step": step + 1, "kind": "eval", **result})
-            say(f"step {step + 1}: eval loss {result['loss']:.4f}  perplexity {result['perplexity']:.2f}  "
-                f"bits/byte {result['bits_per_byte']:.4f}")
-        if (step + 1) % cfg.steps_per_checkpoint == 0 or done:
-            checkpoints.save(step + 1, state, cfg.to_dict())
-        tick = time.perf_counter()  # eval and checkpoint time are not training time
-    bar.close()
-    checkpoints.close()
-    metrics.close()
+            microbatches = microbatch_count(cfg, layout)
+            train_step = make_train_step(graphdef, tx, schedule, layout, shardings, train_sharding,
+                                         precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
+            tokens_per_step = cfg.train_batch_size * cfg.n_ctx
+            peak = peak_flops_per_second()
+            flops_per_token = train_flops_per_token(cfg)
+            bar = tqdm(total=cfg.train_steps, initial=start, disable=args.no_progress or not lead, unit="step",
+                       dynamic_ncols=True)
+            first_loss = last_loss = None
+            saved_step = latest
+            stopping = False
+            tick = time.perf_counter()
+            stop = min(cfg.train_steps, args.stop_at_step or cfg.train_steps)
+            signals.arm()
+            for step in range(start, stop):
+                state, out = train_step(state, global_batch(train_data, step, cfg.train_batch_size,
+                                                            train_sharding))
+                out, (bad_in_row, bad_total) = jax.device_get((out, bad_step_counts(state.opt_state)))
+                out = {k: float(v) for k, v in out.items()}
+                run["trained"] = True
+                now = time.perf_counter()
+                tokens_per_sec = tokens_per_step / (now - tick)
+                tick = now
+                mfu = tokens_per_sec * flops_per_token / peak if peak else None
+                metrics.write({"step": step + 1, "kind": "train", **out, "tokens_per_sec": tokens_per_sec,
+                               "mfu": mfu, "skipped_steps": int(bad_total)})
+                if bad_in_row:
+                    check_bad_step(step + 1, out, int(bad_in_row), cfg, saved_step, say)
+                else:
+                    first_loss = out["loss"] if first_loss is None else first_loss
+                    last_loss = out["loss"]
+                bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
+                bar.update(1)
+                raise_background_failure()
+                stopping = signals.should_stop(step + 1, checkpoints.manager.reached_preemption)
+                done = step + 1 == stop
+                if (step + 1) % cfg.steps_per_checkpoint == 0 or done or stopping:
+                    checkpoints.save(step + 1, state, cfg.to_dict())
+                    saved_step = step + 1
+                finished = step + 1 == cfg.train_steps
+                if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or finished):
+                    result = evaluate(state.params)
+                    metrics.write({"step": step + 1, "kind": "eval", **result})
+                    say(f"step {step + 1}: eval loss {result['loss']:.4f}  perplexity {result['perplexity']:.2f}  "
+                        f"bits/byte {result['bits_per_byte']:.4f}")
+                if stopping:
+                    break
+                tick = time.perf_counter()  # eval and checkpoint time are not training time
+            bar.close()
+        finally:
+            metrics.close()
+    # Leaving the with-block waited for every pending save.
+    if stopping:
+        say(f"stopped by {signals.cause}: saved the checkpoint of step {saved_step} in {checkpoints.directory}")
+        return signals.exit_code
     if first_loss is not None:
         say(f"train loss {first_loss:.4f} -> {last_loss:.4f} over steps {start + 1}..{stop}")
     if cfg.sample_tokens:  # every process takes part: the parameters are spread over all of them
@@ -200,6 +268,49 @@ def train(args) -> None:
             text = complete(graphdef, state.params, train_data.tokenizer, cfg.sample_prompt, cfg.sample_tokens,
                             cfg.n_ctx, seed=cfg.seed)
         say(f"sample:\n{cfg.sample_prompt}{text}")
+    return 0
+
+
+def check_bad_step(step: int, out: dict, in_row: int, cfg, saved_step, say) -> None:
+    """Reports a skipped step; stops the run (one line, no checkpoint) after ``max_bad_steps`` in a row."""
+    from config import ConfigError
+
+    finite = math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"])
+    why = ("non-finite loss or gradient" if not finite else
+           f"gradient norm {out['grad_norm']:.3g} above {cfg.grad_spike_factor:g} x its running mean")
+    if in_row >= cfg.max_bad_steps:
+        last = f"step {saved_step}" if saved_step is not None else "none"
+        raise ConfigError(f"step {step}: {in_row} steps in a row skipped ({why}, max_bad_steps={cfg.max_bad_steps}); "
+                          f"stopped without saving (the last checkpoint, {last}, is intact); lower lr or check "
+                          "the data")
+    say(f"step {step}: {why}; update skipped ({in_row} in a row, stopping at {cfg.max_bad_steps})")
+
+
+def save_tokenizer(tokenizer, path: str) -> None:
+    """Writes the run's tokenizer whole or not at all (a full disk must not leave half a tokenizer.json)."""
+    from config import ConfigError
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    try:
+        tokenizer.save(tmp)
+        os.replace(tmp, path)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for I/O errors
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ConfigError(f"{path}: could not write the tokenizer ({str(e).splitlines()[0][:160]})") from None
+
+
+def state_shapes(cfg):
+    """The abstract train state (parameters and optimizer state) of ``cfg``: what a checkpoint must match."""
+    import jax
+
+    from models.gpt_neo import GPTNeo
+    from parallel.state import abstract_model
+    from training.optimizer import make_optimizer
+
+    _, params, _ = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+    return {"params": params, "opt_state": jax.eval_shape(make_optimizer(cfg).init, params)}
 
 
 def imported_params(cfg, hf_dir: str):
@@ -219,4 +330,6 @@ def imported_params(cfg, hf_dir: str):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from errors import exit_process
+
+    exit_process(main())

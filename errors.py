@@ -127,10 +127,7 @@ def raise_background_failure() -> None:
 
 def run_main(body: Callable[[], int | None]) -> int:
     """Runs a command's body: 0 (or its own code) on success; ``error: ...`` on stderr and 2 for an expected
-    failure; a traceback for anything else.
-
-    After an expected failure the background hooks stay installed, so threads still failing on the same cause
-    (a full disk) stay quiet until the process ends (``exit_process``); a test framework restores its own."""
+    failure; a traceback for anything else."""
     background = _Background()
     background.install()
     try:
@@ -138,17 +135,14 @@ def run_main(body: Callable[[], int | None]) -> int:
     except Exception as e:  # noqa: BLE001 - only expected failures are caught; the rest re-raise
         message = one_line(e)
         if message is None:
-            background.uninstall()
             raise
         print(f"error: {message}", file=sys.stderr)
         return EXIT_ERROR
-    except BaseException:
+    finally:
         background.uninstall()
-        raise
     if background.failures:
         print(f"error: {one_line(background.failures[0])}", file=sys.stderr)
         return EXIT_ERROR
-    background.uninstall()
     for line in background.held_logs:  # a background failure that never reached the main thread
         print(f"warning: orbax: {line}", file=sys.stderr)
     return 0 if code is None else code
@@ -156,7 +150,8 @@ def run_main(body: Callable[[], int | None]) -> int:
 
 def exit_process(code: int) -> None:
     """The end of a command's ``__main__``. After an expected failure it exits at once: background threads
-    still failing on the same cause would only print more, and Python would wait for them."""
+    still failing on the same cause (orbax's writers on a full disk) would only print more tracebacks, and
+    Python would wait for them."""
     if code == EXIT_ERROR:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -41,14 +41,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from config import ConfigError
+    from errors import run_main
 
     try:
-        predict(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return run_main(lambda: predict(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def check_options(args) -> None:
@@ -154,10 +153,12 @@ def predict(args) -> None:
     prompts = args.prompt
     if args.prompt_file:
         try:
-            with open(args.prompt_file) as f:
+            with open(args.prompt_file, encoding="utf-8") as f:
                 prompts = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
         except OSError as e:
             raise ConfigError(f"{args.prompt_file}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{args.prompt_file}: not UTF-8 text (byte {e.start})") from None
         if not prompts:
             raise ConfigError(f"{args.prompt_file}: no prompts in it")
     mesh = make_mesh(args.mesh_shape) if args.mesh_shape else make_mesh("x:1", jax.devices()[:1])
@@ -208,4 +209,6 @@ def predict(args) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from errors import exit_process
+
+    exit_process(main())

@@ -73,14 +73,15 @@ def train(args) -> int:
     """Trains (or with --eval evaluates) as the arguments say; returns the exit code."""
     import shutil
 
+    from config import load_config
+
+    cfg, notes = load_config(args.config, tuple(args.set))  # config mistakes fail before jax is imported
     import jax
 
-    from config import load_config
     from parallel import distributed
     from training.run_lock import lock_run, move_run_aside
     from training.stop_signals import StopSignals
 
-    cfg, notes = load_config(args.config, tuple(args.set))
     if args.model_path:
         cfg = cfg.replace(model_path=args.model_path)
     if args.check_dataset:

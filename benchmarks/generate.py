@@ -81,4 +81,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from errors import exit_process, run_main
+
+    exit_process(run_main(main))

@@ -16,7 +16,6 @@ import glob
 import json
 import os
 import shutil
-import sys
 
 import numpy as np
 
@@ -35,26 +34,59 @@ ACTIVATIONS_TO_HF = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "
 def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """(config.json as a dict, {weight name: float32 array}) of a Hugging Face model directory."""
     config_path = os.path.join(path, "config.json")
-    if not os.path.exists(config_path):
+    if not os.path.isfile(config_path):
         raise ConfigError(f"{path}: not a Hugging Face model directory (no config.json)")
-    with open(config_path) as f:
-        hf_config = json.load(f)
+    hf_config = read_json(config_path)
+    if not isinstance(hf_config, dict):
+        raise ConfigError(f"{config_path}: expected a JSON object")
     shards = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if shards:
         from safetensors.numpy import load_file
 
-        tensors = {k: v for shard in shards for k, v in load_file(shard).items()}
+        tensors = {}
+        for shard in shards:
+            try:
+                tensors.update(load_file(shard))
+            except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for damaged files
+                raise ConfigError(f"{shard}: not a readable safetensors file ({str(e).splitlines()[0][:160]})") \
+                    from None
     elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
         try:
             import torch
         except ImportError:
             raise ConfigError(f"{path}/pytorch_model.bin needs torch to read; install it or save as safetensors") \
                 from None
-        state = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch raises many types for damaged files
+            raise ConfigError(f"{path}/pytorch_model.bin: not a readable PyTorch state dict "
+                              f"({str(e).splitlines()[0][:160]})") from None
         tensors = {k: v.float().numpy() for k, v in state.items()}
     else:
         raise ConfigError(f"{path}: no model.safetensors or pytorch_model.bin")
-    return hf_config, {k: np.asarray(v, np.float32) for k, v in tensors.items()}
+    tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
+    check_finite(tensors, path)
+    return hf_config, tensors
+
+
+def read_json(path: str):
+    """A JSON file's content; a one-line error naming the file if it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a JSON text file (byte {e.start} is not UTF-8)") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+
+
+def check_finite(tensors: dict[str, np.ndarray], where: str) -> None:
+    """A one-line error naming the first weight that holds NaN or Inf: such weights are refused."""
+    for name, value in tensors.items():
+        if not np.isfinite(value).all():
+            raise ConfigError(f"{where}: weight {name} holds NaN or Inf; refusing it")
 
 
 def config_from_hf(hf: dict, source: str = "config.json") -> Config:
@@ -203,18 +235,30 @@ def write_gpt_neo(cfg: Config, params: dict, out_dir: str, tokenizer_dir: str | 
     """Writes config.json, model.safetensors and the tokenizer files for transformers' from_pretrained."""
     from safetensors.numpy import save_file
 
-    os.makedirs(out_dir, exist_ok=True)
     tensors = params_to_gpt_neo(cfg, params)
+    check_finite(tensors, "export")
     if not cfg.no_weight_tie:
         del tensors["lm_head.weight"]  # tied: transformers re-creates it from wte
     hf = gpt_neo_config(cfg)
-    if tokenizer_dir:
-        copy_tokenizer(tokenizer_dir, out_dir)
-        tokenizer = load_tokenizer(tokenizer_dir)
-        hf["bos_token_id"] = hf["eos_token_id"] = tokenizer.eos_id
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(hf, f, indent=2)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if tokenizer_dir:
+            tokenizer = load_tokenizer(tokenizer_dir)
+            copy_tokenizer(tokenizer_dir, out_dir)
+            hf["bos_token_id"] = hf["eos_token_id"] = tokenizer.eos_id
+        # Written under temporary names and renamed, so a failure (a full disk) leaves no half-written file.
+        config_path, weights_path = os.path.join(out_dir, "config.json"), os.path.join(out_dir, "model.safetensors")
+        with open(config_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(hf, f, indent=2)
+        save_file(tensors, weights_path + ".tmp", metadata={"format": "pt"})
+        os.replace(config_path + ".tmp", config_path)
+        os.replace(weights_path + ".tmp", weights_path)
+    except OSError as e:
+        raise ConfigError(f"{e.filename or out_dir}: {e.strerror}") from None
+    except Exception as e:  # noqa: BLE001 - safetensors reports write errors as its own type
+        if "No space left" not in str(e) and "os error" not in str(e):
+            raise
+        raise ConfigError(f"{out_dir}: could not write the weights ({str(e).splitlines()[0][:160]})") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -254,12 +298,14 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     hf, tensors = read_hf_dir(hf_dir)
     cfg = config_from_hf(hf, f"{hf_dir}/config.json").replace(model_path=model_path)
     params = params_from_hf(cfg, hf, tensors, hf_dir)
+    existing = os.path.join(model_path, "checkpoints")
+    if os.path.isdir(existing) and os.listdir(existing):
+        raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")
     layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
     _, state, _ = create_train_state(lambda rngs: GPTNeo(cfg, rngs=rngs), make_optimizer(cfg), layout, cfg.seed,
                                      params=params)
-    checkpoints = Checkpoints(model_path, cfg.keep_checkpoints)
-    checkpoints.save(0, state, cfg.to_dict())
-    checkpoints.close()
+    with Checkpoints(model_path, cfg.keep_checkpoints) as checkpoints:
+        checkpoints.save(0, state, cfg.to_dict())
     copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
     with open(os.path.join(model_path, "config.json"), "w") as f:
         json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)
@@ -286,7 +332,9 @@ def main(argv=None) -> int:
     exp.add_argument("model_path")
     exp.add_argument("hf_dir")
     args = p.parse_args(argv)
-    try:
+    from errors import run_main
+
+    def run():
         if args.command == "import":
             cfg = import_hf(args.hf_dir, args.model_path)
             print(f"imported {cfg.n_layer} layers x {cfg.n_embd} into {args.model_path}: generate with "
@@ -295,11 +343,11 @@ def main(argv=None) -> int:
         else:
             export_hf(args.model_path, args.hf_dir)
             print(f"exported {args.model_path} to {args.hf_dir}")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_main(run)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from errors import exit_process
+
+    exit_process(main())

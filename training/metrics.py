@@ -46,6 +46,22 @@ def read_rows(path: str) -> tuple[list[dict], list[int]]:
     return rows, bad
 
 
+def _summary_writer_class():
+    """tensorboardX's SummaryWriter (event files without TensorFlow), imported without torch: tensorboardX imports
+    torch whenever it is installed, only to accept torch tensors, which costs every run seconds at start-up."""
+    import sys
+
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # makes "import torch" raise ImportError, which tensorboardX handles
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 def _ends_with_newline(path: str) -> bool:
     """False for a missing file, or one whose last row lost its newline (appending would glue rows together)."""
     try:
@@ -76,7 +92,7 @@ class MetricsWriter:
         if bad or len(kept) < len(rows) or not _ends_with_newline(self.path):
             self._rewrite(kept)
         self.file = self._open("a")
-        from tensorboardX import SummaryWriter  # writes event files without TensorFlow
+        SummaryWriter = _summary_writer_class()
 
         # A big queue: if its writer thread dies (disk full), adding events must not block the run.
         self.tensorboard = SummaryWriter(os.path.join(model_path, "tensorboard"), purge_step=start_step + 1,

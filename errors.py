@@ -57,10 +57,10 @@ def disk_full(e: BaseException) -> bool:
 
 
 def innermost_line(e: BaseException, limit: int = 240) -> str:
-    """The first line of the innermost cause of ``e``: orbax wraps TensorStore's precise message in a generic
-    one ("Encountered error while reading array index ...")."""
-    while (e.__cause__ or e.__context__) is not None:
-        e = e.__cause__ or e.__context__
+    """The first line of the innermost explicit cause (``raise ... from``) of ``e``: orbax wraps TensorStore's
+    precise message in a generic one ("Encountered error while reading array index ...")."""
+    while e.__cause__ is not None:
+        e = e.__cause__
     text = (str(e).strip().splitlines() or [type(e).__name__])[0]
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

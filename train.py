@@ -59,14 +59,12 @@ def main(argv=None) -> int:
 
     try:
         return run_main(lambda: train(args))
-    except KeyboardInterrupt:
-        print("interrupted before a checkpoint could be written; the last complete checkpoint is intact",
-              file=sys.stderr)
+    except KeyboardInterrupt:  # before the handlers are installed
+        print("interrupted before the first step; nothing to save", file=sys.stderr)
         return 130
     except StopNow as e:
-        print(f"stopped by {e}; no checkpoint written (nothing trained since the last one, or a second signal)",
-              file=sys.stderr)
-        return 0
+        print(e, file=sys.stderr)
+        return e.exit_code
 
 
 def train(args) -> int:
@@ -258,6 +256,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
             bar.close()
         finally:
             metrics.close()
+            signals.disarm()
     # Leaving the with-block waited for every pending save.
     if stopping:
         say(f"stopped by {signals.cause}: saved the checkpoint of step {saved_step} in {checkpoints.directory}")

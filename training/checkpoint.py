@@ -275,13 +275,15 @@ def first_changed_key(saved: dict, cfg, state_shapes) -> str | None:
         return [(jax.tree_util.keystr(p), tuple(a.shape), str(a.dtype))
                 for p, a in jax.tree_util.tree_flatten_with_path(state_shapes(c))[0]]
 
+    differing = [k for k in KNOWN_KEYS if k in saved and saved[k] != getattr(cfg, k)]
+    if not differing:
+        return None
     current = signature(cfg)
     try:
         if signature(from_dict({k: v for k, v in saved.items() if k in KNOWN_KEYS})[0]) == current:
             return None
     except ConfigError:
         pass
-    differing = [k for k in KNOWN_KEYS if k in saved and saved[k] != getattr(cfg, k)]
     for key in differing:
         try:
             if signature(cfg.replace(**{key: saved[key]})) != current:

@@ -16,15 +16,21 @@ import os
 import signal
 
 
-class StopNow(Exception):
-    """A SIGTERM before the first step (nothing to save yet) or a second signal: stop without a checkpoint."""
+class StopNow(BaseException):
+    """A signal that stops the command at once: before the first step (nothing to save yet), after the last
+    checkpoint, or a second signal. A BaseException, like KeyboardInterrupt: no ``except Exception`` (a restore
+    that treats any failure as a damaged checkpoint, say) may mistake it for something else."""
+
+    def __init__(self, signal_name: str, when: str):
+        super().__init__(f"stopped by {signal_name} {when}")
+        self.exit_code = 130 if signal_name == "SIGINT" else 0
 
 
 class StopSignals:
     def __init__(self, multi_process: bool):
         self.multi_process = multi_process
         self.received: str | None = None  # "SIGTERM" or "SIGINT", once one arrived
-        self.armed = False
+        self.phase = "before"  # "before" the first step, "training", or "after" the last checkpoint
         self.previous = {}
 
     def install(self) -> None:
@@ -40,16 +46,21 @@ class StopSignals:
 
     def arm(self) -> None:
         """From now on a signal waits for the current step to finish and its checkpoint."""
-        self.armed = True
+        self.phase = "training"
+
+    def disarm(self) -> None:
+        """The last checkpoint is written: a signal stops at once."""
+        self.phase = "after"
 
     def _handle(self, signum, frame) -> None:
         del frame
         name = signal.Signals(signum).name
-        if not self.armed or self.received is not None:
-            self.received = self.received or name
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise StopNow(name)
+        if self.phase == "before":
+            raise StopNow(name, "before the first step; nothing to save")
+        if self.phase == "after":
+            raise StopNow(name, "after the last checkpoint was saved")
+        if self.received is not None:
+            raise StopNow(name, "again, before the checkpoint was written; the last complete one is intact")
         self.received = name
         if self.multi_process and signum == signal.SIGINT:
             os.kill(os.getpid(), signal.SIGTERM)  # JAX's preemption notifier tells the other processes

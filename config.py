@@ -16,8 +16,11 @@ import types
 import typing
 from typing import Any, Optional
 
+from models import registry
+
 ATTENTION_KINDS = ("global", "local", "linear", "none")
-IMPLEMENTED_ATTENTION = ("global", "local", "linear", "none")
+# What a run trains; each task is an objective (training/objectives.py) and the head that serves it.
+TASKS = ("causal_lm", "masked_lm", "sequence_classification")
 # Mixture-of-experts options (``moe_params``) and their defaults; see models/moe.py.
 MOE_DEFAULTS = {
     "num_experts": 8,  # experts per MoE layer; a layout 'experts:x' splits them over mesh axis x
@@ -42,6 +45,12 @@ def _key(default, doc, choices=None, minimum=None, maximum=None):
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    # Model family and task (models/registry.py: a family's defaults fill the keys a config leaves out).
+    model: str = _key("gpt_neo", "model family: " + ", ".join(registry.FAMILIES), choices=tuple(registry.FAMILIES))
+    task: str = _key("causal_lm", "what is trained: " + ", ".join(TASKS) + "; default: the family's "
+                     "(masked_lm when mlm_training)", choices=TASKS)
+    num_labels: int = _key(2, "classes of sequence_classification", minimum=2)
+
     # Model shape.
     n_ctx: int = _key(2048, "context length in tokens (learned positions)", minimum=1)
     n_embd: int = _key(768, "model width", minimum=1)
@@ -54,6 +63,26 @@ class Config:
         256, "local window: a token sees itself and the previous window-1 tokens", minimum=1)
     activation_function: str = _key("gelu", "MLP activation ('gelu' is GPT-Neo's tanh approximation)",
                                     choices=ACTIVATIONS)
+    d_ff: Optional[int] = _key(None, "MLP hidden width (of each half with mlp_glu); default 4*n_embd", minimum=1)
+    mlp_glu: bool = _key(False, "gated MLP: activation(x W_gate) * (x W_fc), GPT-Neo's mlp_glu (GEGLU/SwiGLU)")
+    norm: str = _key("layernorm", "block norm: layernorm, rmsnorm (T5) or scalenorm (GPT-Neo's: normalised x "
+                     "times one learned scalar)", choices=("layernorm", "rmsnorm", "scalenorm"))
+    scalenorm: bool = _key(False, "GPT-Neo's spelling of norm: scalenorm")
+    norm_position: str = _key("pre", "norm before each sub-layer (pre, GPT) or after the residual sum (post, "
+                                     "BERT)", choices=("pre", "post"))
+    layer_norm_epsilon: float = _key(1e-5, "epsilon of every norm", minimum=0.0)
+    rezero: bool = _key(False, "ReZero: no block norms, each residual branch scaled by a learned scalar from 0")
+    macaron: bool = _key(False, "macaron blocks: a half-step MLP before attention, and the MLP halved")
+    axial_pos_emb: Optional[list] = _key(None, "axial position embedding [A, B] (A*B >= n_ctx): position "
+                                               "a*B+b gets (row_a + column_b) / 2")
+    attention_scale: str = _key("unscaled", "attention logits q.k 'unscaled' (GPT-Neo, T5: folded into the init) "
+                                            "or times 'inverse_sqrt_head_dim' (GPT-2, BERT)",
+                                choices=("unscaled", "inverse_sqrt_head_dim"))
+    dense_bias: bool = _key(True, "biases on the attention output and MLP projections")
+    n_token_types: int = _key(0, "token type (segment A/B) embeddings, BERT's type_vocab_size; 0: none",
+                              minimum=0)
+    position_offset: int = _key(0, "id of the first position (RoBERTa: 2; its table reserves the rows below)",
+                                minimum=0)
     res_dropout: float = _key(0.0, "dropout on each residual branch output", minimum=0.0, maximum=1.0)
     embed_dropout: float = _key(0.0, "dropout on token+position embeddings", minimum=0.0, maximum=1.0)
     attn_dropout: float = _key(0.0, "dropout on attention probabilities", minimum=0.0, maximum=1.0)
@@ -71,20 +100,14 @@ class Config:
                                            "(GPT-J 6B: 0.25)", minimum=0.0, maximum=1.0)
     attention_kernel: str = _key("auto", "softmax attention kernel: 'auto' (cuDNN where it applies, else XLA), "
                                          "'xla' or 'cudnn'", choices=("auto", "xla", "cudnn"))
-    # GPT-Neo features that arrive with later work: accepted at their off value, an error when switched on.
-    mlp_glu: bool = _key(False, "gated MLP (not available yet)")
-    scalenorm: bool = _key(False, "ScaleNorm instead of LayerNorm (not available yet)")
-    rezero: bool = _key(False, "ReZero residuals (not available yet)")
-    macaron: bool = _key(False, "macaron blocks (not available yet)")
-    axial_pos_emb: Optional[list] = _key(None, "axial position embedding (not available yet)")
-    causal: bool = _key(True, "causal (decoder) attention; false arrives with the encoder models")
-    mlm_training: bool = _key(False, "masked-LM batches (data/mlm.py); needs an encoder model (not available yet)")
+    causal: bool = _key(True, "causal (decoder) attention; false: every token sees the whole sequence")
+    mlm_training: bool = _key(False, "masked-LM batches (data/mlm.py) and objective; needs causal: false")
     mlm_cls_token_id: Optional[int] = _key(None, "MLM: id prepended as CLS")
     mlm_mask_prob: float = _key(0.15, "MLM: fraction of tokens selected", minimum=0.0, maximum=1.0)
     mlm_same_token_prob: float = _key(0.10, "MLM: selected tokens kept as they are", minimum=0.0, maximum=1.0)
     mlm_random_token_prob: float = _key(0.10, "MLM: selected tokens replaced at random", minimum=0.0, maximum=1.0)
     mlm_mask_ignore_ids: list = _key([], "MLM: ids never masked")
-    mlm_mask_token_id: Optional[int] = _key(None, "MLM: the [MASK] id")
+    mlm_mask_token_id: Optional[int] = _key(None, "MLM: the [MASK] id; default: the tokenizer's [MASK] or <mask>")
     mlm_random_token_ids: Optional[list] = _key(None, "MLM: ids random replacements are drawn from")
 
     # Optimisation.
@@ -156,6 +179,15 @@ class Config:
         return self.n_embd // self.n_head
 
     @property
+    def intermediate(self) -> int:
+        """The MLP hidden width: ``d_ff``, else 4 * n_embd."""
+        return self.d_ff or 4 * self.n_embd
+
+    @property
+    def norm_kind(self) -> str:
+        return "scalenorm" if self.scalenorm else self.norm
+
+    @property
     def decay_end(self) -> int:
         return self.lr_decay_end or self.train_steps
 
@@ -173,7 +205,6 @@ LEGACY_KEYS = {
     "predict_batch_size": "TPU predict batch; predict.py batches its prompts itself",
     "use_tpu": "the device comes from JAX (CPU, GPU or TPU)",
     "num_cores": "the device count comes from JAX",
-    "model": "GPT-Neo's model family switch; this config builds the GPT-Neo decoder",
     "eval_tasks": "mesh-tensorflow eval harness tasks; eval reports loss, perplexity and bits per byte",
     "padding_id": "belongs to the dataset config (configs/dataset_configs)",
     "eos_id": "belongs to the dataset config (configs/dataset_configs)",
@@ -186,8 +217,6 @@ LEGACY_KEYS = {
     "lr_decay_end_ratio": "decay always ends at 0.1*lr",
 }
 
-_UNAVAILABLE_WHEN_ON = ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb")
-
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 
 
@@ -195,6 +224,9 @@ def describe_keys() -> str:
     """Every key with its default and doc, for ``--help-config``."""
     rows = [f"{f.name:28} {json.dumps(_default(f)):>18}  {f.metadata['doc']}" for f in dataclasses.fields(Config)]
     rows += [f"{k:28} {'(accepted)':>18}  no effect: {why}" for k, why in LEGACY_KEYS.items()]
+    rows += ["", "family defaults (filled in where a config does not set the key):"]
+    rows += [f"  model {name}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in registry.defaults(name).items())
+             for name in registry.FAMILIES]
     return "\n".join(rows)
 
 
@@ -237,13 +269,6 @@ def validated(cfg: Config) -> Config:
             raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
         if meta["max"] is not None and value > meta["max"]:
             raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")
-    for name in _UNAVAILABLE_WHEN_ON:
-        value = getattr(cfg, name)
-        if value not in (None, False, 0, [], {}):
-            raise ConfigError(f"{name}: {json.dumps(value)} asks for a feature NeoMesh does not have yet; "
-                              f"remove the key or set it to {json.dumps(_default(_field(name)))}")
-    if not cfg.causal:
-        raise ConfigError("causal: false (bidirectional attention) arrives with the encoder models; set it to true")
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"n_embd: {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
     _check_attention_types(cfg)
@@ -254,15 +279,39 @@ def validated(cfg: Config) -> Config:
     if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
         raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
     _check_datasets(cfg.datasets)
-    if cfg.mlm_training and cfg.mlm_mask_token_id is None:
-        raise ConfigError("mlm_mask_token_id: mlm_training needs the id of the mask token")
+    _check_block_options(cfg)
+    _check_task(cfg)
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:
         raise ConfigError("mlm_random_token_prob: mlm_same_token_prob + mlm_random_token_prob is above 1")
     return cfg
 
 
-def _field(name):
-    return next(f for f in dataclasses.fields(Config) if f.name == name)
+def _check_block_options(cfg: Config) -> None:
+    if cfg.scalenorm and cfg.norm != "layernorm":
+        raise ConfigError(f"scalenorm: true contradicts norm {json.dumps(cfg.norm)}; keep one of the two")
+    if cfg.rezero and cfg.norm_position == "post":
+        raise ConfigError("rezero: true replaces the block norms, so norm_position 'post' has nothing to place")
+    if cfg.axial_pos_emb is not None:
+        axial = cfg.axial_pos_emb
+        if not (isinstance(axial, list) and len(axial) == 2 and all(
+                isinstance(a, int) and not isinstance(a, bool) and a >= 1 for a in axial)):
+            raise ConfigError(f"axial_pos_emb: {json.dumps(axial)} is not [A, B] with positive integers")
+        if axial[0] * axial[1] < cfg.n_ctx:
+            raise ConfigError(f"axial_pos_emb: {axial[0]}*{axial[1]} = {axial[0] * axial[1]} positions is fewer "
+                              f"than n_ctx {cfg.n_ctx}")
+        if cfg.rotary_emb:
+            raise ConfigError("axial_pos_emb: rotary_emb is on too; choose one kind of position embedding")
+
+
+def _check_task(cfg: Config) -> None:
+    if cfg.mlm_training and cfg.task != "masked_lm":
+        raise ConfigError(f"mlm_training: true trains masked_lm, but task is {json.dumps(cfg.task)}")
+    if cfg.task == "masked_lm":
+        if cfg.causal:
+            raise ConfigError("causal: a masked_lm model must see both sides of a mask; set causal false")
+    if cfg.task == "causal_lm" and not cfg.causal:
+        raise ConfigError("causal: false lets causal_lm see the token it predicts; set causal true or choose "
+                          "task masked_lm")
 
 
 def _check_attention_types(cfg: Config) -> None:
@@ -279,9 +328,6 @@ def _check_attention_types(cfg: Config) -> None:
             if kind not in ATTENTION_KINDS:
                 raise ConfigError(f"attention_types: unknown kind {json.dumps(kind)} "
                                   f"(valid: {', '.join(ATTENTION_KINDS)})")
-            if kind not in IMPLEMENTED_ATTENTION:
-                raise ConfigError(f"attention_types: {json.dumps(kind)} layers are not available yet "
-                                  f"(available: {', '.join(IMPLEMENTED_ATTENTION)})")
     n = len(cfg.attention_layers)
     if n != cfg.n_layer:
         raise ConfigError(f"attention_types: expands to {n} layers but n_layer is {cfg.n_layer}")
@@ -342,6 +388,15 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     for text in overrides:
         key, value = parse_override(text)
         raw[key] = value
+    model = raw.get("model", "gpt_neo")
+    if model not in registry.FAMILIES:
+        close = difflib.get_close_matches(str(model), tuple(registry.FAMILIES), n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(registry.FAMILIES)})"
+        raise ConfigError(f"{source}: model: unknown family {json.dumps(model)}{hint}")
+    family = registry.defaults(model)
+    if raw.get("mlm_training"):
+        family["task"] = "masked_lm"
+    raw = {**family, **raw}
     notes = []
     for key in list(raw):
         if key in LEGACY_KEYS:

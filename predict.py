@@ -17,7 +17,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--config", help="JSON config; its model_path is the default --model-path")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model-path", help="NeoMesh run directory with checkpoints")
-    source.add_argument("--hf-model", help="Hugging Face GPT-Neo or GPT-2 directory")
+    source.add_argument("--hf-model", help="Hugging Face model directory (GPT-Neo, GPT-2)")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", help="a file with one prompt per line")
@@ -68,32 +68,16 @@ def check_options(args) -> None:
 
 def load_model(args, layout):
     """(config, graphdef, parameters placed on ``layout``, tokenizer) from --hf-model or a NeoMesh run directory."""
-    import os
-
-    import jax
-
     from config import ConfigError, load_config
-    from data.source import make_tokenizer
-    from models import hf
-    from models.gpt_neo import GPTNeo
-    from parallel.state import sharded_abstract_params
-    from training.checkpoint import restore_params
+    from pretrained import load
 
-    if args.hf_model:
-        hf_config, tensors = hf.read_hf_dir(args.hf_model)
-        cfg = hf.config_from_hf(hf_config, f"{args.hf_model}/config.json")
-        params = hf.params_from_hf(cfg, hf_config, tensors, args.hf_model)
-        graphdef, abstract = sharded_abstract_params(lambda rngs: GPTNeo(cfg, rngs=rngs), layout)
-        params = jax.tree.map(lambda p, a: jax.device_put(p, a.sharding), params, abstract)
-        return cfg, graphdef, params, hf.load_tokenizer(args.hf_model)
-    model_path = args.model_path
-    if model_path is None:
-        model_path = load_config(args.config, tuple(args.set))[0].model_path
-    cfg, graphdef, params = restore_params(model_path, layout, tuple(args.set))
-    tokenizer_dir = os.path.join(model_path, "tokenizer")
-    tokenizer = hf.load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else make_tokenizer(cfg)
-    if tokenizer.vocab_size > cfg.n_vocab:
-        raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens")
+    path = args.hf_model or args.model_path
+    if path is None:
+        path = load_config(args.config, tuple(args.set))[0].model_path
+    cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run")
+    if cfg.task != "causal_lm":
+        raise ConfigError(f"{path}: a {cfg.model} model trained for {cfg.task} does not generate text; load it "
+                          "with pretrained.load to get its outputs")
     return cfg, graphdef, params, tokenizer
 
 

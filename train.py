@@ -23,8 +23,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                        "a checkpoint); an error if it has none")
     fresh.add_argument("--new", action="store_true", help="start fresh; an existing run directory is moved aside")
     p.add_argument("--eval", action="store_true", help="only evaluate the latest checkpoint")
-    p.add_argument("--init-from", metavar="HF_DIR", help="start a new run from a Hugging Face GPT-Neo/GPT-2 "
-                   "model's weights (fresh optimizer state and schedule): fine-tuning")
+    p.add_argument("--init-from", metavar="HF_DIR", help="start a new run from a Hugging Face model's weights "
+                   "(GPT-Neo, GPT-2; fresh optimizer state and schedule): fine-tuning")
     p.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and stop after step N (a time-sliced "
                    "job); the next run resumes there exactly")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -85,10 +85,6 @@ def train(args) -> int:
     if args.check_dataset:
         from data.check import check_dataset
         return check_dataset(cfg)
-    if cfg.mlm_training:
-        from config import ConfigError
-        raise ConfigError("mlm_training: the GPT-Neo decoder is causal and trains on next tokens; masked-LM "
-                          "batches (data/mlm.py) wait for the encoder models")
     distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
     signals = StopSignals(multi_process=jax.process_count() > 1)
     signals.install()
@@ -125,16 +121,18 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from config import ConfigError
     from data.source import make_source
     from errors import raise_background_failure
-    from models.gpt_neo import GPTNeo
+    from models import registry
     from models.generate import complete
     from parallel import distributed
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
     from parallel.state import abstract_train_state, create_train_state
-    from parallel.steps import batch_sharding, make_eval_step, make_train_step, microbatch_count
+    from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
+                                microbatch_count)
     from training.checkpoint import Checkpoints, check_same_model
     from training.flops import peak_flops_per_second, train_flops_per_token
     from training.metrics import MetricsWriter
+    from training.objectives import objective_for, report
     from training.optimizer import bad_step_counts, learning_rate_schedule, make_optimizer
 
     lead = jax.process_index() == 0
@@ -145,18 +143,25 @@ def run_training(args, cfg, notes, signals, run) -> int:
     layout = Layout.from_config(mesh, cfg.layout)
     say(f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
         f"({jax.process_count()} processes); layout {cfg.layout}")
-    window = cfg.n_ctx + 1
-    train_sharding = batch_sharding(layout, cfg.train_batch_size, window, "train_batch_size")
-    eval_sharding = batch_sharding(layout, cfg.eval_batch_size, window, "eval_batch_size")
+    objective = objective_for(cfg)
+    train_shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
+    eval_shapes = batch_shapes(objective, cfg, cfg.eval_batch_size)
+    train_sharding = batch_shardings(layout, objective, train_shapes, "train_batch_size")
+    eval_sharding = batch_shardings(layout, objective, eval_shapes, "eval_batch_size")
     train_data = make_source(cfg, "train")
     eval_data = make_source(cfg, "eval") if cfg.eval_steps else None
 
-    def global_batch(source, step, batch_size, sharding):
-        return distributed.global_batch(lambda rows: source.batch(step, batch_size, rows), sharding,
-                                        (batch_size, window))
+    def global_batch(source, step, shapes, sharding):
+        def rows_of(rows):
+            batch = source.batch(step, next(iter(shapes.values()))[0], rows)
+            batch = batch if isinstance(batch, dict) else {"tokens": batch}
+            objective.check_batch(cfg, batch, source.description)
+            return batch
+
+        return distributed.global_batch(rows_of, sharding, shapes)
 
     tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
-    make_model = lambda rngs: GPTNeo(cfg, rngs=rngs)  # noqa: E731
+    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
     params = imported_params(cfg, args.init_from) if args.init_from else None  # read before writing anything
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
         graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
@@ -184,14 +189,15 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 "to do (raise train_steps to train on, --eval to evaluate, predict.py to sample, or --new)")
             return 0
 
-        eval_step = make_eval_step(graphdef, layout, shardings.params, eval_sharding, precision=cfg.precision)
+        eval_step = make_eval_step(graphdef, objective, layout, shardings.params, eval_sharding,
+                                   precision=cfg.precision)
 
         def evaluate(params) -> dict:
-            totals = [eval_step(params, global_batch(eval_data, i, cfg.eval_batch_size, eval_sharding))
-                      for i in range(cfg.eval_steps)]
-            loss = sum(float(t["loss_sum"]) for t in totals) / sum(float(t["tokens"]) for t in totals)
-            return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)),
-                    "bits_per_byte": loss / math.log(2) / eval_data.bytes_per_token}
+            sums = [eval_step(params, global_batch(eval_data, i, eval_shapes, eval_sharding))
+                    for i in range(cfg.eval_steps)]
+            # bits per byte compare next-token losses across tokenizers; masked or per-example losses have none
+            bytes_per_token = eval_data.bytes_per_token if objective.name == "causal_lm" else None
+            return report(objective, mean_of(sums), bytes_per_token)
 
         metrics = MetricsWriter(cfg.model_path, start, say)
         try:
@@ -206,7 +212,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 return 0
 
             microbatches = microbatch_count(cfg, layout)
-            train_step = make_train_step(graphdef, tx, schedule, layout, shardings, train_sharding,
+            train_step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, train_sharding,
                                          precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
             tokens_per_step = cfg.train_batch_size * cfg.n_ctx
             peak = peak_flops_per_second()
@@ -220,8 +226,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
             stop = min(cfg.train_steps, args.stop_at_step or cfg.train_steps)
             signals.arm()
             for step in range(start, stop):
-                state, out = train_step(state, global_batch(train_data, step, cfg.train_batch_size,
-                                                            train_sharding))
+                state, out = train_step(state, global_batch(train_data, step, train_shapes, train_sharding))
                 out, (bad_in_row, bad_total) = jax.device_get((out, bad_step_counts(state.opt_state)))
                 out = {k: float(v) for k, v in out.items()}
                 run["trained"] = True
@@ -248,8 +253,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or finished):
                     result = evaluate(state.params)
                     metrics.write({"step": step + 1, "kind": "eval", **result})
-                    say(f"step {step + 1}: eval loss {result['loss']:.4f}  perplexity {result['perplexity']:.2f}  "
-                        f"bits/byte {result['bits_per_byte']:.4f}")
+                    say(f"step {step + 1}: eval " + "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
                 if stopping:
                     break
                 tick = time.perf_counter()  # eval and checkpoint time are not training time
@@ -263,7 +267,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
         return signals.exit_code
     if first_loss is not None:
         say(f"train loss {first_loss:.4f} -> {last_loss:.4f} over steps {start + 1}..{stop}")
-    if cfg.sample_tokens:  # every process takes part: the parameters are spread over all of them
+    if cfg.sample_tokens and cfg.task == "causal_lm":  # every process takes part: the parameters are spread
         with layout.active():
             text = complete(graphdef, state.params, train_data.tokenizer, cfg.sample_prompt, cfg.sample_tokens,
                             cfg.n_ctx, seed=cfg.seed)
@@ -305,28 +309,28 @@ def state_shapes(cfg):
     """The abstract train state (parameters and optimizer state) of ``cfg``: what a checkpoint must match."""
     import jax
 
-    from models.gpt_neo import GPTNeo
+    from models import registry
     from parallel.state import abstract_model
     from training.optimizer import make_optimizer
 
-    _, params, _ = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+    _, params, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
     return {"params": params, "opt_state": jax.eval_shape(make_optimizer(cfg).init, params)}
 
 
 def imported_params(cfg, hf_dir: str):
     """A Hugging Face model's weights for ``cfg``'s model; a one-line error if its shape differs."""
     from config import ConfigError
-    from models import hf
+    from convert.hf import load_hf
 
-    hf_config, tensors = hf.read_hf_dir(hf_dir)
-    theirs = hf.config_from_hf(hf_config, f"{hf_dir}/config.json")
-    keys = ["n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "attention_layers", "activation_function",
-            "no_weight_tie", "qkv_bias"] + (["local_attention_radius"] if "local" in cfg.attention_layers else [])
+    theirs, params = load_hf(hf_dir)
+    keys = ["model", "n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "attention_layers", "activation_function",
+            "no_weight_tie", "qkv_bias", "attention_scale", "intermediate", "norm_position", "n_token_types"] + (
+        ["local_attention_radius"] if "local" in cfg.attention_layers else [])
     for key in keys:
         if getattr(theirs, key) != getattr(cfg, key):
             raise ConfigError(f"--init-from {hf_dir}: {key} is {getattr(theirs, key)} there but "
                               f"{getattr(cfg, key)} in the config")
-    return hf.params_from_hf(cfg, hf_config, tensors, hf_dir)
+    return params
 
 
 if __name__ == "__main__":

@@ -33,16 +33,16 @@ def main() -> None:
     import transformers
 
     from config import load_config
-    from models import hf
+    from convert import gpt_neo
+    from models import registry
     from models.generate import Sampling, sample
-    from models.gpt_neo import GPTNeo
     from parallel.state import abstract_model
 
     cfg, _ = load_config(args.config)
-    reference = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**hf.gpt_neo_config(cfg))).eval()
+    reference = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**gpt_neo.config_to_hf(cfg))).eval()
     tensors = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
-    params = jax.tree.map(jnp.asarray, hf.params_from_hf(cfg, {"model_type": "gpt_neo"}, tensors))
-    graphdef, _, _ = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+    params = jax.tree.map(jnp.asarray, gpt_neo.params_from_hf(cfg, tensors))
+    graphdef, _, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
     settings = Sampling(max_new_tokens=args.new_tokens, temperature=0, eos_id=None)
 
     def timed(fn) -> float:

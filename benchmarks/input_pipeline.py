@@ -37,21 +37,23 @@ def train_rate(cfg, steps: int) -> float:
     import jax
     import numpy as np
 
-    from models.gpt_neo import GPTNeo
+    from models import registry
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
     from parallel.state import create_train_state
-    from parallel.steps import batch_sharding, make_train_step, microbatch_count
+    from parallel.steps import batch_shapes, batch_shardings, make_train_step, microbatch_count
+    from training.objectives import objective_for
     from training.optimizer import learning_rate_schedule, make_optimizer
 
     layout = Layout.from_config(make_mesh(cfg.mesh_shape), cfg.layout)
     tx = make_optimizer(cfg)
-    graphdef, state, shardings = create_train_state(lambda rngs: GPTNeo(cfg, rngs=rngs), tx, layout, cfg.seed)
-    data = batch_sharding(layout, cfg.train_batch_size, cfg.n_ctx + 1)
-    step = make_train_step(graphdef, tx, learning_rate_schedule(cfg), layout, shardings, data,
+    objective = objective_for(cfg)
+    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, cfg.seed)
+    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
+    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
                            microbatches=microbatch_count(cfg, layout), seed=cfg.seed)
     tokens = np.random.default_rng(0).integers(0, cfg.n_vocab, (cfg.train_batch_size, cfg.n_ctx + 1), np.int32)
-    batch = jax.device_put(tokens, data)
+    batch = jax.device_put({"tokens": tokens}, data)
     state, metrics = step(state, batch)  # compile
     jax.block_until_ready(metrics)
     start = time.perf_counter()

@@ -162,6 +162,20 @@ def _check_tokenizer(tokenizer: Tokenizer, dataset: dict, cfg: Config) -> None:
                           f"{tokenizer.eos_id}")
 
 
+MASK_TOKENS = ("[MASK]", "<mask>")  # BERT's and RoBERTa's
+
+
+def with_mask_token(cfg: Config, tokenizer: Tokenizer) -> Config:
+    """``cfg`` with ``mlm_mask_token_id`` filled in from the tokenizer's [MASK] or <mask> token when unset."""
+    if cfg.mlm_mask_token_id is not None:
+        return cfg
+    found = next((i for i in map(tokenizer.token_id, MASK_TOKENS) if i is not None), None)
+    if found is None:
+        raise ConfigError(f"mlm_mask_token_id: not set, and the tokenizer has no {' or '.join(MASK_TOKENS)} token; "
+                          "set it to the id masked tokens become")
+    return cfg.replace(mlm_mask_token_id=found)
+
+
 def make_tokenizer(cfg: Config) -> Tokenizer:
     """The tokenizer of the config's first dataset (``tokenizer_path`` overrides it), without reading any data;
     a dataset that prepares its own tokenizer (embedded_bpe) is prepared first."""
@@ -202,6 +216,8 @@ def make_source(cfg: Config, split: str):
     tokenizers = [load_tokenizer(d["tokenizer_path"]) for d in datasets]
     for tokenizer, dataset in zip(tokenizers, datasets):
         _check_tokenizer(tokenizer, dataset, cfg)
+    if cfg.mlm_training:
+        cfg = with_mask_token(cfg, tokenizers[0])
     sizes = {t.vocab_size for t in tokenizers}
     if len(sizes) > 1:
         raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "

@@ -28,6 +28,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def token_id(self, token: str) -> int | None: ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes as ids 0..255 and ``<|endoftext|>`` as 256: lossless, needs no training."""
@@ -45,6 +47,9 @@ class ByteTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def token_id(self, token: str) -> int | None:
+        return self.eos_id if token == EOS else None
 
 
 class BPETokenizer:
@@ -67,6 +72,10 @@ class BPETokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_id(self, token: str) -> int | None:
+        """The id of a special (or any whole) token, None when the vocabulary has no such token."""
+        return self.tok.token_to_id(token)
 
     def save(self, path: str) -> None:
         self.tok.save(path)

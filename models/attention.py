@@ -1,12 +1,18 @@
-"""GPT-Neo self-attention: ``global`` (causal) and ``local`` (causal sliding window) layers, the kernel choice,
-and the registry that fills a block's attention slot with any kind (``linear`` lives in linear_attention.py,
-``none`` layers have no attention at all).
+"""Multi-head attention of every kind, with one call path for training, prefill and decoding.
 
-GPT-Neo does not scale logits by 1/sqrt(head_dim): mesh-tensorflow folds that factor into the query init
-(stddev (embd*head_dim)^-0.5 for q, embd^-0.5 for k and v, (heads*head_dim)^-0.5 for the output), so the trained
-weights expect unscaled dot products. A ``local`` layer lets token i see tokens i-window+1 .. i. With
-``num_mem_kv`` > 0 a global layer also has that many learned key/value slots (GPT-Neo's memory_key_values) that
-every query sees, whatever its position.
+``Attention.__call__(x, positions, segment_ids, cache)`` serves all three: ``cache=None`` is training/eval over
+the whole sequence; with a cache the new tokens' keys join the cached ones first. Masking is one rule for every
+case: a query sees a key if both are in the same segment (segment 0 is padding and sees nothing), if the key is
+not after the query (causal layers), and if it is within ``window`` (local layers). Without segment ids, in
+training, no mask is built at all: the kernels take "causal" and the window as flags.
+
+Kinds: ``global`` (softmax over every key), ``local`` (a sliding window: token i sees i-window+1..i, both ways for
+bidirectional layers), ``linear`` (models/linear_attention.py). ``num_mem_kv`` > 0 adds learned key/value slots
+that every query of a global layer sees, whatever its position (GPT-Neo's memory_key_values). Cross-attention
+(encoder-decoder blocks) takes its keys and values from a ``context`` instead of ``x``.
+
+Logits are ``scale * q.k``: GPT-Neo and T5 use scale 1 (mesh-tensorflow folds 1/sqrt(head_dim) into the query
+init), GPT-2 and BERT 1/sqrt(head_dim).
 """
 
 from __future__ import annotations
@@ -15,18 +21,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from config import Config, ConfigError
-from models import kv_cache
-from models.layers import axes, dropout, dropout_keys, projection
+from config import ConfigError
+from models.axes import HEADS, axes, constrain
+from models.kv_cache import LayerCache, LinearCache
+from models.layers import dropout, projection
+from models.linear_attention import bidirectional_linear_attention, causal_linear_attention
 from models.rotary import apply_rotary
-from parallel.layout import constrain
+from models.spec import AttentionSpec
 
-QUERY = ("batch", "sequence", "heads", "features_per_head")
 KEY_VALUE = ("batch", "memory_length", "heads", "features_per_head")
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
-# A local layer whose sequence spans at least this many windows attends block by block (O(T x window) memory)
-# instead of through a masked T x T matrix. Below it the full matrix is small and one fused op is faster.
+# A causal local layer whose sequence spans at least this many windows attends block by block (O(T x window)
+# memory) instead of through a masked T x T matrix. Below it the full matrix is small and one fused op is faster.
 BLOCKED_MIN_WINDOWS = 4
 # cuDNN flash attention (jax.nn.dot_product_attention(implementation="cudnn")): half-precision inputs and a head
 # dim that is a multiple of 8 and at most 128 (256 on Hopper; 128 is the rule every supported GPU meets).
@@ -59,30 +66,42 @@ def choose_kernel(requested: str, platform: str, dtype, head_dim: int, explicit_
     return "cudnn"
 
 
-def attention_mask(t: int, s: int, window: int | None) -> jax.Array:
-    """(T, S) boolean mask, queries aligned to the last T keys: causal, and within the window if given.
-
-    The alignment is what memory key/values need too: with M memory slots in front of T keys (S = M + T), query i
-    sits at key position M + i and sees every slot."""
-    i = jnp.arange(t)[:, None] + (s - t)
-    j = jnp.arange(s)[None, :]
-    allowed = j <= i
+def visible(query_index: jax.Array, key_index: jax.Array, causal: bool, window: int | None) -> jax.Array:
+    """(T, S): may the query at buffer index ``query_index`` (T,) see the key at ``key_index`` (S,)? Not if the key
+    comes after it (causal layers), nor if it is ``window`` or more away (local layers)."""
+    q, k = query_index[:, None], key_index[None, :]
+    allowed = jnp.ones((q.shape[0], k.shape[1]), bool)
+    if causal:
+        allowed &= k <= q
     if window is not None:
-        allowed &= j > i - window
+        allowed &= (k > q - window) & (k < q + window)
     return allowed
 
 
-def masked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dropout_rate: float = 0.0,
-                             dropout_key: jax.Array | None = None) -> jax.Array:
-    """Unscaled attention with the probabilities materialised (so they can be dropped out).
+def same_segment(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+    """(B, T) x (B, S) segment ids -> (B, T, S): a query sees keys of its own segment; segment 0 is padding."""
+    return (query_segments[:, :, None] == key_segments[:, None, :]) & (key_segments[:, None, :] != 0)
+
+
+def self_attention_mask(t: int, causal: bool, window: int | None, segment_ids: jax.Array | None) -> jax.Array:
+    """The (T, T) or (B, T, T) mask of T tokens attending to each other."""
+    index = jnp.arange(t)
+    mask = visible(index, index, causal, window)
+    return mask if segment_ids is None else mask[None] & same_segment(segment_ids, segment_ids)
+
+
+def masked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float = 1.0,
+                             dropout_rate: float = 0.0, dropout_key: jax.Array | None = None) -> jax.Array:
+    """Attention with the probabilities materialised (so they can be dropped out).
     (..., T, N, H) x (..., S, N, H) x (..., S, N, H), mask broadcastable to (..., N, T, S) -> (..., T, N, H)."""
-    logits = jnp.einsum("...TNH,...SNH->...NTS", q, k, preferred_element_type=jnp.float32)
+    logits = scale * jnp.einsum("...TNH,...SNH->...NTS", q, k, preferred_element_type=jnp.float32)
     probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
     probs = dropout(dropout_rate, probs, dropout_key).astype(v.dtype)
     return jnp.einsum("...NTS,...SNH->...TNH", probs, v)
 
 
-def blocked_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, window: int, dropout_rate: float = 0.0,
+def blocked_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, window: int,
+                            segment_ids: jax.Array | None = None, scale: float = 1.0, dropout_rate: float = 0.0,
                             dropout_key: jax.Array | None = None) -> jax.Array:
     """Causal sliding-window attention in O(T x window) memory. (B,T,N,H) x3 -> (B,T,N,H).
 
@@ -90,143 +109,144 @@ def blocked_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, window: in
     its own block or the one before, so each block attends to 2*window keys and no T x T matrix exists."""
     b, t, n, h = q.shape
     c = -(-t // window)
-    pad = [(0, 0), (0, c * window - t), (0, 0), (0, 0)]  # padded queries are dropped; padded keys come after them
 
-    def blocks(x):  # (B, T, N, H) -> (B, C, W, N, H)
-        return jnp.pad(x, pad).reshape(b, c, window, n, h)
+    def blocks(x):  # (B, T, ...) -> (B, C, W, ...); padded queries are dropped, padded keys come after them
+        x = jnp.pad(x, [(0, 0), (0, c * window - t)] + [(0, 0)] * (x.ndim - 2))
+        return x.reshape(b, c, window, *x.shape[2:])
 
-    def with_previous(x):  # (B, C, W, N, H) -> (B, C, 2W, N, H): block c-1 (zeros before block 0), then block c
-        previous = jnp.pad(x, [(0, 0), (1, 0), (0, 0), (0, 0), (0, 0)])[:, :-1]
+    def with_previous(x):  # (B, C, W, ...) -> (B, C, 2W, ...): block c-1 (zeros before block 0), then block c
+        previous = jnp.pad(x, [(0, 0), (1, 0)] + [(0, 0)] * (x.ndim - 2))[:, :-1]
         return jnp.concatenate([previous, x], axis=2)
 
-    mask = attention_mask(window, 2 * window, window)  # (W, 2W): query r sits at key position W + r
+    mask = visible(jnp.arange(window) + window, jnp.arange(2 * window), True, window)  # (W, 2W)
     first = jnp.arange(c)[:, None, None] == 0  # block 0 has no previous block
     mask = mask & ~(first & (jnp.arange(2 * window) < window))  # (C, W, 2W)
+    mask = mask[None]  # (1, C, W, 2W)
+    if segment_ids is not None:
+        query_segments, key_segments = blocks(segment_ids), with_previous(blocks(segment_ids))  # (B, C, W|2W)
+        mask = mask & (query_segments[..., :, None] == key_segments[..., None, :]) & (key_segments[..., None, :] != 0)
     out = masked_softmax_attention(blocks(q), with_previous(blocks(k)), with_previous(blocks(v)),
-                                   mask[None, :, None], dropout_rate, dropout_key)  # (B, C, W, N, H)
+                                   mask[:, :, None], scale, dropout_rate, dropout_key)  # (B, C, W, N, H)
     return out.reshape(b, c * window, n, h)[:, :t]
 
 
-def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
-                          dropout_rate: float = 0.0, dropout_key: jax.Array | None = None, *,
-                          kernel: str = "xla", blocked: bool | None = None) -> jax.Array:
-    """Unscaled causal attention. (B,T,N,H), (B,S,N,H), (B,S,N,H) -> (B,T,N,H); softmax in float32.
+def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, window: int | None,
+                      scale: float = 1.0, segment_ids: jax.Array | None = None, mask: jax.Array | None = None,
+                      dropout_rate: float = 0.0, dropout_key: jax.Array | None = None, kernel: str = "xla",
+                      blocked: bool | None = None) -> jax.Array:
+    """(B,T,N,H), (B,S,N,H), (B,S,N,H) -> (B,T,N,H); softmax in float32.
 
-    Queries are the last T of the S key positions (S > T when memory slots come first). ``kernel`` is "xla" or
-    "cudnn" (see ``choose_kernel``). ``blocked`` (default: automatic, see ``BLOCKED_MIN_WINDOWS``) computes a
-    local layer block by block on the XLA path; cuDNN's own sliding window never builds the T x T matrix."""
-    t, s = q.shape[1], k.shape[1]
-    training_dropout = dropout_key is not None and dropout_rate > 0.0
-    if window is not None and t == s and kernel == "xla":
-        if blocked if blocked is not None else t >= BLOCKED_MIN_WINDOWS * window:
-            return blocked_local_attention(q, k, v, window, dropout_rate, dropout_key)
-    if training_dropout:  # dropout on the probabilities needs them materialised
-        return masked_softmax_attention(q, k, v, attention_mask(t, s, window), dropout_rate, dropout_key)
-    if t != s:  # memory slots in front of the keys: jax's is_causal aligns queries to the first keys, not the last
-        return jax.nn.dot_product_attention(q, k, v, mask=attention_mask(t, s, window)[None, None], scale=1.0,
-                                            implementation="xla")
-    local = None if window is None else (window - 1, 0)
-    return jax.nn.dot_product_attention(q, k, v, scale=1.0, is_causal=True, local_window_size=local,
-                                        implementation=kernel)
+    With an explicit ``mask`` (B, T, S) (decoding, memory slots, cross-attention) that mask is the rule. Otherwise
+    keys are the queries' own positions (S = T), masked by ``causal``, ``window`` and ``segment_ids`` (B, T).
+    ``kernel`` is "xla" or "cudnn" (see ``choose_kernel``); ``blocked`` (default: automatic, see
+    ``BLOCKED_MIN_WINDOWS``) computes a causal local layer block by block on the XLA path."""
+    t = q.shape[1]
+    dropping = dropout_key is not None and dropout_rate > 0.0
+    if mask is None:
+        if window is not None and causal and kernel == "xla" and (
+                blocked if blocked is not None else t >= BLOCKED_MIN_WINDOWS * window):
+            return blocked_local_attention(q, k, v, window, segment_ids, scale, dropout_rate, dropout_key)
+        if dropping or segment_ids is not None:
+            mask = self_attention_mask(t, causal, window, segment_ids)
+        else:  # no mask materialised: the kernel takes causality and the window as flags
+            local = None if window is None else (window - 1, 0 if causal else window - 1)
+            return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, local_window_size=local,
+                                                implementation=kernel)
+    if mask.ndim == 2:
+        mask = mask[None]
+    if dropping:  # dropout on the probabilities needs them materialised
+        return masked_softmax_attention(q, k, v, mask[:, None], scale, dropout_rate, dropout_key)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="xla")
 
 
-class SelfAttention(nnx.Module):
-    """Multi-head self-attention of one kind (``global`` or ``local``), GPT-Neo parameterisation.
+class Attention(nnx.Module):
+    """Multi-head attention of one ``AttentionSpec``: q/k/v projections (einsum, ``DNH`` kernels), optional rotary
+    and memory slots, the attention kind, and the output projection."""
 
-    Subclasses (linear attention) keep the projections, rotary and dropout and replace ``attend``."""
-
-    def __init__(self, cfg: Config, kind: str, *, rngs: nnx.Rngs):
-        d, n, h = cfg.n_embd, cfg.n_head, cfg.head_dim
+    def __init__(self, spec: AttentionSpec, *, rngs: nnx.Rngs):
+        d, n, h = spec.n_embd, spec.n_head, spec.head_dim
         qkv_axes = ("embd", "heads", "features_per_head")
-        bias = qkv_axes[1:] if cfg.qkv_bias else None
-        self.q = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, (d * h) ** -0.5, rngs, bias=bias)
-        self.k = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, d ** -0.5, rngs, bias=bias)
-        self.v = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, d ** -0.5, rngs, bias=bias)
-        self.out = projection("BTNH,NHD->BTD", (n, h, d), ("heads", "features_per_head", "embd"), (n * h) ** -0.5,
-                              rngs, bias=("embd",))
-        self.window = cfg.local_attention_radius if kind == "local" else None
-        self.attn_dropout = cfg.attn_dropout
-        self.res_dropout = cfg.res_dropout
-        self.rotary_dim = cfg.rotary_dim
-        if kind == "global" and cfg.num_mem_kv:
+        bias = qkv_axes[1:] if spec.qkv_bias else None
+        q_std, k_std, v_std, out_std = spec.init
+        self.q = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, q_std, rngs, bias=bias)
+        self.k = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, k_std, rngs, bias=bias)
+        self.v = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, v_std, rngs, bias=bias)
+        self.out = projection("BTNH,NHD->BTD", (n, h, d), ("heads", "features_per_head", "embd"), out_std, rngs,
+                              bias=("embd",) if spec.out_bias else None)
+        if spec.num_mem_kv:
             # GPT-Neo's memory_key_values: learned slots shared by the whole batch, never rotated (no position).
             init = jax.nn.initializers.normal(0.02)
             meta = axes("memory_length", "heads", "features_per_head")
-            self.mem_k = nnx.Param(init(rngs.params(), (cfg.num_mem_kv, n, h)), **meta)  # (S, N, H)
-            self.mem_v = nnx.Param(init(rngs.params(), (cfg.num_mem_kv, n, h)), **meta)  # (S, N, H)
+            self.mem_k = nnx.Param(init(rngs.params(), (spec.num_mem_kv, n, h)), **meta)  # (S, N, H)
+            self.mem_v = nnx.Param(init(rngs.params(), (spec.num_mem_kv, n, h)), **meta)  # (S, N, H)
         else:
             self.mem_k = self.mem_v = None
-        self.kernel = cfg.attention_kernel
-        if kind in ("global", "local"):  # a forced kernel that cannot run is an error at start-up, not mid-run
-            choose_kernel(self.kernel, jax.default_backend(), COMPUTE_DTYPES[cfg.precision], h,
-                          self.mem_k is not None)
+        self.spec = spec
+        self.kernel = "xla"
+        if spec.kind != "linear":  # a forced kernel that cannot run is an error at start-up, not mid-run
+            self.kernel = choose_kernel(spec.kernel, jax.default_backend(), COMPUTE_DTYPES[spec.precision], h,
+                                        spec.num_mem_kv > 0)
 
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, dropout_key: jax.Array | None) -> jax.Array:
-        """(B,T,N,H) x3 -> (B,T,N,H): the attention kind itself."""
-        if self.mem_k is not None:
-            b = k.shape[0]
-            k = jnp.concatenate([jnp.broadcast_to(self.mem_k[None], (b, *self.mem_k.shape)).astype(k.dtype), k], 1)
-            v = jnp.concatenate([jnp.broadcast_to(self.mem_v[None], (b, *self.mem_v.shape)).astype(v.dtype), v], 1)
-            k, v = constrain(k, KEY_VALUE), constrain(v, KEY_VALUE)  # (B, S+T, N, H)
-        # The call's dtype decides (sampling runs float32 masters even when training ran in bf16).
-        kernel = "xla" if self.kernel == "xla" else choose_kernel(
-            "auto", jax.default_backend(), q.dtype, q.shape[-1], self.mem_k is not None)
-        return dot_product_attention(q, k, v, self.window, self.attn_dropout, dropout_key, kernel=kernel)
+    def init_cache(self, batch: int, length: int, dtype) -> LayerCache | LinearCache:
+        """An empty decoding cache for ``batch`` rows of up to ``length`` tokens."""
+        s = self.spec
+        if s.kind == "linear":
+            return LinearCache.empty(batch, s.n_head, s.head_dim)
+        return LayerCache.empty(batch, length if s.window is None else min(s.window, length), s.n_head,
+                                s.head_dim, dtype)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
-        """(B, T, D) inputs at (B, T) positions -> (B, T, D)."""
-        attn_key, res_key = dropout_keys(dropout_key, 2)
-        q = apply_rotary(constrain(self.q(x), QUERY), positions, self.rotary_dim)  # (B, T, N, H)
-        k = apply_rotary(constrain(self.k(x), KEY_VALUE), positions, self.rotary_dim)  # (B, S, N, H)
-        v = constrain(self.v(x), KEY_VALUE)  # (B, S, N, H)
-        a = self.attend(q, k, v, attn_key)  # (B, T, N, H)
-        y = self.out(constrain(a, QUERY))  # (B, T, D)
-        return dropout(self.res_dropout, y, res_key)
+    def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
+                 cache: LayerCache | LinearCache | None = None, dropout_key: jax.Array | None = None,
+                 context: jax.Array | None = None, context_segment_ids: jax.Array | None = None
+                 ) -> tuple[jax.Array, LayerCache | LinearCache | None]:
+        """(B, T, D) tokens at (B, T) ``positions`` -> (B, T, D) and the updated cache (None without one).
 
-    def init_cache(self, batch: int, length: int, dtype) -> kv_cache.LayerCache:
-        n, h = self.k.kernel.shape[1:]
-        return kv_cache.empty(batch, length if self.window is None else min(self.window, length), n, h, dtype)
-
-    def decode(self, x: jax.Array, cache: kv_cache.LayerCache, state: kv_cache.DecodeState):
-        """Attention for T new tokens at buffer indices state.index..+T-1 against the cache; returns the output
-        and the updated cache. Global layers write first and attend over the whole buffer (and the memory slots);
-        local layers attend over the ring (older tokens) plus the new tokens, then keep the newest ``window``."""
-        t = x.shape[1]
-        positions = state.positions(t)
-        q = apply_rotary(self.q(x), positions, self.rotary_dim)  # (B, T, N, H)
-        k = apply_rotary(self.k(x), positions, self.rotary_dim).astype(cache.k.dtype)
-        v = self.v(x).astype(cache.v.dtype)
-        query_index = state.index + jnp.arange(t)
-        if self.window is None:
-            cache = kv_cache.LayerCache(k=jax.lax.dynamic_update_slice_in_dim(cache.k, k, state.index, axis=1),
-                                        v=jax.lax.dynamic_update_slice_in_dim(cache.v, v, state.index, axis=1))
-            keys, values, key_index = cache.k, cache.v, jnp.arange(cache.k.shape[1])
+        ``segment_ids`` (B, T): tokens attend within their segment; 0 marks padding. ``cache``: decoding state of
+        this layer; the new tokens continue it. ``context`` (B, S, D) with ``context_segment_ids`` (B, S): keys and
+        values come from it (cross-attention; no rotary, no causality)."""
+        s = self.spec
+        source = x if context is None else context
+        q = constrain(self.q(x), HEADS)  # (B, T, N, H)
+        k = constrain(self.k(source), KEY_VALUE)  # (B, S, N, H)
+        v = constrain(self.v(source), KEY_VALUE)  # (B, S, N, H)
+        if context is None:
+            q, k = apply_rotary(q, positions, s.rotary_dim), apply_rotary(k, positions, s.rotary_dim)
+        if s.kind == "linear":
+            a, cache = self._linear(q, k, v, segment_ids, cache)
+        elif context is not None:
+            mask = None
+            if context_segment_ids is not None:
+                queries = segment_ids if segment_ids is not None else jnp.ones(q.shape[:2], jnp.int32)
+                mask = same_segment(queries, context_segment_ids)
+            a = self._softmax(q, k, v, mask, None, dropout_key, cross=True)
         else:
-            w = cache.k.shape[1]
-            keys = jnp.concatenate([cache.k, k], axis=1)  # (B, W+T, N, H)
-            values = jnp.concatenate([cache.v, v], axis=1)
-            key_index = jnp.concatenate([kv_cache.ring_indices(state.index, w), query_index])
-            kept = min(t, w)  # the newest tokens overwrite the ring slots of their indices
-            slots = jnp.mod(query_index[t - kept:], w)
-            cache = kv_cache.LayerCache(k=cache.k.at[:, slots].set(k[:, t - kept:]),
-                                        v=cache.v.at[:, slots].set(v[:, t - kept:]))
-        mask = kv_cache.visible(query_index, key_index, state.pad, self.window)  # (B, T, S)
+            mask = None
+            if cache is not None:
+                query_index = cache.end + jnp.arange(q.shape[1])
+                (k, v, key_segments, key_index), cache = cache.extend(k, v, segment_ids, s.window)
+                mask = visible(query_index, key_index, s.causal, s.window)[None] & same_segment(segment_ids,
+                                                                                               key_segments)
+            a = self._softmax(q, k, v, mask, segment_ids, dropout_key)
+        return self.out(constrain(a, HEADS)), cache  # (B, T, D)
+
+    def _softmax(self, q, k, v, mask, segment_ids, dropout_key, cross: bool = False) -> jax.Array:
+        s = self.spec
         if self.mem_k is not None:  # the memory slots come first and every query sees them
-            b = x.shape[0]
-            keys = jnp.concatenate([jnp.broadcast_to(self.mem_k[None], (b, *self.mem_k.shape)).astype(keys.dtype),
-                                    keys], axis=1)
-            values = jnp.concatenate([jnp.broadcast_to(self.mem_v[None], (b, *self.mem_v.shape))
-                                      .astype(values.dtype), values], axis=1)
-            mask = jnp.concatenate([jnp.ones((b, t, self.mem_k.shape[0]), bool), mask], axis=2)
-        a = jax.nn.dot_product_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask[:, None],
-                                         scale=1.0)
-        return self.out(a), cache
+            b, t = q.shape[:2]
+            memory = [jnp.broadcast_to(m[None], (b, *m.shape)).astype(k.dtype) for m in (self.mem_k, self.mem_v)]
+            k, v = jnp.concatenate([memory[0], k], 1), jnp.concatenate([memory[1], v], 1)
+            if mask is None:
+                mask = self_attention_mask(t, s.causal, s.window, segment_ids)
+            mask = jnp.broadcast_to(mask, (b, t, mask.shape[-1]))
+            mask = jnp.concatenate([jnp.ones((b, t, s.num_mem_kv), bool), mask], axis=2)
+        return softmax_attention(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
+                                 window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
+                                 mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,
+                                 kernel=self.kernel if mask is None else "xla")
 
-
-def make_attention(cfg: Config, kind: str, *, rngs: nnx.Rngs) -> nnx.Module | None:
-    """The attention slot of a block for a layer of ``kind``; None for ``none`` layers (feed-forward only)."""
-    from models.linear_attention import LinearAttention  # it subclasses SelfAttention, so it imports this file
-
-    layers = {"global": SelfAttention, "local": SelfAttention, "linear": LinearAttention, "none": None}
-    layer = layers[kind]
-    return None if layer is None else layer(cfg, kind, rngs=rngs)
+    def _linear(self, q, k, v, segment_ids, cache):
+        real = None if segment_ids is None else segment_ids != 0
+        if not self.spec.causal:
+            return bidirectional_linear_attention(q, k, v, real), cache
+        a, sums = causal_linear_attention(q, k, v, real, cache)
+        return a, (sums if cache is not None else None)

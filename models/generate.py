@@ -85,7 +85,7 @@ def _sample(graphdef, s: Sampling, on_tokens, params, prompts, pad, key):
     fill = 0 if s.eos_id is None else s.eos_id
     model = nnx.merge(graphdef, nnx.State(params))
     cache = model.init_cache(b, p + s.max_new_tokens, pad, params_dtype(params))
-    logits, cache = model.decode(prompts, cache)  # prefill: (B, P, V)
+    logits, cache = model(prompts, cache=cache)  # prefill: (B, P, V)
     rows = jnp.arange(p)[None, :] >= pad[:, None]
     seen = jnp.zeros((b, logits.shape[-1]), bool).at[jnp.arange(b)[:, None], prompts].max(rows)
     out = jnp.full((b, s.max_new_tokens), fill, jnp.int32)
@@ -104,7 +104,7 @@ def _sample(graphdef, s: Sampling, on_tokens, params, prompts, pad, key):
         done = done | ((token == s.eos_id) if s.eos_id is not None else False)
         if on_tokens is not None:
             done = done | _host_check(on_tokens, token, i)
-        logits, cache = model.decode(token[:, None], cache)
+        logits, cache = model(token[:, None], cache=cache)
         return i + 1, logits[:, -1], cache, seen, done, out
 
     carry = (jnp.zeros((), jnp.int32), logits[:, -1], cache, seen, jnp.zeros((b,), bool), out)
@@ -128,7 +128,7 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
 
     model = nnx.merge(graphdef, nnx.State(params))
     cache = model.init_cache(b, p + n, pad, params_dtype(params))
-    logits, cache = model.decode(prompts, cache)
+    logits, cache = model(prompts, cache=cache)
     # Every beam starts from the prompt: repeat rows, and let only beam 0 be alive at first.
     cache = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0) if x.ndim and x.shape[0] == b else x, cache)
     last = jnp.repeat(logits[:, -1], k, axis=0)  # (B*K, V)
@@ -166,7 +166,7 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
         parent = (jnp.take_along_axis(beam, keep, axis=1) + jnp.arange(b)[:, None] * k).reshape(-1)
         cache = jax.tree.map(lambda x: x[parent] if x.ndim and x.shape[0] == b * k else x, cache)
         tokens = jnp.take_along_axis(token, keep, axis=1).reshape(-1)
-        logits, cache = model.decode(tokens[:, None], cache)
+        logits, cache = model(tokens[:, None], cache=cache)
         return i + 1, logits[:, -1], cache, alive_seq, alive_lp, fin_seq, fin_score
 
     carry = (jnp.zeros((), jnp.int32), last, cache, alive_seq, alive_lp, fin_seq, fin_score)

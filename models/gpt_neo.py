@@ -1,5 +1,10 @@
-"""The GPT-Neo decoder: learned positions (or rotary), pre-LayerNorm blocks, tied embeddings unless
-``no_weight_tie``."""
+"""GPT-Neo and GPT-2 on the backbone: token embeddings, positions (learned, axial or rotary), blocks from the
+config's block specs, a final LayerNorm and tied (or untied) output logits.
+
+Both families share this file: GPT-2 is GPT-Neo with every layer global, q/k/v biases and logits scaled by
+1/sqrt(head_dim) (registry defaults). With ``causal: false`` and ``task: masked_lm`` it is GPT-Neo's bidirectional
+MLM model; with ``task: sequence_classification`` a linear head reads each row's last real token.
+"""
 
 from __future__ import annotations
 
@@ -9,86 +14,96 @@ from flax import nnx
 
 from config import Config
 from models import kv_cache
-from models.attention import make_attention
-from models.layers import axes, dropout, dropout_keys, layer_norm
-from models.mlp import make_mlp
-from parallel.layout import constrain
+from models.axes import HIDDEN, LOGITS, axes, constrain
+from models.block import Block, run_blocks
+from models.heads import ClassificationHead
+from models.layers import dropout, dropout_keys, norm
+from models.spec import block_spec, gpt_neo_attention_init, gpt_neo_mlp_init
 
-HIDDEN = ("batch", "sequence", "embd")
+
+def _gpt2_init(cfg: Config) -> tuple[tuple, tuple]:
+    """GPT-2's init: 0.02 everywhere, residual output projections scaled by 1/sqrt(2 * n_layer)."""
+    out = 0.02 * (2 * cfg.n_layer) ** -0.5
+    return (0.02, 0.02, 0.02, out), (0.02, out)
 
 
-class Block(nnx.Module):
-    """x + attn(ln_1(x)), then + mlp(ln_2(x)). The attention and MLP slots take any kind of layer; a ``none``
-    layer has no attention sub-layer (and no ln_1): it is feed-forward only."""
+class AxialPositions(nnx.Module):
+    """GPT-Neo's ``axial_pos_emb`` [A, B]: position a*B + b is embedded as (row_a + column_b) / 2."""
 
-    def __init__(self, cfg: Config, layer: int, *, rngs: nnx.Rngs):
-        self.attn = make_attention(cfg, cfg.attention_layers[layer], rngs=rngs)
-        self.ln_1 = layer_norm(cfg.n_embd, rngs) if self.attn is not None else None
-        self.ln_2 = layer_norm(cfg.n_embd, rngs)
-        self.mlp = make_mlp(cfg, layer, rngs=rngs)
+    def __init__(self, shape: list[int], n_embd: int, rngs: nnx.Rngs):
+        init = jax.nn.initializers.normal(0.01)
+        self.axial_wpe_1 = nnx.Param(init(rngs.params(), (shape[0], n_embd)), **axes(None, "embd"))  # (A, D)
+        self.axial_wpe_2 = nnx.Param(init(rngs.params(), (shape[1], n_embd)), **axes(None, "embd"))  # (B, D)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
-        attn_key, mlp_key = dropout_keys(dropout_key, 2)
-        if self.attn is not None:
-            x = constrain(x + self.attn(self.ln_1(x), positions, attn_key), HIDDEN)
-        return constrain(x + self.mlp(self.ln_2(x), mlp_key), HIDDEN)  # (B, T, D)
-
-    def decode(self, x: jax.Array, cache, state: kv_cache.DecodeState):
-        """The block for new tokens against its cache: (B, T, D) -> (B, T, D), updated cache."""
-        if self.attn is not None:
-            a, cache = self.attn.decode(self.ln_1(x), cache, state)
-            x = x + a
-        return x + self.mlp(self.ln_2(x)), cache
+    def __call__(self, positions: jax.Array) -> jax.Array:
+        """(B, T) positions -> (B, T, D)."""
+        columns = self.axial_wpe_2.shape[0]
+        return (self.axial_wpe_1[...][positions // columns] + self.axial_wpe_2[...][positions % columns]) / 2
 
 
 class GPTNeo(nnx.Module):
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
         init = jax.nn.initializers.normal
+        attention_init, mlp_init = (_gpt2_init(cfg) if cfg.model == "gpt2" else
+                                    (gpt_neo_attention_init(cfg), gpt_neo_mlp_init(cfg)))
         self.wte = nnx.Embed(cfg.n_vocab, cfg.n_embd, embedding_init=init(0.02),
                              embedding_metadata=axes("vocab", "embd"), rngs=rngs)
-        self.wpe = None if cfg.rotary_emb else nnx.Embed(  # rotary puts positions into q and k instead
-            cfg.n_ctx, cfg.n_embd, embedding_init=init(0.01), embedding_metadata=axes(None, "embd"), rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, layer, rngs=rngs) for layer in range(cfg.n_layer)])
-        self.ln_f = layer_norm(cfg.n_embd, rngs)
+        # Positions: a learned table, GPT-Neo's axial table, or none (rotary puts positions into q and k).
+        self.wpe = nnx.Embed(cfg.n_ctx + cfg.position_offset, cfg.n_embd, embedding_init=init(0.01),
+                             embedding_metadata=axes(None, "embd"), rngs=rngs) if not (
+            cfg.rotary_emb or cfg.axial_pos_emb) else None
+        self.axial_wpe = AxialPositions(cfg.axial_pos_emb, cfg.n_embd, rngs) if cfg.axial_pos_emb else None
+        self.blocks = nnx.List([Block(block_spec(cfg, layer, attention_init, mlp_init), rngs=rngs)
+                                for layer in range(cfg.n_layer)])
+        self.ln_f = norm("layernorm", cfg.n_embd, cfg.layer_norm_epsilon, rngs)  # GPT-Neo's ln_f is always a LayerNorm
         self.lm_head = nnx.Einsum("BTD,DV->BTV", (cfg.n_embd, cfg.n_vocab), kernel_init=init(0.02),
                                   kernel_metadata=axes("embd", "vocab"), rngs=rngs) if cfg.no_weight_tie else None
+        self.score = ClassificationHead(cfg.n_embd, cfg.num_labels, pool="last", pooler=False, bias=False,
+                                        dropout_rate=0.0, rngs=rngs) if cfg.task == "sequence_classification" else None
         self.embed_dropout = cfg.embed_dropout
+        self.position_offset = cfg.position_offset
         self.remat = cfg.recompute_grad
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
-                 dropout_key: jax.Array | None = None) -> jax.Array:
-        """(B, T) token ids -> (B, T, V) logits. ``dropout_key`` None means deterministic (eval)."""
-        if positions is None:
-            positions = jnp.arange(tokens.shape[1])[None, :]
-        embed_key, *block_keys = dropout_keys(dropout_key, 1 + len(self.blocks))
+    def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+                 segment_ids: jax.Array | None = None, cache: kv_cache.DecodeState | None = None,
+                 dropout_key: jax.Array | None = None) -> tuple[jax.Array, kv_cache.DecodeState | None]:
+        """(B, T) token ids -> ((B, T, V) logits, or (B, C) with a classification head; the advanced cache).
+
+        Training and evaluation pass no cache (``dropout_key`` None means deterministic). Decoding passes the
+        ``init_cache`` state: prefill is one call with the whole (left-padded) prompt, then one call per token."""
+        x, cache = self.hidden_states(tokens, positions=positions, segment_ids=segment_ids, cache=cache,
+                                      dropout_key=dropout_key)
+        if self.score is not None:
+            return self.score(x, segment_ids), cache
+        return constrain(self.logits(x), LOGITS), cache
+
+    def hidden_states(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+                      segment_ids: jax.Array | None = None, cache: kv_cache.DecodeState | None = None,
+                      dropout_key: jax.Array | None = None) -> tuple[jax.Array, kv_cache.DecodeState | None]:
+        """(B, T) token ids -> (B, T, D) final hidden states (after ln_f) and the advanced cache."""
+        t = tokens.shape[1]
+        if cache is not None:
+            positions, segment_ids = cache.positions(t), cache.segment_ids(t)
+        elif positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t)[None, :], tokens.shape)
+        embed_key, blocks_key = dropout_keys(dropout_key, 2)
         x = self.wte(tokens)  # (B, T, D)
         if self.wpe is not None:
-            x = x + self.wpe(positions)
+            x = x + self.wpe(positions + self.position_offset)
+        elif self.axial_wpe is not None:
+            x = x + self.axial_wpe(positions)
         x = constrain(dropout(self.embed_dropout, x, embed_key), HIDDEN)
-        run_block = nnx.remat(Block.__call__) if self.remat else Block.__call__
-        for block, key in zip(self.blocks, block_keys):
-            x = run_block(block, x, positions, key)
-        return constrain(self.logits(x), ("batch", "sequence", "vocab"))
+        x, layers = run_blocks(self.blocks, x, positions, segment_ids, None if cache is None else cache.layers,
+                               blocks_key, remat=self.remat and cache is None)
+        if cache is not None:
+            cache = cache.replace(index=cache.index + t, layers=layers)
+        return self.ln_f(x), cache
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """Final LayerNorm and output projection: (B, T, D) -> (B, T, V)."""
-        x = self.ln_f(x)
+        """Output projection of final hidden states: (B, T, D) -> (B, T, V)."""
         return self.lm_head(x) if self.lm_head is not None else self.wte.attend(x)
 
     def init_cache(self, batch: int, length: int, pad: jax.Array, dtype=jnp.float32) -> kv_cache.DecodeState:
         """An empty cache for ``batch`` rows of up to ``length`` tokens, rows left-padded by ``pad`` (B,)."""
         layers = tuple(None if b.attn is None else b.attn.init_cache(batch, length, dtype) for b in self.blocks)
         return kv_cache.DecodeState(index=jnp.zeros((), jnp.int32), pad=pad.astype(jnp.int32), layers=layers)
-
-    def decode(self, tokens: jax.Array, state: kv_cache.DecodeState) -> tuple[jax.Array, kv_cache.DecodeState]:
-        """(B, T) new tokens -> (B, T, V) logits and the advanced cache. Prefill is one call with the whole
-        (left-padded) prompt; each generated token is one call with T=1."""
-        x = self.wte(tokens)  # (B, T, D)
-        if self.wpe is not None:
-            x = x + self.wpe(state.positions(tokens.shape[1]))
-        layers = []
-        for block, cache in zip(self.blocks, state.layers):
-            x, cache = block.decode(x, cache, state)
-            layers.append(cache)
-        state = state.replace(index=state.index + tokens.shape[1], layers=tuple(layers))
-        return self.logits(x), state

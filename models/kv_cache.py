@@ -1,9 +1,11 @@
-"""KV caches for incremental decoding.
+"""Caches for incremental decoding, one per attention layer, carried in a model-level ``DecodeState``.
 
 Tokens live at *buffer indices*: a batch of left-padded prompts fills indices 0..P-1 (row b's first ``pad[b]``
 indices are padding), generated tokens follow. A token's position is its buffer index minus its row's padding.
-Global layers cache every index; local layers keep a ring of their last ``window`` indices, so a long generation
-never holds more than the window for them; linear layers keep two running sums; ``none`` layers keep nothing.
+Every cached key keeps its segment id (1 for a real token, 0 for padding or a slot never written), so the one
+attention path masks cached keys exactly as it masks keys in training. Global layers cache every index; local
+layers keep a ring of their last ``window`` indices, so a long generation never holds more than the window for
+them; linear layers keep two running sums; ``none`` layers keep nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +17,46 @@ import jax.numpy as jnp
 
 @flax.struct.dataclass
 class LayerCache:
-    k: jax.Array  # (B, L, N, H): L = cache length (global) or window (local ring)
+    """Keys and values of a softmax layer: all L buffer indices (global) or a ring of the last L (local)."""
+
+    k: jax.Array  # (B, L, N, H)
     v: jax.Array  # (B, L, N, H)
+    segment_ids: jax.Array  # (B, L) int32: 1 real token, 0 padding or never written
+    end: jax.Array  # () int32: buffer index of the next token
+
+    @classmethod
+    def empty(cls, batch: int, length: int, heads: int, head_dim: int, dtype) -> "LayerCache":
+        zeros = jnp.zeros((batch, length, heads, head_dim), dtype)
+        return cls(k=zeros, v=zeros, segment_ids=jnp.zeros((batch, length), jnp.int32),
+                   end=jnp.zeros((), jnp.int32))
+
+    def extend(self, k: jax.Array, v: jax.Array, segment_ids: jax.Array, window: int | None
+               ) -> tuple[tuple[jax.Array, jax.Array, jax.Array, jax.Array], "LayerCache"]:
+        """Adds T new keys/values (B, T, N, H) at buffer indices end..end+T-1.
+
+        Returns the keys the new queries attend to as (k, v, segment_ids, buffer index of each key) and the
+        updated cache. A global cache is written in place and attended whole; a local ring is attended together
+        with the new keys (a query needs up to window-1 keys back, some of which the new keys overwrite), then
+        the newest keys take the ring slots of their indices."""
+        t, length = k.shape[1], self.k.shape[1]
+        k, v = k.astype(self.k.dtype), v.astype(self.v.dtype)
+        new_index = self.end + jnp.arange(t)
+        if window is None:
+            def write(buffer, new):
+                return jax.lax.dynamic_update_slice_in_dim(buffer, new, self.end, axis=1)
+
+            cache = self.replace(k=write(self.k, k), v=write(self.v, v),
+                                 segment_ids=write(self.segment_ids, segment_ids), end=self.end + t)
+            return (cache.k, cache.v, cache.segment_ids, jnp.arange(length)), cache
+        keys = (jnp.concatenate([self.k, k], 1), jnp.concatenate([self.v, v], 1),
+                jnp.concatenate([self.segment_ids, segment_ids], 1),
+                jnp.concatenate([ring_indices(self.end, length), new_index]))
+        kept = min(t, length)  # the newest tokens overwrite the ring slots of their indices
+        slots = jnp.mod(new_index[t - kept:], length)
+        cache = self.replace(k=self.k.at[:, slots].set(k[:, t - kept:]), v=self.v.at[:, slots].set(v[:, t - kept:]),
+                             segment_ids=self.segment_ids.at[:, slots].set(segment_ids[:, t - kept:]),
+                             end=self.end + t)
+        return keys, cache
 
 
 @flax.struct.dataclass
@@ -25,6 +65,11 @@ class LinearCache:
 
     k_sum: jax.Array  # (B, N, H) float32: sum of exp(k)
     kv_sum: jax.Array  # (B, N, H, I) float32: sum of exp(k) (x) v
+
+    @classmethod
+    def empty(cls, batch: int, heads: int, head_dim: int) -> "LinearCache":
+        return cls(k_sum=jnp.zeros((batch, heads, head_dim), jnp.float32),
+                   kv_sum=jnp.zeros((batch, heads, head_dim, head_dim), jnp.float32))
 
 
 @flax.struct.dataclass
@@ -37,10 +82,9 @@ class DecodeState:
         """(B, t) positions of the next ``t`` tokens."""
         return jnp.maximum(self.index + jnp.arange(t)[None, :] - self.pad[:, None], 0)
 
-
-def empty(batch: int, length: int, heads: int, head_dim: int, dtype) -> LayerCache:
-    zeros = jnp.zeros((batch, length, heads, head_dim), dtype)
-    return LayerCache(k=zeros, v=zeros)
+    def segment_ids(self, t: int) -> jax.Array:
+        """(B, t) segment ids of the next ``t`` tokens: 0 for left padding, 1 for real tokens."""
+        return (self.index + jnp.arange(t)[None, :] >= self.pad[:, None]).astype(jnp.int32)
 
 
 def ring_indices(index: jax.Array, window: int) -> jax.Array:
@@ -49,13 +93,3 @@ def ring_indices(index: jax.Array, window: int) -> jax.Array:
     slots = jnp.arange(window)
     last = index - 1
     return last - jnp.mod(last - slots, window)
-
-
-def visible(query_index: jax.Array, key_index: jax.Array, pad: jax.Array, window: int | None) -> jax.Array:
-    """(B, T, S) mask: query (T,) at buffer indices sees key (S,) if causal, within the window, and not padding."""
-    q = query_index[None, :, None]
-    k = key_index[None, None, :]
-    ok = (k <= q) & (k >= pad[:, None, None]) & (k >= 0)
-    if window is not None:
-        ok &= k > q - window
-    return ok

@@ -1,4 +1,4 @@
-"""Small shared pieces: initialisers, projections and norms carrying logical-axis metadata, activations."""
+"""Small shared pieces: projections and norms carrying logical-axis metadata, activations, dropout."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-# GPT-Neo (mesh-tensorflow) LayerNorm epsilon, as in Hugging Face's GPTNeoConfig.layer_norm_epsilon.
-LAYER_NORM_EPSILON = 1e-5
+from models.axes import axes
+
+# GPT-Neo's `linear` layer init (mesh-tensorflow); also BERT's and GPT-2's initializer_range.
+BASE_STDDEV = 0.02
 
 ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=True),  # mesh-tensorflow's gelu is the tanh form
@@ -25,11 +27,6 @@ ACTIVATIONS = {
 }
 
 
-def axes(*names: str | None) -> dict:
-    """Variable metadata naming each dimension; ``parallel.layout`` turns it into a PartitionSpec."""
-    return {"logical_axes": tuple(names)}
-
-
 def projection(einsum: str, shape: Sequence[int], logical: Sequence[str | None], stddev: float,
                rngs: nnx.Rngs, bias: Sequence[str] | None = None) -> nnx.Einsum:
     """An einsum projection with normal(stddev) init and an optional zero bias over the trailing dims ``bias``."""
@@ -38,10 +35,33 @@ def projection(einsum: str, shape: Sequence[int], logical: Sequence[str | None],
                       kernel_metadata=axes(*logical), bias_metadata=axes(*bias) if bias else {}, rngs=rngs)
 
 
-def layer_norm(features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    """LayerNorm over ``embd``; statistics are computed in float32 whatever the compute dtype."""
-    return nnx.LayerNorm(features, epsilon=LAYER_NORM_EPSILON, scale_metadata=axes("embd"),
-                         bias_metadata=axes("embd"), rngs=rngs)
+class ScaleNorm(nnx.Module):
+    """GPT-Neo's ``scalenorm``: x normalised to zero mean and unit variance over ``embd``, times one learned scalar
+    ``g`` (init 1). Statistics in float32."""
+
+    def __init__(self, epsilon: float, rngs: nnx.Rngs):
+        del rngs  # nothing random to initialise
+        self.g = nnx.Param(jnp.ones(()), **axes())
+        self.epsilon = epsilon
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = x.astype(jnp.float32)
+        y = y - y.mean(-1, keepdims=True)
+        y = y * jax.lax.rsqrt(jnp.mean(y * y, -1, keepdims=True) + self.epsilon)
+        return (y * self.g[...]).astype(x.dtype)
+
+
+def norm(kind: str, features: int, epsilon: float, rngs: nnx.Rngs) -> nnx.Module:
+    """A norm over ``embd``: "layernorm" (scale and bias), "rmsnorm" (scale only, T5) or "scalenorm" (GPT-Neo).
+    Statistics are computed in float32 whatever the compute dtype."""
+    if kind == "layernorm":
+        return nnx.LayerNorm(features, epsilon=epsilon, scale_metadata=axes("embd"), bias_metadata=axes("embd"),
+                             rngs=rngs)
+    if kind == "rmsnorm":
+        return nnx.RMSNorm(features, epsilon=epsilon, scale_metadata=axes("embd"), rngs=rngs)
+    if kind == "scalenorm":
+        return ScaleNorm(epsilon, rngs)
+    raise ValueError(f"unknown norm kind {kind!r}")
 
 
 def dropout_keys(key: jax.Array | None, n: int) -> list[jax.Array | None]:

@@ -14,11 +14,10 @@ Dispatch never builds GShard's dense (tokens, experts, capacity) one-hot. Token 
 expert MLPs are one batched einsum over (B, E, C, D); with a layout ``experts:x`` that buffer is split over
 experts (see ``constrain(..., prefer=("experts",))``) and XLA moves tokens with an all-to-all.
 
-Each MoE layer sows a vector of statistics (``nnx.Intermediate`` "moe_stats", collected with ``nnx.capture``
-around the model call); ``moe_losses`` turns them into
-the loss terms and metrics the train step adds: the Switch load-balancing loss (E * sum_e f_e * p_e, where f_e is
-the fraction of tokens whose first choice is e and p_e the mean router probability of e; 1.0 when balanced), the
-router z-loss (mean squared logsumexp of the logits) and the fraction of token choices dropped.
+Each MoE layer sows its auxiliary losses the way every layer does (models/aux_losses.py): the penalty added to the
+training loss, and as metrics the Switch load-balancing loss (E * sum_e f_e * p_e, where f_e is the fraction of
+tokens whose first choice is e and p_e the mean router probability of e; 1.0 when balanced), the router z-loss
+(mean squared logsumexp of the logits) and the fraction of token choices dropped.
 """
 
 from __future__ import annotations
@@ -29,15 +28,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from config import Config
-from models.layers import ACTIVATIONS, axes, dropout
-from models.mlp import BASE_STDDEV
-from parallel.layout import constrain
+from models.aux_losses import sow_aux_losses
+from models.axes import axes, constrain
+from models.layers import ACTIVATIONS, BASE_STDDEV
+from models.spec import MlpSpec
 
 # Letters beyond the shared dimension names: C the capacity slots of one expert, K a token's top_k choices.
 EXPERT_BUFFER = ("batch", "experts", None, "embd")  # (B, E, C, D)
 EXPERT_HIDDEN = ("batch", "experts", None, "intermediate_expanded")  # (B, E, C, F)
-STATS = ("load_balance", "z_loss", "dropped", "penalty")  # the sown vector, in this order
 
 
 def expert_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
@@ -76,16 +74,14 @@ def top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 
 class MoeMlp(nnx.Module):
-    """E expert MLPs (embd -> 4*embd -> embd, GPT-Neo's init) behind a top-k router."""
+    """E expert MLPs (embd -> d_ff -> embd, the dense MLP's init) behind a top-k router."""
 
-    def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
-        moe = cfg.moe
-        e, d, f = moe["num_experts"], cfg.n_embd, 4 * cfg.n_embd
-        self.num_experts, self.top_k, self.capacity_factor = e, moe["top_k"], moe["capacity_factor"]
-        self.aux_loss_weight, self.z_loss_weight = moe["aux_loss_weight"], moe["z_loss_weight"]
-        fc_std = BASE_STDDEV * (d ** -0.5 if cfg.scale_by_in else 1.0)
-        proj_std = BASE_STDDEV * (f ** -0.5 if cfg.scale_by_in else 1.0) * (
-            cfg.n_layer ** -0.5 if cfg.scale_by_depth else 1.0)
+    def __init__(self, spec: MlpSpec, *, rngs: nnx.Rngs):
+        moe = spec.experts
+        e, d, f = moe.num_experts, spec.n_embd, spec.d_ff
+        self.num_experts, self.top_k, self.capacity_factor = e, moe.top_k, moe.capacity_factor
+        self.aux_loss_weight, self.z_loss_weight = moe.aux_loss_weight, moe.z_loss_weight
+        fc_std, proj_std = spec.init
         normal = jax.nn.initializers.normal
         # The router is small and every device needs all of it to route its tokens: it stays whole.
         self.router = nnx.Param(normal(BASE_STDDEV)(rngs.params(), (d, e)), **axes("embd", None))  # (D, E)
@@ -95,10 +91,9 @@ class MoeMlp(nnx.Module):
         self.w_out = nnx.Param(normal(proj_std)(rngs.params(), (e, f, d)),
                                **axes("experts", "intermediate_expanded", "embd"))  # (E, F, D)
         self.b_out = nnx.Param(jnp.zeros((e, d)), **axes("experts", "embd"))  # (E, D)
-        self.activation = ACTIVATIONS[cfg.activation_function]
-        self.res_dropout = cfg.res_dropout
+        self.activation = ACTIVATIONS[spec.activation]
 
-    def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array) -> jax.Array:
         """(B, T, D) -> (B, T, D); sows this layer's routing statistics."""
         b, t, d = x.shape
         e, k = self.num_experts, self.top_k
@@ -135,20 +130,6 @@ class MoeMlp(nnx.Module):
         load_balance = e * jnp.sum(first.mean((0, 1)) * probs.mean((0, 1)))
         z_loss = jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
         dropped = jnp.sum(~kept, dtype=jnp.float32) / kept.size  # exactly 0 when nothing is dropped
-        penalty = self.aux_loss_weight * load_balance + self.z_loss_weight * z_loss
-        self.sow(nnx.Intermediate, "moe_stats", jnp.stack([load_balance, z_loss, dropped, penalty]))
-        return dropout(self.res_dropout, out, dropout_key)
-
-
-def moe_losses(intermediates) -> tuple[jax.Array, dict]:
-    """Sown ``moe_stats`` (any tree of (4,) vectors, one per MoE layer call) -> (loss penalty, metrics).
-
-    The penalty is the weighted load-balancing plus z-loss summed over MoE layers; the metrics ``aux_loss``,
-    ``z_loss`` and ``dropped_tokens_fraction`` are means over MoE layers. No MoE layers: (0, {})."""
-    stats = jax.tree.leaves(intermediates)
-    if not stats:
-        return jnp.zeros((), jnp.float32), {}
-    stats = jnp.stack(stats)  # (layers, 4)
-    mean = dict(zip(STATS, stats.mean(0)))
-    return stats[:, STATS.index("penalty")].sum(), {
-        "aux_loss": mean["load_balance"], "z_loss": mean["z_loss"], "dropped_tokens_fraction": mean["dropped"]}
+        sow_aux_losses(self, self.aux_loss_weight * load_balance + self.z_loss_weight * z_loss,
+                       aux_loss=load_balance, z_loss=z_loss, dropped_tokens_fraction=dropped)
+        return out

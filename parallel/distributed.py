@@ -32,15 +32,22 @@ def process_rows(sharding: NamedSharding, global_shape: tuple[int, ...]) -> slic
     return slice(min(starts), max(stops))
 
 
-def global_batch(make_rows: Callable[[slice], np.ndarray], sharding: NamedSharding,
-                 global_shape: tuple[int, ...]) -> jax.Array:
-    """A global array from this process's rows only: ``make_rows(rows)`` builds just those rows."""
-    rows = process_rows(sharding, global_shape)
+def global_batch(make_rows: Callable[[slice], dict], shardings: dict[str, NamedSharding],
+                 shapes: dict[str, tuple[int, ...]]) -> dict[str, jax.Array]:
+    """Global arrays {field: (B, ...)} from this process's rows only: ``make_rows(rows)`` builds just those rows
+    of every field. Every field is split over batch the same way."""
+    first = next(iter(shardings))
+    rows = process_rows(shardings[first], shapes[first])
     local = make_rows(rows)
 
-    def shard(index):
-        r = index[0]
-        return local[(r.start or 0) - rows.start:(global_shape[0] if r.stop is None else r.stop) - rows.start,
-                     *index[1:]]
+    def field(name: str) -> jax.Array:
+        shape, values = shapes[name], np.asarray(local[name])
 
-    return jax.make_array_from_callback(global_shape, sharding, shard)
+        def shard(index):
+            r = index[0]
+            return values[(r.start or 0) - rows.start:(shape[0] if r.stop is None else r.stop) - rows.start,
+                          *index[1:]]
+
+        return jax.make_array_from_callback(shape, shardings[name], shard)
+
+    return {name: field(name) for name in shardings}

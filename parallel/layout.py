@@ -1,8 +1,8 @@
 """``layout`` ("batch:x,heads:y,embd:y") -> logical-axis rules -> PartitionSpecs.
 
 This file is the one place where tensor dimension names meet mesh axes. Model code annotates every parameter
-(``logical_axes`` metadata) and key activation (``constrain``) with GPT-Neo's dimension names; the layout decides
-which mesh axis, if any, each name is split over. Data parallelism is ``batch:x``; Megatron-style tensor
+(``logical_axes`` metadata) and key activation (``constrain``) with GPT-Neo's dimension names (models/axes.py);
+the layout decides which mesh axis, if any, each name is split over. Data parallelism is ``batch:x``; Megatron-style tensor
 parallelism adds ``heads:y`` (and ``intermediate_expanded:y``); FSDP/ZeRO-3 shards parameters over the data axis
 too (``embd:x``); expert parallelism is ``experts:x``.
 
@@ -17,20 +17,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import threading
 from typing import Iterator, Sequence
 
 import flax.linen as nn
-import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from config import ConfigError
-
-# GPT-Neo's tensor dimension names, with the one-letter names used in einsum strings.
-DIMENSIONS = {
-    "batch": "B", "sequence": "T", "embd": "D", "heads": "N", "features_per_head": "H",
-    "intermediate_expanded": "F", "vocab": "V", "experts": "E", "memory_length": "S",
-}
+from models.axes import DIMENSIONS, placing
 
 
 def parse_layout(text: str, mesh: Mesh) -> tuple[tuple[str, str], ...]:
@@ -94,28 +87,9 @@ class Layout:
 
     @contextlib.contextmanager
     def active(self) -> Iterator["Layout"]:
-        """Makes ``constrain`` place activations with this layout while model code is traced."""
-        previous = getattr(_active, "layout", None)
-        _active.layout = self
-        try:
+        """Makes ``models.axes.constrain`` place activations with this layout while model code is traced."""
+        with placing(self.sharding):
             yield self
-        finally:
-            _active.layout = previous
-
-
-_active = threading.local()
-
-
-def constrain(x: jax.Array, names: Sequence[str | None], prefer: Sequence[str] = ()) -> jax.Array:
-    """Pins an activation's sharding by dimension names; a no-op outside ``Layout.active()``.
-
-    ``prefer`` names dimensions that take a mesh axis ahead of the layout order. Expert parallelism uses it: with
-    ``batch:x,experts:x`` the expert computation runs on (batch, experts, ...) buffers split over experts, so
-    moving from tokens split by batch to buffers split by experts is one all-to-all over x."""
-    layout = getattr(_active, "layout", None)
-    if layout is None:
-        return x
-    return jax.lax.with_sharding_constraint(x, layout.sharding(names, prefer))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

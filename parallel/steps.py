@@ -1,4 +1,9 @@
-"""The jitted train and eval steps: pure functions of (state, batch), compiled once with explicit shardings."""
+"""The jitted train and eval steps: pure functions of (state, batch), compiled once with explicit shardings.
+
+They take an objective (training/objectives.py) and a graph definition and know neither the model nor the task:
+the objective reads the batch dict and calls the model; whatever auxiliary losses the model's layers sow (mixture
+of experts) are added to the loss generically (models/aux_losses.py).
+"""
 
 from __future__ import annotations
 
@@ -10,20 +15,30 @@ import optax
 from flax import nnx
 
 from config import ConfigError
-from models.moe import moe_losses
-from parallel.layout import Layout, constrain, replicated
+from models import aux_losses
+from models.axes import constrain
+from parallel.layout import Layout, replicated
 from parallel.state import Params, TrainState
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-BATCH = ("batch", None)  # (B, T+1) token windows: inputs are [:, :-1], targets [:, 1:]
+
+Batch = dict  # {field: (B, ...) array}; the objective names its fields
 
 
-def batch_sharding(layout: Layout, batch_size: int, window: int, key: str = "train_batch_size"):
-    """Batches are split over whatever mesh axis the layout gives ``batch``; the size must divide it."""
+def batch_shapes(objective, cfg, batch_size: int) -> dict[str, tuple[int, ...]]:
+    """The global shape of every batch field the objective reads."""
+    return {name: (batch_size, *row) for name, row in objective.shapes(cfg).items()}
+
+
+def batch_shardings(layout: Layout, objective, shapes: dict, key: str = "train_batch_size") -> dict:
+    """A NamedSharding per batch field. Batches are split over whatever mesh axis the layout gives ``batch``;
+    the batch size must divide it."""
     ways = layout.axis_size("batch")
-    if batch_size % ways:
-        raise ConfigError(f"{key}: {batch_size} is not divisible by the {ways} ways the layout splits 'batch'")
-    return layout.checked_sharding(key, (batch_size, window), BATCH)
+    for shape in shapes.values():
+        if shape[0] % ways:
+            raise ConfigError(f"{key}: {shape[0]} is not divisible by the {ways} ways the layout splits 'batch'")
+    return {name: layout.checked_sharding(f"{key} field '{name}'", shape, objective.fields[name])
+            for name, shape in shapes.items()}
 
 
 def microbatch_count(cfg, layout: Layout) -> int:
@@ -39,84 +54,97 @@ def microbatch_count(cfg, layout: Layout) -> int:
     return per_replica // int(rows)
 
 
-def token_losses(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, compute_dtype,
-                 dropout_key: jax.Array | None = None) -> jax.Array:
-    """(B, T+1) tokens -> (B, T) next-token cross-entropy in float32. Compute runs in ``compute_dtype`` on a cast
-    copy of the float32 master parameters, so gradients land on the masters."""
-    return losses_and_aux(graphdef, params, tokens, compute_dtype, dropout_key)[0]
-
-
-def losses_and_aux(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, compute_dtype,
-                   dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array, dict]:
-    """``token_losses`` plus what the model sowed: (losses (B, T), auxiliary loss term, auxiliary metrics).
-    Mixture-of-experts layers sow their load-balancing and z-losses (models/moe.py); without them the term is 0
-    and the metrics are empty."""
+def objective_sums(graphdef: nnx.GraphDef, objective, params: Params, batch: Batch, compute_dtype,
+                   dropout_key: jax.Array | None = None) -> tuple[dict, jax.Array, dict]:
+    """One forward pass -> ({"loss": sum of weighted losses, "weight": sum of weights, metric: weighted sum},
+    sown penalty, sown metrics). Compute runs in ``compute_dtype`` on a cast copy of the float32 master
+    parameters, so gradients land on the masters."""
     params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
     model = nnx.merge(graphdef, nnx.State(params))
-    logits, sown = nnx.capture(model, nnx.Intermediate)(tokens[:, :-1], dropout_key=dropout_key)  # (B, T, V)
-    penalty, aux = moe_losses(sown)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), tokens[:, 1:])
-    return losses, penalty, aux
+    (losses, metrics), sown = nnx.capture(objective.compute, nnx.Intermediate)(model, batch, dropout_key)
+    weights = objective.weights(batch)
+    penalty, aux = aux_losses.collect(sown)
+    sums = {"loss": jnp.sum(losses * weights), "weight": jnp.sum(weights)}
+    sums.update({name: jnp.sum(values * weights) for name, values in metrics.items()})
+    return sums, penalty, aux
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, schedule: optax.Schedule,
-                    layout: Layout, state_shardings: TrainState, data_sharding, *, precision: str = "float32",
-                    microbatches: int = 1, seed: int = 0) -> Callable[[TrainState, jax.Array], tuple]:
-    """``(state, tokens) -> (state, metrics)`` jitted with explicit shardings; the input state is donated.
+def _nonzero(weight: jax.Array) -> jax.Array:
+    """A total weight safe to divide by: a batch in which nothing counts has loss 0, not NaN."""
+    return jnp.where(weight > 0, weight, 1.0)
 
-    With ``microbatches`` > 1 the batch is split into equal microbatches whose gradients are averaged in a
-    ``lax.scan`` (gradient accumulation); microbatch m takes rows m, m+M, m+2M, ... so every microbatch stays
-    spread over the whole data axis. Dropout keys are ``fold_in(seed, step)``: a resumed run draws the same.
+
+def make_train_step(graphdef: nnx.GraphDef, objective, tx: optax.GradientTransformation, schedule: optax.Schedule,
+                    layout: Layout, state_shardings: TrainState, data_shardings: dict, *,
+                    precision: str = "float32", microbatches: int = 1, seed: int = 0
+                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """``(state, batch) -> (state, metrics)`` jitted with explicit shardings; the input state is donated.
+
+    The loss is the weighted mean over the whole batch plus the sown penalties. With ``microbatches`` > 1 the batch
+    is split into equal microbatches whose gradients are summed in a ``lax.scan`` (gradient accumulation); each
+    microbatch's weighted loss is divided by the whole batch's weight, so the result equals one big batch even
+    when microbatches count different numbers of targets. Microbatch m takes rows m, m+M, m+2M, ... so every
+    microbatch stays spread over the whole data axis. Dropout keys are ``fold_in(seed, step)``: a resumed run
+    draws the same.
     """
     compute_dtype = COMPUTE_DTYPES[precision]
 
-    def loss_fn(params, tokens, key):
-        losses, penalty, aux = losses_and_aux(graphdef, params, tokens, compute_dtype, key)
-        loss = losses.mean()  # reported as "loss": cross-entropy alone, comparable with eval
-        return loss + penalty, {"loss": loss, **aux}
+    def grad_fn(params, batch, key, total_weight):  # -> ((sums, sown metrics), grads)
+        def loss_fn(params):
+            sums, penalty, aux = objective_sums(graphdef, objective, params, batch, compute_dtype, key)
+            return sums["loss"] / total_weight + penalty / microbatches, (sums, aux)
 
-    def grad_fn(params, tokens, key):  # -> (metrics with "loss", grads of loss + auxiliary losses)
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, key)
-        return metrics, grads
+        (_, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return out, grads
 
-    def accumulated(params, tokens, key):
-        b, w = tokens.shape
-        chunks = constrain(tokens.reshape(b // microbatches, microbatches, w).swapaxes(0, 1), (None, *BATCH))
+    def accumulated(params, batch, key, total_weight):
+        def split(x):  # (B, ...) -> (M, B/M, ...): microbatch m holds rows m, m+M, ...
+            chunks = x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1)
+            return constrain(chunks, (None, "batch") + (None,) * (x.ndim - 1))
 
         def body(carry, chunk_and_index):
             chunk, i = chunk_and_index
-            metrics_and_grads = grad_fn(params, chunk, jax.random.fold_in(key, i))
-            return jax.tree.map(jnp.add, carry, metrics_and_grads), None
+            out_and_grads = grad_fn(params, chunk, jax.random.fold_in(key, i), total_weight)
+            return jax.tree.map(jnp.add, carry, out_and_grads), None
 
-        metrics_shapes = jax.eval_shape(grad_fn, params, chunks[0], key)[0]
-        zeros = (jax.tree.map(jnp.zeros_like, metrics_shapes), jax.tree.map(jnp.zeros_like, params))
-        (metrics, grads), _ = jax.lax.scan(body, zeros, (chunks, jnp.arange(microbatches)))
-        return jax.tree.map(lambda x: x / microbatches, (metrics, grads))
+        chunks = jax.tree.map(split, batch)
+        first = jax.tree.map(lambda x: x[0], chunks)
+        shapes = jax.eval_shape(grad_fn, params, first, key, total_weight)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        ((sums, aux), grads), _ = jax.lax.scan(body, zeros, (chunks, jnp.arange(microbatches)))
+        return (sums, jax.tree.map(lambda x: x / microbatches, aux)), grads
 
-    def train_step(state: TrainState, tokens: jax.Array):
+    def train_step(state: TrainState, batch: Batch):
         with layout.active():
             key = jax.random.fold_in(jax.random.key(seed), state.step)
-            if microbatches == 1:
-                metrics, grads = grad_fn(state.params, tokens, key)
-            else:
-                metrics, grads = accumulated(state.params, tokens, key)
+            total_weight = _nonzero(objective.weights(batch).sum())
+            step_fn = grad_fn if microbatches == 1 else accumulated
+            (sums, aux), grads = step_fn(state.params, batch, key, total_weight)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-            metrics = {**metrics, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+            metrics = {name: value / total_weight for name, value in sums.items() if name != "weight"}
+            metrics.update(aux, grad_norm=optax.tree.norm(grads), lr=schedule(state.step))
             return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-    return jax.jit(train_step, in_shardings=(state_shardings, data_sharding),
+    return jax.jit(train_step, in_shardings=(state_shardings, data_shardings),
                    out_shardings=(state_shardings, replicated(layout.mesh)), donate_argnums=0)
 
 
-def make_eval_step(graphdef: nnx.GraphDef, layout: Layout, param_shardings: Params, data_sharding, *,
-                   precision: str = "float32") -> Callable[[Params, jax.Array], dict]:
-    """``(params, tokens) -> {"loss_sum", "tokens"}``: sums, so batches of any count average exactly."""
+def make_eval_step(graphdef: nnx.GraphDef, objective, layout: Layout, param_shardings: Params,
+                   data_shardings: dict, *, precision: str = "float32") -> Callable[[Params, Batch], dict]:
+    """``(params, batch) -> {"loss": sum, "weight": sum, metric: sum}``: sums, so batches of any count average
+    exactly (see ``mean_of``)."""
     compute_dtype = COMPUTE_DTYPES[precision]
 
-    def eval_step(params: Params, tokens: jax.Array):
+    def eval_step(params: Params, batch: Batch):
         with layout.active():
-            losses = token_losses(graphdef, params, tokens, compute_dtype)
-            return {"loss_sum": losses.sum(), "tokens": jnp.asarray(losses.size, jnp.float32)}
+            return objective_sums(graphdef, objective, params, batch, compute_dtype)[0]
 
-    return jax.jit(eval_step, in_shardings=(param_shardings, data_sharding), out_shardings=replicated(layout.mesh))
+    return jax.jit(eval_step, in_shardings=(param_shardings, data_shardings), out_shardings=replicated(layout.mesh))
+
+
+def mean_of(sums: list[dict]) -> dict:
+    """Eval sums of several batches -> {"loss": mean, metric: mean} (weighted by each batch's weight)."""
+    weight = sum(float(s["weight"]) for s in sums)
+    weight = weight if weight > 0 else 1.0
+    return {name: sum(float(s[name]) for s in sums) / weight for name in sums[0] if name != "weight"}

@@ -11,11 +11,12 @@ import jax
 import numpy as np
 
 from config import from_dict
-from models.gpt_neo import GPTNeo
+from models import registry
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 from parallel.state import create_train_state
-from parallel.steps import batch_sharding, make_train_step
+from parallel.steps import batch_shapes, batch_shardings, make_train_step
+from training.objectives import objective_for
 from training.optimizer import learning_rate_schedule, make_optimizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,10 +30,11 @@ def tiny_config(**changes):
     return from_dict({**TINY, **changes})[0]
 
 
-def random_batches(cfg, steps: int, seed: int = 0) -> np.ndarray:
-    """(steps, B, n_ctx+1) token ids."""
+def random_batches(cfg, steps: int, seed: int = 0) -> list[dict]:
+    """``steps`` causal-LM batches {"tokens": (B, n_ctx+1)} of random token ids."""
     rng = np.random.default_rng(seed)
-    return rng.integers(0, cfg.n_vocab, (steps, cfg.train_batch_size, cfg.n_ctx + 1)).astype(np.int32)
+    tokens = rng.integers(0, cfg.n_vocab, (steps, cfg.train_batch_size, cfg.n_ctx + 1)).astype(np.int32)
+    return [{"tokens": t} for t in tokens]
 
 
 def train_losses(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None, microbatches=1) -> list[float]:
@@ -45,9 +47,10 @@ def train_metrics(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None
     mesh = make_mesh(mesh_shape, devices)
     layout = Layout.from_config(mesh, layout)
     tx = make_optimizer(cfg)
-    graphdef, state, shardings = create_train_state(lambda rngs: GPTNeo(cfg, rngs=rngs), tx, layout, cfg.seed)
-    data = batch_sharding(layout, cfg.train_batch_size, cfg.n_ctx + 1)
-    step = make_train_step(graphdef, tx, learning_rate_schedule(cfg), layout, shardings, data,
+    objective = objective_for(cfg)
+    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, cfg.seed)
+    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
+    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
                            precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
     rows = []
     for batch in batches:

@@ -15,10 +15,10 @@ from safetensors.numpy import save_file
 import predict
 import train
 from data import create_tfrecords, train_tokenizer
-from models import hf
+from convert.__main__ import main as convert_main
 from training.run_lock import RunLock
 
-CLIS = {"train": train.main, "predict": predict.main, "hf": hf.main, "tokenizer": train_tokenizer.main,
+CLIS = {"train": train.main, "predict": predict.main, "convert": convert_main, "tokenizer": train_tokenizer.main,
         "tfrecords": create_tfrecords.main}
 EMBEDDED = ["--set", 'datasets=[["embedded",null,null,null]]', "--set", "n_vocab=257", "--set", "sample_tokens=0"]
 NEO = {"model_type": "gpt_neo", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "max_position_embeddings": 16,
@@ -63,8 +63,10 @@ def files(tmp_path_factory):
 
 
 def T(*args):
-    """train.py arguments; the run directory is a temporary one unless the case names its own."""
-    return ["--config", "configs/quickstart.json", "--no-progress", "--model-path", "{d}/run", *args]
+    """train.py arguments; a temporary run directory unless the case names its own, and a one-step run on the
+    in-memory corpus, so that a case that wrongly passes costs seconds, not a quickstart."""
+    return ["--config", "configs/quickstart.json", "--no-progress", "--model-path", "{d}/run", "--set",
+            "train_steps=1", "--set", "eval_steps=0", *EMBEDDED, *args]
 
 
 CASES = [
@@ -87,23 +89,23 @@ CASES = [
     ("train", T("--set", "attention_types=[[[\"global\"],3]]"), "attention_types: expands to 3 layers"),
     ("train", T("--set", "res_dropout=1.5"), "res_dropout: 1.5 is above the maximum 1.0"),
     ("train", T("--set", "keep_checkpoints=0"), "keep_checkpoints: 0 is below the minimum 1"),
-    ("train", T("--set", "mlp_glu=true"), "mlp_glu"),
+    ("train", T("--set", "model=gpt_neox"), "model: unknown family \"gpt_neox\""),
     ("train", T("--set", "n_layer"), "--set n_layer: expected key=value"),
     ("train", T("--stop-at-step", "-1"), "--stop-at-step: -1"),
     ("train", T("--stop-at-step", "0"), "--stop-at-step: 0"),
-    ("train", T("--set", "mlm_training=true", "--set", "mlm_mask_token_id=3"), "mlm_training"),
+    ("train", T("--set", "mlm_training=true", "--set", "mlm_mask_token_id=3"), "causal: a masked_lm model"),
     # train.py: mesh, layout, data, run directory (jax is imported by then; nothing is built).
-    ("train", T("--set", "mesh_shape=x:3", *EMBEDDED), "mesh_shape: 'x:3'"),
-    ("train", T("--set", "layout=batch:z", *EMBEDDED), "layout: 'batch:z' names mesh axis 'z'"),
-    ("train", T("--set", "train_batch_size=12", *EMBEDDED), "train_batch_size: 12 is not divisible"),
+    ("train", T("--set", "mesh_shape=x:3"), "mesh_shape: 'x:3'"),
+    ("train", T("--set", "layout=batch:z"), "layout: 'batch:z' names mesh axis 'z'"),
+    ("train", T("--set", "train_batch_size=12"), "train_batch_size: 12 is not divisible"),
     ("train", T("--set", 'datasets=[["nope",null,null,null]]'), "datasets: no dataset config"),
-    ("train", T("--model-path", "{d}/fresh_resume", "--resume", *EMBEDDED), "no checkpoint to resume"),
-    ("train", T("--model-path", "{d}/fresh_eval", "--eval", *EMBEDDED), "no checkpoint to evaluate"),
-    ("train", T("--model-path", "{d}/fresh_init", "--init-from", "{d}/hf_no_config", *EMBEDDED),
+    ("train", T("--model-path", "{d}/fresh_resume", "--resume"), "no checkpoint to resume"),
+    ("train", T("--model-path", "{d}/fresh_eval", "--eval"), "no checkpoint to evaluate"),
+    ("train", T("--model-path", "{d}/fresh_init", "--init-from", "{d}/hf_no_config"),
      "{d}/hf_no_config: not a Hugging Face model directory"),
-    ("train", T("--model-path", "{d}/fresh_init2", "--init-from", "{d}/hf_bad_json", *EMBEDDED),
+    ("train", T("--model-path", "{d}/fresh_init2", "--init-from", "{d}/hf_bad_json"),
      "{d}/hf_bad_json/config.json: invalid JSON"),
-    ("train", T("--model-path", "{d}/locked_run", *EMBEDDED), "{d}/locked_run/run.lock: another run is using"),
+    ("train", T("--model-path", "{d}/locked_run"), "{d}/locked_run/run.lock: another run is using"),
     # predict.py
     ("predict", ["--prompt", "x"], "give --config, --model-path or --hf-model"),
     ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x", "--temperature", "-1"], "--temperature"),
@@ -124,14 +126,14 @@ CASES = [
     ("predict", ["--hf-model", "{d}/hf_garbage_weights", "--prompt", "x"],
      "{d}/hf_garbage_weights/model.safetensors: not a readable safetensors file"),
     ("predict", ["--hf-model", "{d}/hf_nan_weights", "--prompt", "x"],
-     "weight transformer.wte.weight holds NaN or Inf"),
+     "weight transformer.wte.weight holds NaN or infinity"),
     ("predict", ["--hf-model", "{d}/hf_t5", "--prompt", "x"], "model_type 't5' is not supported"),
-    # python -m models.hf
-    ("hf", ["import", "{d}/hf_no_config", "{d}/imported"], "{d}/hf_no_config: not a Hugging Face"),
-    ("hf", ["import", "{d}/hf_bad_json", "{d}/imported"], "{d}/hf_bad_json/config.json: invalid JSON"),
-    ("hf", ["import", "{d}/hf_nan_weights", "{d}/imported"], "holds NaN or Inf"),
-    ("hf", ["export", "{d}/empty_run", "{d}/exported"], "no checkpoint in {d}/empty_run/checkpoints"),
-    ("hf", ["export", "{d}/missing_run", "{d}/exported"], "no checkpoint in {d}/missing_run/checkpoints"),
+    # python -m convert
+    ("convert", ["import", "{d}/hf_no_config", "{d}/imported"], "{d}/hf_no_config: not a Hugging Face"),
+    ("convert", ["import", "{d}/hf_bad_json", "{d}/imported"], "{d}/hf_bad_json/config.json: invalid JSON"),
+    ("convert", ["import", "{d}/hf_nan_weights", "{d}/imported"], "holds NaN or infinity"),
+    ("convert", ["export", "{d}/empty_run", "{d}/exported"], "no checkpoint in {d}/empty_run/checkpoints"),
+    ("convert", ["export", "{d}/missing_run", "{d}/exported"], "no checkpoint in {d}/missing_run/checkpoints"),
     # the data tools
     ("tokenizer", ["--input", "{d}/nothing_*.txt", "--output-dir", "{d}/tok", "--vocab-size", "300"],
      "--input {d}/nothing_*.txt: matches no"),
@@ -165,7 +167,7 @@ def test_bad_input_is_one_line_naming_the_culprit(files, capsys, cli, argv, culp
 def test_failed_resume_and_init_from_leave_no_run_directory(files, capsys):
     d = str(files)
     for name, extra in (("gone_resume", ["--resume"]), ("gone_init", ["--init-from", f"{d}/hf_bad_json"])):
-        assert train.main(T("--model-path", f"{d}/{name}", *extra, *EMBEDDED)) == 2
+        assert train.main([a.replace("{d}", d) for a in T("--model-path", f"{d}/{name}", *extra)]) == 2
         assert not os.path.exists(f"{d}/{name}"), f"{name} was left behind: {os.listdir(f'{d}/{name}')}"
     assert os.path.exists(f"{d}/locked_run/run.lock")  # a refused run leaves another run's lock alone
     capsys.readouterr()

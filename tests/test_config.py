@@ -43,6 +43,22 @@ def test_gpt_neo_config_loads_and_explains_tpu_keys():
         assert f"'{key}'" in explained
 
 
+def test_family_defaults_fill_only_what_a_config_leaves_out():
+    bert, _ = from_dict({"model": "bert"})
+    assert (bert.task, bert.causal, bert.norm_position, bert.layer_norm_epsilon, bert.n_token_types) == (
+        "masked_lm", False, "post", 1e-12, 2)
+    assert from_dict({"model": "bert", "layer_norm_epsilon": 1e-6})[0].layer_norm_epsilon == 1e-6
+    classifier, _ = from_dict({"model": "roberta", "task": "sequence_classification", "num_labels": 3})
+    assert (classifier.task, classifier.position_offset, classifier.num_labels) == ("sequence_classification", 2, 3)
+    gpt2, _ = from_dict({"model": "gpt2"})
+    assert gpt2.qkv_bias and gpt2.attention_scale == "inverse_sqrt_head_dim" and gpt2.task == "causal_lm"
+    neo_mlm, _ = from_dict({"mlm_training": True, "causal": False})  # GPT-Neo's own bidirectional MLM
+    assert neo_mlm.task == "masked_lm" and neo_mlm.model == "gpt_neo"
+    assert from_dict({"scalenorm": True})[0].norm_kind == "scalenorm"
+    assert from_dict({"d_ff": 100})[0].intermediate == 100 and from_dict({})[0].intermediate == 4 * 768
+    assert "model bert: task=\"masked_lm\"" in describe_keys()
+
+
 def test_attention_types_expand():
     cfg, _ = from_dict({**TINY, "n_layer": 6, "attention_types": [[["global", "local"], 2], [["local"], 2]]})
     assert cfg.attention_layers == ("global", "local", "global", "local", "local", "local")
@@ -58,7 +74,18 @@ def test_attention_types_expand():
     ({"attention_types": [[["globl"], 2]]}, 'attention_types: unknown kind "globl"'),
     ({"attention_types": [["global", 2]]}, "attention_types: entry"),
     ({"res_dropout": 1.5}, "res_dropout: 1.5 is above the maximum 1.0"),
-    ({"mlp_glu": True}, "mlp_glu: true asks for a feature NeoMesh does not have yet"),
+    ({"model": "bret"}, "model: unknown family \"bret\"; did you mean 'bert'?"),
+    ({"task": "seq2seq"}, 'task: "seq2seq" is not one of causal_lm, masked_lm, sequence_classification'),
+    ({"causal": False}, "causal: false lets causal_lm see the token it predicts"),
+    ({"mlm_training": True}, "causal: a masked_lm model must see both sides of a mask"),
+    ({"mlm_training": True, "causal": False, "task": "causal_lm"}, "mlm_training: true trains masked_lm"),
+    ({"scalenorm": True, "norm": "rmsnorm"}, 'scalenorm: true contradicts norm "rmsnorm"'),
+    ({"rezero": True, "norm_position": "post"}, "rezero: true replaces the block norms"),
+    ({"axial_pos_emb": [4, 4]}, "axial_pos_emb: 4*4 = 16 positions is fewer than n_ctx 32"),
+    ({"axial_pos_emb": [4]}, "axial_pos_emb: [4] is not [A, B]"),
+    ({"axial_pos_emb": [4, 8], "rotary_emb": True}, "axial_pos_emb: rotary_emb is on too"),
+    ({"norm": "batchnorm"}, 'norm: "batchnorm" is not one of layernorm, rmsnorm, scalenorm'),
+    ({"d_ff": 0}, "d_ff: 0 is below the minimum 1"),
     ({"moe_layers": [0, 2]}, "moe_layers: 2 is not a layer index in 0..1"),
     ({"moe_layers": [1, 1]}, "moe_layers: [1, 1] names a layer twice"),
     ({"moe_params": {"num_expert": 4}}, "moe_params: unknown key 'num_expert'; did you mean 'moe_params.num_experts'?"),

@@ -125,7 +125,7 @@ def test_everything_but_the_tfrecord_path_runs_without_tensorflow():
     code = """
 import sys
 sys.modules["tensorflow"] = None  # importing it now raises ImportError, as where it is not installed
-import train, models.gpt_neo, parallel.steps, data.source
+import train, models.gpt_neo, models.registry, parallel.steps, training.objectives, convert.hf, pretrained, data.source
 from config import ConfigError
 from tests.common import tiny_config
 cfg = tiny_config(n_vocab=257, datasets=[["embedded", None, None, None]])
@@ -142,9 +142,10 @@ except ConfigError as e:
         in result.stdout
 
 
-def test_mlm_training_is_refused_by_the_decoder_in_one_line(capsys):
+def test_mlm_training_needs_a_bidirectional_model_and_a_mask_token(capsys):
     base = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--set", "mlm_training=true"]
     assert train.main(base) == 2
-    assert capsys.readouterr().err == "error: mlm_mask_token_id: mlm_training needs the id of the mask token\n"
-    assert train.main(base + ["--set", "mlm_mask_token_id=1"]) == 2
-    assert capsys.readouterr().err.startswith("error: mlm_training: the GPT-Neo decoder is causal")
+    assert capsys.readouterr().err == ("error: causal: a masked_lm model must see both sides of a mask; set causal "
+                                       "false\n")
+    assert train.main(base + ["--set", "causal=false"]) == 2  # the quickstart's BPE has no [MASK] or <mask>
+    assert capsys.readouterr().err.startswith("error: mlm_mask_token_id: not set, and the tokenizer ")

@@ -13,7 +13,9 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file
 
-from models import hf
+from convert import hf_dir
+from convert.gpt_neo import config_from_hf
+from convert.hf import load_hf
 from models.generate import Sampling, beam_search, filter_logits, sample
 from models.gpt_neo import GPTNeo
 from parallel.state import abstract_model
@@ -34,14 +36,12 @@ def gpt2_dir(tmp_path_factory):
     return hf_fixtures.save(hf_fixtures.gpt2(), tmp_path_factory.mktemp("gpt2"))
 
 
-def load(hf_dir):
+def load(path):
     """(graphdef, params, tokenizer, transformers model) for an HF directory."""
-    hf_config, tensors = hf.read_hf_dir(hf_dir)
-    cfg = hf.config_from_hf(hf_config)
-    params = jax.tree.map(jnp.asarray, hf.params_from_hf(cfg, hf_config, tensors))
+    cfg, params = load_hf(path)
     graphdef, _, _ = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
-    reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager").eval()
-    return graphdef, params, hf.load_tokenizer(hf_dir), reference
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    return graphdef, jax.tree.map(jnp.asarray, params), hf_dir.load_tokenizer(path), reference
 
 
 def hf_generate(reference, ids, **kwargs):
@@ -71,23 +71,24 @@ EVERY_KIND = dict(n_layer=5, attention_types=[[["global", "local", "linear", "no
                                           local_attention_radius=4), EVERY_KIND], ids=["global-local", "every-kind"])
 def test_cached_decoding_equals_full_recomputation(changes):
     cfg = tiny_config(**changes)
-    model = GPTNeo(cfg, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(GPTNeo(cfg, rngs=nnx.Rngs(0)))
+    call = jax.jit(lambda params, tokens, cache: nnx.merge(graphdef, params)(tokens, cache=cache))
     rng = np.random.default_rng(0)
     lengths, new = [5, 9], 12  # both prompts longer than the window for part of the run; row 0 left-padded by 4
     rows = [rng.integers(1, cfg.n_vocab, n + new) for n in lengths]
     width = max(lengths)
     pad = np.array([width - n for n in lengths], np.int32)
     prompts = np.stack([np.concatenate([np.zeros(p, int), r[:n]]) for p, r, n in zip(pad, rows, lengths)])
-    cache = model.init_cache(2, width + new, jnp.asarray(pad))
-    logits, cache = model.decode(jnp.asarray(prompts), cache)
+    cache = nnx.merge(graphdef, params).init_cache(2, width + new, jnp.asarray(pad))
+    logits, cache = call(params, jnp.asarray(prompts), cache)
     got = [[np.asarray(logits[b, -1])] for b in range(2)]
     for i in range(new - 1):
         step = jnp.asarray([[r[n + i]] for r, n in zip(rows, lengths)])
-        logits, cache = model.decode(step, cache)
+        logits, cache = call(params, step, cache)
         for b in range(2):
             got[b].append(np.asarray(logits[b, 0]))
     for b, (r, n) in enumerate(zip(rows, lengths)):
-        full = np.asarray(model(jnp.asarray(r[None, :n + new - 1])))[0, n - 1:]  # every next-token prediction
+        full = np.asarray(call(params, jnp.asarray(r[None, :n + new - 1]), None)[0])[0, n - 1:]  # every prediction
         np.testing.assert_allclose(np.stack(got[b]), full, atol=2e-5, rtol=0)
 
 
@@ -105,7 +106,7 @@ def test_gpt2_logits_match_transformers(gpt2_dir):
     tokens = np.random.default_rng(1).integers(0, hf_fixtures.VOCAB, (2, 40))
     with torch.no_grad():
         want = reference(torch.from_numpy(tokens)).logits.numpy()
-    got = np.asarray(nnx.merge(graphdef, nnx.State(params))(jnp.asarray(tokens)))
+    got = np.asarray(nnx.merge(graphdef, nnx.State(params))(jnp.asarray(tokens))[0])
     assert np.max(np.abs(got - want)) <= 1e-4
 
 
@@ -114,8 +115,7 @@ def test_pytorch_model_bin_imports_like_safetensors(gpt2_dir, tmp_path):
     reference.config.save_pretrained(str(tmp_path))
     torch.save(reference.state_dict(), tmp_path / "pytorch_model.bin")
     def imported(path):
-        hf_config, tensors = hf.read_hf_dir(path)
-        return hf.params_from_hf(hf.config_from_hf(hf_config), hf_config, tensors)
+        return load_hf(path)[1]
 
     from_bin, from_safetensors = imported(str(tmp_path)), imported(gpt2_dir)
     assert jax.tree.structure(from_bin) == jax.tree.structure(from_safetensors)
@@ -176,32 +176,42 @@ def test_top_k_and_top_p_keep_the_right_tokens():
 
 # --- Export and round trips -----------------------------------------------------------------------------------
 
-def test_import_export_round_trip_is_lossless_and_loads_in_transformers(neo_dir, tmp_path):
+@pytest.mark.parametrize("which", ["neo", "gpt2"])
+def test_import_export_round_trip_is_lossless_and_loads_in_transformers(which, neo_dir, gpt2_dir, tmp_path):
+    source = neo_dir if which == "neo" else gpt2_dir
     run = tmp_path / "run"
-    result = run_cli("-m", "models.hf", "import", neo_dir, str(run))
+    result = run_cli("-m", "convert", "import", source, str(run))
     assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads((run / "config.json").read_text())["n_layer"] == 4
+    assert json.loads((run / "config.json").read_text())["model"] == {"neo": "gpt_neo", "gpt2": "gpt2"}[which]
     out = tmp_path / "exported"
-    result = run_cli("-m", "models.hf", "export", str(run), str(out))
+    result = run_cli("-m", "convert", "export", str(run), str(out))
     assert result.returncode == 0, result.stderr[-2000:]
-    original, exported = load_file(os.path.join(neo_dir, "model.safetensors")), load_file(out / "model.safetensors")
+    original, exported = load_file(os.path.join(source, "model.safetensors")), load_file(out / "model.safetensors")
+    original = {k: v for k, v in original.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
     assert original.keys() == exported.keys()
     for name in original:
         assert np.array_equal(original[name], exported[name]), name
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="eager").eval()
-    reference = transformers.AutoModelForCausalLM.from_pretrained(neo_dir, attn_implementation="eager").eval()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
     tokens = torch.from_numpy(np.random.default_rng(2).integers(0, hf_fixtures.VOCAB, (1, 30)))
     with torch.no_grad():
         assert torch.equal(reloaded(tokens).logits, reference(tokens).logits)
     assert (out / "tokenizer.json").exists()
 
 
-def test_export_refuses_what_gpt_neo_cannot_hold(gpt2_dir, tmp_path):
-    run = tmp_path / "run"
-    assert run_cli("-m", "models.hf", "import", gpt2_dir, str(run)).returncode == 0
-    result = run_cli("-m", "models.hf", "export", str(run), str(tmp_path / "out"))
-    assert result.returncode == 2 and "export: qkv_bias=true has no GPT-Neo equivalent" in result.stderr
-    assert "Traceback" not in result.stderr
+@pytest.mark.parametrize("change,message", [
+    (dict(rotary_emb=True), "export: rotary_emb=true has no gpt_neo equivalent"),
+    (dict(qkv_bias=True), "export: qkv_bias=true has no gpt_neo equivalent"),
+    (dict(model="gpt2", qkv_bias=False), "export: qkv_bias=false has no gpt2 equivalent"),
+    (dict(attention_types=[[["global", "linear"], 1]]), "export: gpt_neo has only global and local layers"),
+    (dict(mlp_glu=True), "export: mlp_glu=true has no gpt_neo equivalent"),
+])
+def test_export_refuses_what_transformers_cannot_hold(change, message):
+    from config import ConfigError
+    from convert.gpt_neo import config_to_hf
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        config_to_hf(tiny_config(**change))
 
 
 # --- Command line ---------------------------------------------------------------------------------------------
@@ -219,7 +229,7 @@ def test_predict_from_a_sharded_checkpoint_on_one_device_and_on_a_mesh(neo_dir, 
     run = tmp_path / "run"
     config = tmp_path / "neo.json"
     with open(os.path.join(neo_dir, "config.json")) as f:
-        settings = hf.config_from_hf(json.load(f))
+        settings = config_from_hf(json.load(f))
     keys = ("n_ctx", "n_embd", "n_head", "n_layer", "n_vocab", "attention_types", "local_attention_radius")
     config.write_text(json.dumps({**{k: getattr(settings, k) for k in keys}, "train_batch_size": 8,
                                   "eval_steps": 0, "sample_tokens": 0, "lr": 0.0, "weight_decay": 0.0,
@@ -227,7 +237,7 @@ def test_predict_from_a_sharded_checkpoint_on_one_device_and_on_a_mesh(neo_dir, 
     result = run_cli("train.py", "--config", str(config), "--model-path", str(run), "--init-from", neo_dir,
                      "--no-progress", "--set", "train_steps=1")
     assert result.returncode == 0, result.stderr[-2000:]
-    hf.copy_tokenizer(neo_dir, str(run / "tokenizer"))
+    hf_dir.copy_tokenizer(neo_dir, str(run / "tokenizer"))
     common = ["predict.py", "--model-path", str(run), "--prompt", PROMPT, "--prompt", "import os", "--temperature",
               "0", "--max-new-tokens", "12"]
     one = run_cli(*common)

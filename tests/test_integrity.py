@@ -45,7 +45,7 @@ def test_checksums_see_one_flipped_bit_and_ignore_the_sharding():
 def test_non_finite_leaves_are_named():
     tree = {"a": jnp.ones(3), "b": {"c": jnp.array([1.0, jnp.inf])}}
     assert integrity.summarize(tree)[1] == ["b/c"]
-    assert integrity.problem(tree, None, prefix="params/") == "params/b/c holds NaN or Inf"
+    assert integrity.problem(tree, None, prefix="params/") == "params/b/c holds NaN or infinity"
 
 
 def test_bad_steps_leave_the_state_alone_and_are_counted():

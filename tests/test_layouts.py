@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from config import load_config
-from models.gpt_neo import GPTNeo
+from models import registry
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 from parallel.state import abstract_model, param_shardings, path_name
@@ -22,7 +22,7 @@ GOLDEN = os.path.join(ROOT, "tests", "golden_layouts")
 def layout_table(config_path: str) -> str:
     cfg, _ = load_config(config_path)
     layout = Layout.from_config(make_mesh(cfg.mesh_shape), cfg.layout)
-    _, abstract, logical = abstract_model(lambda rngs: GPTNeo(cfg, rngs=rngs))
+    _, abstract, logical = abstract_model(lambda rngs: registry.build(cfg, rngs))
     shardings = param_shardings(layout, abstract, logical)
     flat = jax.tree_util.tree_flatten_with_path(shardings)[0]
     header = f"# mesh_shape {cfg.mesh_shape} -> {dict(layout.mesh.shape)}; layout {cfg.layout}\n"

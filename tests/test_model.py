@@ -1,5 +1,5 @@
-"""The GPT-Neo decoder against Hugging Face's PyTorch GPTNeoForCausalLM, plus attention and init checks (causality
-of every attention kind is tested in test_attention_kinds.py).
+"""The GPT-Neo decoder against Hugging Face's PyTorch GPTNeoForCausalLM, GPT-Neo's init, and causality of every
+attention kind inside a model (the kinds themselves are tested against numpy in test_attention.py).
 
 The reference model is built locally from a config with random weights (no downloads); its weights are copied into
 the NeoMesh parameter tree and both models must produce the same logits in float32.
@@ -13,9 +13,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 import config
-from models import attention, hf
-from tests import hf_fixtures
+from convert import gpt_neo
 from models.gpt_neo import GPTNeo
+from tests import hf_fixtures
+from tests.common import tiny_config
 
 import torch  # noqa: F401  (test requirement: the reference implementation)
 
@@ -41,7 +42,7 @@ def hf_model(cfg):
 def hf_to_neomesh(model, cfg):
     """The library's import mapping applied to the live torch model's weights."""
     tensors = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    return jax.tree.map(jnp.asarray, hf.params_from_hf(cfg, model.config.to_dict(), tensors))
+    return jax.tree.map(jnp.asarray, gpt_neo.params_from_hf(cfg, tensors))
 
 
 def abstract(cfg):
@@ -52,7 +53,7 @@ def abstract(cfg):
 def neomesh_logits(cfg, params, tokens):
     graphdef, shapes = abstract(cfg)
     assert jax.tree.map(lambda x: (x.shape, x.dtype), params) == jax.tree.map(lambda x: (x.shape, x.dtype), shapes)
-    forward = jax.jit(lambda p, tok: nnx.merge(graphdef, nnx.State(p))(tok))
+    forward = jax.jit(lambda p, tok: nnx.merge(graphdef, nnx.State(p))(tok)[0])
     return np.asarray(forward(params, jnp.asarray(tokens)))
 
 
@@ -81,74 +82,6 @@ def test_logits_match_hugging_face(name):
     diff = float(np.max(np.abs(got - want)))
     print(f"{name}: max abs logit diff {diff:.3g}")
     assert diff <= 1e-4, f"{name}: max abs logit diff {diff}"
-
-
-# --- attention against plain numpy -----------------------------------------------------------------------------
-
-
-def numpy_mask(t, s, window):
-    """GPT-Neo's mask: queries are the last t of s positions; causal, and a local layer keeps the last window."""
-    i = np.arange(t)[:, None] + (s - t)
-    j = np.arange(s)[None, :]
-    return (j <= i) & ((window is None) | (i - j < (window or 0)))
-
-
-def numpy_attention(q, k, v, window):
-    """Unscaled causal softmax attention, (B,T,N,H) x (B,S,N,H) x (B,S,N,H) -> (B,T,N,H), in float64."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    logits = np.einsum("btnh,bsnh->bnts", q, k)
-    logits = np.where(numpy_mask(q.shape[1], k.shape[1], window), logits, -np.inf)
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    return np.einsum("bnts,bsnh->btnh", probs, v)
-
-
-def random_qkv(b=2, t=11, n=3, h=8, seed=0):
-    rng = np.random.default_rng(seed)
-    return tuple(rng.normal(size=(b, t, n, h)).astype(np.float32) for _ in range(3))
-
-
-@pytest.mark.parametrize("t,s", [(1, 1), (7, 7), (3, 9), (1, 9)])
-@pytest.mark.parametrize("window", [None, 1, 3, 8, 20])
-def test_attention_mask_matches_numpy(t, s, window):
-    np.testing.assert_array_equal(np.asarray(attention.attention_mask(t, s, window)), numpy_mask(t, s, window))
-
-
-def test_attention_mask_is_gpt_neo_local_band():
-    # Hugging Face GPT-Neo: tril(ones) xor tril(ones, -window), i.e. query i sees keys i-window+1 .. i.
-    full = np.tril(np.ones((10, 10), bool))
-    np.testing.assert_array_equal(np.asarray(attention.attention_mask(10, 10, 4)), full ^ np.tril(full, -4))
-    np.testing.assert_array_equal(np.asarray(attention.attention_mask(10, 10, None)), full)
-
-
-@pytest.mark.parametrize("window", [None, 3])
-def test_dot_product_attention_matches_numpy(window):
-    q, k, v = random_qkv()
-    got = np.asarray(attention.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), window))
-    np.testing.assert_allclose(got, numpy_attention(q, k, v, window), atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("window", [None, 3])
-def test_explicit_attention_path_matches_numpy(window, monkeypatch):
-    """The materialised-probabilities path (taken for attention dropout) computes the same attention once the
-    dropout itself is taken out."""
-    monkeypatch.setattr(attention, "dropout", lambda rate, x, key: x)
-    q, k, v = random_qkv(seed=1)
-    got = np.asarray(attention.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), window,
-                                                     dropout_rate=0.5, dropout_key=jax.random.key(0)))
-    np.testing.assert_allclose(got, numpy_attention(q, k, v, window), atol=1e-5, rtol=1e-5)
-
-
-def test_attention_is_not_scaled():
-    # One query, two keys: with unscaled logits the weights are softmax(q.k) exactly.
-    q = np.zeros((1, 2, 1, 4), np.float32)
-    q[0, 1, 0] = [1.0, 1.0, 1.0, 1.0]
-    k = np.zeros((1, 2, 1, 4), np.float32)
-    k[0, 0, 0] = [1.0, 0.0, 0.0, 0.0]
-    v = np.eye(2, 4, dtype=np.float32).reshape(1, 2, 1, 4)
-    out = np.asarray(attention.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), None))
-    e = np.exp(1.0)
-    np.testing.assert_allclose(out[0, 1, 0, :2], [e / (e + 1), 1 / (e + 1)], rtol=1e-6)
 
 
 # --- init statistics ---------------------------------------------------------------------------------------------
@@ -184,3 +117,77 @@ def test_init_follows_gpt_neo(scale_by_depth):
         np.testing.assert_array_equal(norm["bias"], 0.0)
     # Layers are initialised independently.
     assert not np.allclose(params["blocks"][0]["attn"]["q"]["kernel"], block["attn"]["q"]["kernel"])
+
+
+# --- causality of every kind inside a model ----------------------------------------------------------------------
+
+
+def random_params(cfg, seed=3):
+    """Weights large enough that every layer matters (LayerNorm scales near 1)."""
+    rng = np.random.default_rng(seed)
+    _, shapes = abstract(cfg)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: (path[-1].key == "scale") + 0.1 * rng.standard_normal(x.shape).astype(np.float32), shapes)
+
+
+def logits_of(cfg, params, tokens):
+    graphdef, _ = abstract(cfg)
+    forward = jax.jit(lambda p, t: nnx.capture(nnx.merge(graphdef, nnx.State(p)), nnx.Intermediate)(t)[0][0])
+    return np.asarray(forward(params, jnp.asarray(tokens)))
+
+
+KIND_MODELS = {
+    "global+memory": dict(attention_types=[[["global"], 2]], num_mem_kv=3),
+    "local-blocked": dict(attention_types=[[["local"], 2]], local_attention_radius=4),
+    "linear": dict(attention_types=[[["linear"], 2]]),
+    "none": dict(attention_types=[[["none", "global"], 1]]),
+    # Top-1 routing places tokens in order, so even with tokens dropped a later token never displaces an earlier.
+    "experts-top1-dropping": dict(attention_types=[[["global"], 2]], moe_layers=[0, 1],
+                                  moe_params={"num_experts": 4, "top_k": 1, "capacity_factor": 0.5}),
+    "rotary-every-kind-glu-macaron": dict(n_layer=4, attention_types=[[["global", "local", "linear", "none"], 1]],
+                                          rotary_emb=True, rotary_emb_fraction=0.5, num_mem_kv=2,
+                                          local_attention_radius=4, mlp_glu=True, macaron=True),
+}
+
+
+@pytest.mark.parametrize("name", list(KIND_MODELS))
+def test_future_tokens_never_change_past_logits(name):
+    cfg = tiny_config(**KIND_MODELS[name])
+    params = random_params(cfg)
+    seq, changed_at = 24, (0, 7, 23)
+    tokens = np.random.default_rng(1).integers(0, cfg.n_vocab, size=(1, seq))
+    batch = np.repeat(tokens, 1 + len(changed_at), axis=0)  # row 0 unchanged, row r+1 changed at changed_at[r]
+    for r, t in enumerate(changed_at):
+        batch[r + 1, t] = (batch[r + 1, t] + 1) % cfg.n_vocab
+    logits = logits_of(cfg, params, batch)
+    for r, t in enumerate(changed_at):
+        np.testing.assert_array_equal(logits[r + 1, :t], logits[0, :t])
+        assert np.abs(logits[r + 1, t:] - logits[0, t:]).max() > 1e-6  # the change is seen from position t on
+    if name != "none" and changed_at[1] + 1 < seq:  # attention carries the change to later positions
+        assert np.abs(logits[2, changed_at[1] + 1:] - logits[0, changed_at[1] + 1:]).max() > 1e-6
+
+
+def test_parameters_follow_the_options():
+    cfg = tiny_config(n_layer=3, attention_types=[[["global", "none", "none"], 1]])
+
+    def params_of(cfg):
+        return abstract(cfg)[1]
+
+    params = params_of(cfg)
+    assert set(params["blocks"][0]) == {"attn", "ln_1", "ln_2", "mlp"}
+    assert set(params["blocks"][1]) == set(params["blocks"][2]) == {"ln_2", "mlp"}  # none layers: no attention
+    rotary = params_of(cfg.replace(rotary_emb=True))
+    assert "wpe" in params and "wpe" not in rotary  # rotary replaces learned positions
+    axial = params_of(cfg.replace(axial_pos_emb=[4, 8]))
+    assert "wpe" not in axial and axial["axial_wpe"]["axial_wpe_1"].shape == (4, cfg.n_embd)
+    memory = params_of(cfg.replace(num_mem_kv=5))
+    assert memory["blocks"][0]["attn"]["mem_k"].shape == (5, cfg.n_head, cfg.head_dim)
+    glu = params_of(cfg.replace(mlp_glu=True, d_ff=48))
+    assert glu["blocks"][0]["mlp"]["c_gate"]["kernel"].shape == glu["blocks"][0]["mlp"]["c_fc"]["kernel"].shape \
+        == (cfg.n_embd, 48)
+    macaron = params_of(cfg.replace(macaron=True))
+    assert set(macaron["blocks"][0]["mlp_macaron"]) == {"c_fc", "c_proj"}
+    rezero = params_of(cfg.replace(rezero=True))
+    assert set(rezero["blocks"][0]) == {"attn", "rezero_1", "rezero_2", "mlp"}
+    assert set(params_of(cfg.replace(scalenorm=True))["blocks"][0]["ln_1"]) == {"g"}
+    assert set(params_of(cfg.replace(norm="rmsnorm"))["blocks"][0]["ln_1"]) == {"scale"}

@@ -26,9 +26,10 @@ import pytest
 
 import predict
 import train
-from models import hf
+from convert.__main__ import main as convert_main
+from pretrained import load_run
 from tests.common import ROOT
-from training.checkpoint import Checkpoints, restore_params
+from training.checkpoint import Checkpoints
 
 pytestmark = pytest.mark.e2e
 
@@ -151,7 +152,7 @@ def test_damaged_checkpoint_falls_back_and_a_torn_metrics_line_is_dropped(refere
 
     # Generation and export refuse the damaged checkpoint in one line.
     assert predict.main(["--model-path", str(path), "--prompt", "def "]) == 2
-    assert hf.main(["export", str(path), str(tmp_path / "exported")]) == 2
+    assert convert_main(["export", str(path), str(tmp_path / "exported")]) == 2
     errs = capsys.readouterr().err.strip().splitlines()
     assert len(errs) == 2 and all(f"checkpoint {path}/checkpoints/6 is damaged" in e for e in errs), errs
     assert not os.path.exists(tmp_path / "exported" / "model.safetensors")
@@ -189,14 +190,12 @@ def test_diverging_run_skips_bad_steps_then_stops_without_a_non_finite_checkpoin
 
 def _abstract_params(checkpoints, step):
     from config import from_dict
-    from models.gpt_neo import GPTNeo
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
+    from models import registry
     from parallel.state import sharded_abstract_params
+    from pretrained import default_layout
 
     cfg, _ = from_dict(checkpoints.config(step))
-    layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
-    return sharded_abstract_params(lambda rngs: GPTNeo(cfg, rngs=rngs), layout)[1]
+    return sharded_abstract_params(lambda rngs: registry.build(cfg, rngs), default_layout())[1]
 
 
 def test_sigterm_saves_the_current_step_and_a_second_run_is_refused(tmp_path, env, capsys):
@@ -257,12 +256,12 @@ def test_resume_mistakes_and_finished_runs_say_so_in_one_line(reference, tmp_pat
 
 def test_generation_and_export_refuse_non_finite_weights(reference, tmp_path, capsys):
     path = copy_of(reference, tmp_path)
-    cfg, _, params = restore_params(str(path))
+    cfg, _, params = load_run(str(path))
     nan_params = jax.tree.map(lambda p: p * jnp.nan, params)
     with Checkpoints(str(path), keep=5) as checkpoints:  # written past the guard, as an older version could have
         checkpoints.manager.save(8, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": nan_params}),
                                                             config=ocp.args.JsonSave(cfg.to_dict())))
     assert predict.main(["--model-path", str(path), "--prompt", "def "]) == 2
-    assert hf.main(["export", str(path), str(tmp_path / "exported")]) == 2
+    assert convert_main(["export", str(path), str(tmp_path / "exported")]) == 2
     errs = capsys.readouterr().err.strip().splitlines()
-    assert len(errs) == 2 and all("holds NaN or Inf; refusing its weights" in e for e in errs), errs
+    assert len(errs) == 2 and all("holds NaN or infinity; refusing its weights" in e for e in errs), errs

@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from models.gpt_neo import GPTNeo
+from models import registry
 from parallel.layout import Layout
 from parallel.mesh import make_mesh, parse_mesh_shape
 from parallel.state import create_train_state
@@ -22,8 +22,8 @@ LAYOUTS = [
 
 @pytest.fixture(scope="module")
 def reference():
-    cfg = tiny_config()
-    batches = random_batches(cfg, 5)
+    cfg = tiny_config(warmup_steps=0)
+    batches = random_batches(cfg, 3)
     return cfg, batches, train_losses(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
 
 
@@ -38,7 +38,7 @@ def test_losses_match_one_device(reference, mesh_shape, layout):
 def test_parameters_are_created_sharded():
     cfg = tiny_config()
     layout = Layout.from_config(make_mesh("x:4,y:2"), "batch:x,heads:y,embd:y")
-    _, state, _ = create_train_state(lambda rngs: GPTNeo(cfg, rngs=rngs), make_optimizer(cfg), layout, 0)
+    _, state, _ = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), layout, 0)
     q = state.params["blocks"][0]["attn"]["q"]["kernel"]  # (D, N, H): heads over y
     assert q.sharding.spec == jax.sharding.PartitionSpec(None, "y", None)
     assert q.addressable_shards[0].data.shape == (64, 2, 16)
@@ -49,8 +49,8 @@ def test_parameters_are_created_sharded():
 
 
 def test_gradient_accumulation_equals_one_big_batch():
-    cfg = tiny_config(train_batch_size=32)
-    batches = random_batches(cfg, 4, seed=1)
+    cfg = tiny_config(train_batch_size=32, warmup_steps=0)
+    batches = random_batches(cfg, 2, seed=1)
     whole = train_losses(cfg, batches, "x:8", "batch:x")
     accumulated = train_losses(cfg, batches, "x:8", "batch:x", microbatches=4)
     np.testing.assert_allclose(accumulated, whole, rtol=0, atol=1e-5)
@@ -67,19 +67,20 @@ def test_microbatches_from_tokens_per_mb_per_replica():
 
 
 def test_bfloat16_compute_keeps_float32_masters():
-    cfg = tiny_config(precision="bfloat16")
-    batches = random_batches(cfg, 5)
+    cfg = tiny_config(precision="bfloat16", warmup_steps=0)
+    batches = random_batches(cfg, 3)
     losses = train_losses(cfg, batches, "x:4,y:2", "batch:x,heads:y")
-    reference = train_losses(tiny_config(), batches, "x:4,y:2", "batch:x,heads:y")
+    reference = train_losses(cfg.replace(precision="float32"), batches, "x:4,y:2", "batch:x,heads:y")
     assert losses[-1] < losses[0]
     np.testing.assert_allclose(losses, reference, atol=0.05)  # bf16 rounding, same trajectory
     assert not np.allclose(losses, reference, rtol=0, atol=1e-6)  # and it really ran in bf16
 
 
 def test_remat_gives_the_same_losses():
-    cfg = tiny_config(recompute_grad=True)
-    batches = random_batches(cfg, 3)
-    np.testing.assert_allclose(train_losses(cfg, batches), train_losses(tiny_config(), batches), atol=1e-6)
+    cfg = tiny_config(recompute_grad=True, warmup_steps=0)
+    batches = random_batches(cfg, 2)
+    np.testing.assert_allclose(train_losses(cfg, batches), train_losses(cfg.replace(recompute_grad=False), batches),
+                               atol=1e-6)
 
 
 def test_mesh_shape_parsing():
@@ -98,10 +99,10 @@ def test_every_attention_kind_and_experts_train_sharded_as_on_one_device():
     on 8 devices with data, tensor and expert parallelism it computes what one device does, and it learns."""
     cfg = tiny_config(n_layer=4, attention_types=[[["global", "local", "linear", "none"], 1]], moe_layers=[1, 3],
                       moe_params={"num_experts": 4, "top_k": 2}, num_mem_kv=2, rotary_emb=True,
-                      rotary_emb_fraction=0.5, local_attention_radius=4, recompute_grad=True)
-    batches = np.repeat(random_batches(cfg, 1, seed=3), 5, axis=0)  # one batch again and again: the loss must fall
+                      rotary_emb_fraction=0.5, local_attention_radius=4, recompute_grad=True, warmup_steps=0)
+    batches = random_batches(cfg, 1, seed=3) * 3  # one batch again and again: the loss must fall
     single = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
     sharded = train_metrics(cfg, batches, "x:4,y:2", "batch:x,experts:x,heads:y,intermediate_expanded:y")
-    assert single[-1]["loss"] < single[0]["loss"] - 0.2
+    assert single[-1]["loss"] < single[0]["loss"] - 0.1
     for key in ("loss", "aux_loss", "z_loss", "dropped_tokens_fraction"):
         np.testing.assert_allclose([m[key] for m in sharded], [m[key] for m in single], rtol=0, atol=1e-5)

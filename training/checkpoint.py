@@ -3,7 +3,7 @@
 Orbax writes each step into a temporary directory and renames it when complete, so a crash mid-save leaves the
 previous checkpoint intact. All processes call ``save``/``restore`` together (multi-host).
 
-Trust (training/integrity.py): a state holding NaN or Inf is never saved; every checkpoint carries checksums of
+Trust (training/integrity.py): a state holding NaN or infinity is never saved; every checkpoint carries checksums of
 its arrays, and ``restore_newest_good`` checks them (and finiteness) on restore, moves a damaged checkpoint aside
 with one line saying why, and falls back to the newest good one. Rotation (``keep_checkpoints``) never deletes
 the checkpoint a run was verified to resume from.
@@ -96,7 +96,7 @@ class Checkpoints:
         record, non_finite = integrity.record(state)
         if non_finite:
             last = self.latest_step()
-            raise ConfigError(f"step {step}: {non_finite[0]} holds NaN or Inf; not saved (the last checkpoint, "
+            raise ConfigError(f"step {step}: {non_finite[0]} holds NaN or infinity; not saved (the last checkpoint, "
                               f"{'step ' + str(last) if last is not None else 'none'}, is intact)")
         return record
 
@@ -142,6 +142,14 @@ class Checkpoints:
             raise ConfigError(f"model_path: checkpoint {self.directory}/{step} does not fit this config's "
                               f"model ({str(e).splitlines()[0][:200]})") from None
         return restored.state["params"]
+
+    def located_config(self, step: int | None = None) -> dict:
+        """``config(step)``, with a damaged checkpoint reported as a one-line error naming it."""
+        step = self.latest_step() if step is None else step
+        try:
+            return self.config(step)
+        except DamagedCheckpoint as e:
+            raise ConfigError(f"checkpoint {self.directory}/{step} is damaged: {e}") from None
 
     def restore_params_verified(self, abstract_params, step: int):
         """``restore_params`` checked against the checkpoint's checksums and for NaN/Inf: a one-line error naming
@@ -301,26 +309,3 @@ def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
         raise ConfigError(f"{key}: {where} was trained with {key}={json.dumps(saved.get(key))}, the config has "
                           f"{json.dumps(getattr(cfg, key))}; the model's shape differs (set it back, or --new "
                           "for a fresh run)")
-
-
-def restore_params(model_path: str, layout=None, overrides: tuple[str, ...] = ()):
-    """(config, graphdef, parameters) of the latest checkpoint in ``model_path``, on ``layout`` (default: one
-    device). The checkpoint may have been written on any mesh: orbax reshards on restore."""
-    from config import from_dict
-    from models.gpt_neo import GPTNeo
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
-    from parallel.state import sharded_abstract_params
-
-    with Checkpoints(model_path, keep=1, read_only=True) as checkpoints:
-        step = checkpoints.latest_step()
-        try:
-            saved = checkpoints.config(step)
-        except DamagedCheckpoint as e:
-            raise ConfigError(f"checkpoint {checkpoints.directory}/{step} is damaged: {e}") from None
-        cfg, _ = from_dict(saved, source=f"{model_path} checkpoint config", overrides=overrides)
-        if layout is None:
-            layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
-        graphdef, abstract = sharded_abstract_params(lambda rngs: GPTNeo(cfg, rngs=rngs), layout)
-        params = checkpoints.restore_params_verified(abstract, step)
-    return cfg, graphdef, params

@@ -45,7 +45,7 @@ def _summaries(tree):
 
 
 def summarize(tree) -> tuple[dict[str, list[int]], list[str]]:
-    """({leaf path: [checksum, weighted checksum]}, paths of leaves holding NaN or Inf) of a tree of arrays.
+    """({leaf path: [checksum, weighted checksum]}, paths of leaves holding NaN or infinity) of a tree of arrays.
     Every process calls it together (the reduction spans all devices); every process gets the same answer."""
     flat = jax.tree_util.tree_flatten_with_path(_summaries(tree))[0]
     sums = jax.device_get([leaf for _, leaf in flat])
@@ -70,7 +70,7 @@ def problem(tree, saved: dict | None, prefix: str = "") -> str | None:
     parameters were restored); without a saved record only finiteness is checked."""
     checksums, non_finite = summarize(tree)
     if non_finite:
-        return f"{prefix}{non_finite[0]} holds NaN or Inf"
+        return f"{prefix}{non_finite[0]} holds NaN or infinity"
     if saved is None:
         return None
     if saved.get("format") != FORMAT:

@@ -1,0 +1,93 @@
+"""Hugging Face directories as NeoMesh models: load one, import it as a run, export a run back.
+
+Each family's mapping lives in its own file (convert/gpt_neo.py, convert/bert.py); ``MAPPINGS`` picks it by the
+HF config's ``model_type`` on the way in and by the NeoMesh config's ``model`` on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from config import Config, ConfigError
+from convert import gpt_neo
+from convert.hf_dir import load_tokenizer, read_hf_dir, write_hf_dir
+
+MAPPINGS = {model_type: module for module in (gpt_neo,) for model_type in module.MODEL_TYPES}
+
+
+def _mapping(model_type: str, source: str):
+    if model_type not in MAPPINGS:
+        raise ConfigError(f"{source}: model_type '{model_type}' is not supported (supported: "
+                          f"{', '.join(MAPPINGS)})")
+    return MAPPINGS[model_type]
+
+
+def load_hf(hf_dir: str) -> tuple[Config, dict]:
+    """(NeoMesh config, parameter tree of float32 numpy arrays) of a Hugging Face model directory."""
+    hf_config, tensors = read_hf_dir(hf_dir)
+    source = f"{hf_dir}/config.json"
+    mapping = _mapping(hf_config.get("model_type"), source)
+    cfg = mapping.config_from_hf(hf_config, source)
+    return cfg, mapping.params_from_hf(cfg, tensors, hf_dir)
+
+
+def check_finite(params: dict, what: str) -> None:
+    """A one-line error naming the first parameter holding NaN or infinity."""
+    from convert.hf_dir import flatten
+
+    for name, value in flatten(params).items():
+        if not np.all(np.isfinite(np.asarray(value, np.float32))):
+            raise ConfigError(f"{what}: parameter {name} holds NaN or infinity; nothing was written")
+
+
+def import_hf(hf_dir: str, model_path: str) -> Config:
+    """Writes MODEL_PATH/config.json, MODEL_PATH/tokenizer/ and a step-0 checkpoint (fresh optimizer state), so
+    predict.py --model-path and train.py (fine-tuning) both start from the imported weights."""
+    import jax
+
+    from convert.hf_dir import copy_tokenizer
+    from models import registry
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from parallel.state import create_train_state
+    from training.checkpoint import Checkpoints
+    from training.optimizer import make_optimizer
+
+    cfg, params = load_hf(hf_dir)
+    cfg = cfg.replace(model_path=model_path)
+    existing = os.path.join(model_path, "checkpoints")
+    if os.path.isdir(existing) and os.listdir(existing):
+        raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")
+    layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
+    _, state, _ = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), layout,
+                                     cfg.seed, params=params)
+    with Checkpoints(model_path, cfg.keep_checkpoints) as checkpoints:
+        checkpoints.save(0, state, cfg.to_dict())
+    copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
+    with open(os.path.join(model_path, "config.json"), "w") as f:
+        json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)
+    return cfg
+
+
+def export_hf(model_path: str, hf_dir: str) -> Config:
+    """Restores the latest checkpoint of MODEL_PATH on one device and writes an HF directory of its family."""
+    import jax
+
+    from pretrained import load_run
+
+    cfg, _, params = load_run(model_path)
+    mapping = _mapping(cfg.model, f"{model_path}: model")
+    hf_config = mapping.config_to_hf(cfg)
+    params = jax.tree.map(np.asarray, params)
+    check_finite(params, f"export {model_path}")
+    tensors = mapping.params_to_hf(cfg, params)
+    tokenizer_dir = os.path.join(model_path, "tokenizer")
+    tokenizer_dir = tokenizer_dir if os.path.isdir(tokenizer_dir) else None
+    if tokenizer_dir:
+        tokenizer = load_tokenizer(tokenizer_dir)
+        hf_config["bos_token_id"] = hf_config["eos_token_id"] = tokenizer.eos_id
+    write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir)
+    return cfg

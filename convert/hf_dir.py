@@ -1,0 +1,148 @@
+"""Reading and writing Hugging Face model directories: config.json, weights, tokenizer files.
+
+A directory holds config.json, weights (model.safetensors, sharded *.safetensors, or pytorch_model.bin, which
+needs torch) and tokenizer files (tokenizer.json, or GPT-2's vocab.json + merges.txt, or BERT's vocab.txt).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+
+from config import ConfigError
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer_config.json",
+                   "special_tokens_map.json")
+
+
+def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config.json as a dict, {weight name: float32 array}) of a Hugging Face model directory."""
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise ConfigError(f"{path}: not a Hugging Face model directory (no config.json)")
+    hf_config = read_json(config_path)
+    if not isinstance(hf_config, dict):
+        raise ConfigError(f"{config_path}: expected a JSON object")
+    shards = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if shards:
+        from safetensors.numpy import load_file
+
+        tensors = {}
+        for shard in shards:
+            try:
+                tensors.update(load_file(shard))
+            except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for damaged files
+                raise ConfigError(f"{shard}: not a readable safetensors file ({str(e).splitlines()[0][:160]})") \
+                    from None
+    elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
+        try:
+            import torch
+        except ImportError:
+            raise ConfigError(f"{path}/pytorch_model.bin needs torch to read; install it or save as safetensors") \
+                from None
+        try:
+            state = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch raises many types for damaged files
+            raise ConfigError(f"{path}/pytorch_model.bin: not a readable PyTorch state dict "
+                              f"({str(e).splitlines()[0][:160]})") from None
+        tensors = {k: v.float().numpy() for k, v in state.items()}
+    else:
+        raise ConfigError(f"{path}: no model.safetensors or pytorch_model.bin")
+    tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
+    for name, value in tensors.items():  # such weights are refused, not loaded
+        if not np.isfinite(value).all():
+            raise ConfigError(f"{path}: weight {name} holds NaN or infinity; refusing it")
+    return hf_config, tensors
+
+
+def read_json(path: str):
+    """A JSON file's content; a one-line error naming the file if it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a JSON text file (byte {e.start} is not UTF-8)") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+
+
+def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
+                 tokenizer_dir: str | None = None) -> None:
+    """Writes config.json, model.safetensors and (if given) the tokenizer files for from_pretrained."""
+    from safetensors.numpy import save_file
+
+    tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+    config_path, weights_path = os.path.join(out_dir, "config.json"), os.path.join(out_dir, "model.safetensors")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if tokenizer_dir:
+            copy_tokenizer(tokenizer_dir, out_dir)
+        # Temporary names, renamed when whole: a failure (a full disk) leaves no half-written file behind.
+        with open(config_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(hf_config, f, indent=2)
+        save_file(tensors, weights_path + ".tmp", metadata={"format": "pt"})
+        os.replace(config_path + ".tmp", config_path)
+        os.replace(weights_path + ".tmp", weights_path)
+    except OSError as e:
+        raise ConfigError(f"{e.filename or out_dir}: {e.strerror}") from None
+    except Exception as e:  # noqa: BLE001 - safetensors reports write errors as its own type
+        if "os error" not in str(e):
+            raise
+        raise ConfigError(f"{weights_path}: {str(e).splitlines()[0][:160]}") from None
+    finally:
+        for tmp in (config_path + ".tmp", weights_path + ".tmp"):
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of an HF directory: tokenizer.json, GPT-2's vocab.json + merges.txt, or BERT's vocab.txt."""
+    from data.tokenizer import load_tokenizer as load
+
+    if not any(os.path.exists(os.path.join(path, name)) for name in ("tokenizer.json", "vocab.json", "vocab.txt")):
+        raise ConfigError(f"{path}: no tokenizer (tokenizer.json, vocab.json + merges.txt, or vocab.txt)")
+    return load(path)
+
+
+def copy_tokenizer(src: str, dst: str) -> None:
+    os.makedirs(dst, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+
+
+def strip_prefix(tensors: dict, prefixes: tuple[str, ...]) -> dict:
+    """Weight names without the first of ``prefixes`` they start with (``transformer.``, ``bert.``, ...)."""
+    out = {}
+    for name, value in tensors.items():
+        for prefix in prefixes:
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+                break
+        out[name] = value
+    return out
+
+
+def getter(tensors: dict, source: str):
+    """``get(name)``: the named weight, or a one-line error naming the missing one."""
+    def get(name: str) -> np.ndarray:
+        if name not in tensors:
+            raise ConfigError(f"{source}: missing weight '{name}'")
+        return tensors[name]
+
+    return get
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": x}} -> {"a/b": x}."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        flat.update(flatten(value, name + "/") if isinstance(value, dict) else {name: value})
+    return flat

@@ -1,0 +1,99 @@
+"""The transformer block every family is built from, and the loop that runs a stack of them.
+
+One ``Block`` per ``BlockSpec``: self-attention (any kind, or none), optional cross-attention, and a feed-forward
+sub-layer, each wrapped in a residual connection whose norm placement the spec picks:
+
+    pre (GPT):      x = x + dropout(f(norm(x)))
+    post (BERT):    x = norm(x + dropout(f(x)))
+    rezero:         x = x + g * dropout(f(x))          (g a learned scalar starting at 0, no norms)
+
+GPT-Neo's macaron blocks add a half-step MLP on the raw x before attention and halve the final MLP's branch.
+Parameter names follow GPT-Neo's checkpoints: ``attn``, ``ln_1``, ``ln_2``, ``mlp`` (and ``crossattention``,
+``ln_cross``, ``mlp_macaron``, ``rezero_1/2``/``rezero_cross`` where the spec has them).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.attention import Attention
+from models.axes import HIDDEN, axes, constrain
+from models.layers import dropout, dropout_keys, norm
+from models.mlp import Mlp
+from models.moe import MoeMlp
+from models.spec import BlockSpec, MlpSpec
+
+
+def make_mlp(spec: MlpSpec, *, rngs: nnx.Rngs) -> nnx.Module:
+    """The feed-forward sub-layer of ``spec``: a mixture of experts for "experts", else the dense/gated MLP."""
+    return MoeMlp(spec, rngs=rngs) if spec.kind == "experts" else Mlp(spec, rngs=rngs)
+
+
+class Block(nnx.Module):
+    def __init__(self, spec: BlockSpec, *, rngs: nnx.Rngs):
+        def make_norm():
+            return None if spec.rezero else norm(spec.norm, spec.mlp.n_embd, spec.norm_epsilon, rngs)
+
+        def gate():
+            return nnx.Param(jnp.zeros(()), **axes()) if spec.rezero else None
+
+        self.spec = spec
+        self.mlp_macaron = make_mlp(spec.mlp, rngs=rngs) if spec.macaron else None
+        self.attn = Attention(spec.attention, rngs=rngs) if spec.attention is not None else None
+        self.ln_1, self.rezero_1 = (make_norm(), gate()) if self.attn is not None else (None, None)
+        self.crossattention = Attention(spec.cross_attention, rngs=rngs) if spec.cross_attention else None
+        self.ln_cross, self.rezero_cross = (make_norm(), gate()) if self.crossattention is not None else (None, None)
+        self.mlp = make_mlp(spec.mlp, rngs=rngs)
+        self.ln_2, self.rezero_2 = make_norm(), gate()
+
+    def _residual(self, x: jax.Array, branch: Callable[[jax.Array], jax.Array], norm_layer, gate, key,
+                  factor: float = 1.0) -> jax.Array:
+        """x plus one sub-layer's branch, with the spec's norm placement."""
+        s = self.spec
+        if s.rezero:
+            return x + gate[...] * (factor * dropout(s.res_dropout, branch(x), key))
+        if s.norm_position == "post":
+            return norm_layer(x + factor * dropout(s.res_dropout, branch(x), key))
+        return x + factor * dropout(s.res_dropout, branch(norm_layer(x)), key)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None, cache=None,
+                 dropout_key: jax.Array | None = None, context: jax.Array | None = None,
+                 context_segment_ids: jax.Array | None = None) -> tuple[jax.Array, object]:
+        """(B, T, D) -> (B, T, D) and this block's updated cache (see ``Attention.__call__`` for the arguments)."""
+        keys = dropout_keys(dropout_key, 6)
+        half = 0.5 if self.spec.macaron else 1.0
+        if self.mlp_macaron is not None:  # GPT-Neo: on the raw stream, no norm, no ReZero gate
+            x = x + half * dropout(self.spec.res_dropout, self.mlp_macaron(x), keys[0])
+        if self.attn is not None:
+            def attend(h):
+                nonlocal cache
+                out, cache = self.attn(h, positions, segment_ids, cache, keys[1])
+                return out
+
+            x = constrain(self._residual(x, attend, self.ln_1, self.rezero_1, keys[2]), HIDDEN)
+        if self.crossattention is not None:
+            def cross(h):
+                return self.crossattention(h, positions, segment_ids, None, keys[3], context, context_segment_ids)[0]
+
+            x = constrain(self._residual(x, cross, self.ln_cross, self.rezero_cross, keys[4]), HIDDEN)
+        x = self._residual(x, self.mlp, self.ln_2, self.rezero_2, keys[5], half)
+        return constrain(x, HIDDEN), cache  # (B, T, D)
+
+
+def run_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
+               caches: tuple | None = None, dropout_key: jax.Array | None = None, remat: bool = False,
+               **context) -> tuple[jax.Array, tuple | None]:
+    """Runs ``blocks`` in order: (B, T, D) -> (B, T, D) and their updated caches (None when ``caches`` is None).
+    ``remat`` recomputes each block's activations in the backward pass (training memory for compute)."""
+    keys = dropout_keys(dropout_key, len(blocks))
+    layer_caches = caches if caches is not None else (None,) * len(blocks)
+    call = nnx.remat(Block.__call__) if remat else Block.__call__
+    updated = []
+    for block, cache, key in zip(blocks, layer_caches, keys):
+        x, cache = call(block, x, positions, segment_ids, cache, key, **context)
+        updated.append(cache)
+    return x, (tuple(updated) if caches is not None else None)

@@ -1,0 +1,59 @@
+"""Heads that turn a backbone's hidden states into what a task needs.
+
+Language-model logits come from the embedding matrix itself (tied) or a separate projection, inside each family.
+Here: the masked-LM head (BERT/RoBERTa: dense + activation + LayerNorm, then the tied decoder plus a bias) and the
+sequence-classification head (a pooled token, optionally through BERT's pooler, then a linear classifier).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.axes import axes
+from models.layers import ACTIVATIONS, BASE_STDDEV, dropout, norm, projection
+
+
+class MlmHead(nnx.Module):
+    """(B, T, D) -> (B, T, V): ``decode(LayerNorm(act(dense(x)))) + bias``, decode being the tied embedding."""
+
+    def __init__(self, n_embd: int, n_vocab: int, activation: str, epsilon: float, *, rngs: nnx.Rngs):
+        self.dense = projection("BTD,DE->BTE", (n_embd, n_embd), ("embd", None), BASE_STDDEV, rngs, bias=(None,))
+        self.layer_norm = norm("layernorm", n_embd, epsilon, rngs)
+        self.bias = nnx.Param(jnp.zeros((n_vocab,)), **axes("vocab"))
+        self.activation = ACTIVATIONS[activation]
+
+    def __call__(self, x: jax.Array, embedding: nnx.Embed) -> jax.Array:
+        h = self.layer_norm(self.activation(self.dense(x)))  # (B, T, D)
+        return embedding.attend(h) + self.bias[...].astype(h.dtype)  # (B, T, V)
+
+
+def pooled_token(x: jax.Array, segment_ids: jax.Array | None, pool: str) -> jax.Array:
+    """(B, T, D) -> (B, D): the first token (BERT's [CLS]) or each row's last real token (decoders)."""
+    if pool == "first":
+        return x[:, 0]
+    if segment_ids is None:
+        return x[:, -1]
+    last = x.shape[1] - 1 - jnp.argmax((segment_ids != 0)[:, ::-1], axis=1)  # (B,)
+    return jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+
+
+class ClassificationHead(nnx.Module):
+    """(B, T, D) -> (B, C) logits from one pooled token: ``out(dropout(tanh(dense(token))))`` with BERT's pooler,
+    ``out(token)`` without it (GPT-style sequence classification)."""
+
+    def __init__(self, n_embd: int, num_labels: int, *, pool: str, pooler: bool, bias: bool, dropout_rate: float,
+                 rngs: nnx.Rngs):
+        self.dense = projection("BD,DE->BE", (n_embd, n_embd), ("embd", None), BASE_STDDEV, rngs,
+                                bias=(None,)) if pooler else None
+        self.out = projection("BD,DC->BC", (n_embd, num_labels), ("embd", None), BASE_STDDEV, rngs,
+                              bias=(None,) if bias else None)
+        self.pool, self.dropout_rate = pool, dropout_rate
+
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None,
+                 dropout_key: jax.Array | None = None) -> jax.Array:
+        h = pooled_token(x, segment_ids, self.pool)  # (B, D)
+        if self.dense is not None:
+            h = jnp.tanh(self.dense(h))
+        return self.out(dropout(self.dropout_rate, h, dropout_key))  # (B, C)

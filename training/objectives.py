@@ -1,0 +1,127 @@
+"""Objectives: what a run minimises, computed from a model and a batch dict.
+
+Each objective reads the fields it needs from the batch, calls the model, and returns per-target losses and
+per-target metric values; ``weights(batch)`` gives each target's weight (0 for targets that do not count: padding,
+unmasked MLM positions) from the batch alone, so a step knows the whole batch's weight before any microbatch runs.
+The jitted steps (parallel/steps.py) reduce them: the training loss is the weighted mean, and evaluation sums
+losses and weights over batches so the mean is exact for any number of batches. Steps know no model and no task;
+the config's ``task`` picks the objective here.
+
+Batches (all int32 unless noted), by task:
+    causal_lm                {"tokens": (B, T+1)}: inputs are tokens[:, :-1], targets tokens[:, 1:]
+    masked_lm                {"inputs", "targets": (B, T), "mask": (B, T) float: 1 where the loss counts}
+    sequence_classification  {"inputs": (B, T), "segment_ids": (B, T) (0 = padding), "labels": (B,)}, optional
+                             "token_types" (B, T)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from config import Config, ConfigError
+
+Output = tuple[jax.Array, dict]  # (per-target losses, {metric: per-target values})
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    name: str
+    fields: dict  # batch field -> logical axes of its dimensions (for sharding)
+    shapes: Callable  # (config) -> {batch field: shape of one row}: what a data source must provide
+    compute: Callable  # (model, batch, dropout_key) -> Output
+    weights: Callable  # batch -> per-target weights (float32), shaped like the losses
+    per_token: bool  # the loss is nats per token: report perplexity (and bits per byte)
+
+    def __call__(self, model, batch: dict, dropout_key: jax.Array | None = None) -> Output:
+        return self.compute(model, batch, dropout_key)
+
+    def check_batch(self, cfg: Config, batch: dict, source: str) -> None:
+        """A one-line error when a data source's rows lack a field this objective reads, or have another shape."""
+        for name, row in self.shapes(cfg).items():
+            if name not in batch:
+                raise ConfigError(f"task: {self.name} reads batch field '{name}', which {source} does not provide "
+                                  f"(it gives {', '.join(sorted(batch))})")
+            if tuple(batch[name].shape[1:]) != tuple(row):
+                raise ConfigError(f"task: {self.name} reads '{name}' rows of shape {tuple(row)}, {source} gives "
+                                  f"{tuple(batch[name].shape[1:])}")
+
+
+SEQUENCE = ("batch", None)
+PER_EXAMPLE = ("batch",)
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Softmax cross-entropy in float32 of (..., V) logits against (...) integer targets."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+
+
+def _causal_lm(model, batch: dict, dropout_key) -> Output:
+    tokens = batch["tokens"]
+    logits, _ = model(tokens[:, :-1], dropout_key=dropout_key)  # (B, T, V)
+    return cross_entropy(logits, tokens[:, 1:]), {}
+
+
+def _causal_lm_weights(batch: dict) -> jax.Array:
+    tokens = batch["tokens"]
+    return jnp.ones((tokens.shape[0], tokens.shape[1] - 1), jnp.float32)
+
+
+def _masked_lm(model, batch: dict, dropout_key) -> Output:
+    logits, _ = model(batch["inputs"], segment_ids=batch.get("segment_ids"), dropout_key=dropout_key)  # (B, T, V)
+    targets = batch["targets"]
+    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+    return cross_entropy(logits, targets), {"accuracy": correct}
+
+
+def _sequence_classification(model, batch: dict, dropout_key) -> Output:
+    kwargs = {"token_types": batch["token_types"]} if "token_types" in batch else {}
+    logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)  # (B, C)
+    labels = batch["labels"]
+    predicted = jnp.argmax(logits, -1)
+    metrics = {"accuracy": (predicted == labels).astype(jnp.float32)}
+    if logits.shape[-1] == 2:  # F1 of class 1 is computed from these rates, whatever the batch count
+        metrics.update(true_positive=((predicted == 1) & (labels == 1)).astype(jnp.float32),
+                       false_positive=((predicted == 1) & (labels == 0)).astype(jnp.float32),
+                       false_negative=((predicted == 0) & (labels == 1)).astype(jnp.float32))
+    return cross_entropy(logits, labels), metrics
+
+
+OBJECTIVES = {
+    "causal_lm": Objective(
+        "causal_lm", {"tokens": SEQUENCE}, lambda cfg: {"tokens": (cfg.n_ctx + 1,)},
+        _causal_lm, _causal_lm_weights, per_token=True),
+    "masked_lm": Objective(
+        "masked_lm", {"inputs": SEQUENCE, "targets": SEQUENCE, "mask": SEQUENCE},
+        lambda cfg: {"inputs": (cfg.n_ctx,), "targets": (cfg.n_ctx,), "mask": (cfg.n_ctx,)},
+        _masked_lm, lambda batch: batch["mask"].astype(jnp.float32), per_token=True),
+    "sequence_classification": Objective(
+        "sequence_classification", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "token_types": SEQUENCE,
+                                    "labels": PER_EXAMPLE},
+        lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "token_types": (cfg.n_ctx,),
+                     "labels": ()},
+        _sequence_classification, lambda batch: jnp.ones(batch["labels"].shape, jnp.float32), per_token=False),
+}
+
+
+def objective_for(cfg: Config) -> Objective:
+    return OBJECTIVES[cfg.task]
+
+
+def report(objective: Objective, means: dict, bytes_per_token: float | None = None) -> dict:
+    """Mean loss and metrics over an evaluation -> the reported row: adds perplexity (and bits per byte when the
+    data knows its bytes per token) for per-token losses, F1 where true/false positive rates are present."""
+    out = dict(means)
+    tp, fp, fn = (out.pop(k, None) for k in ("true_positive", "false_positive", "false_negative"))
+    if tp is not None:
+        out["f1"] = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn > 0 else 0.0
+    if objective.per_token:
+        out["perplexity"] = math.exp(min(out["loss"], 80.0))
+        if bytes_per_token:
+            out["bits_per_byte"] = out["loss"] / math.log(2) / bytes_per_token
+    return out

@@ -68,7 +68,7 @@ def innermost_line(e: BaseException, limit: int = 240) -> str:
 class _Background:
     """While installed: expected failures raised in background threads are collected (``threading.excepthook``)
     instead of printed; ERROR records orbax logs from its threads (it re-raises the failure in the main thread)
-    are held back."""
+    are held back; TensorStore's reports of results it could not deliver to a closed event loop are dropped."""
 
     def __init__(self):
         self.failures: list[BaseException] = []
@@ -77,17 +77,14 @@ class _Background:
         self.loggers = [logging.getLogger("absl"), logging.getLogger("asyncio")]
 
     def install(self) -> None:
-        global _background
-        self.previous = (threading.excepthook, sys.excepthook, _background)
-        threading.excepthook = self.excepthook
-        sys.excepthook = self.sys_excepthook
+        self.previous = (threading.excepthook, sys.excepthook, sys.unraisablehook)
+        threading.excepthook, sys.excepthook, sys.unraisablehook = self.excepthook, self.sys_excepthook, \
+            self.unraisablehook
         for logger in self.loggers:
             logger.addFilter(self.filter)
-        _background = self
 
     def uninstall(self) -> None:
-        global _background
-        threading.excepthook, sys.excepthook, _background = self.previous
+        threading.excepthook, sys.excepthook, sys.unraisablehook = self.previous
         for logger in self.loggers:
             logger.removeFilter(self.filter)
 
@@ -97,12 +94,19 @@ class _Background:
         else:
             self.previous[0](args)
 
-    def sys_excepthook(self, kind, value, tb) -> None:
+    @staticmethod
+    def _undeliverable(value) -> bool:
         # TensorStore's I/O threads deliver results to the event loops of orbax's save threads; once a failed
-        # save has closed its loop, each later delivery prints this (through PyErr_Print, hence sys.excepthook).
-        if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
-            return
-        self.previous[1](kind, value, tb)
+        # save has closed its loop, each later delivery raises this, which Python prints from C.
+        return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+    def sys_excepthook(self, kind, value, tb) -> None:
+        if not self._undeliverable(value):
+            self.previous[1](kind, value, tb)
+
+    def unraisablehook(self, unraisable) -> None:
+        if not self._undeliverable(unraisable.exc_value):
+            self.previous[2](unraisable)
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Holds back orbax's ERROR records and asyncio's reports of tasks that failed on an expected cause."""
@@ -116,7 +120,8 @@ class _Background:
         return True
 
 
-_background: _Background | None = None
+_background: _Background | None = None  # the hooks of the command running in this process
+_lingering: _Background | None = None  # the hooks left in place after a command's expected failure
 
 
 def raise_background_failure() -> None:
@@ -127,9 +132,19 @@ def raise_background_failure() -> None:
 
 def run_main(body: Callable[[], int | None]) -> int:
     """Runs a command's body: 0 (or its own code) on success; ``error: ...`` on stderr and 2 for an expected
-    failure; a traceback for anything else."""
+    failure; a traceback for anything else.
+
+    After an expected failure the hooks stay in place until the process ends (``exit_process``) or the next
+    command starts: background threads failing on the same cause (orbax's writers on a full disk) may still be
+    winding down, and they have nothing to add to the one line."""
+    global _background, _lingering
+    if _lingering is not None:
+        _lingering.uninstall()
+        _lingering = None
     background = _Background()
     background.install()
+    _background = background
+    failed = False
     try:
         code = body()
     except Exception as e:  # noqa: BLE001 - only expected failures are caught; the rest re-raise
@@ -137,9 +152,14 @@ def run_main(body: Callable[[], int | None]) -> int:
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
+        failed = True
         return EXIT_ERROR
     finally:
-        background.uninstall()
+        _background = None
+        if failed or background.failures:
+            _lingering = background
+        else:
+            background.uninstall()
     if background.failures:
         print(f"error: {one_line(background.failures[0])}", file=sys.stderr)
         return EXIT_ERROR

@@ -176,7 +176,12 @@ def run_training(args, cfg, notes, signals, run) -> int:
         else:
             graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params)
             if args.init_from:
-                say(f"initialised from {args.init_from}")
+                from parallel.state import match_params
+
+                _, missing, unused = match_params(params, state.params)
+                say(f"initialised from {args.init_from}" + (f"; fresh (not in it): {', '.join(missing)}" if missing
+                                                            else "")
+                    + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
         if lead and hasattr(train_data.tokenizer, "save"):  # the run keeps its tokenizer: predict.py, export
             save_tokenizer(train_data.tokenizer, os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
         n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))

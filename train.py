@@ -88,24 +88,26 @@ def train(args) -> int:
     distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
     signals = StopSignals(multi_process=jax.process_count() > 1)
     signals.install()
-    lead = jax.process_index() == 0
-    if args.new:
-        aside = move_run_aside(cfg.model_path, lead)
-        if aside and lead:
-            print(f"--new: moved the previous run to {aside}")
-    created = not os.path.exists(cfg.model_path)
-    lock = lock_run(cfg.model_path, lead, print if lead else (lambda *a: None))
-    run = {"trained": False}
     try:
-        return run_training(args, cfg, notes, signals, run)
-    except BaseException:
-        # A run that failed before doing anything (a bad --resume or --init-from, say) leaves no directory.
-        if created and lead and not run["trained"] and not _has_checkpoint(cfg.model_path):
+        lead = jax.process_index() == 0
+        if args.new:
+            aside = move_run_aside(cfg.model_path, lead)
+            if aside and lead:
+                print(f"--new: moved the previous run to {aside}")
+        created = not os.path.exists(cfg.model_path)
+        lock = lock_run(cfg.model_path, lead, print if lead else (lambda *a: None))
+        run = {"trained": False}
+        try:
+            return run_training(args, cfg, notes, signals, run)
+        except BaseException:
+            # A run that failed before doing anything (a bad --resume or --init-from, say) leaves no directory.
+            if created and lead and not run["trained"] and not _has_checkpoint(cfg.model_path):
+                lock.release()
+                shutil.rmtree(cfg.model_path, ignore_errors=True)
+            raise
+        finally:
             lock.release()
-            shutil.rmtree(cfg.model_path, ignore_errors=True)
-        raise
     finally:
-        lock.release()
         signals.uninstall()
 
 

@@ -7,6 +7,7 @@ errors are argparse's own and are not in the table.
 
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -156,7 +157,9 @@ def test_the_table_is_big_enough():
 @pytest.mark.parametrize("cli,argv,culprit", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_bad_input_is_one_line_naming_the_culprit(files, capsys, cli, argv, culprit):
     d = str(files)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     code = CLIS[cli]([a.replace("{d}", d) for a in argv])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code == 2, f"exit code {code}, stderr:\n{err}"

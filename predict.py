@@ -58,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from errors import run_main
+    from neomesh.errors import run_main
 
     def run():
         check_options(args)  # before jax starts: a mistake costs well under a second
@@ -217,6 +217,6 @@ def predict(args) -> None:
 
 
 if __name__ == "__main__":
-    from errors import exit_process
+    from neomesh.errors import exit_process
 
     exit_process(main())

@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from config import describe_keys, load_config
-    from errors import EXIT_ERROR, run_main
+    from neomesh.errors import EXIT_ERROR, run_main
     from training.stop_signals import StopNow
 
     if args.help_config:
@@ -147,7 +147,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
 
     from config import ConfigError
     from data.source import make_source
-    from errors import raise_background_failure
+    from neomesh.errors import raise_background_failure
     from models import registry
     from models.generate import complete
     from parallel import distributed
@@ -365,6 +365,6 @@ def imported_params(cfg, hf_dir: str):
 
 
 if __name__ == "__main__":
-    from errors import exit_process
+    from neomesh.errors import exit_process
 
     exit_process(main())

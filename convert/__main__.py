@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from convert.hf import export_hf, import_hf
-    from errors import run_main
+    from neomesh.errors import run_main
 
     def run():
         if args.command == "import":
@@ -44,6 +44,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from errors import exit_process
+    from neomesh.errors import exit_process
 
     exit_process(main())

@@ -104,7 +104,7 @@ class Checkpoints:
     def save_failures(self):
         """Turns a failed save (disk full, an unwritable directory; async saves report it at the next save or at
         close) into one line naming the checkpoint directory."""
-        from errors import disk_full, one_line
+        from neomesh.errors import disk_full, one_line
 
         try:
             yield
@@ -256,7 +256,7 @@ class Checkpoints:
 
 
 def _reason(e: BaseException) -> str:
-    from errors import innermost_line
+    from neomesh.errors import innermost_line
 
     return innermost_line(e)
 

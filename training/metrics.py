@@ -121,7 +121,7 @@ class MetricsWriter:
         """``row`` has ``step`` and ``kind`` ("train" or "eval") and numbers (None where unknown)."""
         if not self.enabled:
             return
-        from errors import raise_background_failure
+        from neomesh.errors import raise_background_failure
 
         raise_background_failure()  # e.g. TensorBoard's writer thread hit a full disk
         row = {key: strict(value) for key, value in row.items()}

@@ -1,10 +1,11 @@
 """One line for an expected failure, a traceback for a bug.
 
-Every command-line entry point runs through ``run_main``. Bad input and failures of the world outside (a missing
-or unreadable file, a full disk, a damaged checkpoint) print ``error: ...`` naming the file and exit 2; anything
-else is a bug and keeps its traceback. While a command runs, failures in background threads (orbax's async
-checkpoint writer, TensorBoard's event writer) are collected instead of printed as tracebacks, and
-``raise_background_failure`` turns the first into the same one line in the main thread.
+Every command-line entry point runs through ``run_main`` (and its ``__main__`` ends with ``exit_process``). Bad
+input and failures of the world outside (a missing or unreadable file, a full disk, a damaged checkpoint) print
+``error: ...`` naming the file and exit 2; anything else is a bug and keeps its traceback. While a command runs,
+failures in background threads (orbax's async checkpoint writer, TensorBoard's event writer) are collected instead
+of printed as tracebacks, and ``raise_background_failure`` turns the first into the same one line in the main
+thread.
 """
 
 from __future__ import annotations

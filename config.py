@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import types
 import typing
@@ -157,7 +158,12 @@ class Config:
         None, "without a progress bar (output not a terminal, or --no-progress): a log line every N steps; "
         "default: a tenth of train_steps, at most 50", minimum=1)
     steps_per_checkpoint: int = _key(5000, "checkpoint every N steps (and always at the end)", minimum=1)
-    keep_checkpoints: int = _key(3, "how many recent checkpoints to keep", minimum=1)
+    keep_checkpoints: int = _key(3, "how many recent checkpoints to keep (the one a run resumed from, verified, "
+                                    "is kept too)", minimum=1)
+    max_bad_steps: int = _key(5, "a step whose gradient is non-finite (or spikes, see grad_spike_factor) is "
+                                 "skipped; this many in a row stop the run with an error", minimum=1)
+    grad_spike_factor: float = _key(0.0, "also skip a step whose gradient norm is above this many times its "
+                                         "running mean (0: off)", minimum=0.0)
     precision: str = _key("float32", "'bfloat16': bf16 compute, fp32 master weights and loss",
                           choices=("float32", "bfloat16"))
     recompute_grad: bool = _key(False, "rematerialise each block in the backward pass")
@@ -341,6 +347,8 @@ def validated(cfg: Config) -> Config:
             raise ConfigError(f"{f.name}: expected {_type_name(f.type)}, got {json.dumps(value)}")
         if value is None:
             continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{f.name}: {value} is not a finite number")
         meta = f.metadata
         if meta["choices"] and value not in meta["choices"]:
             raise ConfigError(f"{f.name}: {json.dumps(value)} is not one of {_choices_hint(value, meta['choices'])}")
@@ -620,6 +628,8 @@ def resolve_config_path(path: str) -> str:
 
     if os.path.isfile(path):
         return path
+    if os.path.isdir(path):
+        raise ConfigError(f"{path}: is a directory, not a JSON config file")
     shipped = configs_dir()
     candidates = [os.path.join(os.path.dirname(shipped), path)] if not os.path.isabs(path) else []
     if os.path.dirname(path) == "":
@@ -636,15 +646,22 @@ def resolve_config_path(path: str) -> str:
     hint = f"; did you mean {os.path.join(folder, close[0] + '.json') if folder else close[0]}?" if close else ""
     raise ConfigError(f"{path}: config file not found{hint} (shipped configs: {', '.join(known)})")
 
+
 def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
     """Reads a JSON config file (see ``resolve_config_path``), applies ``--set`` overrides, validates;
     ``model_path`` defaults to runs/NAME."""
     path = resolve_config_path(path)
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             raw = json.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a JSON config file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a JSON text file (byte {e.start} is not UTF-8)") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     if not isinstance(raw, dict):

@@ -68,15 +68,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from config import ConfigError
+    from neomesh.errors import run_main
 
-    try:
+    def run():
         check_options(args)  # before jax starts: a mistake costs well under a second
         predict(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    try:
+        return run_main(run)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def check_options(args) -> None:
@@ -178,10 +180,12 @@ def read_prompts(args) -> list[str]:
     texts = []
     for path in files:
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 texts.append(f.read())
         except OSError as e:
             raise ConfigError(f"{path}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
     if args.prompt_from_file:
         empty = [path for path, text in zip(files, texts) if not text.strip()]
         if empty:
@@ -265,4 +269,6 @@ def predict(args) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from neomesh.errors import exit_process
+
+    exit_process(main())

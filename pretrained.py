@@ -31,18 +31,18 @@ def default_layout():
 
 def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> tuple[Config, object, dict]:
     """(config, graphdef, parameters) of the latest checkpoint in ``model_path``, on ``layout`` (default: one
-    device). The checkpoint may have been written on any mesh."""
+    device). The checkpoint may have been written on any mesh. A damaged checkpoint (its checksums differ) or one
+    holding NaN or infinity is a one-line error."""
     from models import registry
     from parallel.state import sharded_abstract_params
     from training.checkpoint import Checkpoints
 
-    checkpoints = Checkpoints(model_path, keep=1, read_only=True)
-    try:
-        cfg, _ = from_dict(checkpoints.config(), source=f"{model_path} checkpoint config", overrides=overrides)
+    with Checkpoints(model_path, keep=1, read_only=True) as checkpoints:
+        step = checkpoints.latest_step()
+        cfg, _ = from_dict(checkpoints.located_config(step), source=f"{model_path} checkpoint config",
+                           overrides=overrides)
         graphdef, abstract = sharded_abstract_params(lambda rngs: registry.build(cfg, rngs), layout or default_layout())
-        params = checkpoints.restore_params(abstract)
-    finally:
-        checkpoints.close()
+        params = checkpoints.restore_params_verified(abstract, step)  # damaged or non-finite: refused
     return cfg, graphdef, params
 
 

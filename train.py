@@ -69,12 +69,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from config import ConfigError, describe_keys, load_config, model_config_path
+    from config import describe_keys, load_config, model_config_path
+    from neomesh.errors import EXIT_ERROR, run_main
+    from training.stop_signals import StopNow
 
     if args.help_config:
         print(describe_keys())
         return 0
-    try:
+    if args.stop_at_step is not None and args.stop_at_step < 1:
+        print(f"error: --stop-at-step: {args.stop_at_step} is not a step (steps count from 1)", file=sys.stderr)
+        return EXIT_ERROR
+
+    def run():
         # Everything that needs no jax is checked first, so a mistake costs well under a second.
         config = args.config or (model_config_path(args.model) if args.model else "quickstart")
         cfg, notes = load_config(config, tuple(args.set))
@@ -88,14 +94,16 @@ def main(argv=None) -> int:
             args.init_from = resolve_model(args.init_from, "--init-from")
         if args.dry_run:
             return dry_run(args, cfg, notes)
-        train(args, cfg, notes)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; the last checkpoint is intact", file=sys.stderr)
+        return train(args, cfg, notes)
+
+    try:
+        return run_main(run)
+    except KeyboardInterrupt:  # before the handlers are installed
+        print("interrupted before the first step; nothing to save", file=sys.stderr)
         return 130
-    return 0
+    except StopNow as e:
+        print(e, file=sys.stderr)
+        return e.exit_code
 
 
 def dry_run(args, cfg, notes: list[str]) -> int:
@@ -108,13 +116,60 @@ def dry_run(args, cfg, notes: list[str]) -> int:
     return 0
 
 
-def train(args, cfg, notes: list[str]) -> None:
+def train(args, cfg, notes: list[str]) -> int:
+    """Trains (or with --eval evaluates) as the arguments say, under the run lock and the signal handlers;
+    returns the exit code."""
+    import shutil
+
+    import jax
+
+    from parallel import distributed
+    from training.run_lock import lock_run, move_run_aside
+    from training.stop_signals import StopSignals
+
+    if args.check_dataset:
+        from data.check import check_dataset
+        return check_dataset(cfg)
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
+    signals = StopSignals(multi_process=jax.process_count() > 1)
+    signals.install()
+    try:
+        lead = jax.process_index() == 0
+        if args.new:
+            aside = move_run_aside(cfg.model_path, lead)
+            if aside and lead:
+                print(f"--new: moved the previous run to {aside}")
+        created = not os.path.exists(cfg.model_path)
+        lock = lock_run(cfg.model_path, lead, print if lead else (lambda *a: None))
+        run = {"trained": False}
+        try:
+            return run_training(args, cfg, notes, signals, run)
+        except BaseException:
+            # A run that failed before doing anything (a bad --resume or --init-from, say) leaves no directory.
+            if created and lead and not run["trained"] and not _has_checkpoint(cfg.model_path):
+                lock.release()
+                shutil.rmtree(cfg.model_path, ignore_errors=True)
+            raise
+        finally:
+            lock.release()
+    finally:
+        signals.uninstall()
+
+
+def _has_checkpoint(model_path: str) -> bool:
+    directory = os.path.join(model_path, "checkpoints")
+    return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def run_training(args, cfg, notes, signals, run) -> int:
+    """The run itself: restore (or create) the state, train, checkpoint, evaluate, sample."""
     import jax
     from tqdm import tqdm
 
     from config import ConfigError
     from data.shards import reading_note
     from data.source import NoEvalSet, make_source
+    from neomesh.errors import raise_background_failure
     from models import registry
     from models.generate import complete
     from parallel import distributed
@@ -122,22 +177,17 @@ def train(args, cfg, notes: list[str]) -> None:
     from parallel.state import abstract_train_state, create_train_state
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
-    from training.checkpoint import Checkpoints
+    from training.checkpoint import Checkpoints, check_same_model
     from training.flops import peak_flops_per_second, train_flops_per_token
     from training.metrics import MetricsWriter
     from training.objectives import objective_for, report
-    from training.optimizer import learning_rate_schedule, make_optimizer
+    from training.optimizer import bad_step_counts, learning_rate_schedule, make_optimizer
     from training.progress import Progress, wants_bar
 
-    if args.check_dataset:
-        from data.check import check_dataset
-        return check_dataset(cfg)
-    distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
     lead = jax.process_index() == 0
     say = tqdm.write if lead else (lambda *a, **k: None)
     for note in notes:
         say(f"note: {note}")
-
     tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
     make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
     layout, auto_note = resolve(cfg, make_model, tx)
@@ -151,7 +201,7 @@ def train(args, cfg, notes: list[str]) -> None:
     train_sharding = batch_shardings(layout, objective, train_shapes, "train_batch_size")
     eval_sharding = batch_shardings(layout, objective, eval_shapes, "eval_batch_size")
     train_data = None if args.eval else make_source(cfg, "train")  # --eval reads eval-only datasets too
-    note = train_data and reading_note(train_data, jax.process_count())
+    note = reading_note(train_data, jax.process_count()) if train_data is not None else None
     if note:
         say(note)
     try:
@@ -169,101 +219,167 @@ def train(args, cfg, notes: list[str]) -> None:
 
         return distributed.global_batch(rows_of, sharding, shapes)
 
-    if args.new and lead and os.path.exists(cfg.model_path):
-        aside = f"{cfg.model_path.rstrip('/')}-{time.strftime('%Y%m%d-%H%M%S')}"
-        os.rename(cfg.model_path, aside)
-        say(f"--new: moved the previous run to {aside}")
-    if args.new and jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices("new run directory")
-    # the run keeps its tokenizer: predict.py and export use it
-    if lead and train_data is not None and hasattr(train_data.tokenizer, "save"):
-        os.makedirs(os.path.join(cfg.model_path, "tokenizer"), exist_ok=True)
-        train_data.tokenizer.save(os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
-    checkpoints = Checkpoints(cfg.model_path, cfg.keep_checkpoints)
-    latest = checkpoints.latest_step()
-    if latest is not None:
+    params = imported_params(cfg, args.init_from) if args.init_from else None  # read before writing anything
+    with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
         graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
-        state = checkpoints.restore(abstract, latest)
-        say(f"resumed from {checkpoints.directory} at step {latest}")
-        position = None if args.eval else restore_input_position(train_data, checkpoints, latest, train_sharding,
-                                                                  train_shapes)
-        if position:
-            say(position)
-    elif args.resume or args.eval:
-        raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
-                          f"{checkpoints.directory}")
-    else:
-        params = imported_params(cfg, args.init_from) if args.init_from else None
-        graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params)
-        if args.init_from:
-            from parallel.state import match_params
+        state, latest = checkpoints.restore_newest_good(
+            abstract, lambda saved, step: check_same_model(saved, cfg, state_shapes, f"the checkpoint at step "
+                                                           f"{step} in {checkpoints.directory}"), say)
+        if latest is not None:
+            say(f"resumed from {checkpoints.directory} at step {latest}")
+            position = None if args.eval else restore_input_position(train_data, checkpoints, latest,
+                                                                      train_sharding, train_shapes)
+            if position:
+                say(position)
+        elif args.resume or args.eval:
+            raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
+                              f"{checkpoints.directory}")
+        else:
+            graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params)
+            if args.init_from:
+                from parallel.state import match_params
 
-            _, missing, unused = match_params(params, state.params)
-            say(f"initialised from {args.init_from}" + (f"; fresh (not in it): {', '.join(missing)}" if missing else "")
-                + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
-    n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
-    say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
+                _, missing, unused = match_params(params, state.params)
+                say(f"initialised from {args.init_from}" + (f"; fresh (not in it): {', '.join(missing)}" if missing
+                                                            else "")
+                    + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
+        if lead and train_data is not None and hasattr(train_data.tokenizer, "save"):  # kept for predict.py, export
+            save_tokenizer(train_data.tokenizer, os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
+        n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
+        say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
+        start = int(state.step)
+        if args.stop_at_step is not None and args.stop_at_step <= start:
+            raise ConfigError(f"--stop-at-step: {args.stop_at_step} is not after the run's step {start}")
+        if start >= cfg.train_steps and not args.eval:
+            say(f"the run in {cfg.model_path} is finished: step {start} of train_steps {cfg.train_steps}; nothing "
+                "to do (raise train_steps to train on, --eval to evaluate, predict.py to sample, or --new)")
+            return 0
 
-    eval_step = make_eval_step(graphdef, objective, layout, shardings.params, eval_sharding,
-                               precision=cfg.precision)
+        eval_step = make_eval_step(graphdef, objective, layout, shardings.params, eval_sharding,
+                                   precision=cfg.precision)
 
-    def evaluate(params) -> dict:
-        sums = [eval_step(params, global_batch(eval_data, i, eval_shapes, eval_sharding))
-                for i in range(cfg.eval_steps)]
-        # bits per byte compare next-token losses across tokenizers; masked or per-example losses have none
-        bytes_per_token = eval_data.bytes_per_token if objective.name == "causal_lm" else None
-        return report(objective, mean_of(sums), bytes_per_token)
+        def evaluate(params) -> dict:
+            sums = [eval_step(params, global_batch(eval_data, i, eval_shapes, eval_sharding))
+                    for i in range(cfg.eval_steps)]
+            # bits per byte compare next-token losses across tokenizers; masked or per-example losses have none
+            bytes_per_token = eval_data.bytes_per_token if objective.name == "causal_lm" else None
+            return report(objective, mean_of(sums), bytes_per_token)
 
-    start = int(state.step)
-    metrics = MetricsWriter(cfg.model_path, start)
-    if args.eval:
-        result = evaluate(state.params) if eval_data else {}
-        say(f"eval at step {start}: " + "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
-        metrics.write({"step": start, "kind": "eval", **result})
-        metrics.close()
-        checkpoints.close()
-        return
+        metrics = MetricsWriter(cfg.model_path, start, say)
+        try:
+            if args.eval:
+                result = evaluate(state.params) if eval_data else {}
+                line = f"eval at step {start}: " + "  ".join(f"{k} {v:.4f}" for k, v in result.items())
+                if metrics.has_eval(start):
+                    say(f"{line} (metrics.jsonl already has the eval of step {start}; not appended)")
+                else:
+                    say(line)
+                    metrics.write({"step": start, "kind": "eval", **result})
+                return 0
 
-    microbatches = microbatch_count(cfg, layout)
-    train_step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, train_sharding,
-                                 precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
-    tokens_per_step = cfg.train_batch_size * cfg.n_ctx
-    peak = peak_flops_per_second()
-    flops_per_token = train_flops_per_token(cfg)
-    stop = min(cfg.train_steps, args.stop_at_step or cfg.train_steps)
-    progress = Progress(start, stop, cfg.train_steps, tokens_per_step, cfg.log_interval,
-                        bar=wants_bar(args.no_progress, lead), say=say)
-    last_eval = last_eval_step = saved = None
-    tick = time.perf_counter()
-    for step in range(start, stop):
-        state, out = train_step(state, global_batch(train_data, step, train_shapes, train_sharding))
-        out = {k: float(v) for k, v in jax.device_get(out).items()}
-        now = time.perf_counter()
-        tokens_per_sec = tokens_per_step / (now - tick)
-        mfu = tokens_per_sec * flops_per_token / peak if peak else None
-        metrics.write({"step": step + 1, "kind": "train", **out, "tokens_per_sec": tokens_per_sec, "mfu": mfu})
-        progress.update(step + 1, out, now - tick)
-        done = step + 1 == stop
-        finished = step + 1 == cfg.train_steps
-        if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or finished):
-            last_eval, last_eval_step = evaluate(state.params), step + 1
-            metrics.write({"step": step + 1, "kind": "eval", **last_eval})
-            say(f"step {step + 1}: eval " + "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
-        if (step + 1) % cfg.steps_per_checkpoint == 0 or done:
-            checkpoints.save(step + 1, state, cfg.to_dict(), data=train_data.state(cfg.train_batch_size))
-            saved = os.path.join(cfg.model_path, "checkpoints", str(step + 1))
-        tick = time.perf_counter()  # eval and checkpoint time are not training time
-    progress.close()
-    checkpoints.close()
-    metrics.close()
+            microbatches = microbatch_count(cfg, layout)
+            train_step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, train_sharding,
+                                         precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
+            tokens_per_step = cfg.train_batch_size * cfg.n_ctx
+            peak = peak_flops_per_second()
+            flops_per_token = train_flops_per_token(cfg)
+            stop = min(cfg.train_steps, args.stop_at_step or cfg.train_steps)
+            progress = Progress(start, stop, cfg.train_steps, tokens_per_step, cfg.log_interval,
+                                bar=wants_bar(args.no_progress, lead), say=say)
+            last_eval = last_eval_step = None
+            saved_step = latest
+            steps_done = 0
+            stopping = False
+            tick = time.perf_counter()
+            signals.arm()
+            for step in range(start, stop):
+                state, out = train_step(state, global_batch(train_data, step, train_shapes, train_sharding))
+                out, (bad_in_row, bad_total) = jax.device_get((out, bad_step_counts(state.opt_state)))
+                out = {k: float(v) for k, v in out.items()}
+                run["trained"] = True
+                steps_done += 1
+                now = time.perf_counter()
+                tokens_per_sec = tokens_per_step / (now - tick)
+                mfu = tokens_per_sec * flops_per_token / peak if peak else None
+                metrics.write({"step": step + 1, "kind": "train", **out, "tokens_per_sec": tokens_per_sec,
+                               "mfu": mfu, "skipped_steps": int(bad_total)})
+                if bad_in_row:
+                    check_bad_step(step + 1, out, int(bad_in_row), cfg, saved_step, say)
+                progress.update(step + 1, out, now - tick)
+                raise_background_failure()
+                stopping = signals.should_stop(step + 1, checkpoints.manager.reached_preemption)
+                done = step + 1 == stop
+                if (step + 1) % cfg.steps_per_checkpoint == 0 or done or stopping:
+                    checkpoints.save(step + 1, state, cfg.to_dict(),
+                                     data=train_data.state(cfg.train_batch_size))
+                    saved_step = step + 1
+                finished = step + 1 == cfg.train_steps
+                if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or finished):
+                    last_eval, last_eval_step = evaluate(state.params), step + 1
+                    metrics.write({"step": step + 1, "kind": "eval", **last_eval})
+                    say(f"step {step + 1}: eval " + "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
+                if stopping:
+                    break
+                tick = time.perf_counter()  # eval and checkpoint time are not training time
+            progress.close()
+        finally:
+            metrics.close()
+            signals.disarm()
+    # Leaving the with-block waited for every pending save.
+    if stopping:
+        say(f"stopped by {signals.cause}: saved the checkpoint of step {saved_step} in {checkpoints.directory}")
+        return signals.exit_code
     if cfg.sample_tokens and cfg.task == "causal_lm":  # every process takes part: the parameters are spread
         with layout.active():
             text = complete(graphdef, state.params, train_data.tokenizer, cfg.sample_prompt, cfg.sample_tokens,
                             cfg.n_ctx, seed=cfg.seed)
         say(f"sample:\n{cfg.sample_prompt}{text}")
-    for line in progress.summary(stop - start, last_eval, last_eval_step, saved, cfg.model_path):
+    checkpoint = os.path.join(cfg.model_path, "checkpoints", str(saved_step)) if saved_step is not None else None
+    for line in progress.summary(steps_done, last_eval, last_eval_step, checkpoint, cfg.model_path):
         say(line)
+    return 0
+
+
+def check_bad_step(step: int, out: dict, in_row: int, cfg, saved_step, say) -> None:
+    """Reports a skipped step; stops the run (one line, no checkpoint) after ``max_bad_steps`` in a row."""
+    from config import ConfigError
+
+    finite = math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"])
+    why = ("non-finite loss or gradient" if not finite else
+           f"gradient norm {out['grad_norm']:.3g} above {cfg.grad_spike_factor:g} x its running mean")
+    if in_row >= cfg.max_bad_steps:
+        last = f"step {saved_step}" if saved_step is not None else "none"
+        raise ConfigError(f"step {step}: {in_row} steps in a row skipped ({why}, max_bad_steps={cfg.max_bad_steps}); "
+                          f"stopped without saving (the last checkpoint, {last}, is intact); lower lr or check "
+                          "the data")
+    say(f"step {step}: {why}; update skipped ({in_row} in a row, stopping at {cfg.max_bad_steps})")
+
+
+def save_tokenizer(tokenizer, path: str) -> None:
+    """Writes the run's tokenizer whole or not at all (a full disk must not leave half a tokenizer.json)."""
+    from config import ConfigError
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    try:
+        tokenizer.save(tmp)
+        os.replace(tmp, path)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for I/O errors
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ConfigError(f"{path}: could not write the tokenizer ({str(e).splitlines()[0][:160]})") from None
+
+
+def state_shapes(cfg):
+    """The abstract train state (parameters and optimizer state) of ``cfg``: what a checkpoint must match."""
+    import jax
+
+    from models import registry
+    from parallel.state import abstract_model
+    from training.optimizer import make_optimizer
+
+    _, params, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
+    return {"params": params, "opt_state": jax.eval_shape(make_optimizer(cfg).init, params)}
 
 
 def restore_input_position(source, checkpoints, step: int, shardings: dict, shapes: dict) -> str | None:
@@ -293,4 +409,6 @@ def imported_params(cfg, hf_dir: str):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from neomesh.errors import exit_process
+
+    exit_process(main())

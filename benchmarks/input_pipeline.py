@@ -138,4 +138,6 @@ def main(argv=None) -> None:
         print(f"pipeline / train step: {min(rates) / consumed:,.0f}x (slowest mode)")
 
 if __name__ == "__main__":
-    main()
+    from neomesh.errors import exit_process, run_main
+
+    exit_process(run_main(main))

@@ -123,4 +123,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from neomesh.errors import exit_process, run_main
+
+    exit_process(run_main(main))

@@ -27,10 +27,10 @@ def main(argv=None) -> int:
     exp.add_argument("hf_dir", help="the directory to write (config.json, model.safetensors, tokenizer)")
     args = p.parse_args(argv)
 
-    from config import ConfigError
     from convert.hf import export_hf, import_hf
+    from neomesh.errors import run_main
 
-    try:
+    def run():
         if args.command == "import":
             cfg = import_hf(args.hf_dir, args.model_path)
             print(f"imported {cfg.model} ({cfg.n_layer} layers x {cfg.n_embd}) into {args.model_path}: generate "
@@ -39,11 +39,11 @@ def main(argv=None) -> int:
         else:
             cfg = export_hf(args.model_path, args.hf_dir)
             print(f"exported {args.model_path} ({cfg.model}) to {args.hf_dir}")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_main(run)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from neomesh.errors import exit_process
+
+    exit_process(main())

@@ -62,12 +62,14 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     hf_dir = resolve_model(hf_dir, "import")  # a directory, or a name from the local Hugging Face cache
     cfg, params = load_hf(hf_dir)
     cfg = cfg.replace(model_path=model_path)
+    existing = os.path.join(model_path, "checkpoints")
+    if os.path.isdir(existing) and os.listdir(existing):
+        raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")
     layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
     _, state, _ = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), layout,
                                      cfg.seed, params=params)
-    checkpoints = Checkpoints(model_path, cfg.keep_checkpoints)
-    checkpoints.save(0, state, cfg.to_dict())
-    checkpoints.close()
+    with Checkpoints(model_path, cfg.keep_checkpoints) as checkpoints:
+        checkpoints.save(0, state, cfg.to_dict())
     copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
     with open(os.path.join(model_path, "config.json"), "w") as f:
         json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)

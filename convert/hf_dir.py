@@ -22,26 +22,54 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "t
 def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """(config.json as a dict, {weight name: float32 array}) of a Hugging Face model directory."""
     config_path = os.path.join(path, "config.json")
-    if not os.path.exists(config_path):
+    if not os.path.isfile(config_path):
         raise ConfigError(f"{path}: not a Hugging Face model directory (no config.json)")
-    with open(config_path) as f:
-        hf_config = json.load(f)
+    hf_config = read_json(config_path)
+    if not isinstance(hf_config, dict):
+        raise ConfigError(f"{config_path}: expected a JSON object")
     shards = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if shards:
         from safetensors.numpy import load_file
 
-        tensors = {k: v for shard in shards for k, v in load_file(shard).items()}
+        tensors = {}
+        for shard in shards:
+            try:
+                tensors.update(load_file(shard))
+            except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for damaged files
+                raise ConfigError(f"{shard}: not a readable safetensors file ({str(e).splitlines()[0][:160]})") \
+                    from None
     elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
         try:
             import torch
         except ImportError:
             raise ConfigError(f"{path}/pytorch_model.bin needs torch to read; install it or save as safetensors") \
                 from None
-        state = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch raises many types for damaged files
+            raise ConfigError(f"{path}/pytorch_model.bin: not a readable PyTorch state dict "
+                              f"({str(e).splitlines()[0][:160]})") from None
         tensors = {k: v.float().numpy() for k, v in state.items()}
     else:
         raise ConfigError(f"{path}: no model.safetensors or pytorch_model.bin")
-    return hf_config, {k: np.asarray(v, np.float32) for k, v in tensors.items()}
+    tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
+    for name, value in tensors.items():  # such weights are refused, not loaded
+        if not np.isfinite(value).all():
+            raise ConfigError(f"{path}: weight {name} holds NaN or infinity; refusing it")
+    return hf_config, tensors
+
+
+def read_json(path: str):
+    """A JSON file's content; a one-line error naming the file if it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a JSON text file (byte {e.start} is not UTF-8)") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
 
 
 def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
@@ -49,13 +77,28 @@ def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
     """Writes config.json, model.safetensors and (if given) the tokenizer files for from_pretrained."""
     from safetensors.numpy import save_file
 
-    os.makedirs(out_dir, exist_ok=True)
-    if tokenizer_dir:
-        copy_tokenizer(tokenizer_dir, out_dir)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
     tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    config_path, weights_path = os.path.join(out_dir, "config.json"), os.path.join(out_dir, "model.safetensors")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if tokenizer_dir:
+            copy_tokenizer(tokenizer_dir, out_dir)
+        # Temporary names, renamed when whole: a failure (a full disk) leaves no half-written file behind.
+        with open(config_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(hf_config, f, indent=2)
+        save_file(tensors, weights_path + ".tmp", metadata={"format": "pt"})
+        os.replace(config_path + ".tmp", config_path)
+        os.replace(weights_path + ".tmp", weights_path)
+    except OSError as e:
+        raise ConfigError(f"{e.filename or out_dir}: {e.strerror}") from None
+    except Exception as e:  # noqa: BLE001 - safetensors reports write errors as its own type
+        if "os error" not in str(e):
+            raise
+        raise ConfigError(f"{weights_path}: {str(e).splitlines()[0][:160]}") from None
+    finally:
+        for tmp in (config_path + ".tmp", weights_path + ".tmp"):
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
 
 def load_tokenizer(path: str):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -245,3 +246,38 @@ def test_two_processes_read_disjoint_files_and_assemble_the_one_process_batches(
     assert np.array_equal(one, two)
     assert "input: continues at step 2" in out and "replayed 0" in out, out
     assert np.array_equal(np.load(single / "resumed.npy"), one[2:])
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_checkpoints_the_same_step_on_all(tmp_path):
+    """A preemption notice (SIGTERM) reaching one process of a 2-process run: both finish the step JAX's
+    preemption service agrees on, save that step together and exit 0."""
+    model_path = str(tmp_path / "run")
+    port = free_port()
+    commands = [train_command(model_path, "x:8", "batch:x", 100_000, "--coordinator", f"127.0.0.1:{port}",
+                              "--num-processes", "2", "--process-id", str(i)) for i in range(2)]
+    logs = [(open(tmp_path / f"out{i}.txt", "w+"), open(tmp_path / f"err{i}.txt", "w+")) for i in range(2)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=environment(4), stdout=out, stderr=err, text=True)
+             for cmd, (out, err) in zip(commands, logs)]
+    metrics = os.path.join(model_path, "metrics.jsonl")
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 4):  # 2 steps (+ their evals)
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.1)
+        procs[1].send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    texts = []
+    for out, err in logs:
+        out.seek(0)
+        err.seek(0)
+        texts.append((out.read(), err.read()))
+    assert codes == [0, 0], texts
+    train, _ = read_metrics(model_path)
+    last = max(train)
+    assert f"saved the checkpoint of step {last}" in texts[0][0], texts[0]
+    assert os.listdir(os.path.join(model_path, "checkpoints")) == [str(last)]

@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 from models import registry
@@ -43,7 +44,7 @@ def test_parameters_are_created_sharded():
     assert q.addressable_shards[0].data.shape == (64, 2, 16)
     fc = state.params["blocks"][0]["mlp"]["c_fc"]["kernel"]  # (D, F): embd over y
     assert fc.addressable_shards[0].data.shape == (32, 256)
-    mu = state.opt_state[1][0].mu["blocks"][0]["attn"]["q"]["kernel"]  # Adam moment follows its parameter
+    mu = optax.tree.get(state.opt_state, "mu")["blocks"][0]["attn"]["q"]["kernel"]  # Adam moment follows q
     assert mu.sharding.spec == q.sharding.spec
 
 

@@ -2,19 +2,46 @@
 
 Orbax writes each step into a temporary directory and renames it when complete, so a crash mid-save leaves the
 previous checkpoint intact. All processes call ``save``/``restore`` together (multi-host).
+
+Trust (training/integrity.py): a state holding NaN or infinity is never saved; every checkpoint carries checksums of
+its arrays, and ``restore_newest_good`` checks them (and finiteness) on restore, moves a damaged checkpoint aside
+with one line saying why, and falls back to the newest good one. Rotation (``keep_checkpoints``) never deletes
+the checkpoint a run was verified to resume from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
+import time
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from config import ConfigError
+from training import integrity
 from training.input_checkpoint import ITEM as INPUT_ITEM
 from training.input_checkpoint import InputStateHandler, InputStateRestore, InputStateSave
+
+INTEGRITY = "integrity"  # the checkpoint item holding the checksums (training/integrity.py)
+
+
+class DamagedCheckpoint(ConfigError):
+    """A checkpoint that cannot be read back as it was written."""
+
+
+@dataclasses.dataclass
+class _KeepVerified:
+    """An orbax preservation policy: keeps the checkpoint this run restored and verified, however old."""
+
+    step: int | None = None
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        del context
+        return [info.step == self.step for info in checkpoints]
 
 
 @contextlib.contextmanager
@@ -35,25 +62,39 @@ class Checkpoints:
         self.directory = os.path.abspath(os.path.join(model_path, "checkpoints"))
         if read_only and not os.path.isdir(self.directory):
             raise ConfigError(f"model_path: no checkpoint in {self.directory}")
+        self.verified = _KeepVerified()
         if read_only:
             options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0,
                                                    enable_async_checkpointing=False)
         else:
-            options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=True)
+            policies = ocp.checkpoint_managers
+            options = ocp.CheckpointManagerOptions(
+                create=True, enable_async_checkpointing=True,
+                preservation_policy=policies.AnyPreservationPolicy([policies.LatestN(keep), self.verified]))
         with _quiet_absl(read_only):  # orbax warns that a read-only manager is read-only
             self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                                 item_names=("state", "config", INPUT_ITEM),
+                                                 item_names=("state", "config", INTEGRITY, INPUT_ITEM),
                                                  item_handlers={INPUT_ITEM: InputStateHandler()})
+
+    def __enter__(self) -> "Checkpoints":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(raise_errors=exc[0] is None)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, step: int, state, config: dict, data: dict | None = None) -> None:
         """Starts an async save; returns once device arrays are copied off the devices. ``data`` is the input
-        position (a source's ``state()``), saved as its own item of the same step."""
-        items = dict(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config))
+        position (a source's ``state()``), saved as its own item of the same step. A state holding NaN or Inf is
+        refused (``ConfigError``); so is a save that fails for lack of disk space."""
+        record = self.integrity_record(step, state)
+        items = dict(state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config),
+                     **{INTEGRITY: ocp.args.JsonSave(record)})
         items.update(input_position_item(data))
-        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        with self.save_failures():
+            self.manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def restore_input(self, step: int):
         """The input position saved with ``step`` (``training.input_checkpoint.SavedInput``), or None where the
@@ -65,6 +106,29 @@ class Checkpoints:
             return self.manager.restore(step, args=ocp.args.Composite(**{INPUT_ITEM: InputStateRestore()}))[INPUT_ITEM]
         except (OSError, ValueError):  # an unreadable position costs a replay, never the run
             return None
+    def integrity_record(self, step: int, state) -> dict:
+        """The checksums to save with ``state``; a one-line error naming the first array that holds NaN/Inf."""
+        record, non_finite = integrity.record(state)
+        if non_finite:
+            last = self.latest_step()
+            raise ConfigError(f"step {step}: {non_finite[0]} holds NaN or infinity; not saved (the last checkpoint, "
+                              f"{'step ' + str(last) if last is not None else 'none'}, is intact)")
+        return record
+
+    @contextlib.contextmanager
+    def save_failures(self):
+        """Turns a failed save (disk full, an unwritable directory; async saves report it at the next save or at
+        close) into one line naming the checkpoint directory."""
+        from neomesh.errors import disk_full, one_line
+
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - re-raised unless it is an expected failure
+            message = "No space left on device" if disk_full(e) else one_line(e)
+            if message is None or isinstance(e, ConfigError):
+                raise
+            # An async save reports its failure at the next save or at close: name the directory, not a step.
+            raise ConfigError(f"{self.directory}: a checkpoint could not be saved: {message}") from None
 
     def restore(self, abstract_state, step: int | None = None):
         """The state at ``step`` (default: latest), placed with the shardings in ``abstract_state``."""
@@ -94,17 +158,172 @@ class Checkpoints:
                               f"model ({str(e).splitlines()[0][:200]})") from None
         return restored.state["params"]
 
+    def located_config(self, step: int | None = None) -> dict:
+        """``config(step)``, with a damaged checkpoint reported as a one-line error naming it."""
+        step = self.latest_step() if step is None else step
+        try:
+            return self.config(step)
+        except DamagedCheckpoint as e:
+            raise ConfigError(f"checkpoint {self.directory}/{step} is damaged: {e}") from None
+
+    def restore_params_verified(self, abstract_params, step: int):
+        """``restore_params`` checked against the checkpoint's checksums and for NaN/Inf: a one-line error naming
+        the checkpoint and the first bad array (generation and export refuse such weights)."""
+        try:
+            saved = self.saved_integrity(step)
+            params = self.restore_params(abstract_params, step)
+        except DamagedCheckpoint as e:
+            raise ConfigError(f"checkpoint {self.directory}/{step} is damaged: {e}") from None
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - orbax reports damaged data as plain exceptions
+            raise ConfigError(f"checkpoint {self.directory}/{step} is damaged: {_reason(e)}") from None
+        problem = integrity.problem(params, saved, prefix="params/")
+        if problem is not None:
+            raise ConfigError(f"checkpoint {self.directory}/{step} is damaged: {problem}; refusing its weights")
+        return params
+
     def config(self, step: int | None = None) -> dict:
         """The config the checkpoint was written with."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise ConfigError(f"model_path: no checkpoint in {self.directory}")
-        return dict(self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config)
+        try:
+            return dict(self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config)
+        except Exception as e:  # noqa: BLE001 - any failure to read it means the checkpoint is damaged
+            raise DamagedCheckpoint(f"its config is unreadable ({_reason(e)})") from None
 
-    def close(self) -> None:
-        """Waits for pending saves to finish."""
-        self.manager.wait_until_finished()
-        self.manager.close()
+    def close(self, raise_errors: bool = True) -> None:
+        """Waits for pending saves to finish and stops orbax's threads. A failed save raises (one line) unless
+        ``raise_errors`` is False (an error is already on its way out)."""
+        try:
+            with self.save_failures():
+                self.manager.wait_until_finished()
+        except Exception:  # noqa: BLE001
+            if raise_errors:
+                raise
+        finally:
+            self.manager.close()
+
+    # -----------------------------------------------------------------------------------------------------------
+    # Verified restore with fallback (training/integrity.py).
+
+    def saved_integrity(self, step: int) -> dict | None:
+        """The integrity record saved with ``step``; None for a checkpoint written without one."""
+        if not os.path.isdir(os.path.join(self.directory, str(step), INTEGRITY)):
+            return None
+        try:
+            return dict(self.manager.restore(step, args=ocp.args.Composite(
+                **{INTEGRITY: ocp.args.JsonRestore()}))[INTEGRITY])
+        except Exception as e:  # noqa: BLE001
+            raise DamagedCheckpoint(f"its checksums are unreadable ({_reason(e)})") from None
+
+    def restore_verified(self, abstract_state, step: int):
+        """The state at ``step``, checked against its checksums and for NaN/Inf; ``DamagedCheckpoint`` if not."""
+        saved = self.saved_integrity(step)
+        try:
+            state, failure = self.restore(abstract_state, step), None
+        except Exception as e:  # noqa: BLE001 - a structure mismatch is ruled out before (first_changed_key)
+            state, failure = None, _reason(e)
+        failure = _agreed(failure)
+        if failure is None:
+            failure = integrity.problem(state, saved)
+        if failure is not None:
+            raise DamagedCheckpoint(failure)
+        return state
+
+    def restore_newest_good(self, abstract_state, check_config, say):
+        """(state, step) of the newest checkpoint that restores intact, or (None, None) if there is none at all.
+
+        ``check_config(saved_config, step)`` raises a one-line error when the checkpoint's model differs from the
+        current one (that is no damage: nothing is moved). A damaged checkpoint is reported with ``say`` in one
+        line and moved to ``<model_path>/damaged_checkpoints/`` so the run can save that step again."""
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        if not steps:
+            return None, None
+        for step in steps:
+            try:
+                check_config(self.config(step), step)
+                state = self.restore_verified(abstract_state, step)
+            except DamagedCheckpoint as e:
+                moved = self.move_aside(step)
+                older = [s for s in steps if s < step]
+                say(f"warning: checkpoint {step} is damaged: {e}; moved it to {moved}"
+                    + (f"; trying step {older[0]}" if older else ""))
+                continue
+            self.verified.step = step
+            return state, step
+        raise ConfigError(f"model_path: no usable checkpoint in {self.directory} (every one is damaged; "
+                          "--new starts a fresh run)")
+
+    def move_aside(self, step: int) -> str:
+        """Moves checkpoint ``step`` out of the checkpoint directory (process 0; every process waits)."""
+        target = os.path.join(os.path.dirname(self.directory), "damaged_checkpoints",
+                              f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if jax.process_index() == 0:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.rename(os.path.join(self.directory, str(step)), target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices(f"moved checkpoint {step} aside")
+        self.manager.reload()
+        return target
+
+
+def _reason(e: BaseException) -> str:
+    from neomesh.errors import innermost_line
+
+    return innermost_line(e)
+
+
+def _agreed(failure: str | None) -> str | None:
+    """Multi-host: every process reads only its shards, so one may fail where another did not; all must then
+    treat the checkpoint as damaged (else they would part ways at the next collective)."""
+    if jax.process_count() == 1:
+        return failure
+    from jax.experimental import multihost_utils
+
+    failed = multihost_utils.process_allgather(np.int32(failure is not None))
+    if failure is None and np.any(failed):
+        return f"process {int(np.argmax(failed))} could not read its shards"
+    return failure
+
+
+def first_changed_key(saved: dict, cfg, state_shapes) -> str | None:
+    """The first config key (in ``Config`` field order) whose saved value gives the train state another shape
+    than the current config's, or None when the shapes agree. ``state_shapes(cfg)`` is the abstract state."""
+    from config import KNOWN_KEYS, from_dict
+
+    def signature(c) -> list:
+        return [(jax.tree_util.keystr(p), tuple(a.shape), str(a.dtype))
+                for p, a in jax.tree_util.tree_flatten_with_path(state_shapes(c))[0]]
+
+    differing = [k for k in KNOWN_KEYS if k in saved and saved[k] != getattr(cfg, k)]
+    if not differing:
+        return None
+    current = signature(cfg)
+    try:
+        if signature(from_dict({k: v for k, v in saved.items() if k in KNOWN_KEYS})[0]) == current:
+            return None
+    except ConfigError:
+        pass
+    for key in differing:
+        try:
+            if signature(cfg.replace(**{key: saved[key]})) != current:
+                return key
+        except ConfigError:
+            return key  # the saved value does not even fit with the current config's other keys
+    return differing[0] if differing else None
+
+
+def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
+    """A one-line error naming the first config key whose change gives the model another shape than the
+    checkpoint's (``where`` names the checkpoint)."""
+    key = first_changed_key(saved, cfg, state_shapes)
+    if key is not None:
+        raise ConfigError(f"{key}: {where} was trained with {key}={json.dumps(saved.get(key))}, the config has "
+                          f"{json.dumps(getattr(cfg, key))}; the model's shape differs (set it back, or --new "
+                          "for a fresh run)")
 
 
 def input_position_item(data: dict | None) -> dict:
@@ -112,4 +331,3 @@ def input_position_item(data: dict | None) -> dict:
     if data is None:
         return {}
     return {INPUT_ITEM: InputStateSave(meta=data["meta"], shards=data["shards"])}
-

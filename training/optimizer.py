@@ -1,8 +1,11 @@
-"""optax optimizers with GPT-Neo semantics, and the learning-rate schedule."""
+"""optax optimizers with GPT-Neo semantics, the learning-rate schedule, and the guard against bad steps."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
+import jax.numpy as jnp
 import optax
 
 from config import Config
@@ -53,7 +56,10 @@ def adafactor(cfg: Config) -> optax.GradientTransformation:
 
 
 def make_optimizer(cfg: Config) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW (``adam``/``adamw``) or GPT-Neo's Adafactor (``adafactor``)."""
+    """Global-norm clipping, then AdamW (``adam``/``adamw``) or GPT-Neo's Adafactor (``adafactor``), wrapped by
+    ``optax.apply_if_finite``: a step whose gradient is non-finite (or spikes, see ``spike_to_nan``) leaves the
+    parameters and the optimizer state as they were and is counted (``bad_step_counts``). The train loop stops
+    the run after ``max_bad_steps`` such steps in a row, before apply_if_finite would give up and apply one."""
     if cfg.opt_name in ("adam", "adamw"):
         decay = DEFAULT_WEIGHT_DECAY if cfg.weight_decay is None else cfg.weight_decay
         opt = optax.adamw(learning_rate_schedule(cfg), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.epsilon,
@@ -62,4 +68,42 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
         opt = adafactor(cfg)
     if cfg.gradient_clipping > 0:
         opt = optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping), opt)
-    return opt
+    # The guard is there for every config, so the optimizer state (and the checkpoint) has one structure
+    # whatever max_bad_steps and grad_spike_factor are: both may change on resume.
+    return optax.chain(spike_to_nan(cfg.grad_spike_factor), optax.apply_if_finite(opt, cfg.max_bad_steps))
+
+
+def bad_step_counts(opt_state) -> tuple[jax.Array, jax.Array]:
+    """(bad steps in a row, bad steps in all) from the state of ``make_optimizer``'s optimizer."""
+    return optax.tree.get(opt_state, "notfinite_count"), optax.tree.get(opt_state, "total_notfinite")
+
+
+class SpikeState(NamedTuple):
+    mean_norm: jax.Array  # running mean of the gradient norms of accepted steps
+    accepted: jax.Array  # how many steps went into it
+
+
+SPIKE_WARMUP = 10  # accepted steps before spikes are judged: the first gradients of a run are the largest
+SPIKE_DECAY = 0.95
+
+
+def spike_to_nan(factor: float) -> optax.GradientTransformation:
+    """Turns a gradient whose global norm is above ``factor`` times its running mean into NaNs, so that
+    ``apply_if_finite`` skips and counts it like a non-finite one; 0 turns the check off. optax has absolute
+    norm limits only; a spike is relative to the run."""
+
+    def init(params):
+        del params
+        return SpikeState(mean_norm=jnp.zeros([], jnp.float32), accepted=jnp.zeros([], jnp.int32))
+
+    def update(grads, state, params=None):
+        del params
+        norm = optax.tree.norm(grads).astype(jnp.float32)
+        spike = (factor > 0) & (state.accepted >= SPIKE_WARMUP) & (norm > factor * state.mean_norm)
+        accept = jnp.isfinite(norm) & ~spike
+        mean = jnp.where(state.accepted == 0, norm, SPIKE_DECAY * state.mean_norm + (1 - SPIKE_DECAY) * norm)
+        state = SpikeState(mean_norm=jnp.where(accept, mean, state.mean_norm),
+                           accepted=state.accepted + accept.astype(jnp.int32))
+        return jax.tree.map(lambda g: jnp.where(spike, jnp.nan, g), grads), state
+
+    return optax.GradientTransformation(init, update)

@@ -1,0 +1,176 @@
+"""Bad input to every command is exit code 2 and exactly one line on stderr that names the culprit.
+
+Each case runs the command's ``main(argv)`` in this process (no subprocess, no model built, no step trained):
+config mistakes fail before jax is needed, the others at the first check that sees them. Argument-parser usage
+errors are argparse's own and are not in the table.
+"""
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import predict
+import train
+from data import create_tfrecords, train_tokenizer
+from convert.__main__ import main as convert_main
+from training.run_lock import RunLock
+
+CLIS = {"train": train.main, "predict": predict.main, "convert": convert_main, "tokenizer": train_tokenizer.main,
+        "tfrecords": create_tfrecords.main}
+EMBEDDED = ["--set", 'datasets=[["embedded",null,null,null]]', "--set", "n_vocab=257", "--set", "sample_tokens=0"]
+NEO = {"model_type": "gpt_neo", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "max_position_embeddings": 16,
+       "vocab_size": 257, "attention_types": [[["global"], 1]]}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Bad files of every kind, named by what is wrong with them."""
+    d = tmp_path_factory.mktemp("bad")
+    (d / "binary.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    (d / "invalid.json").write_text('{"n_layer": 2,, }')
+    (d / "array.json").write_text("[1, 2]")
+    (d / "a_directory.json").mkdir()
+    (d / "nan_lr.json").write_text('{"lr": NaN}')
+    (d / "binary.txt").write_bytes(b"def \xff\xfe\n")
+    (d / "empty.txt").write_text("\n\n")
+    (d / "bad_line.jsonl").write_text('{"text": "ok"}\nnot json\n')
+    (d / "empty_run").mkdir()
+    for name, config, weights in [
+            ("hf_no_config", None, None), ("hf_bad_json", "{not json", None), ("hf_no_weights", NEO, None),
+            ("hf_garbage_weights", NEO, b"\x00garbage" * 10), ("hf_nan_weights", NEO, "nan"),
+            ("hf_t5", {**NEO, "model_type": "t5"}, "ok"), ("hf_binary_config", b"\xff\xd8\xff", None)]:
+        hf_dir = d / name
+        hf_dir.mkdir()
+        if isinstance(config, dict):
+            (hf_dir / "config.json").write_text(json.dumps(config))
+        elif isinstance(config, str):
+            (hf_dir / "config.json").write_text(config)
+        elif isinstance(config, bytes):
+            (hf_dir / "config.json").write_bytes(config)
+        if isinstance(weights, bytes):
+            (hf_dir / "model.safetensors").write_bytes(weights)
+        elif weights:
+            value = np.full((4, 4), np.nan if weights == "nan" else 0.5, np.float32)
+            save_file({"transformer.wte.weight": value}, str(hf_dir / "model.safetensors"))
+    (d / "locked_run").mkdir()
+    lock = RunLock(str(d / "locked_run"))
+    lock.acquire()
+    yield d
+    lock.release()
+
+
+def T(*args):
+    """train.py arguments; a temporary run directory unless the case names its own, and a one-step run on the
+    in-memory corpus, so that a case that wrongly passes costs seconds, not a quickstart."""
+    return ["--config", "configs/quickstart.json", "--no-progress", "--model-path", "{d}/run", "--set",
+            "train_steps=1", "--set", "eval_steps=0", *EMBEDDED, *args]
+
+
+CASES = [
+    # train.py: the config file itself.
+    ("train", ["--config", "{d}/missing.json"], "{d}/missing.json: config file not found"),
+    ("train", ["--config", "{d}/a_directory.json"], "{d}/a_directory.json: is a directory"),
+    ("train", ["--config", "{d}/binary.json"], "{d}/binary.json: not a JSON text file"),
+    ("train", ["--config", "{d}/invalid.json"], "{d}/invalid.json: invalid JSON at line 1"),
+    ("train", ["--config", "{d}/array.json"], "{d}/array.json: expected a JSON object"),
+    ("train", ["--config", "{d}/nan_lr.json"], "lr: nan is not a finite number"),
+    # train.py: keys.
+    ("train", T("--set", "n_embed=64"), "unknown key 'n_embed'; did you mean 'n_embd'"),
+    ("train", T("--set", "n_layer=two"), "n_layer: expected int"),
+    ("train", T("--set", "n_layer=0"), "n_layer: 0 is below the minimum 1"),
+    ("train", T("--set", "opt_name=sgd"), "opt_name: \"sgd\" is not one of"),
+    ("train", T("--set", "n_head=5"), "n_embd: 192 is not divisible by n_head 5"),
+    ("train", T("--set", "lr=-Infinity"), "lr: -inf is not a finite number"),
+    ("train", T("--set", "max_bad_steps=0"), "max_bad_steps: 0 is below the minimum 1"),
+    ("train", T("--set", "grad_spike_factor=-2"), "grad_spike_factor: -2 is below the minimum 0"),
+    ("train", T("--set", "attention_types=[[[\"global\"],3]]"), "attention_types: expands to 3 layers"),
+    ("train", T("--set", "res_dropout=1.5"), "res_dropout: 1.5 is above the maximum 1.0"),
+    ("train", T("--set", "keep_checkpoints=0"), "keep_checkpoints: 0 is below the minimum 1"),
+    ("train", T("--set", "model=gpt_neox"), "model: unknown family \"gpt_neox\""),
+    ("train", T("--set", "n_layer"), "--set n_layer: expected key=value"),
+    ("train", T("--stop-at-step", "-1"), "--stop-at-step: -1"),
+    ("train", T("--stop-at-step", "0"), "--stop-at-step: 0"),
+    ("train", T("--set", "mlm_training=true", "--set", "mlm_mask_token_id=3"), "causal: a masked_lm model"),
+    # train.py: mesh, layout, data, run directory (jax is imported by then; nothing is built).
+    ("train", T("--set", "mesh_shape=x:3"), "mesh_shape: 'x:3'"),
+    ("train", T("--set", "layout=batch:x+z"), "layout: 'batch:x+z' names mesh axis 'z'"),
+    ("train", T("--set", "train_batch_size=12"), "train_batch_size: 12 is not divisible"),
+    ("train", T("--set", 'datasets=[["nope",null,null,null]]'), "datasets: no dataset config"),
+    ("train", T("--model-path", "{d}/fresh_resume", "--resume"), "no checkpoint to resume"),
+    ("train", T("--model-path", "{d}/fresh_eval", "--eval"), "no checkpoint to evaluate"),
+    ("train", T("--model-path", "{d}/fresh_init", "--init-from", "{d}/hf_no_config"),
+     "{d}/hf_no_config: not a Hugging Face model directory"),
+    ("train", T("--model-path", "{d}/fresh_init2", "--init-from", "{d}/hf_bad_json"),
+     "{d}/hf_bad_json/config.json: invalid JSON"),
+    ("train", T("--model-path", "{d}/locked_run"), "{d}/locked_run/run.lock: another run is using"),
+    # predict.py
+    ("predict", ["--prompt", "x"], "give --config, --model, --model-path or --hf-model"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x", "--temperature", "-1"], "--temperature"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x", "--top-p", "0"], "--top-p"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x", "--num-beams", "0"], "--num-beams"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt-file", "{d}/missing.txt"], "{d}/missing.txt"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt-file", "{d}/binary.txt"],
+     "{d}/binary.txt: not UTF-8 text"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt-file", "{d}/empty.txt"], "{d}/empty.txt: no prompts"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x"], "no checkpoint in {d}/empty_run/checkpoints"),
+    ("predict", ["--config", "{d}/binary.json", "--prompt", "x"], "{d}/binary.json: not a JSON text file"),
+    ("predict", ["--hf-model", "{d}/hf_no_config", "--prompt", "x"], "{d}/hf_no_config: not a Hugging Face"),
+    ("predict", ["--hf-model", "{d}/hf_bad_json", "--prompt", "x"], "{d}/hf_bad_json/config.json: invalid JSON"),
+    ("predict", ["--hf-model", "{d}/hf_binary_config", "--prompt", "x"],
+     "{d}/hf_binary_config/config.json: not a JSON text file"),
+    ("predict", ["--hf-model", "{d}/hf_no_weights", "--prompt", "x"], "{d}/hf_no_weights: no model.safetensors"),
+    ("predict", ["--hf-model", "{d}/hf_garbage_weights", "--prompt", "x"],
+     "{d}/hf_garbage_weights/model.safetensors: not a readable safetensors file"),
+    ("predict", ["--hf-model", "{d}/hf_nan_weights", "--prompt", "x"],
+     "weight transformer.wte.weight holds NaN or infinity"),
+    ("predict", ["--hf-model", "{d}/hf_t5", "--prompt", "x"], "model_type 't5' is not supported"),
+    # python -m convert
+    ("convert", ["import", "{d}/hf_no_config", "{d}/imported"], "{d}/hf_no_config: not a Hugging Face"),
+    ("convert", ["import", "{d}/hf_bad_json", "{d}/imported"], "{d}/hf_bad_json/config.json: invalid JSON"),
+    ("convert", ["import", "{d}/hf_nan_weights", "{d}/imported"], "holds NaN or infinity"),
+    ("convert", ["export", "{d}/empty_run", "{d}/exported"], "no checkpoint in {d}/empty_run/checkpoints"),
+    ("convert", ["export", "{d}/missing_run", "{d}/exported"], "no checkpoint in {d}/missing_run/checkpoints"),
+    # the data tools
+    ("tokenizer", ["--input", "{d}/nothing_*.txt", "--output-dir", "{d}/tok", "--vocab-size", "300"],
+     "--input {d}/nothing_*.txt: matches no"),
+    ("tokenizer", ["--output-dir", "{d}/tok", "--vocab-size", "100"], "vocab_size: 100 is below 258"),
+    ("tfrecords", ["--input", "{d}/nothing_*.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer",
+                   "bytes"], "--input {d}/nothing_*.txt: matches no"),
+    ("tfrecords", ["--input", "{d}/empty.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer",
+                   "{d}/no_tokenizer"], "tokenizer_path: '{d}/no_tokenizer'"),
+    ("tfrecords", ["--input", "{d}/empty.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer", "bytes",
+                   "--chunk-size", "-1"], "--chunk-size: -1"),
+    ("tfrecords", ["--input", "{d}/bad_line.jsonl", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer",
+                   "{d}/binary.json"], "{d}/binary.json: not a tokenizers JSON file"),
+]
+
+
+def test_the_table_is_big_enough():
+    assert len(CASES) >= 40 and {cli for cli, _, _ in CASES} == set(CLIS)
+
+
+@pytest.mark.parametrize("cli,argv,culprit", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_is_one_line_naming_the_culprit(files, capsys, cli, argv, culprit):
+    d = str(files)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    code = CLIS[cli]([a.replace("{d}", d) for a in argv])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, f"exit code {code}, stderr:\n{err}"
+    assert len(lines) == 1 and lines[0].startswith("error: "), f"not one error line:\n{err}"
+    assert culprit.replace("{d}", d) in lines[0]
+
+
+def test_failed_resume_and_init_from_leave_no_run_directory(files, capsys):
+    d = str(files)
+    for name, extra in (("gone_resume", ["--resume"]), ("gone_init", ["--init-from", f"{d}/hf_bad_json"])):
+        assert train.main([a.replace("{d}", d) for a in T("--model-path", f"{d}/{name}", *extra)]) == 2
+        assert not os.path.exists(f"{d}/{name}"), f"{name} was left behind: {os.listdir(f'{d}/{name}')}"
+    assert os.path.exists(f"{d}/locked_run/run.lock")  # a refused run leaves another run's lock alone
+    capsys.readouterr()

@@ -1,0 +1,131 @@
+"""The pieces that keep runs trustworthy, each on its own (no training): checkpoint checksums, the bad-step guard,
+metrics.jsonl repair, the run lock, and naming the config key that changes a checkpoint's shape."""
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import train
+from config import ConfigError
+from parallel.mesh import make_mesh
+from tests.common import tiny_config
+from training import integrity
+from training.checkpoint import first_changed_key
+from training.metrics import MetricsWriter, read_rows
+from training.optimizer import bad_step_counts, make_optimizer
+from training.run_lock import RunLock
+
+
+def test_checksums_see_one_flipped_bit_and_ignore_the_sharding():
+    tree = {"w": jnp.arange(4096, dtype=jnp.float32).reshape(64, 64) / 7, "n": jnp.int32(3),
+            "flag": jnp.array(True), "h": jnp.ones((8, 4), jnp.bfloat16)}
+    sums, non_finite = integrity.summarize(tree)
+    assert non_finite == [] and set(sums) == {"w", "n", "flag", "h"}
+    mesh = make_mesh("x:4,y:2")
+    sharded = dict(tree, w=jax.device_put(tree["w"], jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec("x", "y"))))
+    assert integrity.summarize(sharded)[0] == sums  # integer sums: the same whatever the reduction order
+    words = np.asarray(tree["w"]).view(np.uint32).copy()
+    words[17, 5] ^= 1 << 9  # one bit of one element
+    flipped = dict(tree, w=jnp.asarray(words.view(np.float32)))
+    record, _ = integrity.record(tree)
+    assert integrity.problem(flipped, record) == "w differs from what was saved (checksum mismatch)"
+    swapped = np.asarray(tree["w"]).copy()
+    swapped[[0, 1]] = swapped[[1, 0]]  # the same words in another order: only the weighted sum sees it
+    assert integrity.problem(dict(tree, w=jnp.asarray(swapped)), record) is not None
+    assert integrity.problem(tree, record) is None
+
+
+def test_non_finite_leaves_are_named():
+    tree = {"a": jnp.ones(3), "b": {"c": jnp.array([1.0, jnp.inf])}}
+    assert integrity.summarize(tree)[1] == ["b/c"]
+    assert integrity.problem(tree, None, prefix="params/") == "params/b/c holds NaN or infinity"
+
+
+def test_bad_steps_leave_the_state_alone_and_are_counted():
+    cfg = tiny_config(max_bad_steps=3, warmup_steps=0, lr=0.1)
+    params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
+    tx = make_optimizer(cfg)
+    state = tx.init(params)
+    tx = tx._replace(update=jax.jit(tx.update))  # one compile instead of many eager dispatches
+    good = {"w": jnp.full((2, 2), 0.5), "b": jnp.ones(2)}
+    bad = {"w": jnp.full((2, 2), jnp.nan), "b": jnp.ones(2)}
+    updates, state = tx.update(good, state, params)
+    params = optax.apply_updates(params, updates)
+    before = jax.tree.map(np.asarray, (params, optax.tree.get(state, "mu")))
+    for expected in (1, 2):
+        updates, state = tx.update(bad, state, params)
+        params = optax.apply_updates(params, updates)
+        assert [int(c) for c in bad_step_counts(state)] == [expected, expected]
+    after = jax.tree.map(np.asarray, (params, optax.tree.get(state, "mu")))
+    jax.tree.map(np.testing.assert_array_equal, after, before)  # skipped: parameters and moments untouched
+    updates, state = tx.update(good, state, params)
+    assert [int(c) for c in bad_step_counts(state)] == [0, 2]  # a good step resets the run, not the total
+
+
+def test_a_gradient_spike_is_skipped_like_a_non_finite_one():
+    cfg = tiny_config(grad_spike_factor=4.0, warmup_steps=0)
+    params = {"w": jnp.ones(4)}
+    tx = make_optimizer(cfg)
+    state = tx.init(params)
+    tx = tx._replace(update=jax.jit(tx.update))
+    for _ in range(12):  # the running mean needs SPIKE_WARMUP accepted steps before it judges
+        _, state = tx.update({"w": jnp.full(4, 0.1)}, state, params)
+    assert int(bad_step_counts(state)[0]) == 0
+    updates, state = tx.update({"w": jnp.full(4, 0.3)}, state, params)  # 3x: within the factor
+    assert int(bad_step_counts(state)[0]) == 0
+    updates, state = tx.update({"w": jnp.full(4, 10.0)}, state, params)  # 100x: a spike
+    assert int(bad_step_counts(state)[0]) == 1
+    assert float(jnp.abs(updates["w"]).max()) == 0.0
+
+
+def test_metrics_drop_a_torn_line_and_rows_past_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "kind": "train", "loss": 1.0 / s} for s in (1, 2, 3, 4)] + [{"step": 2, "kind": "eval"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "kind": "tr')
+    notes = []
+    writer = MetricsWriter(str(tmp_path), start_step=2, say=notes.append)
+    assert len(notes) == 1 and "dropped its torn last line" in notes[0]
+    assert writer.has_eval(2) and not writer.has_eval(3)
+    writer.write({"step": 3, "kind": "train", "loss": math.nan, "grad_norm": math.inf})
+    writer.close()
+    text = path.read_text()
+    kept, bad = read_rows(str(path))
+    assert bad == [] and [(r["step"], r["kind"]) for r in kept] == [(1, "train"), (2, "train"), (2, "eval"),
+                                                                     (3, "train")]
+    assert kept[-1]["loss"] is None and kept[-1]["grad_norm"] is None
+    json.loads(text.splitlines()[-1], parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.jsonl"))
+
+
+def test_run_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
+    first = RunLock(str(tmp_path))
+    assert first.acquire() is None
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}/run.lock: another run is using this model_path "
+                                          rf"\(pid {os.getpid()} on "):
+        RunLock(str(tmp_path)).acquire()
+    first.file.close()  # the holder dies without cleaning up: the kernel drops its lock, the file stays
+    first.file = None
+    assert os.path.exists(tmp_path / "run.lock")
+    second = RunLock(str(tmp_path))
+    note = second.acquire()
+    assert note and "took over the lock of a run that is gone" in note and f"pid {os.getpid()}" in note
+    second.release()
+    assert not os.path.exists(tmp_path / "run.lock")
+
+
+def test_the_first_key_that_changes_the_state_shape_is_named():
+    cfg = tiny_config()
+    saved = {**cfg.to_dict(), "lr": 0.5, "n_embd": 32, "n_layer": 3,
+             "attention_types": [[["global", "local", "global"], 1]]}
+    # lr and n_layer differ too: lr changes no shape, n_layer comes after n_embd in the config's key order.
+    assert first_changed_key(saved, cfg, train.state_shapes) == "n_embd"
+    assert first_changed_key({**cfg.to_dict(), "lr": 0.5, "train_steps": 7}, cfg, train.state_shapes) is None
+    assert first_changed_key({**cfg.to_dict(), "opt_name": "adafactor"}, cfg, train.state_shapes) == "opt_name"
+    resharded = {**cfg.to_dict(), "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}  # restore reshards
+    assert first_changed_key(resharded, cfg, train.state_shapes) is None

@@ -1,0 +1,267 @@
+"""Nothing lost, nothing silent: train.py as a user runs it, under kill -9 (mid-save), SIGTERM, a second run on
+the same directory, a damaged checkpoint, a torn metrics line, a diverging learning rate and a full disk.
+
+End-to-end (marked ``e2e``): each case launches train.py on a one-layer, 32-wide model on one CPU device, for a
+few steps; they share a persistent compilation cache, and one reference run (``reference``) gives the exact
+losses every resumed run must reproduce bit for bit. Checks that need no new process run the commands' main() in
+this one against copies of the reference run.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+import pytest
+
+import predict
+import train
+from convert.__main__ import main as convert_main
+from pretrained import load_run
+from tests.common import ROOT
+from training.checkpoint import Checkpoints
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 6
+TINY = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_ctx": 16, "attention_types": [[["global"], 1]],
+        "train_batch_size": 8, "eval_batch_size": 8, "eval_steps": 0, "sample_tokens": 0, "n_vocab": 257,
+        "datasets": [["embedded", None, None, None]], "warmup_steps": 1, "lr_decay_end": 100,
+        "train_steps": STEPS, "steps_per_checkpoint": 2, "res_dropout": 0.1}
+TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """One CPU device (fast to compile) and a compilation cache shared by every launch of this module."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+               PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return env
+
+
+def arguments(model_path, **changes) -> list[str]:
+    args = ["--config", "configs/quickstart.json", "--model-path", str(model_path), "--no-progress"]
+    for key, value in {**TINY, **changes}.items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    return args
+
+
+def launch(env, model_path, *extra, prefix=(), **changes) -> subprocess.Popen:
+    return subprocess.Popen([*prefix, sys.executable, "train.py", *arguments(model_path, **changes), *extra],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run(env, model_path, *extra, prefix=(), **changes) -> tuple[int, str, str]:
+    proc = launch(env, model_path, *extra, prefix=prefix, **changes)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    return proc.returncode, out, err
+
+
+def rows(model_path, kind="train") -> list[dict]:
+    with open(os.path.join(model_path, "metrics.jsonl")) as f:
+        return [r for r in (json.loads(line, parse_constant=_no_bare_constants) for line in f) if r["kind"] == kind]
+
+
+def _no_bare_constants(name):
+    raise AssertionError(f"metrics.jsonl holds a bare {name}: not strict JSON")
+
+
+def trajectory(model_path) -> list[tuple]:
+    """What a resumed run must reproduce exactly: per step, loss, gradient norm and learning rate."""
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows(model_path)]
+
+
+def checkpoint_steps(model_path) -> list[int]:
+    return sorted(int(n) for n in os.listdir(os.path.join(model_path, "checkpoints")) if n.isdigit())
+
+
+def wait_for(condition, proc, what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"train.py ended (exit {proc.returncode}) before {what}:\n{out}\n{err[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def metrics_lines(model_path) -> int:
+    try:
+        with open(os.path.join(model_path, "metrics.jsonl")) as f:
+            return sum(1 for line in f if line.endswith("\n"))
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, env):
+    """An uninterrupted run of STEPS steps with checkpoints at 2, 4 and 6: the trajectory to reproduce."""
+    path = tmp_path_factory.mktemp("reference") / "run"
+    code, out, err = run(env, path)
+    assert code == 0, err[-3000:]
+    assert checkpoint_steps(path) == [2, 4, 6] and [r[0] for r in trajectory(path)] == list(range(1, STEPS + 1))
+    return path
+
+
+def copy_of(reference, tmp_path):
+    target = tmp_path / "run"
+    shutil.copytree(reference, target)
+    return target
+
+
+def test_kill_9_mid_save_then_resume_is_bit_identical(reference, tmp_path, env):
+    path = tmp_path / "run"
+    after = random.randrange(1, STEPS - 1)  # a random point: the first save in flight after this many steps
+    proc = launch(env, path, steps_per_checkpoint=1)
+    in_flight = lambda: glob.glob(str(path / "checkpoints" / "*.orbax-checkpoint-tmp*"))  # noqa: E731
+    wait_for(lambda: metrics_lines(path) >= after and in_flight(), proc, f"a save in flight after step {after}")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert in_flight(), "the kill was meant to land mid-save"
+    killed_at = metrics_lines(path)
+    code, out, err = run(env, path, steps_per_checkpoint=1)
+    assert code == 0, err[-3000:]
+    assert "took over the lock of a run that is gone" in out
+    assert trajectory(path) == trajectory(reference), f"killed after {killed_at} rows (threshold {after})"
+
+
+def test_damaged_checkpoint_falls_back_and_a_torn_metrics_line_is_dropped(reference, tmp_path, env, capsys):
+    path = copy_of(reference, tmp_path)
+    data = max(glob.glob(str(path / "checkpoints" / "6" / "state" / "**" / "d" / "*"), recursive=True),
+               key=os.path.getsize)
+    blob = bytearray(open(data, "rb").read())
+    rng = random.Random(0)
+    for _ in range(8):
+        blob[rng.randrange(len(blob))] = rng.randrange(256)
+    open(data, "wb").write(blob)
+    with open(path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "kind": "tra')  # a run killed mid-write
+
+    # Generation and export refuse the damaged checkpoint in one line.
+    assert predict.main(["--model-path", str(path), "--prompt", "def "]) == 2
+    assert convert_main(["export", str(path), str(tmp_path / "exported")]) == 2
+    errs = capsys.readouterr().err.strip().splitlines()
+    assert len(errs) == 2 and all(f"checkpoint {path}/checkpoints/6 is damaged" in e for e in errs), errs
+    assert not os.path.exists(tmp_path / "exported" / "model.safetensors")
+
+    # Training falls back to checkpoint 4 and redoes 5 and 6 exactly; keep_checkpoints=1 still keeps 4, the
+    # checkpoint it verified and resumed from.
+    code, out, err = run(env, path, steps_per_checkpoint=1, keep_checkpoints=1)
+    assert code == 0, err[-3000:]
+    damaged = [line for line in out.splitlines() if "is damaged" in line]
+    assert len(damaged) == 1 and damaged[0].startswith("warning: checkpoint 6 is damaged: "), out
+    assert f"resumed from {path}/checkpoints at step 4" in out
+    assert "dropped its torn last line" in out
+    assert "Traceback" not in err
+    assert trajectory(path) == trajectory(reference)
+    assert checkpoint_steps(path) == [4, 6]
+    assert len(glob.glob(str(path / "damaged_checkpoints" / "6-*"))) == 1
+
+
+def test_diverging_run_skips_bad_steps_then_stops_without_a_non_finite_checkpoint(tmp_path, env):
+    path = tmp_path / "run"
+    code, out, err = run(env, path, lr=1e6, max_bad_steps=2, train_steps=30, steps_per_checkpoint=1)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("error: step ") and "2 steps in a row skipped" in lines[0]
+    assert "update skipped (1 in a row" in out
+    train_rows = rows(path)
+    assert train_rows[-1]["skipped_steps"] >= 2 and train_rows[-1]["loss"] is None  # NaN written as null
+    steps = checkpoint_steps(path)
+    assert steps and steps[-1] < train_rows[-1]["step"]
+    with Checkpoints(str(path), keep=1, read_only=True) as checkpoints:
+        for step in steps:  # every checkpoint on disk restores finite and matches its checksums
+            state = checkpoints.restore_params_verified(_abstract_params(checkpoints, step), step)
+            assert all(bool(jnp.isfinite(p).all()) for p in jax.tree.leaves(state))
+
+
+def _abstract_params(checkpoints, step):
+    from config import from_dict
+    from models import registry
+    from parallel.state import sharded_abstract_params
+    from pretrained import default_layout
+
+    cfg, _ = from_dict(checkpoints.config(step))
+    return sharded_abstract_params(lambda rngs: registry.build(cfg, rngs), default_layout())[1]
+
+
+def test_sigterm_saves_the_current_step_and_a_second_run_is_refused(tmp_path, env, capsys):
+    path = tmp_path / "run"
+    proc = launch(env, path, train_steps=100_000, steps_per_checkpoint=1000)
+    wait_for(lambda: metrics_lines(path) >= 2, proc, "two steps")
+
+    # A second run on the same directory (here in this process) is one line.
+    assert train.main(arguments(path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}/run.lock: another run is using this model_path (pid {proc.pid}" in err[0]
+
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err[-3000:]
+    last = rows(path)[-1]["step"]
+    assert f"stopped by SIGTERM: saved the checkpoint of step {last} in {path}/checkpoints" in out
+    assert checkpoint_steps(path) == [last]
+    assert not os.path.exists(path / "run.lock")
+
+
+def test_a_full_disk_is_one_line(tmp_path, env):
+    path = tmp_path / "disk" / "run"
+    path.parent.mkdir()
+    tmpfs = ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"', str(path.parent)]
+    if shutil.which("unshare") and subprocess.run([*tmpfs, "true"], capture_output=True).returncode == 0:
+        code, out, err = run(env, path, prefix=tmpfs)  # a 64 KiB disk: the first checkpoint does not fit
+    else:
+        os.makedirs(path)
+        os.symlink("/dev/full", path / "metrics.jsonl")  # every write: ENOSPC
+        code, out, err = run(env, path)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err[-5000:]
+    assert lines[0].startswith("error: ") and lines[0].endswith("No space left on device"), lines[0]
+
+
+def test_resume_mistakes_and_finished_runs_say_so_in_one_line(reference, tmp_path, capsys):
+    path = copy_of(reference, tmp_path)
+    for changes, expected in [(dict(n_embd=64), "error: n_embd: the checkpoint at step 6"),
+                              (dict(opt_name="adafactor"), "error: opt_name: the checkpoint at step 6")]:
+        assert train.main(arguments(path, **changes)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(expected) and "orbax" not in err[0], err
+    assert train.main([*arguments(path, train_steps=8), "--stop-at-step", "5"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --stop-at-step: 5 is not after the run's step 6"
+
+    assert train.main(arguments(path, sample_tokens=8)) == 0  # finished: says so, samples nothing
+    out = capsys.readouterr().out
+    assert f"the run in {path} is finished: step 6 of train_steps 6" in out and "sample:" not in out
+
+    for _ in range(2):  # a second --eval of the same step does not append a second row
+        assert train.main([*arguments(path, eval_steps=1), "--eval"]) == 0
+    out = capsys.readouterr().out
+    assert "already has the eval of step 6; not appended" in out
+    assert [r["step"] for r in rows(path, "eval")] == [6]
+    assert [r["step"] for r in rows(path)] == list(range(1, STEPS + 1))
+
+
+def test_generation_and_export_refuse_non_finite_weights(reference, tmp_path, capsys):
+    path = copy_of(reference, tmp_path)
+    cfg, _, params = load_run(str(path))
+    nan_params = jax.tree.map(lambda p: p * jnp.nan, params)
+    with Checkpoints(str(path), keep=5) as checkpoints:  # written past the guard, as an older version could have
+        checkpoints.manager.save(8, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": nan_params}),
+                                                            config=ocp.args.JsonSave(cfg.to_dict())))
+    assert predict.main(["--model-path", str(path), "--prompt", "def "]) == 2
+    assert convert_main(["export", str(path), str(tmp_path / "exported")]) == 2
+    errs = capsys.readouterr().err.strip().splitlines()
+    assert len(errs) == 2 and all("holds NaN or infinity; refusing its weights" in e for e in errs), errs

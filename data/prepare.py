@@ -1,5 +1,6 @@
 """Data that prepares itself on first use: the quickstart's BPE tokenizer and TFRecords, built from the embedded
-corpus into a cache directory in seconds and reused afterwards.
+corpus into a cache directory in seconds and reused afterwards (and ``"prepare": "stdlib_docstrings"``, the
+labelled example of data/docstrings.py).
 
 A dataset config with ``"prepare": "embedded"`` names where its files go (``path``, ``eval_path``,
 ``tokenizer_path``) and the ``vocab_size`` to train. Preparation runs under a file lock (several processes of a
@@ -15,7 +16,7 @@ import shutil
 
 from config import ConfigError
 
-PREPARERS = ("embedded",)
+PREPARERS = ("embedded", "stdlib_docstrings")  # the second: data/docstrings.py
 
 
 def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
@@ -33,7 +34,11 @@ def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
             return
         build = target + f".tmp-{os.getpid()}"
         shutil.rmtree(build, ignore_errors=True)
-        prepare_embedded(build, dataset, where, n_ctx)
+        if kind == "embedded":
+            prepare_embedded(build, dataset, where, n_ctx)
+        else:
+            from data.docstrings import prepare_docstrings
+            prepare_docstrings(build, dataset, where, n_ctx)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(build, target)
 

@@ -9,6 +9,8 @@ uninterrupted run would have, and each process builds just its own rows of the g
 * ``TFDataSource``: TFRecords (GPT-Neo's format, ``path``/``eval_path`` globs) and TFDS through tf.data
   (``data/pipeline.py``): parallel reads, seeded shuffles, sampling modes, weighted mixing, prefetch.
 
+``task: sequence_classification`` reads labelled examples instead (jsonl or TFDS): ``data/labelled.py``.
+
 Relative paths in dataset configs are relative to the repository root.
 """
 
@@ -26,7 +28,8 @@ from data.tokenizer import Tokenizer, load_tokenizer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASET_CONFIG_DIR = os.path.join(ROOT, "configs", "dataset_configs")
 DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
-                "prepare", "vocab_size", "shuffle_buffer", "text_key", "train_split", "eval_split", "data_dir"}
+                "prepare", "vocab_size", "shuffle_buffer", "text_key", "train_split", "eval_split", "data_dir",
+                "text_pair_key", "label_key", "labels"}  # the last three: labelled data (data/labelled.py)
 SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
 
 
@@ -149,7 +152,7 @@ def _embedded_source(cfg: Config, dataset: dict, split: str) -> WindowSource:
                         tokenizer=tokenizer, bytes_per_token=n_bytes / len(ids), name=f"{where} ({split})")
 
 
-def _check_tokenizer(tokenizer: Tokenizer, dataset: dict, cfg: Config) -> None:
+def check_tokenizer(tokenizer: Tokenizer, dataset: dict, cfg: Config) -> None:
     where = dataset["where"]
     if tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the {tokenizer.vocab_size} tokens of "
@@ -158,7 +161,7 @@ def _check_tokenizer(tokenizer: Tokenizer, dataset: dict, cfg: Config) -> None:
         raise ConfigError(f"{where}: n_vocab {dataset['n_vocab']} does not match the {tokenizer.vocab_size} tokens "
                           f"of its tokenizer {dataset.get('tokenizer_path', 'bytes')}")
     if dataset.get("eos_id") is not None and dataset["eos_id"] != tokenizer.eos_id:
-        raise ConfigError(f"{where}: eos_id {dataset['eos_id']} is not the tokenizer's <|endoftext|> id "
+        raise ConfigError(f"{where}: eos_id {dataset['eos_id']} is not the tokenizer's end-of-text id "
                           f"{tokenizer.eos_id}")
 
 
@@ -193,6 +196,10 @@ def make_source(cfg: Config, split: str):
     """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
     from data.pipeline import check_mode
 
+    if cfg.task == "sequence_classification":
+        from data.labelled import labelled_source
+        return labelled_source(cfg, split)
+
     datasets = []
     for entry in cfg.datasets:
         name = entry[0]
@@ -215,7 +222,7 @@ def make_source(cfg: Config, split: str):
             ensure_prepared(d, d["where"], cfg.n_ctx)
     tokenizers = [load_tokenizer(d["tokenizer_path"]) for d in datasets]
     for tokenizer, dataset in zip(tokenizers, datasets):
-        _check_tokenizer(tokenizer, dataset, cfg)
+        check_tokenizer(tokenizer, dataset, cfg)
     if cfg.mlm_training:
         cfg = with_mask_token(cfg, tokenizers[0])
     sizes = {t.vocab_size for t in tokenizers}

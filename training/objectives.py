@@ -11,7 +11,8 @@ Batches (all int32 unless noted), by task:
     causal_lm                {"tokens": (B, T+1)}: inputs are tokens[:, :-1], targets tokens[:, 1:]
     masked_lm                {"inputs", "targets": (B, T), "mask": (B, T) float: 1 where the loss counts}
     sequence_classification  {"inputs": (B, T), "segment_ids": (B, T) (0 = padding), "labels": (B,)}, optional
-                             "token_types" (B, T)
+                             "token_types" (B, T) and "weights" (B,) float (0: a row that does not count, such
+                             as the filler of a last, partial evaluation batch; without it every row counts)
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ def _masked_lm(model, batch: dict, dropout_key) -> Output:
     return cross_entropy(logits, targets), {"accuracy": correct}
 
 
+def _example_weights(batch: dict) -> jax.Array:
+    if "weights" in batch:
+        return batch["weights"].astype(jnp.float32)
+    return jnp.ones(batch["labels"].shape, jnp.float32)
+
+
 def _sequence_classification(model, batch: dict, dropout_key) -> Output:
     kwargs = {"token_types": batch["token_types"]} if "token_types" in batch else {}
     logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)  # (B, C)
@@ -102,10 +109,10 @@ OBJECTIVES = {
         _masked_lm, lambda batch: batch["mask"].astype(jnp.float32), per_token=True),
     "sequence_classification": Objective(
         "sequence_classification", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "token_types": SEQUENCE,
-                                    "labels": PER_EXAMPLE},
+                                    "labels": PER_EXAMPLE, "weights": PER_EXAMPLE},
         lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "token_types": (cfg.n_ctx,),
-                     "labels": ()},
-        _sequence_classification, lambda batch: jnp.ones(batch["labels"].shape, jnp.float32), per_token=False),
+                     "labels": (), "weights": ()},
+        _sequence_classification, _example_weights, per_token=False),
 }
 
 

@@ -1,7 +1,11 @@
 """Load any zoo model from a NeoMesh run directory or a Hugging Face directory, placed on a layout.
 
+    from pretrained import Pretrained
+    model = Pretrained.from_pretrained("runs/quickstart")               # or an HF directory
+    model(["def add(a, b):"]), model.hidden_states(["text"]), model.generate("def ")
+
     from pretrained import load
-    cfg, graphdef, params, tokenizer = load("runs/quickstart")          # or an HF directory
+    cfg, graphdef, params, tokenizer = load("runs/quickstart")          # the pieces, for the jitted steps
 
 ``load_run`` restores the latest checkpoint's parameters (without optimizer state) onto any mesh: orbax reshards
 what another mesh wrote. ``load`` also accepts Hugging Face directories (config.json + weights) and finds the
@@ -42,19 +46,24 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
     return cfg, graphdef, params
 
 
-def load_hf_model(hf_dir: str, layout=None) -> tuple[Config, object, dict]:
-    """(config, graphdef, parameters) of a Hugging Face model directory, placed on ``layout``."""
+def load_hf_model(hf_dir: str, layout=None, notes: list | None = None) -> tuple[Config, object, dict]:
+    """(config, graphdef, parameters) of a Hugging Face model directory, placed on ``layout``. A head the
+    checkpoint lacks (a bare ``BertModel`` loaded for masked LM) starts from its init, and ``notes`` says so."""
     from convert.hf import load_hf
     from models import registry
-    from parallel.state import check_params_fit, sharded_abstract_params
+    from parallel.state import init_params, match_params, place_params, sharded_abstract_params
 
     cfg, params = load_hf(hf_dir)
-    graphdef, abstract = sharded_abstract_params(lambda rngs: registry.build(cfg, rngs), layout or default_layout())
-    check_params_fit(params, abstract)
-    return cfg, graphdef, jax.tree.map(lambda p, a: jax.device_put(p, a.sharding), params, abstract)
+    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
+    graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
+    missing = match_params(params, abstract)[1]
+    if missing and notes is not None:
+        notes.append(f"{hf_dir} has no weights for {', '.join(missing)}: initialised fresh")
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    return cfg, graphdef, place_params(params, abstract, lambda: init_params(make_model, cfg.seed, shardings))
 
 
-def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "auto"):
+def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "auto", notes: list | None = None):
     """(config, graphdef, parameters, tokenizer) of a NeoMesh run directory (``kind`` "run"; it has checkpoints/)
     or a Hugging Face directory ("hf"; it has config.json and weights); "auto" tells them apart."""
     from convert.hf_dir import load_tokenizer
@@ -68,7 +77,7 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
         tokenizer_dir = os.path.join(path, "tokenizer")
         tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else make_tokenizer(cfg)
     elif kind == "hf":
-        cfg, graphdef, params = load_hf_model(path, layout)
+        cfg, graphdef, params = load_hf_model(path, layout, notes)
         tokenizer = load_tokenizer(path)
     else:
         raise ConfigError(f"{path}: neither a NeoMesh run directory (no checkpoints/) nor a Hugging Face model "
@@ -76,3 +85,86 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
     if tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens")
     return cfg, graphdef, params, tokenizer
+
+
+class Pretrained:
+    """A loaded zoo model and its tokenizer, as Hugging Face users know ``from_pretrained`` models:
+
+        model = Pretrained.from_pretrained("runs/quickstart")     # a NeoMesh run, or any HF directory it imports
+        logits = model(["def add(a, b):"])                         # (B, T, V) (or (B, C) for a classifier)
+        hidden = model.hidden_states(["def add(a, b):"])           # (B, T, D), padding rows included
+        text = model.generate("def ", max_new_tokens=32, temperature=0.8)
+
+    Texts are tokenized and right-padded into one batch (``segment_ids`` 0 marks padding); calls are jitted once
+    per padded length. The parameters stay where ``layout`` put them (default: one device)."""
+
+    def __init__(self, cfg: Config, graphdef, params: dict, tokenizer, layout=None):
+        self.config, self.graphdef, self.params, self.tokenizer = cfg, graphdef, params, tokenizer
+        self.layout = layout or default_layout()
+        self._forward = jax.jit(lambda params, batch, method: self._run(params, batch, method), static_argnums=2)
+
+    @classmethod
+    def from_pretrained(cls, path: str, layout=None, overrides: tuple[str, ...] = ()) -> "Pretrained":
+        """Loads a run or HF directory (see ``load``); weights a checkpoint lacks (a head) warn, as in
+        transformers, and start from their init."""
+        import warnings
+
+        layout = layout or default_layout()
+        notes: list[str] = []
+        cfg, graphdef, params, tokenizer = load(path, layout, overrides, notes=notes)
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
+        return cls(cfg, graphdef, params, tokenizer, layout)
+
+    @property
+    def model(self):
+        """The nnx module itself, parameters merged in."""
+        from flax import nnx
+
+        return nnx.merge(self.graphdef, nnx.State(self.params))
+
+    def tokenize(self, texts: list[str] | str) -> dict:
+        """Texts -> {"inputs", "segment_ids": (B, T) int32}, right-padded with the tokenizer's padding id."""
+        import numpy as np
+
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        ids = [self.tokenizer.encode(t)[:self.config.n_ctx] or [self.tokenizer.eos_id] for t in texts]
+        width = max(map(len, ids))
+        inputs = np.full((len(ids), width), self.tokenizer.padding_id, np.int32)
+        segment_ids = np.zeros((len(ids), width), np.int32)
+        for row, row_ids in enumerate(ids):
+            inputs[row, :len(row_ids)] = row_ids
+            segment_ids[row, :len(row_ids)] = 1
+        return {"inputs": inputs, "segment_ids": segment_ids}
+
+    def _run(self, params, batch: dict, method: str):
+        from flax import nnx
+
+        with self.layout.active():
+            model = nnx.merge(self.graphdef, nnx.State(params))
+            kwargs = {k: v for k, v in batch.items() if k != "inputs"}
+            if method == "hidden_states":
+                return model.hidden_states(batch["inputs"], **kwargs)
+            return model(batch["inputs"], **kwargs)[0]
+
+    def __call__(self, texts) -> jax.Array:
+        """Texts (or a batch dict from ``tokenize``) -> the model's outputs: logits for every position, or class
+        logits for a sequence classifier."""
+        batch = texts if isinstance(texts, dict) else self.tokenize(texts)
+        return self._forward(self.params, batch, "__call__")
+
+    def hidden_states(self, texts) -> jax.Array:
+        """Texts (or a batch dict) -> (B, T, D) final hidden states (after the final norm for decoders)."""
+        batch = texts if isinstance(texts, dict) else self.tokenize(texts)
+        return self._forward(self.params, batch, "hidden_states")
+
+    def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
+        """The text a decoder writes after ``prompt`` (until end-of-text or ``max_new_tokens``)."""
+        from models.generate import complete
+
+        if self.config.task != "causal_lm":
+            raise ConfigError(f"generate: a {self.config.model} model trained for {self.config.task} does not "
+                              "generate text")
+        with self.layout.active():
+            return complete(self.graphdef, self.params, self.tokenizer, prompt, max_new_tokens, self.config.n_ctx,
+                            temperature=temperature, seed=seed)

@@ -140,7 +140,11 @@ def train(args) -> None:
         params = imported_params(cfg, args.init_from) if args.init_from else None
         graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params)
         if args.init_from:
-            say(f"initialised from {args.init_from}")
+            from parallel.state import match_params
+
+            _, missing, unused = match_params(params, state.params)
+            say(f"initialised from {args.init_from}" + (f"; fresh (not in it): {', '.join(missing)}" if missing else "")
+                + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
     n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
     say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
 

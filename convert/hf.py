@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import numpy as np
 
 from config import Config, ConfigError
-from convert import gpt_neo
+from convert import bert, gpt_neo
 from convert.hf_dir import load_tokenizer, read_hf_dir, write_hf_dir
 
-MAPPINGS = {model_type: module for module in (gpt_neo,) for model_type in module.MODEL_TYPES}
+MAPPINGS = {model_type: module for module in (gpt_neo, bert) for model_type in module.MODEL_TYPES}
 
 
 def _mapping(model_type: str, source: str):
@@ -70,22 +71,25 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     return cfg
 
 
+def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | None = None) -> None:
+    """Writes ``params`` of a ``cfg`` model as a Hugging Face directory of its family (from_pretrained loads it)."""
+    mapping = _mapping(cfg.model, "export: model")
+    hf_config = mapping.config_to_hf(cfg)
+    params = jax.tree.map(np.asarray, params)
+    check_finite(params, "export")
+    tensors = mapping.params_to_hf(cfg, params)
+    if tokenizer_dir:
+        tokenizer = load_tokenizer(tokenizer_dir)
+        hf_config["eos_token_id"] = tokenizer.eos_id
+        hf_config.setdefault("bos_token_id", tokenizer.eos_id)
+    write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir)
+
+
 def export_hf(model_path: str, hf_dir: str) -> Config:
     """Restores the latest checkpoint of MODEL_PATH on one device and writes an HF directory of its family."""
-    import jax
-
     from pretrained import load_run
 
     cfg, _, params = load_run(model_path)
-    mapping = _mapping(cfg.model, f"{model_path}: model")
-    hf_config = mapping.config_to_hf(cfg)
-    params = jax.tree.map(np.asarray, params)
-    check_finite(params, f"export {model_path}")
-    tensors = mapping.params_to_hf(cfg, params)
     tokenizer_dir = os.path.join(model_path, "tokenizer")
-    tokenizer_dir = tokenizer_dir if os.path.isdir(tokenizer_dir) else None
-    if tokenizer_dir:
-        tokenizer = load_tokenizer(tokenizer_dir)
-        hf_config["bos_token_id"] = hf_config["eos_token_id"] = tokenizer.eos_id
-    write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir)
+    export_params(cfg, params, hf_dir, tokenizer_dir if os.path.isdir(tokenizer_dir) else None)
     return cfg

@@ -3,9 +3,9 @@ corpus into a cache directory in seconds and reused afterwards (and ``"prepare":
 labelled example of data/docstrings.py).
 
 A dataset config with ``"prepare": "embedded"`` names where its files go (``path``, ``eval_path``,
-``tokenizer_path``) and the ``vocab_size`` to train. Preparation runs under a file lock (several processes of a
-multi-host run, or parallel tests, may start together) and publishes the directory with one atomic rename, so a
-half-written cache is never read.
+``tokenizer_path``), the ``vocab_size`` to train and any extra ``special_tokens`` (``[MASK]`` for masked LM).
+Preparation runs under a file lock (several processes of a multi-host run, or parallel tests, may start together)
+and publishes the directory with one atomic rename, so a half-written cache is never read.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def prepare_embedded(directory: str, dataset: dict, where: str, n_ctx: int) -> N
         raise ConfigError(f"{where}: 'prepare' needs 'vocab_size' (tokens of the BPE to train)")
     docs = corpus.documents()
     train, held_out = corpus.split(docs, "train"), corpus.split(docs, "eval")
-    tokenizer = train_bpe(train, dataset["vocab_size"])
+    tokenizer = train_bpe(train, dataset["vocab_size"], special_tokens=dataset.get("special_tokens", ()))
     tokenizer_file = os.path.basename(dataset["tokenizer_path"])
     tokenizer.save(os.path.join(directory, tokenizer_file))
     for split, texts, pattern in (("train", train, dataset["path"]), ("eval", held_out, dataset.get("eval_path"))):

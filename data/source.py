@@ -28,8 +28,8 @@ from data.tokenizer import Tokenizer, load_tokenizer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASET_CONFIG_DIR = os.path.join(ROOT, "configs", "dataset_configs")
 DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
-                "prepare", "vocab_size", "shuffle_buffer", "text_key", "train_split", "eval_split", "data_dir",
-                "text_pair_key", "label_key", "labels"}  # the last three: labelled data (data/labelled.py)
+                "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
+                "data_dir", "text_pair_key", "label_key", "labels"}  # the last three: labelled data (data/labelled.py)
 SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
 
 

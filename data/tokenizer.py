@@ -192,16 +192,19 @@ def _byte_level(tok):
     return tok
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> HFTokenizer:
-    """Trains a byte-level BPE on ``texts``: 256 byte tokens, ``<|endoftext|>``, ``<|padding|>``, then merges up
-    to ``vocab_size`` tokens in all."""
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
+              special_tokens: Sequence[str] = ()) -> HFTokenizer:
+    """Trains a byte-level BPE on ``texts``: 256 byte tokens, ``<|endoftext|>``, ``<|padding|>`` and any
+    ``special_tokens`` (e.g. ``[MASK]`` for masked-LM data), then merges up to ``vocab_size`` tokens in all."""
     from tokenizers import Tokenizer as Library
     from tokenizers import models, pre_tokenizers, trainers
 
-    if vocab_size < 258:
-        raise ConfigError(f"vocab_size: {vocab_size} is below 258 (256 bytes + {EOS} + {PAD})")
+    specials = [EOS, PAD, *special_tokens]
+    if vocab_size < 256 + len(specials):
+        raise ConfigError(f"vocab_size: {vocab_size} is below {256 + len(specials)} (256 bytes + "
+                          f"{', '.join(specials)})")
     tok = _byte_level(Library(models.BPE()))
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOS, PAD],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     return HFTokenizer(tok, "trained BPE")

@@ -71,16 +71,18 @@ class GPTNeo(nnx.Module):
 
         Training and evaluation pass no cache (``dropout_key`` None means deterministic). Decoding passes the
         ``init_cache`` state: prefill is one call with the whole (left-padded) prompt, then one call per token."""
-        x, cache = self.hidden_states(tokens, positions=positions, segment_ids=segment_ids, cache=cache,
-                                      dropout_key=dropout_key)
+        x, cache = self._backbone(tokens, positions, segment_ids, cache, dropout_key)
         if self.score is not None:
             return self.score(x, segment_ids), cache
         return constrain(self.logits(x), LOGITS), cache
 
     def hidden_states(self, tokens: jax.Array, *, positions: jax.Array | None = None,
-                      segment_ids: jax.Array | None = None, cache: kv_cache.DecodeState | None = None,
-                      dropout_key: jax.Array | None = None) -> tuple[jax.Array, kv_cache.DecodeState | None]:
-        """(B, T) token ids -> (B, T, D) final hidden states (after ln_f) and the advanced cache."""
+                      segment_ids: jax.Array | None = None, dropout_key: jax.Array | None = None) -> jax.Array:
+        """(B, T) token ids -> (B, T, D) final hidden states (after ln_f)."""
+        return self._backbone(tokens, positions, segment_ids, None, dropout_key)[0]
+
+    def _backbone(self, tokens, positions, segment_ids, cache, dropout_key):
+        """Embeddings, blocks and ln_f: (B, T) -> (B, T, D) and the advanced cache."""
         t = tokens.shape[1]
         if cache is not None:
             positions, segment_ids = cache.positions(t), cache.segment_ids(t)

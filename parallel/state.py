@@ -97,27 +97,42 @@ def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax
 def create_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
                        layout: Layout, seed: int, params: Params | None = None
                        ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
-    """Initialises a sharded ``TrainState`` (from ``params``, e.g. imported weights, if given, with fresh
-    optimizer state); returns (graphdef, state, state shardings)."""
+    """Initialises a sharded ``TrainState``, from ``params`` (imported weights, fresh optimizer state) if given;
+    returns (graphdef, state, state shardings). Parameters the weights lack (a task head a checkpoint does not
+    have) start from their init, as transformers does; ``match_params`` names them."""
     graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
-    if params is None:
-        def init() -> TrainState:
-            fresh = nnx.to_pure_dict(nnx.state(make_model(nnx.Rngs(params=seed))))
-            return TrainState(step=jnp.zeros((), jnp.int32), params=fresh, opt_state=tx.init(fresh))
-
-        return graphdef, jax.jit(init, out_shardings=shardings)(), shardings
-    check_params_fit(params, abstract.params)
-    params = jax.tree.map(lambda p, a: jax.device_put(jnp.asarray(p, a.dtype), a.sharding), params, abstract.params)
+    if params is not None:
+        params = place_params(params, abstract.params, lambda: init_params(make_model, seed, shardings.params))
     init = jax.jit(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
                    in_shardings=(shardings.params,), out_shardings=shardings)
-    return graphdef, init(params), shardings
+    return graphdef, init(params if params is not None else init_params(make_model, seed, shardings.params)), \
+        shardings
 
 
-def check_params_fit(params: Params, abstract: Params) -> None:
-    """A one-line error naming the first parameter whose path or shape does not match the model."""
-    given = {path_name(p): np.shape(v) for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+def init_params(make_model: Callable[[nnx.Rngs], nnx.Module], seed: int, shardings: Params) -> Params:
+    """Freshly initialised parameters, each born on its devices."""
+    return jax.jit(lambda: nnx.to_pure_dict(nnx.state(make_model(nnx.Rngs(params=seed)), nnx.Param)),
+                   out_shardings=shardings)()
+
+
+def match_params(given: Params, abstract: Params) -> tuple[dict, list[str], list[str]]:
+    """Weights against the model's parameters: ({path: weight} for the model's parameters the weights have,
+    paths the weights lack, paths of weights the model does not use). A shape mismatch is a one-line error."""
+    flat = {path_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(given)[0]}
     wanted = {path_name(p): tuple(v.shape) for p, v in jax.tree_util.tree_flatten_with_path(abstract)[0]}
-    for name in sorted(set(given) | set(wanted)):
-        if given.get(name) != wanted.get(name):
-            raise ConfigError(f"parameter {name}: the weights have shape {given.get(name)}, the config's model "
-                              f"{wanted.get(name)}")
+    for name, shape in wanted.items():
+        if name in flat and tuple(np.shape(flat[name])) != shape:
+            raise ConfigError(f"parameter {name}: the weights have shape {tuple(np.shape(flat[name]))}, the "
+                              f"config's model {shape}")
+    found = {name: flat[name] for name in wanted if name in flat}
+    return found, sorted(set(wanted) - set(flat)), sorted(set(flat) - set(wanted))
+
+
+def place_params(given: Params, abstract: Params, fresh: Callable[[], Params]) -> Params:
+    """``given`` weights placed with the shardings of ``abstract``; parameters they lack come from ``fresh()``
+    (called only then)."""
+    found, missing, _ = match_params(given, abstract)
+    filler = fresh() if missing else abstract
+    return jax.tree_util.tree_map_with_path(
+        lambda path, a, f: jax.device_put(jnp.asarray(found[path_name(path)], a.dtype), a.sharding)
+        if path_name(path) in found else f, abstract, filler)

@@ -66,3 +66,33 @@ def save(model, path) -> str:
     model.save_pretrained(str(path))
     tokenizer().save(str(path / "tokenizer.json"))
     return str(path)
+
+
+ENCODERS = {  # (model_type, head) -> transformers class
+    ("bert", None): transformers.BertModel, ("bert", "masked_lm"): transformers.BertForMaskedLM,
+    ("bert", "sequence_classification"): transformers.BertForSequenceClassification,
+    ("roberta", None): transformers.RobertaModel, ("roberta", "masked_lm"): transformers.RobertaForMaskedLM,
+    ("roberta", "sequence_classification"): transformers.RobertaForSequenceClassification,
+}
+
+
+def encoder(kind="bert", head="masked_lm", n_embd=48, n_head=4, n_layer=2, n_ctx=40, vocab=VOCAB, d_ff=80,
+            num_labels=3, act="gelu"):
+    """A randomly initialised BERT or RoBERTa (with ``head``: None, "masked_lm" or "sequence_classification")."""
+    config_class = transformers.BertConfig if kind == "bert" else transformers.RobertaConfig
+    extra = dict(max_position_embeddings=n_ctx + 2, pad_token_id=1, type_vocab_size=1) if kind == "roberta" else \
+        dict(max_position_embeddings=n_ctx, type_vocab_size=2)
+    cfg = config_class(vocab_size=vocab, hidden_size=n_embd, num_hidden_layers=n_layer, num_attention_heads=n_head,
+                       intermediate_size=d_ff, hidden_act=act, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0, num_labels=num_labels, **extra)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = ENCODERS[kind, head](cfg).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():  # every part matters: see randomize
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+            elif any(s in name for s in ("query", "key", "value", "dense")):
+                p.normal_(0.0, 0.15)
+    return model

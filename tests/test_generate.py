@@ -279,3 +279,17 @@ def test_predict_truncates_long_prompts_and_stops_at_stop_strings(neo_dir):
                      "--max-new-tokens", "20", "--stop", stop)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == PROMPT + text[:text.find(stop)] + "\n"
+
+
+def test_python_api_runs_and_generates_like_transformers(neo_dir):
+    from pretrained import Pretrained
+
+    model = Pretrained.from_pretrained(neo_dir)
+    _, _, tokenizer, reference = load(neo_dir)
+    ids = tokenizer.encode(PROMPT)
+    with torch.no_grad():
+        want = reference(torch.tensor([ids])).logits.numpy()
+    assert np.max(np.abs(np.asarray(model([PROMPT])) - want)) <= 1e-4
+    greedy = hf_generate(reference, ids, do_sample=False, max_new_tokens=12)
+    assert model.generate(PROMPT, max_new_tokens=12, temperature=0) == tokenizer.decode(
+        [t for t in greedy if t != 0])

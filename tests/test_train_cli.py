@@ -95,3 +95,22 @@ def test_moe_config_logs_its_auxiliary_losses(tmp_path):
     for row in rows:
         assert 1.0 <= row["aux_loss"] < 8.0  # the load-balancing loss: 1 when balanced, num_experts at worst
         assert row["z_loss"] > 0.0 and 0.0 <= row["dropped_tokens_fraction"] < 1.0
+
+
+def test_bert_mlm_config_trains_the_masked_lm_objective(tmp_path):
+    """configs/bert_mlm.json as shipped but tiny: a BERT encoder on TFRecords through the MLM stage, its [MASK]
+    id taken from the tokenizer, eval rows with masked-token accuracy, and export to a transformers BERT."""
+    model_path = tmp_path / "bert"
+    sets = ["n_layer=2", "n_embd=64", "n_head=4", "d_ff=128", "n_ctx=32", "train_batch_size=8",
+            "eval_batch_size=8", "train_steps=3", "warmup_steps=1", "eval_steps=1"]
+    result = run_cli("train.py", "--config", "configs/bert_mlm.json", "--model-path", str(model_path),
+                     "--no-progress", *[arg for s in sets for arg in ("--set", s)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sample:" not in result.stdout  # an encoder does not generate
+    (evaluation,) = metrics_rows(model_path, "eval")
+    assert 0.0 <= evaluation["accuracy"] <= 1.0 and evaluation["perplexity"] > 1.0
+    assert "bits_per_byte" not in evaluation  # masked tokens' loss is not a next-token rate
+    out = tmp_path / "hf"
+    assert run_cli("-m", "convert", "export", str(model_path), str(out)).returncode == 0
+    import transformers
+    assert transformers.AutoConfig.from_pretrained(str(out)).architectures == ["BertForMaskedLM"]

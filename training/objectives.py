@@ -10,9 +10,10 @@ the config's ``task`` picks the objective here.
 Batches (all int32 unless noted), by task:
     causal_lm                {"tokens": (B, T+1)}: inputs are tokens[:, :-1], targets tokens[:, 1:]
     masked_lm                {"inputs", "targets": (B, T), "mask": (B, T) float: 1 where the loss counts}
-    sequence_classification  {"inputs": (B, T), "segment_ids": (B, T) (0 = padding), "labels": (B,)}, optional
-                             "token_types" (B, T) and "weights" (B,) float (0: a row that does not count, such
-                             as the filler of a last, partial evaluation batch; without it every row counts)
+    sequence_classification  {"inputs": (B, T), "segment_ids": (B, T) (0 = padding), "labels": (B,), "weights": (B,)
+                             float (0: a row that does not count, such as the filler of a last, partial evaluation
+                             batch; a batch without it counts every row)}, and "token_types" (B, T) for models
+                             with token type embeddings
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ OBJECTIVES = {
     "sequence_classification": Objective(
         "sequence_classification", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "token_types": SEQUENCE,
                                     "labels": PER_EXAMPLE, "weights": PER_EXAMPLE},
-        lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "token_types": (cfg.n_ctx,),
-                     "labels": (), "weights": ()},
+        lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "labels": (), "weights": (),
+                     **({"token_types": (cfg.n_ctx,)} if cfg.n_token_types else {})},
         _sequence_classification, _example_weights, per_token=False),
 }
 

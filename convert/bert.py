@@ -1,0 +1,160 @@
+"""Hugging Face BERT and RoBERTa <-> NeoMesh ``bert`` / ``roberta`` models.
+
+Encoder weights map one to one (torch Linear weights are (out, in); NeoMesh attention kernels (D, N, H) and
+(N, H, D)). Heads map when the checkpoint has them: ``*ForMaskedLM`` carries the MLM head (``cls.predictions`` /
+``lm_head``), ``*ForSequenceClassification`` the pooler and classifier; a bare ``BertModel`` has neither, and a
+model built for a task whose head the checkpoint lacks starts that head fresh (the caller says so).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from config import Config, ConfigError, from_dict
+from convert.hf_dir import flatten, getter, strip_prefix
+
+MODEL_TYPES = ("bert", "roberta")
+ACTIVATIONS_FROM_HF = {"gelu": "gelu_exact", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu",
+                       "silu": "silu", "swish": "silu", "tanh": "tanh"}
+ACTIVATIONS_TO_HF = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu", "silu": "silu", "swish": "silu",
+                     "tanh": "tanh"}
+
+
+def config_from_hf(hf: dict, source: str = "config.json") -> Config:
+    """The NeoMesh config of a BERT or RoBERTa Hugging Face config."""
+    kind = hf.get("model_type")
+    if kind not in MODEL_TYPES:
+        raise ConfigError(f"{source}: model_type '{kind}' is not a BERT or RoBERTa model")
+    act = hf.get("hidden_act", "gelu")
+    if act not in ACTIVATIONS_FROM_HF:
+        raise ConfigError(f"{source}: hidden_act '{act}' is not supported (supported: "
+                          f"{', '.join(ACTIVATIONS_FROM_HF)})")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ConfigError(f"{source}: position_embedding_type '{hf['position_embedding_type']}' is not supported "
+                          "(absolute)")
+    architecture = (hf.get("architectures") or [""])[0]
+    classify = architecture.endswith("ForSequenceClassification")
+    offset = hf.get("pad_token_id", 1) + 1 if kind == "roberta" else 0  # RoBERTa's table reserves the rows below
+    keys = dict(model=kind, n_embd=hf["hidden_size"], n_layer=hf["num_hidden_layers"],
+                n_head=hf["num_attention_heads"], d_ff=hf["intermediate_size"], n_vocab=hf["vocab_size"],
+                n_ctx=hf["max_position_embeddings"] - offset, position_offset=offset,
+                n_token_types=hf.get("type_vocab_size", 2), layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
+                activation_function=ACTIVATIONS_FROM_HF[act],
+                task="sequence_classification" if classify else "masked_lm",
+                num_labels=len(hf.get("id2label") or {0: 0, 1: 1}))
+    cfg, _ = from_dict(keys, source=source)
+    return cfg
+
+
+def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "weights") -> dict:
+    """Hugging Face weights -> the NeoMesh parameter tree (numpy), with whichever heads the checkpoint has."""
+    sd = strip_prefix(tensors, ("bert.", "roberta."))
+    get = getter(sd, source)
+    d, n, h = cfg.n_embd, cfg.n_head, cfg.head_dim
+
+    def norm(prefix):
+        return {"scale": get(prefix + ".weight"), "bias": get(prefix + ".bias")}
+
+    def linear(name):
+        return {"kernel": get(name + ".weight").T, "bias": get(name + ".bias")}
+
+    blocks = {}
+    for i in range(cfg.n_layer):
+        b = f"encoder.layer.{i}."
+        attn = {ours: {"kernel": get(f"{b}attention.self.{theirs}.weight").T.reshape(d, n, h),
+                       "bias": get(f"{b}attention.self.{theirs}.bias").reshape(n, h)}
+                for ours, theirs in (("q", "query"), ("k", "key"), ("v", "value"))}
+        attn["out"] = {"kernel": get(f"{b}attention.output.dense.weight").T.reshape(n, h, d),
+                       "bias": get(f"{b}attention.output.dense.bias")}
+        blocks[i] = {"attn": attn, "ln_1": norm(f"{b}attention.output.LayerNorm"),
+                     "mlp": {"c_fc": linear(f"{b}intermediate.dense"), "c_proj": linear(f"{b}output.dense")},
+                     "ln_2": norm(f"{b}output.LayerNorm")}
+    params = {"wte": {"embedding": get("embeddings.word_embeddings.weight")},
+              "wpe": {"embedding": get("embeddings.position_embeddings.weight")},
+              "ln_embed": norm("embeddings.LayerNorm"), "blocks": blocks}
+    if cfg.n_token_types:
+        params["wtt"] = {"embedding": get("embeddings.token_type_embeddings.weight")}
+    mlm = "cls.predictions." if cfg.model == "bert" else "lm_head."
+    if f"{mlm}bias" in sd:
+        transform = "cls.predictions.transform." if cfg.model == "bert" else "lm_head."
+        params["mlm"] = {"dense": linear(f"{transform}dense"), "bias": get(f"{mlm}bias"),
+                         "layer_norm": norm(transform + ("LayerNorm" if cfg.model == "bert" else "layer_norm"))}
+    if cfg.model == "bert" and "classifier.weight" in sd:
+        params["classifier"] = {"dense": linear("pooler.dense"), "out": linear("classifier")}
+    elif cfg.model == "roberta" and "classifier.out_proj.weight" in sd:
+        params["classifier"] = {"dense": linear("classifier.dense"), "out": linear("classifier.out_proj")}
+    return params
+
+
+def config_to_hf(cfg: Config) -> dict:
+    """The transformers config (as a dict) of a NeoMesh BERT or RoBERTa config."""
+    unsupported = {"rotary_emb": cfg.rotary_emb, "mlp_glu": cfg.mlp_glu, "moe_layers": cfg.moe_layers,
+                   "num_mem_kv": cfg.num_mem_kv, "norm": cfg.norm_kind != "layernorm",
+                   "norm_position": cfg.norm_position != "post", "causal": cfg.causal, "rezero": cfg.rezero,
+                   "attention_scale": cfg.attention_scale != "inverse_sqrt_head_dim", "qkv_bias": not cfg.qkv_bias,
+                   "dense_bias": not cfg.dense_bias, "macaron": cfg.macaron}
+    for key, value in unsupported.items():
+        if value:
+            raise ConfigError(f"export: {key}={getattr(cfg, key)!r} has no {cfg.model} equivalent in transformers")
+    if set(cfg.attention_layers) != {"global"}:
+        raise ConfigError(f"export: {cfg.model} has only global layers, not {sorted(set(cfg.attention_layers))}")
+    name = "Bert" if cfg.model == "bert" else "Roberta"
+    head = "ForSequenceClassification" if cfg.task == "sequence_classification" else "ForMaskedLM"
+    hf = {"model_type": cfg.model, "architectures": [name + head], "vocab_size": cfg.n_vocab,
+          "hidden_size": cfg.n_embd, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
+          "intermediate_size": cfg.intermediate, "hidden_act": ACTIVATIONS_TO_HF[cfg.activation_function],
+          "max_position_embeddings": cfg.n_ctx + cfg.position_offset, "type_vocab_size": max(cfg.n_token_types, 1),
+          "layer_norm_eps": cfg.layer_norm_epsilon, "hidden_dropout_prob": cfg.res_dropout,
+          "attention_probs_dropout_prob": cfg.attn_dropout, "initializer_range": 0.02,
+          "position_embedding_type": "absolute", "torch_dtype": "float32"}
+    if cfg.model == "roberta":
+        hf["pad_token_id"] = cfg.position_offset - 1
+    if cfg.task == "sequence_classification":
+        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
+        hf["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
+    return hf
+
+
+def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:
+    """The NeoMesh parameter tree -> Hugging Face weight names (float32) of the config's task head; the tied
+    decoder weight is left out (transformers ties it to the word embeddings)."""
+    d = cfg.n_embd
+    p = {k: np.asarray(v, np.float32) for k, v in flatten(params).items()}
+    prefix = "bert." if cfg.model == "bert" else "roberta."
+    out = {}
+
+    def linear(name, ours):
+        out[name + ".weight"], out[name + ".bias"] = p[ours + "/kernel"].T, p[ours + "/bias"]
+
+    def norm(name, ours):
+        out[name + ".weight"], out[name + ".bias"] = p[ours + "/scale"], p[ours + "/bias"]
+
+    out[prefix + "embeddings.word_embeddings.weight"] = p["wte/embedding"]
+    out[prefix + "embeddings.position_embeddings.weight"] = p["wpe/embedding"]
+    if cfg.n_token_types:
+        out[prefix + "embeddings.token_type_embeddings.weight"] = p["wtt/embedding"]
+    norm(prefix + "embeddings.LayerNorm", "ln_embed")
+    for i in range(cfg.n_layer):
+        b, ours = f"{prefix}encoder.layer.{i}.", f"blocks/{i}/"
+        for theirs, name in (("query", "q"), ("key", "k"), ("value", "v")):
+            out[f"{b}attention.self.{theirs}.weight"] = p[f"{ours}attn/{name}/kernel"].reshape(d, d).T
+            out[f"{b}attention.self.{theirs}.bias"] = p[f"{ours}attn/{name}/bias"].reshape(d)
+        out[f"{b}attention.output.dense.weight"] = p[f"{ours}attn/out/kernel"].reshape(d, d).T
+        out[f"{b}attention.output.dense.bias"] = p[f"{ours}attn/out/bias"]
+        norm(f"{b}attention.output.LayerNorm", f"{ours}ln_1")
+        linear(f"{b}intermediate.dense", f"{ours}mlp/c_fc")
+        linear(f"{b}output.dense", f"{ours}mlp/c_proj")
+        norm(f"{b}output.LayerNorm", f"{ours}ln_2")
+    if cfg.task == "masked_lm":
+        head = "cls.predictions." if cfg.model == "bert" else "lm_head."
+        transform = head + "transform." if cfg.model == "bert" else head
+        linear(transform + "dense", "mlm/dense")
+        norm(transform + ("LayerNorm" if cfg.model == "bert" else "layer_norm"), "mlm/layer_norm")
+        out[head + "bias"] = p["mlm/bias"]
+    elif cfg.model == "bert":
+        linear(prefix + "pooler.dense", "classifier/dense")
+        linear("classifier", "classifier/out")
+    else:
+        linear("classifier.dense", "classifier/dense")
+        linear("classifier.out_proj", "classifier/out")
+    return out

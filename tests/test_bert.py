@@ -1,0 +1,159 @@
+"""BERT and RoBERTa against transformers on random local weights: hidden states, masked-LM logits and
+classification logits with padded batches, several shapes; import/export round trips; the masked-LM objective."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+from safetensors.numpy import load_file
+
+from convert.hf import export_params, load_hf
+from models import registry
+from parallel.state import match_params
+from tests import hf_fixtures
+
+SHAPES = {
+    "bert-48x2-4heads": dict(kind="bert", n_embd=48, n_head=4, n_layer=2),
+    "bert-36x3-3heads-relu": dict(kind="bert", n_embd=36, n_head=3, n_layer=3, act="relu"),
+    "roberta-48x2-2heads": dict(kind="roberta", n_embd=48, n_head=2, n_layer=2),
+}
+
+
+def padded_batch(vocab, lengths=(40, 23, 7), width=40, seed=0):
+    """(tokens, attention mask) for rows of the given real lengths, right-padded with id 1."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, vocab, (len(lengths), width))
+    mask = (np.arange(width)[None] < np.array(lengths)[:, None]).astype(np.int64)
+    return np.where(mask == 1, tokens, 1), mask
+
+
+def ours(cfg, params, tokens, mask, method="__call__"):
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: registry.build(cfg, nnx.Rngs(0))))
+    found, missing, _ = match_params(params, nnx.to_pure_dict(state))
+    assert not missing or method == "hidden_states", missing
+
+    def run(params, tokens, mask):
+        model = nnx.merge(graphdef, nnx.State(params))
+        out = getattr(model, method)(tokens, segment_ids=mask)
+        return out if method == "hidden_states" else out[0]
+
+    tree = nnx.to_pure_dict(state)
+    filled = jax.tree_util.tree_map_with_path(
+        lambda path, a: jnp.asarray(found.get("/".join(str(k.key) for k in path), np.zeros(a.shape, a.dtype))), tree)
+    return np.asarray(jax.jit(run)(filled, jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, jnp.int32)))
+
+
+def saved(model, tmp_path):
+    model.save_pretrained(str(tmp_path))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("head", [None, "masked_lm", "sequence_classification"])
+def test_outputs_match_transformers(name, head, tmp_path):
+    reference = hf_fixtures.encoder(head=head, **SHAPES[name])
+    cfg, params = load_hf(saved(reference, tmp_path))
+    assert cfg.model == SHAPES[name]["kind"] and cfg.task == (head or "masked_lm")
+    tokens, mask = padded_batch(hf_fixtures.VOCAB, seed=len(name))
+    with torch.no_grad():
+        out = reference(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask))
+    real = mask == 1
+    if head is None:  # a bare encoder: compare the last hidden states
+        got, want = ours(cfg, params, tokens, mask, "hidden_states")[real], out.last_hidden_state.numpy()[real]
+    elif head == "masked_lm":
+        got, want = ours(cfg, params, tokens, mask)[real], out.logits.numpy()[real]
+    else:
+        got, want = ours(cfg, params, tokens, mask), out.logits.numpy()
+        assert got.shape == (3, 3)
+    diff = float(np.max(np.abs(got - want)))
+    print(f"{name} {head}: max abs diff {diff:.3g}")
+    assert diff <= 1e-4, diff
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+@pytest.mark.parametrize("head", ["masked_lm", "sequence_classification"])
+def test_export_round_trip_is_lossless_and_loads_in_transformers(kind, head, tmp_path):
+    reference = hf_fixtures.encoder(kind=kind, head=head)
+    source = saved(reference, tmp_path / "in")
+    cfg, params = load_hf(source)
+    out = tmp_path / "out"
+    export_params(cfg, params, str(out))
+    original = load_file(f"{source}/model.safetensors")
+    exported = load_file(str(out / "model.safetensors"))
+    unused = {k for k in original if k.endswith(("decoder.weight", "decoder.bias", "position_ids"))}
+    unused |= {k for k in original if ".pooler." in k} if head == "masked_lm" or kind == "roberta" else set()
+    assert set(original) - unused == set(exported)
+    for name in exported:
+        assert np.array_equal(original[name], exported[name]), name
+    reloaded = transformers.AutoConfig.from_pretrained(str(out))
+    model = hf_fixtures.ENCODERS[kind, head].from_pretrained(str(out), attn_implementation="eager").eval()
+    assert type(model).__name__ == reloaded.architectures[0]
+    tokens, mask = padded_batch(hf_fixtures.VOCAB)
+    with torch.no_grad():
+        a = model(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits
+        b = reference(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits
+    assert torch.equal(a, b)
+
+
+def mlm_batches(cfg, steps, seed=0):
+    """Masked-LM batches with a different number of masked targets in every row."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        targets = rng.integers(0, cfg.n_vocab, (cfg.train_batch_size, cfg.n_ctx)).astype(np.int32)
+        mask = (rng.random(targets.shape) < rng.uniform(0.05, 0.4, (len(targets), 1))).astype(np.float32)
+        inputs = np.where(mask == 1, 3, targets).astype(np.int32)
+        out.append({"inputs": inputs, "targets": targets, "mask": mask})
+    return out
+
+
+def test_masked_lm_trains_sharded_as_on_one_device_and_accumulates_exactly():
+    from tests.common import tiny_config, train_metrics
+
+    cfg = tiny_config(model="bert", n_token_types=2, warmup_steps=0, lr=3e-3)
+    batches = mlm_batches(cfg, 1) * 3  # one batch again and again: the loss must fall
+    single = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
+    sharded = train_metrics(cfg, batches, "x:4,y:2", "batch:x,heads:y,intermediate_expanded:y")
+    accumulated = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1], microbatches=4)
+    for key in ("loss", "accuracy", "grad_norm"):
+        np.testing.assert_allclose([m[key] for m in sharded], [m[key] for m in single], rtol=0, atol=1e-5)
+        np.testing.assert_allclose([m[key] for m in accumulated], [m[key] for m in single], rtol=0, atol=1e-5)
+    assert single[-1]["loss"] < single[0]["loss"] - 0.1
+    # The loss is the mean over masked targets only: rows with more targets weigh more, as in one big batch.
+    assert 0 < single[0]["accuracy"] < 1
+
+
+def test_python_api_loads_any_zoo_model_and_runs_it_on_text(tmp_path):
+    from pretrained import Pretrained
+
+    reference = hf_fixtures.encoder(kind="roberta", head=None)
+    source = saved(reference, tmp_path)
+    hf_fixtures.tokenizer().save(f"{source}/tokenizer.json")
+    with pytest.warns(UserWarning, match="has no weights for mlm/bias"):  # a bare encoder: the MLM head is fresh
+        model = Pretrained.from_pretrained(source)
+    texts = ["def add(a, b):\n    return a + b", "import os"]
+    batch = model.tokenize(texts)
+    assert batch["inputs"].shape[0] == 2 and batch["segment_ids"][1].sum() < batch["segment_ids"][0].sum()
+    hidden = np.asarray(model.hidden_states(texts))
+    with torch.no_grad():
+        want = reference(torch.from_numpy(batch["inputs"]).long(),
+                         attention_mask=torch.from_numpy(batch["segment_ids"]).long()).last_hidden_state.numpy()
+    real = batch["segment_ids"] == 1
+    assert np.max(np.abs(hidden[real] - want[real])) <= 1e-4
+    assert np.asarray(model(texts)).shape == (*batch["inputs"].shape, hf_fixtures.VOCAB)
+    with pytest.raises(Exception, match="does not generate text"):
+        model.generate("def ")
+
+
+def test_pytorch_model_bin_imports_like_safetensors(tmp_path):
+    reference = hf_fixtures.encoder(kind="bert", head="sequence_classification")
+    reference.save_pretrained(str(tmp_path / "safetensors"))
+    (tmp_path / "bin").mkdir()
+    reference.config.save_pretrained(str(tmp_path / "bin"))
+    torch.save(reference.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    (cfg_a, a), (cfg_b, b) = load_hf(str(tmp_path / "safetensors")), load_hf(str(tmp_path / "bin"))
+    assert cfg_a == cfg_b and jax.tree.structure(a) == jax.tree.structure(b)
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))

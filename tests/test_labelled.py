@@ -224,3 +224,32 @@ def test_stdlib_docstrings_example_prepares_once_with_a_fixed_split(tmp_path, mo
     os.rename(cache, tmp_path / "old")
     make_source(cfg, "train")  # prepared again from scratch: the same split, byte for byte
     assert (cache / "train.jsonl").read_bytes() == first
+
+
+def test_a_trained_classifier_reads_texts_as_its_training_data_held_them(reviews):
+    """pretrained.Pretrained tokenizes texts and pairs into the very rows the labelled source trained on, and
+    its class logits do not depend on how far a batch is padded."""
+    from flax import nnx
+
+    from models import registry
+    from pretrained import Pretrained
+
+    cfg = classify(model="bert", attention_types=None, n_layer=1, n_embd=32, n_head=2, d_ff=64, num_labels=3)
+    source = make_source(cfg, "train")
+    graphdef, state = nnx.split(registry.build(cfg, nnx.Rngs(0)))
+    model = Pretrained(cfg, graphdef, nnx.to_pure_dict(state), source.tokenizer)
+    rows = [0, 2, 4]  # "good film", ("so so", "meh"), "awful"
+    texts = [TRAIN[r]["text"] for r in rows]
+    pairs = [TRAIN[r].get("text_pair") for r in rows]
+    batch = model.tokenize(texts, pairs)
+    width = batch["inputs"].shape[1]
+    assert width == source.lengths[rows].max() < N_CTX
+    for name, ours in (("inputs", source.inputs), ("token_types", source.token_types)):
+        assert batch[name].tolist() == ours[rows, :width].tolist(), name
+    assert batch["segment_ids"].sum(1).tolist() == source.lengths[rows].tolist()
+    positions = np.arange(N_CTX)
+    full = {"inputs": source.inputs[rows], "token_types": source.token_types[rows],  # padded to n_ctx
+            "segment_ids": (positions < source.lengths[rows, None]).astype(np.int32)}
+    logits = np.asarray(model(texts, pairs))
+    assert logits.shape == (3, 3)
+    np.testing.assert_allclose(logits, np.asarray(model(full)), atol=1e-5)

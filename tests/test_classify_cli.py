@@ -21,7 +21,7 @@ def classify(model_path, *sets):
     return evaluation
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_bert_classify_reports_accuracy_and_two_class_f1(tmp_path):
     assert "f1" not in classify(tmp_path / "docstrings")  # 8 modules: accuracy only
     pairs = [(f"sentence {i} says {'yes' if i % 3 else 'no'}", f"reply {i}", int(i % 3 != 0)) for i in range(12)]

@@ -127,19 +127,31 @@ class Pretrained:
 
         return nnx.merge(self.graphdef, nnx.State(self.params))
 
-    def tokenize(self, texts: list[str] | str) -> dict:
-        """Texts -> {"inputs", "segment_ids": (B, T) int32}, right-padded with the tokenizer's padding id."""
+    def tokenize(self, texts: list[str] | str, pairs: list[str] | str | None = None) -> dict:
+        """Texts (and second texts) -> {"inputs", "segment_ids" (+ "token_types"): (B, T) int32}, right-padded
+        with the tokenizer's padding id. Encoders and classifiers read what their training data held: the
+        tokenizer's own [CLS] a [SEP] (b [SEP]) template (data/labelled.py); decoders the plain ids."""
         import numpy as np
 
         texts = [texts] if isinstance(texts, str) else list(texts)
-        ids = [self.tokenizer.encode(t)[:self.config.n_ctx] or [self.tokenizer.eos_id] for t in texts]
-        width = max(map(len, ids))
-        inputs = np.full((len(ids), width), self.tokenizer.padding_id, np.int32)
-        segment_ids = np.zeros((len(ids), width), np.int32)
-        for row, row_ids in enumerate(ids):
-            inputs[row, :len(row_ids)] = row_ids
-            segment_ids[row, :len(row_ids)] = 1
-        return {"inputs": inputs, "segment_ids": segment_ids}
+        pairs = [pairs] if isinstance(pairs, str) else list(pairs) if pairs is not None else [None] * len(texts)
+        cfg = self.config
+        if cfg.task == "sequence_classification" or not cfg.causal:
+            encoded = self.tokenizer.encode_pairs(texts, pairs, cfg.n_ctx)
+        elif any(p is not None for p in pairs):
+            raise ConfigError(f"tokenize: a {cfg.model} model trained for {cfg.task} reads single texts, not pairs")
+        else:
+            encoded = [(ids[:cfg.n_ctx] or [self.tokenizer.eos_id], None) for ids in map(self.tokenizer.encode, texts)]
+        width = max(len(ids) for ids, _ in encoded)
+        inputs = np.full((len(encoded), width), self.tokenizer.padding_id, np.int32)
+        segment_ids = np.zeros((len(encoded), width), np.int32)
+        token_types = np.zeros((len(encoded), width), np.int32)
+        for row, (ids, types) in enumerate(encoded):
+            inputs[row, :len(ids)] = ids
+            segment_ids[row, :len(ids)] = 1
+            token_types[row, :len(ids)] = types or 0
+        batch = {"inputs": inputs, "segment_ids": segment_ids}
+        return {**batch, "token_types": token_types} if cfg.n_token_types else batch
 
     def _run(self, params, batch: dict, method: str):
         from flax import nnx
@@ -151,10 +163,10 @@ class Pretrained:
                 return model.hidden_states(batch["inputs"], **kwargs)
             return model(batch["inputs"], **kwargs)[0]
 
-    def __call__(self, texts) -> jax.Array:
-        """Texts (or a batch dict from ``tokenize``) -> the model's outputs: logits for every position, or class
-        logits for a sequence classifier."""
-        batch = texts if isinstance(texts, dict) else self.tokenize(texts)
+    def __call__(self, texts, pairs=None) -> jax.Array:
+        """Texts (and second texts), or a batch dict from ``tokenize`` -> the model's outputs: logits for every
+        position, or class logits for a sequence classifier."""
+        batch = texts if isinstance(texts, dict) else self.tokenize(texts, pairs)
         return self._forward(self.params, batch, "__call__")
 
     def hidden_states(self, texts) -> jax.Array:

@@ -19,6 +19,8 @@ def check_dataset(cfg: Config, batch_size: int | None = None) -> None:
         masked = batch["mask"]
         batch = batch["inputs"]
     tok = source.tokenizer
+    if isinstance(batch, dict) and "labels" in batch:  # labelled examples (task sequence_classification)
+        return _check_labelled(source, batch, cfg)
     counts = np.bincount(batch.ravel(), minlength=1)
     print(source.description)
     print(f"batch 0{' inputs' if masked is not None else ''}: shape {batch.shape} {batch.dtype}; token ids min "
@@ -31,3 +33,14 @@ def check_dataset(cfg: Config, batch_size: int | None = None) -> None:
               f"{int((batch == mask_id).sum())} set to the mask id {mask_id}")
     text = tok.decode(batch[0])
     print(f"first text ({len(text)} characters):\n{text}")
+
+
+def _check_labelled(source, batch: dict, cfg: Config) -> None:
+    """The labelled counterpart: fields and shapes, token id range, and the first example with its label."""
+    inputs, real = batch["inputs"], batch["segment_ids"].astype(bool)
+    print(source.description)
+    print("batch 0: " + ", ".join(f"{k} {v.shape} {v.dtype}" for k, v in batch.items())
+          + f"; token ids min {inputs.min()} max {inputs.max()} (n_vocab {cfg.n_vocab}, tokenizer "
+          f"{source.tokenizer.vocab_size}); {real.sum(1).mean():.1f} real tokens per example of {inputs.shape[1]}")
+    label = int(batch["labels"][0])
+    print(f"first example (label {label}: {source.label_names[label]}):\n{source.tokenizer.decode(inputs[0][real[0]])}")

@@ -1,5 +1,6 @@
 """Data that prepares itself on first use: the quickstart's BPE tokenizer and TFRecords, built from the embedded
-corpus into a cache directory in seconds and reused afterwards.
+corpus into a cache directory in seconds and reused afterwards (and ``"prepare": "stdlib_docstrings"``, the
+labelled example of data/docstrings.py).
 
 A dataset config with ``"prepare": "embedded"`` names where its files go (``path``, ``eval_path``,
 ``tokenizer_path``), the ``vocab_size`` to train and any extra ``special_tokens`` (``[MASK]`` for masked LM).
@@ -17,7 +18,7 @@ from typing import Callable
 
 from config import ConfigError
 
-PREPARERS = ("embedded",)
+PREPARERS = ("embedded", "stdlib_docstrings")  # the second: data/docstrings.py
 
 
 def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
@@ -26,6 +27,12 @@ def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
     if kind not in PREPARERS:
         raise ConfigError(f"{where}: prepare {kind!r} is not one of {', '.join(PREPARERS)}")
     target = os.path.dirname(dataset["tokenizer_path"])
+    if kind == "stdlib_docstrings":
+        from data.docstrings import prepare_docstrings
+        build_once(target, lambda build: prepare_docstrings(build, dataset, where, n_ctx),
+                   f"{where}: first use, preparing {target} (labelled docstrings of the standard library and a "
+                   f"{dataset.get('vocab_size')}-token BPE; later runs reuse it)")
+        return
     build_once(target, lambda build: prepare_embedded(build, dataset, where, n_ctx),
                f"{where}: first use, preparing {target} (a {dataset.get('vocab_size')}-token BPE and TFRecords from "
                "the embedded corpus; later runs reuse it)")

@@ -15,6 +15,8 @@ file (``.../dataset.json``, as data/make_dataset.py writes). Two kinds of source
 Both have ``batch(step, batch_size, rows)``, ``state(batch_size)`` (the position to checkpoint, or None) and
 ``restore(step, batch_size, rows, saved)`` (one line saying what was restored, or None when nothing needs to be).
 
+``task: sequence_classification`` reads labelled examples instead (jsonl or TFDS): ``data/labelled.py``.
+
 Relative paths in the shipped dataset configs are relative to the repository root (the current directory when
 NeoMesh is installed, see neomesh/paths.py); in a dataset config given by its path, relative to its folder.
 """
@@ -38,7 +40,8 @@ ROOT = work_root()
 DATASET_CONFIG_DIR = os.path.join(configs_dir(), "dataset_configs")
 DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
                 "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
-                "data_dir", "lambada_tokens_path"}
+                "data_dir", "lambada_tokens_path", "text_pair_key", "label_key", "labels"}  # the last three: labelled
+                # data (data/labelled.py)
 SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
 
 
@@ -131,7 +134,7 @@ def _embedded_source(cfg: Config, dataset: dict, split: str) -> WindowSource:
                         tokenizer=tokenizer, bytes_per_token=n_bytes / len(ids), name=f"{where} ({split})")
 
 
-def _check_tokenizer(tokenizer: Tokenizer, dataset: dict, cfg: Config) -> None:
+def check_tokenizer(tokenizer: Tokenizer, dataset: dict, cfg: Config) -> None:
     where = dataset["where"]
     if tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the {tokenizer.vocab_size} tokens of "
@@ -141,7 +144,7 @@ def _check_tokenizer(tokenizer: Tokenizer, dataset: dict, cfg: Config) -> None:
                           f"of its tokenizer {dataset.get('tokenizer_path', 'bytes')}; set it to at least "
                           f"{tokenizer.vocab_size} (more leaves padding rows)")
     if dataset.get("eos_id") is not None and dataset["eos_id"] != tokenizer.eos_id:
-        raise ConfigError(f"{where}: eos_id {dataset['eos_id']} is not the tokenizer's <|endoftext|> id "
+        raise ConfigError(f"{where}: eos_id {dataset['eos_id']} is not the tokenizer's end-of-text id "
                           f"{tokenizer.eos_id}")
 
 
@@ -176,6 +179,10 @@ def make_source(cfg: Config, split: str):
     """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
     from data.pipeline import check_mode
 
+    if cfg.task == "sequence_classification":
+        from data.labelled import labelled_source
+        return labelled_source(cfg, split)
+
     datasets, entries = [], []
     for entry in cfg.datasets:
         name = entry[0]
@@ -207,7 +214,7 @@ def make_source(cfg: Config, split: str):
             ensure_prepared(d, d["where"], cfg.n_ctx)
     tokenizers = [load_tokenizer(d["tokenizer_path"]) for d in datasets]
     for tokenizer, dataset in zip(tokenizers, datasets):
-        _check_tokenizer(tokenizer, dataset, cfg)
+        check_tokenizer(tokenizer, dataset, cfg)
     if cfg.mlm_training:
         cfg = with_mask_token(cfg, tokenizers[0])
     sizes = {t.vocab_size for t in tokenizers}

@@ -1,13 +1,20 @@
-"""Tokenizers behind one small interface: ``encode``, ``decode``, ``vocab_size``, ``eos_id``, ``padding_id``.
+"""Tokenizers behind one small interface: ``encode``, ``decode``, ``encode_pair``, ``vocab_size``, ``eos_id``,
+``padding_id``, ``cls_id``.
 
-Two kinds: the built-in byte tokenizer (no training, no files) and byte-level BPE from Hugging Face
-``tokenizers``, trained here (``data/train_tokenizer.py``) or loaded from a ``tokenizer.json`` or from the
-GPT-2 files a user already has (``vocab.json`` + ``merges.txt``). Byte-level BPE is lossless: decoding an
-encoding gives the text back exactly.
+Two kinds: the built-in byte tokenizer (no training, no files) and any Hugging Face ``tokenizers`` tokenizer:
+byte-level BPE trained here (``data/train_tokenizer.py``), or loaded from a ``tokenizer.json`` (GPT-2/GPT-Neo,
+BERT WordPiece, RoBERTa BPE) or from the files older checkpoints ship: GPT-2's or RoBERTa's ``vocab.json`` +
+``merges.txt``, BERT's ``vocab.txt`` (with ``tokenizer_config.json``'s ``do_lower_case``). Byte-level BPE is
+lossless: decoding an encoding gives the text back exactly.
+
+``encode`` never adds special tokens (language-model data joins documents with ``eos_id`` itself);
+``encode_pair`` builds a classifier's input the way the tokenizer's own post-processor does (BERT:
+``[CLS] a [SEP] b [SEP]``, RoBERTa: ``<s> a </s></s> b </s>``), else ``[cls or eos] a [eos] b [eos]``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Iterable, Protocol, Sequence
 
@@ -15,20 +22,45 @@ from config import ConfigError
 
 EOS = "<|endoftext|>"
 PAD = "<|padding|>"
+# Special tokens by role, in order of preference: GPT-2/GPT-Neo's, RoBERTa's, BERT's.
+EOS_TOKENS = (EOS, "</s>", "[SEP]")
+PAD_TOKENS = (PAD, "<pad>", "[PAD]")
+CLS_TOKENS = ("[CLS]", "<s>")
 
 
 class Tokenizer(Protocol):
     vocab_size: int
     eos_id: int
     padding_id: int
+    cls_id: int | None
 
     def encode(self, text: str) -> list[int]: ...
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
+    def encode_pair(self, text: str, pair: str | None = None, max_length: int | None = None
+                    ) -> tuple[list[int], list[int]]: ...
+
+    def encode_pairs(self, texts: Sequence[str], pairs: Sequence[str | None], max_length: int | None = None
+                     ) -> list[tuple[list[int], list[int]]]: ...
+
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def token_id(self, token: str) -> int | None: ...
+
+
+def truncate_longest_first(a: list, b: list, budget: int) -> tuple[list, list]:
+    """``a`` and ``b`` cut to ``budget`` items together, the rule of ``tokenizers``' ``longest_first``: the
+    longer loses items until both fit, and when both must lose, each keeps half (the longer one, ``b`` on a tie,
+    keeps an odd one)."""
+    if len(a) + len(b) <= budget:
+        return a, b
+    short = min(len(a), len(b))
+    keep_short, keep_long = short, max(short, budget - short) if short <= budget else short
+    if keep_short + keep_long > budget:
+        keep_short, keep_long = budget // 2, budget // 2 + budget % 2
+    keep_a, keep_b = (keep_long, keep_short) if len(a) > len(b) else (keep_short, keep_long)
+    return a[:keep_a], b[:keep_b]
 
 
 class ByteTokenizer:
@@ -37,6 +69,7 @@ class ByteTokenizer:
     vocab_size = 257
     eos_id = 256
     padding_id = 256
+    cls_id = None
     name = "bytes"
 
     def encode(self, text: str) -> list[int]:
@@ -45,6 +78,24 @@ class ByteTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_pair(self, text: str, pair: str | None = None, max_length: int | None = None
+                    ) -> tuple[list[int], list[int]]:
+        """``eos a eos (b eos)`` and its type ids (0 for the first part, 1 for the second), at most
+        ``max_length`` ids: the longer text is cut first."""
+        a, b = self.encode(text), self.encode(pair) if pair is not None else []
+        if max_length is not None:
+            if max_length <= 3:
+                raise ConfigError(f"bytes: {max_length} tokens leave no room for text beside the 3 special tokens "
+                                  "of a pair")
+            a, b = truncate_longest_first(a, b, max_length - (2 if pair is None else 3))
+        first = [self.eos_id, *a, self.eos_id]
+        second = [*b, self.eos_id] if pair is not None else []
+        return first + second, [0] * len(first) + [1] * len(second)
+
+    def encode_pairs(self, texts: Sequence[str], pairs: Sequence[str | None], max_length: int | None = None
+                     ) -> list[tuple[list[int], list[int]]]:
+        return [self.encode_pair(t, p, max_length) for t, p in zip(texts, pairs)]
+
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
@@ -52,23 +103,71 @@ class ByteTokenizer:
         return self.eos_id if token == EOS else None
 
 
-class BPETokenizer:
-    """A ``tokenizers.Tokenizer`` (byte-level BPE) with its end-of-text and padding ids."""
+class HFTokenizer:
+    """A Hugging Face ``tokenizers.Tokenizer`` (BPE, WordPiece, ...) with its special-token ids by role."""
 
     def __init__(self, tokenizer, name: str):
         self.tok, self.name = tokenizer, name
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.eos_id = tokenizer.token_to_id(EOS)
-        if self.eos_id is None:
-            raise ConfigError(f"{name}: the tokenizer has no {EOS} token")
-        pad = tokenizer.token_to_id(PAD)
-        self.padding_id = self.eos_id if pad is None else pad
+        eos = self._first(EOS_TOKENS)
+        if eos is None:
+            raise ConfigError(f"{name}: the tokenizer has no end-of-text token (one of {', '.join(EOS_TOKENS)})")
+        self.eos_token, self.eos_id = eos
+        pad = self._first(PAD_TOKENS)
+        self.padding_id = self.eos_id if pad is None else pad[1]
+        cls = self._first(CLS_TOKENS)
+        self.cls_token, self.cls_id = cls if cls is not None else (None, None)
+        self._pair_tokenizers: dict = {}
+
+    def _first(self, tokens: Sequence[str]) -> tuple[str, int] | None:
+        return next(((t, self.tok.token_to_id(t)) for t in tokens if self.tok.token_to_id(t) is not None), None)
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text).ids
+        return self.tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(list(texts))]
+        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_pair(self, text: str, pair: str | None = None, max_length: int | None = None
+                    ) -> tuple[list[int], list[int]]:
+        """(ids, type ids) of ``text`` (and ``pair``) with the tokenizer's own special tokens: BERT's
+        ``[CLS] a [SEP] b [SEP]`` (type ids 0, then 1), RoBERTa's ``<s> a </s></s> b </s>``; a tokenizer
+        whose post-processor adds none (GPT-2) gets ``[cls or eos] a [eos] b [eos]``. With ``max_length`` the
+        texts are cut (the longer first) so the whole fits."""
+        return self.encode_pairs([text], [pair], max_length)[0]
+
+    def encode_pairs(self, texts: Sequence[str], pairs: Sequence[str | None], max_length: int | None = None
+                     ) -> list[tuple[list[int], list[int]]]:
+        """``encode_pair`` of many examples at once (``tokenizers`` encodes a batch in parallel)."""
+        tok = self._pair_tokenizer(max_length)
+        specials = tok.post_processor.num_special_tokens_to_add(True)
+        if max_length is not None and max_length <= specials:
+            raise ConfigError(f"{self.name}: {max_length} tokens leave no room for text beside the {specials} "
+                              "special tokens of a pair")
+        inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs)]
+        return [(e.ids, e.type_ids) for e in tok.encode_batch(inputs)]
+
+    def _pair_tokenizer(self, max_length: int | None):
+        """A copy of the tokenizer that adds the pair template and truncates to ``max_length`` (a copy, so the
+        settings never leak into ``encode``)."""
+        if max_length not in self._pair_tokenizers:
+            from tokenizers import Tokenizer as Library
+            from tokenizers import processors
+
+            tok = Library.from_str(self.tok.to_str())
+            tok.no_padding()
+            processor = tok.post_processor
+            if processor is None or processor.num_special_tokens_to_add(True) == 0:
+                first, eos = self.cls_token or self.eos_token, self.eos_token
+                tok.post_processor = processors.TemplateProcessing(
+                    single=f"{first}:0 $A:0 {eos}:0", pair=f"{first}:0 $A:0 {eos}:0 $B:1 {eos}:1",
+                    special_tokens=sorted({(first, self.tok.token_to_id(first)), (eos, self.eos_id)}))
+            if max_length is None:
+                tok.no_truncation()
+            else:
+                tok.enable_truncation(max_length, strategy="longest_first")
+            self._pair_tokenizers[max_length] = tok
+        return self._pair_tokenizers[max_length]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -86,6 +185,9 @@ class BPETokenizer:
         os.replace(path + ".tmp", path)
 
 
+BPETokenizer = HFTokenizer  # the name of the byte-level BPE case, kept for callers
+
+
 def _byte_level(tok):
     """Byte-level pre-tokenizer and decoder without a prefix space: the exact-round-trip settings."""
     from tokenizers import decoders, pre_tokenizers
@@ -96,28 +198,28 @@ def _byte_level(tok):
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
-              special_tokens: Sequence[str] = ()) -> BPETokenizer:
+              special_tokens: Sequence[str] = ()) -> HFTokenizer:
     """Trains a byte-level BPE on ``texts``: 256 byte tokens, ``<|endoftext|>``, ``<|padding|>`` and any
     ``special_tokens`` (e.g. ``[MASK]`` for masked-LM data), then merges up to ``vocab_size`` tokens in all."""
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import Tokenizer as Library
     from tokenizers import models, pre_tokenizers, trainers
 
     specials = [EOS, PAD, *special_tokens]
     if vocab_size < 256 + len(specials):
         raise ConfigError(f"vocab_size: {vocab_size} is below {256 + len(specials)} (256 bytes + "
                           f"{', '.join(specials)})")
-    tok = _byte_level(HFTokenizer(models.BPE()))
+    tok = _byte_level(Library(models.BPE()))
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    return BPETokenizer(tok, "trained BPE")
+    return HFTokenizer(tok, "trained BPE")
 
 
 def load_tokenizer(path: str) -> Tokenizer:
-    """``"bytes"``, a ``tokenizer.json``, or a directory holding ``tokenizer.json`` or GPT-2's ``vocab.json`` and
-    ``merges.txt``. Nothing is downloaded: a hub name like ``gpt2`` must be a local directory."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import models
+    """``"bytes"``, a ``tokenizer.json``, or a directory holding ``tokenizer.json``, GPT-2's or RoBERTa's
+    ``vocab.json`` and ``merges.txt``, or BERT's ``vocab.txt``. Nothing is downloaded: a hub name like ``gpt2``
+    must be a local directory."""
+    from tokenizers import Tokenizer as Library
 
     if path == "bytes":
         return ByteTokenizer()
@@ -125,22 +227,84 @@ def load_tokenizer(path: str) -> Tokenizer:
         path = os.path.join(path, "tokenizer.json")
     if os.path.isfile(path):
         try:
-            return BPETokenizer(HFTokenizer.from_file(path), path)
+            tok = Library.from_file(path)
         except Exception as e:  # tokenizers raises plain Exceptions with multi-line messages
             raise ConfigError(f"{path}: not a tokenizers JSON file ({str(e).splitlines()[0][:160]})") from None
-    vocab, merges = os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt")
-    if os.path.isdir(path) and os.path.exists(vocab) and os.path.exists(merges):
-        try:
-            tok = _byte_level(HFTokenizer(models.BPE.from_file(vocab, merges)))
-        except Exception as e:
-            raise ConfigError(f"{path}: unreadable vocab.json/merges.txt ({str(e).splitlines()[0][:160]})") from None
-        if tok.token_to_id(EOS) is None:
-            raise ConfigError(f"{vocab}: no {EOS} token in the vocabulary")
-        # GPT-2's files have <|endoftext|> (id 50256) and no padding token: padding falls back to end-of-text.
-        tok.add_special_tokens([t for t in (EOS, PAD) if tok.token_to_id(t) is not None])
-        return BPETokenizer(tok, path)
+        return HFTokenizer(tok, path)
+    if os.path.isdir(path) and all(os.path.exists(os.path.join(path, f)) for f in ("vocab.json", "merges.txt")):
+        return HFTokenizer(_bpe_files(path), path)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "vocab.txt")):
+        return HFTokenizer(_wordpiece_files(path), path)
     if not os.path.exists(path):
         raise ConfigError(f"tokenizer_path: {path!r} does not exist; a hub name like 'gpt2' works only as a local "
-                          "folder with tokenizer.json or vocab.json + merges.txt (nothing is downloaded)")
+                          "folder with tokenizer.json, vocab.json + merges.txt or vocab.txt (nothing is downloaded)")
     raise ConfigError(f"tokenizer_path: {path!r} is neither 'bytes', a tokenizer.json, nor a directory with "
-                      "tokenizer.json or vocab.json + merges.txt (nothing is downloaded)")
+                      "tokenizer.json, vocab.json + merges.txt or vocab.txt (nothing is downloaded)")
+
+
+def _tokenizer_config(path: str) -> dict:
+    """The directory's ``tokenizer_config.json`` (the options Hugging Face saved with the vocabulary), or {}."""
+    file = os.path.join(path, "tokenizer_config.json")
+    if not os.path.exists(file):
+        return {}
+    try:
+        with open(file) as f:
+            options = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{file}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{file}: expected a JSON object")
+    return options
+
+
+def _bpe_files(path: str):
+    """GPT-2's (``<|endoftext|>``) or RoBERTa's (``<s> </s> <pad> <mask>``) ``vocab.json`` + ``merges.txt``, set up
+    as Hugging Face's own tokenizers for them are."""
+    from tokenizers import Tokenizer, models, processors
+
+    vocab = os.path.join(path, "vocab.json")
+    try:
+        tok = _byte_level(Tokenizer(models.BPE.from_file(vocab, os.path.join(path, "merges.txt"))))
+    except Exception as e:
+        raise ConfigError(f"{path}: unreadable vocab.json/merges.txt ({str(e).splitlines()[0][:160]})") from None
+    if tok.token_to_id(EOS) is not None:
+        # GPT-2's files have <|endoftext|> (id 50256) and no padding token: padding falls back to end-of-text.
+        tok.add_special_tokens([t for t in (EOS, PAD) if tok.token_to_id(t) is not None])
+        return tok
+    missing = [t for t in ("<s>", "</s>") if tok.token_to_id(t) is None]
+    if missing:
+        raise ConfigError(f"{vocab}: neither GPT-2's {EOS} nor RoBERTa's <s> and </s> are in the vocabulary")
+    prefix_space = bool(_tokenizer_config(path).get("add_prefix_space", False))
+    tok.pre_tokenizer.add_prefix_space = prefix_space
+    tok.add_special_tokens([t for t in ("<s>", "<pad>", "</s>", "<unk>", "<mask>") if tok.token_to_id(t) is not None])
+    sep, cls = ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>"))
+    tok.post_processor = processors.RobertaProcessing(sep, cls, trim_offsets=True, add_prefix_space=prefix_space)
+    return tok
+
+
+def _wordpiece_files(path: str):
+    """BERT's ``vocab.txt`` with ``tokenizer_config.json``'s ``do_lower_case`` (default true, as BERT's),
+    ``strip_accents`` and ``tokenize_chinese_chars``: the WordPiece tokenizer Hugging Face builds from them."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab = os.path.join(path, "vocab.txt")
+    options = _tokenizer_config(path)
+    try:
+        tok = Tokenizer(models.WordPiece.from_file(vocab, unk_token="[UNK]"))
+    except Exception as e:
+        raise ConfigError(f"{vocab}: unreadable WordPiece vocabulary ({str(e).splitlines()[0][:160]})") from None
+    missing = [t for t in ("[CLS]", "[SEP]", "[UNK]") if tok.token_to_id(t) is None]
+    if missing:
+        raise ConfigError(f"{vocab}: no {' '.join(missing)} token in the vocabulary")
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=bool(options.get("tokenize_chinese_chars", True)),
+        strip_accents=options.get("strip_accents"), lowercase=bool(options.get("do_lower_case", True)))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens([t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+                            if tok.token_to_id(t) is not None])
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok

@@ -3,6 +3,7 @@ temporary directory that ``make_source`` reads instead of configs/dataset_config
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -76,3 +77,38 @@ def prepare_tiny_tfds(data_dir: str, texts: list[str]) -> None:
     builder = _TINY_TFDS["builder"]
     builder.texts = list(texts)
     builder(data_dir=data_dir).download_and_prepare()
+
+
+def prepare_tiny_glue(data_dir: str, pairs: list[tuple[str, str, int]]) -> None:
+    """A prepared TFDS dataset ``neomesh_tiny_glue/mrpc`` shaped like GLUE/MRPC (sentence1, sentence2, a two-class
+    label, idx) with train: pairs[:8] and validation: the rest, as ``tfds build`` leaves it in ``data_dir``."""
+    builder = _tiny_glue_builder()
+    builder.PAIRS = pairs
+    builder(config="mrpc", data_dir=data_dir).download_and_prepare()
+
+
+@functools.cache
+def _tiny_glue_builder():
+    """The builder class, defined once: TFDS registers a dataset name when its class is defined."""
+    import tensorflow_datasets as tfds
+
+    class NeomeshTinyGlue(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+        BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="mrpc")]
+        PAIRS: list = []
+
+        def _info(self):
+            return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+                "sentence1": tfds.features.Text(), "sentence2": tfds.features.Text(),
+                "label": tfds.features.ClassLabel(names=["not_equivalent", "equivalent"]),
+                "idx": tfds.features.Scalar(dtype=np.int32)}), disable_shuffling=True)
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(self.PAIRS[:8]),
+                    "validation": self._generate_examples(self.PAIRS[8:])}
+
+        def _generate_examples(self, rows):
+            for i, (a, b, label) in enumerate(rows):
+                yield i, {"sentence1": a, "sentence2": b, "label": label, "idx": i}
+
+    return NeomeshTinyGlue

@@ -10,8 +10,10 @@ the config's ``task`` picks the objective here.
 Batches (all int32 unless noted), by task:
     causal_lm                {"tokens": (B, T+1)}: inputs are tokens[:, :-1], targets tokens[:, 1:]
     masked_lm                {"inputs", "targets": (B, T), "mask": (B, T) float: 1 where the loss counts}
-    sequence_classification  {"inputs": (B, T), "segment_ids": (B, T) (0 = padding), "labels": (B,)}, and
-                             "token_types" (B, T) for models with token type embeddings
+    sequence_classification  {"inputs": (B, T), "segment_ids": (B, T) (0 = padding), "labels": (B,), "weights": (B,)
+                             float (0: a row that does not count, such as the filler of a last, partial evaluation
+                             batch; a batch without it counts every row)}, and "token_types" (B, T) for models
+                             with token type embeddings
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ def _masked_lm(model, batch: dict, dropout_key) -> Output:
     return cross_entropy(logits, targets), {"accuracy": correct}
 
 
+def _example_weights(batch: dict) -> jax.Array:
+    if "weights" in batch:
+        return batch["weights"].astype(jnp.float32)
+    return jnp.ones(batch["labels"].shape, jnp.float32)
+
+
 def _sequence_classification(model, batch: dict, dropout_key) -> Output:
     kwargs = {"token_types": batch["token_types"]} if "token_types" in batch else {}
     logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)  # (B, C)
@@ -102,10 +110,10 @@ OBJECTIVES = {
         _masked_lm, lambda batch: batch["mask"].astype(jnp.float32), per_token=True),
     "sequence_classification": Objective(
         "sequence_classification", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "token_types": SEQUENCE,
-                                    "labels": PER_EXAMPLE},
-        lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "labels": (),
+                                    "labels": PER_EXAMPLE, "weights": PER_EXAMPLE},
+        lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "labels": (), "weights": (),
                      **({"token_types": (cfg.n_ctx,)} if cfg.n_token_types else {})},
-        _sequence_classification, lambda batch: jnp.ones(batch["labels"].shape, jnp.float32), per_token=False),
+        _sequence_classification, _example_weights, per_token=False),
 }
 
 

@@ -1,0 +1,264 @@
+"""Labelled examples for ``task: sequence_classification``: jsonl files or a TFDS dataset -> classifier batches.
+
+A dataset config names jsonl files (``path`` for train, ``eval_path`` for eval; globs, ``.jsonl`` or
+``.jsonl.zst``) whose lines are objects with a text, an optional second text and a label::
+
+    {"text": "The cat sat.", "text_pair": "A cat was sitting.", "label": "equivalent"}
+
+The key names are the dataset config's ``text_key``, ``text_pair_key`` and ``label_key`` (defaults ``text``,
+``text_pair``, ``label``). Labels are integers, or strings mapped to integers through the dataset config's
+``labels`` list (else through the sorted set of the train file's labels); there must be ``num_labels`` of them.
+``tfds:NAME[/CONFIG]`` reads a TFDS dataset prepared in a local data dir instead (``tfds:glue/mrpc``): its text
+features are found by name (sentence1/sentence2, question1/question2, premise/hypothesis, question/sentence,
+sentence, text) unless the dataset config names them, its labels are its ClassLabel feature.
+
+Every example is tokenized once (``encode_pair``: the tokenizer's own [CLS]/[SEP] template), cut to n_ctx tokens
+(the longer text first) and right-padded with the padding id. Batch ``step`` is a pure function of (config,
+step): train batches walk a per-epoch permutation drawn from the seed, eval batches walk the examples in order,
+and an eval batch that runs past the last example is filled with weight-0 rows, so the evaluation mean counts
+each example once whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+
+import numpy as np
+
+from config import Config, ConfigError
+from data.tokenizer import Tokenizer, load_tokenizer
+
+# Text features of TFDS classification datasets (GLUE, SuperGLUE, IMDB, ...), tried in this order.
+TFDS_TEXT_KEYS = (("sentence1", "sentence2"), ("question1", "question2"), ("premise", "hypothesis"),
+                  ("question", "sentence"), ("text", "text_pair"), ("sentence", None), ("text", None))
+
+
+class Examples:
+    """Texts, second texts (None where absent) and raw labels, each with where it was read (for errors)."""
+
+    def __init__(self):
+        self.texts: list[str] = []
+        self.pairs: list[str | None] = []
+        self.labels: list = []
+        self.places: list[str] = []
+
+    def add(self, text: str, pair: str | None, label, place: str) -> None:
+        self.texts.append(text)
+        self.pairs.append(pair)
+        self.labels.append(label)
+        self.places.append(place)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def _open_text(path: str):
+    if path.endswith(".zst"):
+        import zstandard
+        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_jsonl(pattern: str, where: str, keys: tuple[str, str, str]) -> Examples:
+    """The examples of the jsonl files ``pattern`` matches (sorted), in file order."""
+    text_key, pair_key, label_key = keys
+    files = sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
+    if not files:
+        raise ConfigError(f"{where}: {pattern} matches no file")
+    examples = Examples()
+    for path in files:
+        before = len(examples)
+        with _open_text(path) as lines:
+            for line_no, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    row = None
+                if not isinstance(row, dict):
+                    raise ConfigError(f"{path}: line {line_no} is not a JSON object")
+                for key, name in ((text_key, "text_key"), (label_key, "label_key")):
+                    if key not in row:
+                        raise ConfigError(f"{path}: line {line_no} has no '{key}' field ({name}; it has "
+                                          f"{', '.join(map(repr, row)) or 'none'})")
+                pair = row.get(pair_key)
+                for key, value in ((text_key, row[text_key]), (pair_key, pair)):
+                    if value is not None and not isinstance(value, str):
+                        raise ConfigError(f"{path}: line {line_no}: '{key}' is not a string")
+                examples.add(row[text_key], pair, row[label_key], f"{path}: line {line_no}")
+        if len(examples) == before:
+            raise ConfigError(f"{path}: no examples (an empty file, matched by {where})")
+    return examples
+
+
+def read_tfds(name: str, data_dir: str | None, split: str, keys: tuple[str | None, str | None, str]
+              ) -> tuple[Examples, list[str]]:
+    """The examples of a prepared TFDS split, in order, and the names of its ClassLabel feature."""
+    from data.pipeline import open_tfds
+    from data.tf_import import tensorflow
+    import tensorflow_datasets as tfds
+
+    tensorflow()  # quiet, and off accelerators
+    text_key, pair_key, label_key = keys
+    builder = open_tfds(name, data_dir, split, label_key)
+    features = builder.info.features
+    where = f"tfds:{name}"
+    if not isinstance(features[label_key], tfds.features.ClassLabel):
+        raise ConfigError(f"{where}: feature '{label_key}' is not a class label (label_key)")
+    if text_key is None:
+        found = next(((a, b) for a, b in TFDS_TEXT_KEYS if a in features and (b is None or b in features)), None)
+        if found is None:
+            raise ConfigError(f"{where}: no text feature among {', '.join(sorted(features))}; set text_key (and "
+                              "text_pair_key) in a dataset config")
+        text_key, pair_key = found
+    for key, option in ((text_key, "text_key"), (pair_key, "text_pair_key")):
+        if key is not None and key not in features:
+            raise ConfigError(f"{where}: no feature '{key}' ({option}; features: {', '.join(sorted(features))})")
+    examples = Examples()
+    for i, row in enumerate(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))):
+        pair = row[pair_key].decode("utf-8") if pair_key is not None else None
+        examples.add(row[text_key].decode("utf-8"), pair, int(row[label_key]), f"{where} {split}: example {i}")
+    if not len(examples):
+        raise ConfigError(f"{where}: split {split!r} has no examples")
+    return examples, list(features[label_key].names)
+
+
+def label_names(dataset: dict, train: Examples | None, num_labels: int) -> list[str] | None:
+    """The label strings in id order: the dataset config's ``labels``, else the train split's sorted string
+    labels; None when the labels are integers. Their number must be ``num_labels``."""
+    where = dataset["where"]
+    names = dataset.get("labels")
+    if names is not None:
+        if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+            raise ConfigError(f"{where}: labels must be a list of strings, got {json.dumps(names)}")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{where}: labels {json.dumps(names)} names a label twice")
+    elif train is not None and any(isinstance(label, str) for label in train.labels):
+        names = sorted({label for label in train.labels if isinstance(label, str)})
+    if names is not None and len(names) != num_labels:
+        raise ConfigError(f"num_labels: {num_labels}, but {where} has {len(names)} labels ({', '.join(names)})")
+    return names
+
+
+def label_ids(examples: Examples, names: list[str] | None, num_labels: int) -> np.ndarray:
+    """(N,) int32 label ids; a label outside the names or outside 0..num_labels-1 is an error naming its line."""
+    index = {name: i for i, name in enumerate(names or [])}
+    ids = np.empty(len(examples), np.int32)
+    for i, (label, place) in enumerate(zip(examples.labels, examples.places)):
+        if isinstance(label, str):
+            if label not in index:
+                known = f"one of the labels ({', '.join(names)})" if names else "an integer, as the train labels are"
+                raise ConfigError(f"{place}: label {json.dumps(label)} is not {known}")
+            ids[i] = index[label]
+        elif isinstance(label, int) and not isinstance(label, bool):
+            if not 0 <= label < num_labels:
+                raise ConfigError(f"{place}: label {label} is outside 0..{num_labels - 1} (num_labels {num_labels})")
+            ids[i] = label
+        else:
+            raise ConfigError(f"{place}: label {json.dumps(label)} is neither an integer nor a string")
+    return ids
+
+
+class LabelledSource:
+    """Classifier batches from tokenized examples held in memory (no TensorFlow needed once they are read)."""
+
+    def __init__(self, examples: Examples, labels: np.ndarray, tokenizer: Tokenizer, n_ctx: int, *, shuffle: bool,
+                 seed: int, description: str, names: list[str] | None = None):
+        pad = tokenizer.padding_id
+        encoded = tokenizer.encode_pairs(examples.texts, examples.pairs, n_ctx)
+        self.lengths = np.array([len(ids) for ids, _ in encoded], np.int32)
+        self.inputs = np.full((len(encoded), n_ctx), pad, np.int32)  # (N, T)
+        self.token_types = np.zeros((len(encoded), n_ctx), np.int32)  # (N, T)
+        for row, (ids, types) in enumerate(encoded):
+            self.inputs[row, :len(ids)] = ids
+            self.token_types[row, :len(types)] = types
+        self.labels = labels
+        self.tokenizer, self.shuffle, self.seed = tokenizer, shuffle, seed
+        self.bytes_per_token = None  # per-example losses have no bits per byte
+        self.label_names = names or [str(i) for i in range(int(labels.max()) + 1)]
+        counts = np.bincount(labels, minlength=len(self.label_names))
+        cut = int((self.lengths == n_ctx).sum())
+        self.description = (f"{description}: {len(labels):,} examples ({cut:,} cut to n_ctx {n_ctx}); per label: "
+                            + ", ".join(f"{name} {count}" for name, count in zip(self.label_names, counts)))
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self)))
+        return self._order[1]
+
+    def example_ids(self, step: int, batch_size: int, rows: slice | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(example ids, weights) of rows ``rows`` of global batch ``step``."""
+        positions = np.arange(step * batch_size, (step + 1) * batch_size, dtype=np.int64)[rows or slice(None)]
+        if not self.shuffle:  # in order; past the last example, weight-0 copies of the first ones
+            return positions % len(self), (positions < len(self)).astype(np.float32)
+        epoch, position = np.divmod(positions, len(self))
+        ids = np.empty_like(position)
+        for e in np.unique(epoch):
+            ids[epoch == e] = self._permutation(int(e))[position[epoch == e]]
+        return ids, np.ones(len(ids), np.float32)
+
+    def batch(self, step: int, batch_size: int, rows: slice | None = None) -> dict:
+        """Rows ``rows`` (default all) of global batch ``step``: {"inputs", "segment_ids" (1 real token,
+        0 padding), "token_types": (rows, n_ctx) int32, "labels": (rows,) int32, "weights": (rows,) float32}."""
+        ids, weights = self.example_ids(step, batch_size, rows)
+        positions = np.arange(self.inputs.shape[1])
+        return {"inputs": self.inputs[ids], "segment_ids": (positions < self.lengths[ids, None]).astype(np.int32),
+                "token_types": self.token_types[ids], "labels": self.labels[ids], "weights": weights}
+
+
+def _dataset(cfg: Config) -> dict:
+    from data.source import load_dataset_config  # data.source dispatches here: import it when called
+
+    if len(cfg.datasets) != 1:
+        raise ConfigError(f"datasets: task sequence_classification reads one labelled dataset, got "
+                          f"{len(cfg.datasets)}")
+    name = cfg.datasets[0][0]
+    dataset = {"path": name, "where": name} if name.startswith("tfds:") else load_dataset_config(name)
+    if dataset["path"].startswith("tfds:"):
+        dataset.setdefault("data_dir", cfg.tfds_data_dir)
+    if cfg.tokenizer_path:
+        dataset["tokenizer_path"] = cfg.tokenizer_path
+    if dataset.get("prepare"):
+        from data.prepare import ensure_prepared
+        ensure_prepared(dataset, dataset["where"], cfg.n_ctx)
+    return dataset
+
+
+def _read(dataset: dict, split: str) -> tuple[Examples, list[str] | None]:
+    """The examples of ``split`` and, for TFDS, its label names."""
+    where = dataset["where"]
+    keys = (dataset.get("text_key"), dataset.get("text_pair_key"), dataset.get("label_key", "label"))
+    if dataset["path"].startswith("tfds:"):
+        tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")
+        return read_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, keys)
+    pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
+    if pattern is None:
+        raise ConfigError(f"{where}: no 'eval_path' for evaluation; add one or set eval_steps to 0")
+    jsonl_keys = (keys[0] or "text", keys[1] or "text_pair", keys[2])
+    return read_jsonl(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}", jsonl_keys), None
+
+
+def labelled_source(cfg: Config, split: str) -> LabelledSource:
+    """The sequence-classification source for ``split`` ("train" or "eval") of the config's one dataset."""
+    from data.source import check_tokenizer
+    dataset = _dataset(cfg)
+    where = dataset["where"]
+    tokenizer = load_tokenizer(dataset.get("tokenizer_path", "bytes"))
+    check_tokenizer(tokenizer, dataset, cfg)
+    examples, tfds_names = _read(dataset, split)
+    if tfds_names is not None:
+        names = label_names({**dataset, "labels": dataset.get("labels", tfds_names)}, None, cfg.num_labels)
+    else:
+        train = examples if split == "train" or dataset.get("labels") else _read(dataset, "train")[0]
+        names = label_names(dataset, train, cfg.num_labels)
+    labels = label_ids(examples, names, cfg.num_labels)
+    return LabelledSource(examples, labels, tokenizer, cfg.n_ctx, shuffle=split == "train", seed=cfg.seed,
+                          description=f"{split}: {where}", names=names)

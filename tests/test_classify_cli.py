@@ -1,0 +1,31 @@
+"""Sequence classification through train.py as a user runs it: configs/bert_classify.json (shrunk) on the stdlib
+docstrings example it ships with, and on a two-class TFDS dataset read by name, where eval rows add F1."""
+
+import pytest
+
+from tests.common import metrics_rows, run_cli
+from tests.data_common import prepare_tiny_glue
+
+TINY = ["n_layer=1", "n_embd=32", "n_head=2", "d_ff=64", "n_ctx=32", "train_batch_size=8", "eval_batch_size=8",
+        "train_steps=3", "warmup_steps=1", "eval_steps=2", "eval_every=0"]
+
+
+def classify(model_path, *sets):
+    args = ["train.py", "--config", "configs/bert_classify.json", "--model-path", str(model_path), "--no-progress"]
+    result = run_cli(*args, *[arg for s in TINY + list(sets) for arg in ("--set", s)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in metrics_rows(model_path)] == [1, 2, 3]
+    (evaluation,) = metrics_rows(model_path, "eval")
+    assert evaluation["step"] == 3 and evaluation["loss"] > 0 and 0.0 <= evaluation["accuracy"] <= 1.0
+    assert "perplexity" not in evaluation and "bits_per_byte" not in evaluation  # per-example losses
+    return evaluation
+
+
+@pytest.mark.e2e
+def test_bert_classify_reports_accuracy_and_two_class_f1(tmp_path):
+    assert "f1" not in classify(tmp_path / "docstrings")  # 8 modules: accuracy only
+    pairs = [(f"sentence {i} says {'yes' if i % 3 else 'no'}", f"reply {i}", int(i % 3 != 0)) for i in range(12)]
+    prepare_tiny_glue(str(tmp_path / "tfds"), pairs)
+    evaluation = classify(tmp_path / "glue", 'datasets=[["tfds:neomesh_tiny_glue/mrpc", null, null, null]]',
+                          f"tfds_data_dir={tmp_path / 'tfds'}", "tokenizer_path=bytes", "num_labels=2")
+    assert 0.0 <= evaluation["f1"] <= 1.0

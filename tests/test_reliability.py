@@ -140,13 +140,13 @@ def test_kill_9_mid_save_then_resume_is_bit_identical(reference, tmp_path, env):
 
 def test_damaged_checkpoint_falls_back_and_a_torn_metrics_line_is_dropped(reference, tmp_path, env, capsys):
     path = copy_of(reference, tmp_path)
-    data = max(glob.glob(str(path / "checkpoints" / "6" / "state" / "**" / "d" / "*"), recursive=True),
-               key=os.path.getsize)
-    blob = bytearray(open(data, "rb").read())
     rng = random.Random(0)
-    for _ in range(8):
-        blob[rng.randrange(len(blob))] = rng.randrange(256)
-    open(data, "wb").write(blob)
+    # Every data file: which arrays share a file depends on orbax's write order, and every reader must refuse.
+    for data in glob.glob(str(path / "checkpoints" / "6" / "state" / "**" / "d" / "*"), recursive=True):
+        blob = bytearray(open(data, "rb").read())
+        for _ in range(8):
+            blob[rng.randrange(len(blob))] = rng.randrange(256)
+        open(data, "wb").write(blob)
     with open(path / "metrics.jsonl", "a") as f:
         f.write('{"step": 7, "kind": "tra')  # a run killed mid-write
 

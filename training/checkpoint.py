@@ -174,8 +174,11 @@ class Checkpoints:
             params = self.restore_params(abstract_params, step)
         except DamagedCheckpoint as e:
             raise ConfigError(f"checkpoint {self.directory}/{step} is damaged: {e}") from None
-        except ConfigError:
-            raise
+        except ConfigError as e:  # the model comes from the checkpoint's own config: a misfit is most likely damage
+            if "does not fit" not in str(e):
+                raise
+            raise ConfigError(f"checkpoint {self.directory}/{step} is damaged or does not fit this config's model "
+                              f"({str(e).split(' model (', 1)[-1]}") from None
         except Exception as e:  # noqa: BLE001 - orbax reports damaged data as plain exceptions
             raise ConfigError(f"checkpoint {self.directory}/{step} is damaged: {_reason(e)}") from None
         problem = integrity.problem(params, saved, prefix="params/")

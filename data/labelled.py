@@ -189,6 +189,13 @@ class LabelledSource:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def state(self, batch_size: int) -> None:
+        """Nothing to save: any batch is computed directly from its step (O(1))."""
+        return None
+
+    def restore(self, step: int, batch_size: int, rows: slice, saved) -> None:
+        return None
+
     def _permutation(self, epoch: int) -> np.ndarray:
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self)))

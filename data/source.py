@@ -101,7 +101,7 @@ class TFDataSource:
 
     def batch(self, step: int, batch_size: int, rows: slice | None = None) -> np.ndarray:
         """Rows ``rows`` (default all) of global batch ``step``: (rows, n_ctx+1) int32 tokens (with
-        ``mlm_training``, a dict of (rows, n_ctx) ``inputs``/``targets``/``mask`` arrays)."""
+        ``mlm_training`` or ``span_corruption``, a dict of per-field arrays)."""
         from data.tf_import import tensorflow
         from data.tfrecords import diagnose
         tf = tensorflow()
@@ -219,6 +219,14 @@ def make_source(cfg: Config, split: str):
         _check_tokenizer(tokenizer, dataset, cfg)
     if cfg.mlm_training:
         cfg = with_mask_token(cfg, tokenizers[0])
+    window = cfg.n_ctx
+    if cfg.span_corruption:
+        from data.spans import noise_plan, sentinel_ids
+
+        raw = cfg.span_lengths[0]
+        window = raw - 1  # windows() cuts window+1 tokens
+        spans = noise_plan(raw, cfg.span_noise_density, cfg.span_mean_length)[1]
+        sentinels = sentinel_ids(tokenizers[0], cfg.n_vocab, spans, datasets[0]["where"])
     sizes = {t.vocab_size for t in tokenizers}
     if len(sizes) > 1:
         raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "
@@ -268,12 +276,16 @@ def make_source(cfg: Config, split: str):
             else:
                 docs = tfrecord_documents(tf, what, n_vocab=cfg.n_vocab, shuffle=shuffle, seed=seed,
                                           shuffle_buffer=buffer)
-            streams.append(windows(tf, docs, cfg.n_ctx, mode, stitch, shuffle=shuffle, seed=seed,
+            streams.append(windows(tf, docs, window, mode, stitch, shuffle=shuffle, seed=seed,
                                    shuffle_buffer=buffer))
         stream = mix(tf, streams, weights, cfg.seed * 1000 + 7)
         if cfg.mlm_training:
             from data.mlm import mlm_stage
             stream = mlm_stage(tf, stream, cfg, cfg.seed * 1000 + 8)
+        elif cfg.span_corruption:
+            from data.spans import span_stage
+            stream = span_stage(tf, stream, cfg, sentinels, tokenizers[0].eos_id, tokenizers[0].padding_id,
+                                cfg.seed * 1000 + 9)
         return batches(tf, stream, batch_size, rows, start)
 
     bytes_per_token = None

@@ -1,9 +1,10 @@
 """Generate text: ``python predict.py --config configs/quickstart.json --prompt "def "``.
 
 The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path; it may have
-been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2 directory (``--hf-model``). Prompts
+been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5 directory (``--hf-model``). Prompts
 (repeated ``--prompt`` or one per line of ``--prompt-file``) run as one left-padded batch; a single prompt
-streams to stdout as it is generated. Generation is KV-cached and compiled once per shape.
+streams to stdout as it is generated. Generation is KV-cached and compiled once per shape. A decoder continues
+its prompt; an encoder-decoder (T5) reads the prompt with its encoder and writes its output text.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--config", help="JSON config; its model_path is the default --model-path")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model-path", help="NeoMesh run directory with checkpoints")
-    source.add_argument("--hf-model", help="Hugging Face model directory (GPT-Neo, GPT-2)")
+    source.add_argument("--hf-model", help="Hugging Face model directory (GPT-Neo, GPT-2, T5)")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", help="a file with one prompt per line")
@@ -76,9 +77,9 @@ def load_model(args, layout):
     if path is None:
         path = load_config(args.config, tuple(args.set))[0].model_path
     cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run")
-    if cfg.task != "causal_lm":
-        raise ConfigError(f"{path}: a {cfg.model} model trained for {cfg.task} does not generate text; load it "
-                          "with pretrained.load to get its outputs")
+    if cfg.task not in ("causal_lm", "seq2seq") or (cfg.task == "seq2seq" and not cfg.decoder_layers):
+        what = "an encoder-only t5" if cfg.task == "seq2seq" else f"a {cfg.model} model trained for {cfg.task}"
+        raise ConfigError(f"{path}: {what} does not generate text; load it with pretrained.load to get its outputs")
     return cfg, graphdef, params, tokenizer
 
 
@@ -148,14 +149,18 @@ def predict(args) -> None:
     layout = Layout.from_config(mesh, args.layout)
     cfg, graphdef, params, tokenizer = load_model(args, layout)
 
+    seq2seq = cfg.task == "seq2seq"
     encoded = []
     for i, text in enumerate(prompts):
         ids = tokenizer.encode(text) or [tokenizer.eos_id]
-        room = cfg.n_ctx - args.max_new_tokens
+        if seq2seq and ids[-1] != tokenizer.eos_id:  # T5's encoder inputs end with end-of-text
+            ids.append(tokenizer.eos_id)
+        room = cfg.n_ctx if seq2seq else cfg.n_ctx - args.max_new_tokens  # T5: the prompt fills the encoder
         if len(ids) > room:
             if not args.truncate_prompt or room < 1:
-                raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; with --max-new-tokens "
-                                  f"{args.max_new_tokens} only {max(room, 0)} fit in n_ctx {cfg.n_ctx} "
+                limit = f"n_ctx {cfg.n_ctx} (the encoder's)" if seq2seq else \
+                    f"n_ctx {cfg.n_ctx} with --max-new-tokens {args.max_new_tokens}"
+                raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; only {max(room, 0)} fit in {limit} "
                                   "(shorten it, lower --max-new-tokens, or pass --truncate-prompt)")
             ids = ids[-room:]
         encoded += [ids] * args.num_samples
@@ -168,7 +173,7 @@ def predict(args) -> None:
                         length_penalty=args.length_penalty, eos_id=tokenizer.eos_id)
     stream = len(encoded) == 1 and args.num_beams == 1
     printer = Printer(tokenizer, len(encoded), args.stop, stream)
-    if stream:
+    if stream and not seq2seq:  # a decoder continues its prompt; T5's output stands alone
         sys.stdout.write(prompts[0])
         sys.stdout.flush()
     with layout.active():
@@ -188,7 +193,10 @@ def predict(args) -> None:
         printer.ids[row] = ids
         prompt_index, sample_index = divmod(row, args.num_samples)
         header = f"=== prompt {prompt_index + 1}" + (f", sample {sample_index + 1}" if args.num_samples > 1 else "")
-        print(f"{header} ===\n{prompts[prompt_index]}{printer.text(row)}")
+        if seq2seq:
+            print(f"{header} ===\n{prompts[prompt_index]}\n=== output ===\n{printer.text(row)}")
+        else:
+            print(f"{header} ===\n{prompts[prompt_index]}{printer.text(row)}")
 
 
 if __name__ == "__main__":

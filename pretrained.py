@@ -159,10 +159,11 @@ class Pretrained:
         return self._forward(self.params, batch, "hidden_states")
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
-        """The text a decoder writes after ``prompt`` (until end-of-text or ``max_new_tokens``)."""
+        """The text a decoder writes after ``prompt``, or an encoder-decoder (T5) writes for it (until end-of-text
+        or ``max_new_tokens``)."""
         from models.generate import complete
 
-        if self.config.task != "causal_lm":
+        if self.config.task not in ("causal_lm", "seq2seq") or not self.config.decoder_layers:
             raise ConfigError(f"generate: a {self.config.model} model trained for {self.config.task} does not "
                               "generate text")
         with self.layout.active():

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 def noise_plan(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int]:
     """(noise tokens, noise spans) of a ``length``-token window; never degenerate: at least one noise and one
-    non-noise token and one span. Rounding is half to even, as T5's ``tf.round``."""
+    non-noise token, and between one span and as many as either side has tokens (T5 leaves the last bound out, and
+    fails on short spans of dense noise). Rounding is half to even, as T5's ``tf.round``."""
     length = max(length, 2)
     noise = min(max(int(round(length * noise_density)), 1), length - 1)
-    return noise, max(int(round(noise / mean_span_length)), 1)
+    return noise, min(max(int(round(noise / mean_span_length)), 1), noise, length - noise)
 
 
 def corrupted_lengths(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int]:

@@ -133,6 +133,8 @@ def t5(n_embd=48, n_head=4, d_kv=None, n_layer=2, n_decoder_layer=3, d_ff=80, vo
                 p.add_(0.2 * torch.randn_like(p))
             elif "relative_attention_bias" in name:
                 p.normal_(0.0, 1.0)
+            elif name == "shared.weight":  # small: else a token's own row dominates the residual stream and a
+                p.mul_(0.1)  # tied model keeps repeating the decoder's start token
         if not tied and not encoder_only:
             model.lm_head.weight = torch.nn.Parameter(torch.randn(vocab, n_embd) * n_embd ** -0.5)
     return model

@@ -67,10 +67,8 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
         return out
 
     def mlp(prefix):
-        if cfg.mlp_glu:
-            return {"c_gate": {"kernel": get(prefix + ".wi_0.weight").T}, "c_fc": {"kernel": get(prefix + ".wi_1.weight").T},
-                    "c_proj": {"kernel": get(prefix + ".wo.weight").T}}
-        return {"c_fc": {"kernel": get(prefix + ".wi.weight").T}, "c_proj": {"kernel": get(prefix + ".wo.weight").T}}
+        names = (("c_gate", "wi_0"), ("c_fc", "wi_1")) if cfg.mlp_glu else (("c_fc", "wi"),)
+        return {ours: {"kernel": get(f"{prefix}.{theirs}.weight").T} for ours, theirs in names + (("c_proj", "wo"),)}
 
     def scale(name):
         return {"scale": get(name + ".weight")}

@@ -143,7 +143,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
 
 def load_tokenizer(path: str) -> Tokenizer:
     """``"bytes"``, a ``tokenizer.json``, or a directory holding ``tokenizer.json``, GPT-2's ``vocab.json`` and
-    ``merges.txt``, or T5's SentencePiece ``spiece.model`` (needs the optional ``sentencepiece`` package). Nothing is downloaded: a hub name like ``gpt2`` must be a local directory."""
+    ``merges.txt``, or T5's SentencePiece ``spiece.model`` (needs the optional ``sentencepiece`` package).
+    Nothing is downloaded: a hub name like ``gpt2`` must be a local directory."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models
 

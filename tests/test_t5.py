@@ -278,6 +278,21 @@ def test_predict_writes_what_transformers_generates(directories):
     assert config["architectures"] == ["T5ForConditionalGeneration"]
 
 
+def test_python_api_generates_and_embeds_like_transformers(directories):
+    from pretrained import Pretrained
+
+    path = directories["t5v1.1-gated-gelu-untied-dkv16"]
+    model = Pretrained.from_pretrained(path)
+    ids = model.tokenizer.encode(PROMPT)
+    with torch.no_grad():
+        hf = reference(path)
+        want = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=10, use_cache=False)[0, 1:].tolist()
+        hidden = hf.encoder(input_ids=torch.tensor([ids])).last_hidden_state.numpy()
+    want = want[:want.index(1)] if 1 in want else want
+    assert model.generate(PROMPT, max_new_tokens=10, temperature=0) == model.tokenizer.decode(want)
+    assert np.max(np.abs(np.asarray(model.hidden_states([PROMPT])) - hidden)) <= 1e-4  # the encoder's output
+
+
 @pytest.mark.e2e
 def test_span_corruption_run_resumes_bit_identically_and_generates(tmp_path):
     """configs/t5_small_spans.json made tiny, through train.py: span-corruption batches from TFRecords, dropout on;
@@ -299,7 +314,7 @@ def test_span_corruption_run_resumes_bit_identically_and_generates(tmp_path):
     assert "at step 2" in train(tmp_path / "parts").stdout
 
     def rows(path, kind="train"):
-        return [(r["step"], r["loss"], r["grad_norm"], r.get("accuracy")) for r in metrics_rows(path, kind)]
+        return [(r["step"], r["loss"], r.get("grad_norm"), r.get("accuracy")) for r in metrics_rows(path, kind)]
 
     assert rows(tmp_path / "parts") == rows(tmp_path / "whole") and len(rows(tmp_path / "whole")) == 4
     assert rows(tmp_path / "parts", "eval") == rows(tmp_path / "whole", "eval")

@@ -141,6 +141,9 @@ class Config:
     train_steps: int = _key(10000, "optimizer steps to train for", minimum=1)
     eval_steps: int = _key(10, "batches per evaluation (0 disables eval)", minimum=0)
     eval_every: int = _key(0, "evaluate every N steps (0: only at the end)", minimum=0)
+    log_every: Optional[int] = _key(
+        None, "without a progress bar (output not a terminal, or --no-progress): a log line every N steps; "
+        "default: a tenth of train_steps, at most 50", minimum=1)
     steps_per_checkpoint: int = _key(5000, "checkpoint every N steps (and always at the end)", minimum=1)
     keep_checkpoints: int = _key(3, "how many recent checkpoints to keep", minimum=1)
     precision: str = _key("float32", "'bfloat16': bf16 compute, fp32 master weights and loss",
@@ -151,8 +154,12 @@ class Config:
     seed: int = _key(1234, "seed for init, data order and dropout")
 
     # Parallelism.
-    mesh_shape: str = _key("x:-1", "device mesh 'x:4,y:2'; one axis may be -1 (the rest of the devices)")
-    layout: str = _key("batch:x", "tensor dimension -> mesh axis, e.g. 'batch:x,heads:y,embd:y'")
+    mesh_shape: str = _key("x:-1", "device mesh 'x:4,y:2'; one axis may be -1 (the rest of the devices); 'auto' "
+                                   "(with layout 'auto'): chosen for the devices, model and memory")
+    layout: str = _key("batch:x", "tensor dimension -> mesh axes, e.g. 'batch:x,heads:y,embd:y'; 'batch:x+z' splits "
+                                  "over two axes, 'name:none' not at all; activation_embd / activation_vocab place "
+                                  "the residual stream / logits apart from embd / vocab (default: like them); "
+                                  "'auto': chosen, with the reason printed")
 
     # Data and output.
     datasets: list = _key([["embedded", None, None, None]],
@@ -218,6 +225,11 @@ class Config:
     def decay_end(self) -> int:
         return self.lr_decay_end or self.train_steps
 
+    @property
+    def log_interval(self) -> int:
+        """Steps between log lines when there is no progress bar (``log_every``, or its default)."""
+        return self.log_every or max(1, min(50, self.train_steps // 10))
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -235,8 +247,6 @@ LEGACY_KEYS = {
     "eval_tasks": "mesh-tensorflow eval harness tasks; eval reports loss, perplexity and bits per byte",
     "padding_id": "belongs to the dataset config (configs/dataset_configs)",
     "eos_id": "belongs to the dataset config (configs/dataset_configs)",
-    "auto_layout": "set mesh_shape and layout explicitly",
-    "auto_layout_and_mesh_shape": "set mesh_shape and layout explicitly",
     "slow_sampling": "sampling is compiled once; there is no slow path",
     "stop_at_token": "predict.py takes --stop",
     "remove_partial_sequences": "predict.py returns whole generations",
@@ -244,12 +254,17 @@ LEGACY_KEYS = {
     "lr_decay_end_ratio": "decay always ends at 0.1*lr",
 }
 
+# GPT-Neo's switches for mesh-tensorflow's layout search: true means NeoMesh's "auto" (parallel/auto.py).
+AUTO_KEYS = {"auto_layout": ("layout",), "auto_layout_and_mesh_shape": ("mesh_shape", "layout")}
+
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 
 
 def describe_keys() -> str:
     """Every key with its default and doc, for ``--help-config``."""
     rows = [f"{f.name:28} {json.dumps(_default(f)):>18}  {f.metadata['doc']}" for f in dataclasses.fields(Config)]
+    rows += [f"{k:28} {'false':>18}  GPT-Neo's switch: true sets {' and '.join(t)} to 'auto'"
+             for k, t in AUTO_KEYS.items()]
     rows += [f"{k:28} {'(accepted)':>18}  no effect: {why}" for k, why in LEGACY_KEYS.items()]
     rows += ["", "family defaults (filled in where a config does not set the key):"]
     rows += [f"  model {name}: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in registry.defaults(name).items())
@@ -294,6 +309,9 @@ def validated(cfg: Config) -> Config:
             raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
         if meta["max"] is not None and value > meta["max"]:
             raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")
+    if cfg.mesh_shape == "auto" and cfg.layout != "auto":
+        raise ConfigError(f"mesh_shape: 'auto' needs layout 'auto' too (the layout {json.dumps(cfg.layout)} names "
+                          f"mesh axes that an automatic mesh may not have)")
     if cfg.n_embd % cfg.n_head and cfg.d_kv is None:
         raise ConfigError(f"n_embd: {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
     _check_attention_types(cfg)
@@ -439,34 +457,97 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
-    """Builds a validated ``Config``; returns it with notes about legacy keys that were accepted."""
+    """Builds a validated ``Config``; returns it with notes about legacy keys that were accepted. An error in a
+    ``--set`` override names ``--set``, not ``source``."""
     raw = dict(raw)
+    notes = _drop_legacy_keys(raw, source)
+    overridden = {}
     for text in overrides:
         key, value = parse_override(text)
-        raw[key] = value
+        if key in LEGACY_KEYS or key in AUTO_KEYS:
+            given = {key: value}
+            notes += _drop_legacy_keys(given, f"--set {text}")
+            raw.update(given)
+            overridden.update(given)
+            continue
+        _check_known(key, f"--set {text}")
+        raw[key] = overridden[key] = value
     model = raw.get("model", "gpt_neo")
     if model not in registry.FAMILIES:
         close = difflib.get_close_matches(str(model), tuple(registry.FAMILIES), n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(registry.FAMILIES)})"
-        raise ConfigError(f"{source}: model: unknown family {json.dumps(model)}{hint}")
+        where = f"--set model={json.dumps(model)}" if "model" in overridden else source
+        raise ConfigError(f"{where}: model: unknown family {json.dumps(model)}{hint}")
     family = registry.defaults(model)
     if raw.get("mlm_training"):
         family["task"] = "masked_lm"
     raw = {**family, **raw}
+    try:
+        return validated(Config(**raw)), notes
+    except ConfigError as e:
+        culprit = next((key for key in overridden if str(e).startswith(f"{key}:")), None)
+        if culprit is None:
+            raise
+        raise ConfigError(f"--set {culprit}={json.dumps(overridden[culprit])}: {e}") from None
+
+
+def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
+    """Removes the mesh-tensorflow-only keys from ``raw`` (with a note each) and turns GPT-Neo's auto-layout
+    switches into "auto" values; an unknown key is an error."""
     notes = []
+    for key, targets in AUTO_KEYS.items():
+        if key in raw:
+            value = raw.pop(key)
+            if value is True:
+                raw.update({target: "auto" for target in targets})
+                notes.append(f"{source}: '{key}': true sets {' and '.join(targets)} to 'auto'")
+            elif value is not False:
+                raise ConfigError(f"{key}: expected true or false, got {json.dumps(value)}")
     for key in list(raw):
         if key in LEGACY_KEYS:
             notes.append(f"{source}: '{key}' has no effect here ({LEGACY_KEYS[key]})")
             del raw[key]
-        elif key not in KNOWN_KEYS:
-            close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS), n=1, cutoff=0.5)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"{source}: unknown key '{key}'{hint}")
-    return validated(Config(**raw)), notes
+        else:
+            _check_known(key, source)
+    return notes
+
+
+def _check_known(key: str, source: str) -> None:
+    if key not in KNOWN_KEYS:
+        close = difflib.get_close_matches(key, KNOWN_KEYS + tuple(LEGACY_KEYS) + tuple(AUTO_KEYS), n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"{source}: unknown key '{key}'{hint}")
+
+
+def resolve_config_path(path: str) -> str:
+    """The config file ``path`` names: a file (relative to the current directory), else a shipped config, by name
+    (``quickstart``) or by its repository path (``configs/quickstart.json``, from any directory). A file that is
+    not found is a one-line error with the closest config names."""
+    from neomesh.paths import configs_dir
+
+    if os.path.isfile(path):
+        return path
+    shipped = configs_dir()
+    candidates = [os.path.join(os.path.dirname(shipped), path)] if not os.path.isabs(path) else []
+    if os.path.dirname(path) == "":
+        candidates += [os.path.join(shipped, path), os.path.join(shipped, path + ".json")]
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return candidate
+    known = sorted(f[:-5] for f in os.listdir(shipped) if f.endswith(".json"))
+    folder = os.path.dirname(path)
+    if folder and os.path.isdir(folder) and os.path.abspath(folder) != os.path.abspath(shipped):
+        known = sorted({*known, *(f[:-5] for f in os.listdir(folder) if f.endswith(".json"))})
+    stem = os.path.basename(path).removesuffix(".json")
+    close = difflib.get_close_matches(stem, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {os.path.join(folder, close[0] + '.json') if folder else close[0]}?" if close else ""
+    raise ConfigError(f"{path}: config file not found{hint} (shipped configs: {', '.join(known)})")
 
 
 def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
-    """Reads a JSON config file, applies ``--set`` overrides, validates; ``model_path`` defaults to runs/NAME."""
+    """Reads a JSON config file (see ``resolve_config_path``), applies ``--set`` overrides, validates;
+    ``model_path`` defaults to runs/NAME."""
+    path = resolve_config_path(path)
     try:
         with open(path) as f:
             raw = json.load(f)

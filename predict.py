@@ -13,31 +13,48 @@ import argparse
 import sys
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="JSON config; its model_path is the default --model-path")
+def build_parser() -> argparse.ArgumentParser:
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p.add_argument("--config", metavar="FILE", help="JSON config (a path, or a shipped config by name); its "
+                   "model_path is the default --model-path")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--model-path", help="NeoMesh run directory with checkpoints")
-    source.add_argument("--hf-model", help="Hugging Face model directory (GPT-Neo, GPT-2, T5)")
+    source.add_argument("--model-path", help="NeoMesh run directory with checkpoints (default: the config's "
+                        "model_path)")
+    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5): a "
+                        "directory, or ORG/NAME[@REVISION] from the local Hugging Face cache (nothing is downloaded)")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
-    prompts.add_argument("--prompt-file", help="a file with one prompt per line")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="keep the smallest set with this probability (1: all)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="Hugging Face's penalty (1: off)")
-    p.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams")
-    p.add_argument("--length-penalty", type=float, default=1.0, help="beam score = log p / length ** this")
-    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop", action="append", default=[], help="stop when this text appears (repeatable)")
+    prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "
+                         "line is a line break)")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate per prompt")
+    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="sampling temperature; 0 is greedy")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="keep the smallest set with this "
+                   "probability (1: all)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R", help="Hugging Face's penalty "
+                   "(1: off)")
+    p.add_argument("--num-beams", type=int, default=1, metavar="B", help="beam search with this many beams "
+                   "(1: no beam search)")
+    p.add_argument("--length-penalty", type=float, default=1.0, metavar="L", help="beam score = log p / length ** "
+                   "this")
+    p.add_argument("--num-samples", type=int, default=1, metavar="S", help="samples per prompt")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears "
+                   "(repeatable)")
     p.add_argument("--truncate-prompt", action="store_true", help="keep the last tokens of a prompt too long "
                    "for n_ctx instead of stopping with an error")
-    p.add_argument("--mesh-shape", help="run sharded on this mesh (default: one device)")
+    p.add_argument("--mesh-shape", metavar="SHAPE", help="run sharded on this mesh, e.g. x:4,y:2 (default: one "
+                   "device)")
     p.add_argument("--layout", default="batch:x", help="layout with --mesh-shape")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    return p.parse_args(argv)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the run's "
+                   "config (repeatable)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> int:
@@ -45,6 +62,7 @@ def main(argv=None) -> int:
     from config import ConfigError
 
     try:
+        check_options(args)  # before jax starts: a mistake costs well under a second
         predict(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -53,7 +71,8 @@ def main(argv=None) -> int:
 
 
 def check_options(args) -> None:
-    from config import ConfigError
+    """Checks the options and resolves --hf-model and the config's model_path, all without jax."""
+    from config import ConfigError, load_config
 
     checks = [(args.max_new_tokens >= 1, "--max-new-tokens must be at least 1"),
               (args.temperature >= 0, "--temperature must be >= 0"), (args.top_k >= 0, "--top-k must be >= 0"),
@@ -66,16 +85,19 @@ def check_options(args) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    if args.hf_model:
+        from neomesh.hf_cache import resolve_model
+        args.hf_model = resolve_model(args.hf_model)
+    elif args.model_path is None:
+        args.model_path = load_config(args.config, tuple(args.set))[0].model_path
 
 
 def load_model(args, layout):
     """(config, graphdef, parameters placed on ``layout``, tokenizer) from --hf-model or a NeoMesh run directory."""
-    from config import ConfigError, load_config
+    from config import ConfigError
     from pretrained import load
 
-    path = args.hf_model or args.model_path
-    if path is None:
-        path = load_config(args.config, tuple(args.set))[0].model_path
+    path = args.hf_model or args.model_path  # check_options resolved both
     cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run")
     if cfg.task not in ("causal_lm", "seq2seq") or (cfg.task == "seq2seq" and not cfg.decoder_layers):
         what = "an encoder-only t5" if cfg.task == "seq2seq" else f"a {cfg.model} model trained for {cfg.task}"
@@ -135,7 +157,6 @@ def predict(args) -> None:
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
 
-    check_options(args)
     prompts = args.prompt
     if args.prompt_file:
         try:

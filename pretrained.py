@@ -65,10 +65,14 @@ def load_hf_model(hf_dir: str, layout=None, notes: list | None = None) -> tuple[
 
 def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "auto", notes: list | None = None):
     """(config, graphdef, parameters, tokenizer) of a NeoMesh run directory (``kind`` "run"; it has checkpoints/)
-    or a Hugging Face directory ("hf"; it has config.json and weights); "auto" tells them apart."""
+    or a Hugging Face directory ("hf"; it has config.json and weights, or is ORG/NAME in the local Hugging Face
+    cache); "auto" tells them apart."""
     from convert.hf_dir import load_tokenizer
     from data.source import make_tokenizer
 
+    if kind in ("auto", "hf") and not os.path.isdir(path):
+        from neomesh.hf_cache import resolve_model
+        path, kind = resolve_model(path, "load"), "hf"  # ORG/NAME from the local Hugging Face cache
     if kind == "auto":
         kind = "run" if os.path.isdir(os.path.join(path, "checkpoints")) else "hf" if os.path.exists(
             os.path.join(path, "config.json")) else None

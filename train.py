@@ -14,17 +14,25 @@ import sys
 import time
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="JSON config (configs/*.json)")
-    p.add_argument("--model-path", help="run directory; overrides the config's model_path")
+def build_parser() -> argparse.ArgumentParser:
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p.add_argument("--config", metavar="FILE", help="JSON config: a path, or a shipped config by name (quickstart, "
+                   "gpt_neo_125M, moe, ...: see configs/); with --data it defaults to quickstart")
+    p.add_argument("--data", nargs="+", metavar="PATH", help="train on your own text: .txt / .jsonl / .jsonl.zst "
+                   "files, folders or globs (prepared once into data_cache/, cached by content, with a tokenizer "
+                   "of n_vocab tokens and a 5%% eval split), or a folder data/make_dataset.py wrote")
+    p.add_argument("--model-path", help="run directory; overrides the config's model_path (with --data: "
+                   "runs/NAME-HASH, named like the prepared data's folder)")
     fresh = p.add_mutually_exclusive_group()
     fresh.add_argument("--resume", action="store_true", help="resume from model_path (the default when it has "
                        "a checkpoint); an error if it has none")
     fresh.add_argument("--new", action="store_true", help="start fresh; an existing run directory is moved aside")
     p.add_argument("--eval", action="store_true", help="only evaluate the latest checkpoint")
-    p.add_argument("--init-from", metavar="HF_DIR", help="start a new run from a Hugging Face model's weights "
-                   "(GPT-Neo, GPT-2; fresh optimizer state and schedule): fine-tuning")
+    p.add_argument("--init-from", metavar="HF_MODEL", help="start a new run from a Hugging Face model's weights "
+                   "(GPT-Neo, GPT-2; fresh optimizer state and schedule): fine-tuning; a directory, or ORG/NAME "
+                   "from the local Hugging Face cache")
     p.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and stop after step N (a time-sliced "
                    "job); the next run resumes there exactly")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -33,26 +41,51 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--check-dataset", action="store_true", help="decode the first train batch, print token id "
                    "range, counts and its first text, and exit")
     dist = p.add_argument_group("multi-host (jax.distributed)")
-    dist.add_argument("--coordinator", help="host:port of process 0")
-    dist.add_argument("--num-processes", type=int)
-    dist.add_argument("--process-id", type=int)
+    dist.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (with --num-processes and "
+                      "--process-id)")
+    dist.add_argument("--num-processes", type=int, metavar="N", help="processes in the run")
+    dist.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0..N-1")
     dist.add_argument("--distributed", action="store_true", help="auto-detect the cluster (TPU pod, SLURM)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs one line per eval)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar: a log line every log_every steps "
+                   "instead (also what happens when the output is not a terminal)")
+    dry = p.add_argument_group("dry run: compile the train step for the mesh on simulated CPU devices, print "
+                               "parameters, FLOPs, memory per device, collectives and step-time estimates, exit")
+    dry.add_argument("--dry-run", action="store_true", help="compile for the configured mesh, report, exit")
+    dry.add_argument("--devices", type=int, metavar="N", help="simulated devices (default: what mesh_shape fixes)")
+    dry.add_argument("--accelerator", default="h100", choices=("h100", "tpu-v4", "tpu-v5e"),
+                     help="whose memory per device an 'auto' mesh or layout is chosen for")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
-    if not args.help_config and not args.config:
-        p.error("--config is required")
+    if not args.help_config and not args.config and not args.data:
+        p.error("--config is required (or --data)")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from config import ConfigError, describe_keys
+    from config import ConfigError, describe_keys, load_config
 
     if args.help_config:
         print(describe_keys())
         return 0
     try:
-        train(args)
+        # Everything that needs no jax is checked first, so a mistake costs well under a second.
+        cfg, notes = load_config(args.config or "quickstart", tuple(args.set))
+        if args.data:
+            from data.make_dataset import config_for_data
+            cfg = config_for_data(cfg, args.data)
+        if args.model_path:
+            cfg = cfg.replace(model_path=args.model_path)
+        if args.init_from:
+            from neomesh.hf_cache import resolve_model
+            args.init_from = resolve_model(args.init_from, "--init-from")
+        if args.dry_run:
+            return dry_run(args, cfg, notes)
+        train(args, cfg, notes)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -62,17 +95,26 @@ def main(argv=None) -> int:
     return 0
 
 
-def train(args) -> None:
+def dry_run(args, cfg, notes: list[str]) -> int:
+    from parallel.dry_run import run_dry_run  # imports jax, but starts no backend: --devices still applies
+
+    for note in notes:
+        print(f"note: {note}")
+    print(f"dry run: {args.config}")
+    print(run_dry_run(cfg, args.devices, args.accelerator))
+    return 0
+
+
+def train(args, cfg, notes: list[str]) -> None:
     import jax
     from tqdm import tqdm
 
-    from config import ConfigError, load_config
+    from config import ConfigError
     from data.source import make_source
     from models import registry
     from models.generate import complete
     from parallel import distributed
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
+    from parallel.auto import resolve
     from parallel.state import abstract_train_state, create_train_state
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
@@ -81,10 +123,8 @@ def train(args) -> None:
     from training.metrics import MetricsWriter
     from training.objectives import objective_for, report
     from training.optimizer import learning_rate_schedule, make_optimizer
+    from training.progress import Progress, wants_bar
 
-    cfg, notes = load_config(args.config, tuple(args.set))
-    if args.model_path:
-        cfg = cfg.replace(model_path=args.model_path)
     if args.check_dataset:
         from data.check import check_dataset
         return check_dataset(cfg)
@@ -94,10 +134,13 @@ def train(args) -> None:
     for note in notes:
         say(f"note: {note}")
 
-    mesh = make_mesh(cfg.mesh_shape)
-    layout = Layout.from_config(mesh, cfg.layout)
-    say(f"mesh {dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
-        f"({jax.process_count()} processes); layout {cfg.layout}")
+    tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
+    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
+    layout, auto_note = resolve(cfg, make_model, tx)
+    if auto_note:
+        say(auto_note)
+    say(f"mesh {dict(layout.mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
+        f"({jax.process_count()} processes); layout {layout.text}")
     objective = objective_for(cfg)
     train_shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
     eval_shapes = batch_shapes(objective, cfg, cfg.eval_batch_size)
@@ -115,8 +158,6 @@ def train(args) -> None:
 
         return distributed.global_batch(rows_of, sharding, shapes)
 
-    tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
-    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
     if args.new and lead and os.path.exists(cfg.model_path):
         aside = f"{cfg.model_path.rstrip('/')}-{time.strftime('%Y%m%d-%H%M%S')}"
         os.rename(cfg.model_path, aside)
@@ -174,42 +215,39 @@ def train(args) -> None:
     tokens_per_step = cfg.train_batch_size * cfg.n_ctx
     peak = peak_flops_per_second()
     flops_per_token = train_flops_per_token(cfg)
-    bar = tqdm(total=cfg.train_steps, initial=start, disable=args.no_progress or not lead, unit="step",
-               dynamic_ncols=True)
-    first_loss = last_loss = None
-    tick = time.perf_counter()
     stop = min(cfg.train_steps, args.stop_at_step or cfg.train_steps)
+    progress = Progress(start, stop, cfg.train_steps, tokens_per_step, cfg.log_interval,
+                        bar=wants_bar(args.no_progress, lead), say=say)
+    last_eval = last_eval_step = saved = None
+    tick = time.perf_counter()
     for step in range(start, stop):
         state, out = train_step(state, global_batch(train_data, step, train_shapes, train_sharding))
         out = {k: float(v) for k, v in jax.device_get(out).items()}
         now = time.perf_counter()
         tokens_per_sec = tokens_per_step / (now - tick)
-        tick = now
         mfu = tokens_per_sec * flops_per_token / peak if peak else None
         metrics.write({"step": step + 1, "kind": "train", **out, "tokens_per_sec": tokens_per_sec, "mfu": mfu})
-        first_loss = out["loss"] if first_loss is None else first_loss
-        last_loss = out["loss"]
-        bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
-        bar.update(1)
+        progress.update(step + 1, out, now - tick)
         done = step + 1 == stop
         finished = step + 1 == cfg.train_steps
         if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or finished):
-            result = evaluate(state.params)
-            metrics.write({"step": step + 1, "kind": "eval", **result})
-            say(f"step {step + 1}: eval " + "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
+            last_eval, last_eval_step = evaluate(state.params), step + 1
+            metrics.write({"step": step + 1, "kind": "eval", **last_eval})
+            say(f"step {step + 1}: eval " + "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
         if (step + 1) % cfg.steps_per_checkpoint == 0 or done:
             checkpoints.save(step + 1, state, cfg.to_dict())
+            saved = os.path.join(cfg.model_path, "checkpoints", str(step + 1))
         tick = time.perf_counter()  # eval and checkpoint time are not training time
-    bar.close()
+    progress.close()
     checkpoints.close()
     metrics.close()
-    if first_loss is not None:
-        say(f"train loss {first_loss:.4f} -> {last_loss:.4f} over steps {start + 1}..{stop}")
     if cfg.sample_tokens and cfg.task == "causal_lm":  # every process takes part: the parameters are spread
         with layout.active():
             text = complete(graphdef, state.params, train_data.tokenizer, cfg.sample_prompt, cfg.sample_tokens,
                             cfg.n_ctx, seed=cfg.seed)
         say(f"sample:\n{cfg.sample_prompt}{text}")
+    for line in progress.summary(stop - start, last_eval, last_eval_step, saved, cfg.model_path):
+        say(line)
 
 
 def imported_params(cfg, hf_dir: str):

@@ -4,6 +4,8 @@
 
 Both sides decode greedily to exactly ``--new-tokens`` tokens (no early eos) from the same random prompt; times
 include the prefill and are the median of ``--repeats`` runs after a warm-up (NeoMesh's warm-up compiles).
+The transformers side needs torch and transformers (``pip install -r requirements-test.txt``); without them, or
+with ``--neomesh-only``, NeoMesh runs alone on randomly initialised weights.
 """
 
 from __future__ import annotations
@@ -17,20 +19,22 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="configs/gpt_neo_125M.json")
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--batch-sizes", default="1,16")
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+def main(argv=None) -> None:
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p.add_argument("--config", default="configs/gpt_neo_125M.json", help="model shape to time")
+    p.add_argument("--new-tokens", type=int, default=32, metavar="N", help="tokens generated per row")
+    p.add_argument("--prompt-tokens", type=int, default=32, metavar="N", help="random prompt length")
+    p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes")
+    p.add_argument("--repeats", type=int, default=3, metavar="N", help="timed runs per case (the median is shown)")
+    p.add_argument("--neomesh-only", action="store_true", help="time NeoMesh alone (random weights), without "
+                   "transformers")
+    args = p.parse_args(argv)
 
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import torch
-    import transformers
 
     from config import load_config
     from convert import gpt_neo
@@ -38,11 +42,25 @@ def main() -> None:
     from models.generate import Sampling, sample
     from parallel.state import abstract_model
 
+    torch = transformers = None
+    if not args.neomesh_only:
+        try:
+            import torch
+            import transformers
+        except ImportError as e:
+            torch = transformers = None
+            print(f"note: the transformers side needs torch and transformers ({e.name} is missing: pip install -r "
+                  "requirements-test.txt); timing NeoMesh alone on random weights", flush=True)
+
     cfg, _ = load_config(args.config)
-    reference = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**gpt_neo.config_to_hf(cfg))).eval()
-    tensors = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
-    params = jax.tree.map(jnp.asarray, gpt_neo.params_from_hf(cfg, tensors))
     graphdef, _, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
+    if transformers is not None:
+        reference = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**gpt_neo.config_to_hf(cfg))).eval()
+        tensors = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
+        params = jax.tree.map(jnp.asarray, gpt_neo.params_from_hf(cfg, tensors))
+    else:
+        from flax import nnx
+        params = nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(0))))
     settings = Sampling(max_new_tokens=args.new_tokens, temperature=0, eos_id=None)
 
     def timed(fn) -> float:
@@ -60,21 +78,23 @@ def main() -> None:
         pad = np.zeros((batch,), np.int32)
         ours = timed(lambda: jax.block_until_ready(
             sample(graphdef, params, prompts, pad, settings, jax.random.key(0))))
-        ids = torch.from_numpy(prompts)
+        timings = [("NeoMesh (JAX)", ours)]
+        if torch is not None:
+            ids = torch.from_numpy(prompts)
 
-        def theirs_run():
-            with torch.no_grad():
-                reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
-                                   max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+            def theirs_run():
+                with torch.no_grad():
+                    reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
+                                       max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
 
-        theirs = timed(theirs_run)
-        for name, seconds in (("NeoMesh (JAX)", ours), ("transformers (PyTorch)", theirs)):
+            timings.append(("transformers (PyTorch)", timed(theirs_run)))
+        for name, seconds in timings:
             rows.append((name, batch, batch * args.new_tokens / seconds, 1000 * seconds / args.new_tokens))
 
     device = jax.devices()[0]
+    theirs = f", PyTorch on CPU with {torch.get_num_threads()} threads" if torch is not None else ""
     print(f"\n{args.config}: {cfg.n_layer} layers x {cfg.n_embd}, prompt {args.prompt_tokens} + "
-          f"{args.new_tokens} new tokens, greedy; JAX on {device.platform} ({device.device_kind}), "
-          f"PyTorch on CPU with {torch.get_num_threads()} threads")
+          f"{args.new_tokens} new tokens, greedy; JAX on {device.platform} ({device.device_kind}){theirs}")
     print(f"{'implementation':24} {'batch':>5} {'tokens/s':>10} {'ms/token':>9}")
     for name, batch, tokens_per_second, ms in rows:
         print(f"{name:24} {batch:>5} {tokens_per_second:>10.1f} {ms:>9.1f}")

@@ -1,11 +1,14 @@
-"""Is the input pipeline ever the bottleneck? Tokens/s the tf.data pipeline delivers (batch 8 x 2048, each
-sampling mode) next to tokens/s the train step consumes for the GPT-Neo 125M config, on this machine.
+"""Is the input pipeline ever the bottleneck? Tokens/s the tf.data pipeline delivers (each sampling mode) next
+to tokens/s the train step consumes, on this machine.
 
-    python benchmarks/input_pipeline.py [--batches 40] [--train-steps 2]
+    python benchmarks/input_pipeline.py [--batches 40] [--train-steps 5]    # quickstart shape: under a minute
+    python benchmarks/input_pipeline.py --full                               # GPT-Neo 125M, batch 8 x 2048
 
 The data is the quickstart's (BPE tokenizer and TFRecords prepared from the embedded corpus into data_cache/).
-The train step runs the 125M config on whatever devices jax sees, with the 8 x 2048 batch accumulated over
-microbatches of one sequence (``tokens_per_mb_per_replica=2048``) so it fits in a CPU's memory.
+By default the shapes are the quickstart's (batch 8 x 128), which finishes in under a minute on a 2-core CPU.
+``--full`` times the README's table: batch 8 x 2048 and the 125M train step on whatever devices jax sees, the
+batch accumulated over microbatches of one sequence (``tokens_per_mb_per_replica=2048``) so it fits in a CPU's
+memory (on a 2-core CPU: more than 25 minutes and about 10 GB).
 """
 
 from __future__ import annotations
@@ -63,36 +66,45 @@ def train_rate(cfg, steps: int) -> float:
     return steps * cfg.train_batch_size * cfg.n_ctx / (time.perf_counter() - start)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="configs/gpt_neo_125M.json")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--batches", type=int, default=40, help="pipeline batches timed per mode")
-    p.add_argument("--train-steps", type=int, default=2, help="train steps timed (0: skip the train step)")
-    args = p.parse_args()
+def main(argv=None) -> None:
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p.add_argument("--full", action="store_true", help="the README's table: GPT-Neo 125M, batch 8 x 2048 (slow on "
+                   "a CPU)")
+    p.add_argument("--config", help="config whose shapes are timed (default: quickstart; gpt_neo_125M with --full)")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="sequences per batch")
+    p.add_argument("--batches", type=int, default=40, metavar="N", help="pipeline batches timed per mode")
+    p.add_argument("--train-steps", type=int, metavar="N", help="train steps timed (0: skip the train step; "
+                   "default: 5, or 2 with --full)")
+    args = p.parse_args(argv)
     import jax
 
     from config import load_config
 
-    base, _ = load_config(args.config, ("train_batch_size=%d" % args.batch_size, "tokens_per_mb_per_replica=2048",
-                                        "mesh_shape=x:-1"))
+    config = args.config or ("gpt_neo_125M" if args.full else "quickstart")
+    overrides = ("train_batch_size=%d" % args.batch_size, "mesh_shape=x:-1")
+    if args.full:
+        overrides += ("tokens_per_mb_per_replica=2048",)
+    base, _ = load_config(config, overrides)
     modes = [("chunks", None), ("documents_fixed", 4), ("documents_random", 4)]
     cores = os.cpu_count()
-    print(f"machine: {cores} CPU cores, jax devices: {jax.device_count()} x {jax.devices()[0].device_kind}")
-    print(f"{'what':44} {'tokens/s':>12}")
+    print(f"machine: {cores} CPU cores, jax devices: {jax.device_count()} x {jax.devices()[0].device_kind}; "
+          f"{config}, batch {args.batch_size} x {base.n_ctx}", flush=True)
+    print(f"{'what':44} {'tokens/s':>12}", flush=True)
     rates = []
     for mode, stitch in modes:
         cfg = base.replace(datasets=[["embedded_bpe", stitch, mode if mode != "chunks" else None, None]])
         rate, first = pipeline_rate(cfg, args.batches, args.batch_size)
         rates.append(rate)
         print(f"{'pipeline ' + mode + f' ({args.batch_size} x {cfg.n_ctx})':44} {rate:12,.0f}   "
-              f"(first batch after {first:.1f} s)")
-    if args.train_steps:
-        consumed = train_rate(base.replace(train_batch_size=args.batch_size), args.train_steps)
-        print(f"{'train step, ' + os.path.basename(args.config) + f' ({args.batch_size} x {base.n_ctx})':44} "
-              f"{consumed:12,.0f}")
+              f"(first batch after {first:.1f} s)", flush=True)
+    train_steps = (2 if args.full else 5) if args.train_steps is None else args.train_steps
+    if train_steps:
+        print(f"compiling the train step of {config} ...", flush=True)
+        consumed = train_rate(base.replace(train_batch_size=args.batch_size), train_steps)
+        print(f"{'train step, ' + config + f' ({args.batch_size} x {base.n_ctx})':44} {consumed:12,.0f}")
         print(f"pipeline / train step: {min(rates) / consumed:,.0f}x (slowest mode)")
-
 
 if __name__ == "__main__":
     main()

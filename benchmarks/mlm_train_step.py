@@ -85,9 +85,10 @@ def pytorch(args, batch) -> tuple[float, float]:
     return statistics.median(times), first
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+def main(argv=None) -> None:
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--layers", type=int, default=12, help="BERT-base: 12")
     p.add_argument("--width", type=int, default=768, help="BERT-base: 768")
     p.add_argument("--heads", type=int, default=12, help="BERT-base: 12")
@@ -95,7 +96,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--vocab", type=int, default=30522, help="BERT's WordPiece vocabulary")
     p.add_argument("--steps", type=int, default=3, help="timed steps per implementation (median reported)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import convert
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m convert", description=convert.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    from neomesh.help import HelpFormatter
+
+    command = os.path.basename(sys.argv[0])  # neomesh-hf when run as the installed command
+    p = argparse.ArgumentParser(prog="python -m convert" if command.endswith(".py") else command,
+                                description=convert.__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
-    imp = sub.add_parser("import", help="Hugging Face directory -> NeoMesh run directory", allow_abbrev=False)
-    imp.add_argument("hf_dir")
-    imp.add_argument("model_path")
-    exp = sub.add_parser("export", help="NeoMesh run directory -> Hugging Face directory", allow_abbrev=False)
-    exp.add_argument("model_path")
-    exp.add_argument("hf_dir")
+    imp = sub.add_parser("import", help="Hugging Face model -> NeoMesh run directory", allow_abbrev=False,
+                         formatter_class=HelpFormatter)
+    imp.add_argument("hf_dir", metavar="HF_MODEL", help="a Hugging Face model directory, or ORG/NAME from the "
+                     "local Hugging Face cache")
+    imp.add_argument("model_path", help="the NeoMesh run directory to write")
+    exp = sub.add_parser("export", help="NeoMesh run directory -> Hugging Face directory", allow_abbrev=False,
+                         formatter_class=HelpFormatter)
+    exp.add_argument("model_path", help="a NeoMesh run directory (its latest checkpoint is exported)")
+    exp.add_argument("hf_dir", help="the directory to write (config.json, model.safetensors, tokenizer)")
     args = p.parse_args(argv)
 
     from config import ConfigError

@@ -46,7 +46,8 @@ def check_finite(params: dict, what: str) -> None:
 
 def import_hf(hf_dir: str, model_path: str) -> Config:
     """Writes MODEL_PATH/config.json, MODEL_PATH/tokenizer/ and a step-0 checkpoint (fresh optimizer state), so
-    predict.py --model-path and train.py (fine-tuning) both start from the imported weights."""
+    predict.py --model-path and train.py (fine-tuning) both start from the imported weights. ``hf_dir`` may be
+    ORG/NAME from the local Hugging Face cache."""
     import jax
 
     from convert.hf_dir import copy_tokenizer
@@ -55,8 +56,10 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     from parallel.mesh import make_mesh
     from parallel.state import create_train_state
     from training.checkpoint import Checkpoints
+    from neomesh.hf_cache import resolve_model
     from training.optimizer import make_optimizer
 
+    hf_dir = resolve_model(hf_dir, "import")  # a directory, or a name from the local Hugging Face cache
     cfg, params = load_hf(hf_dir)
     cfg = cfg.replace(model_path=model_path)
     layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")

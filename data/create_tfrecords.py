@@ -114,10 +114,12 @@ def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, m
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help=".txt / .jsonl / .jsonl.zst files, directories or globs; 'embedded' for the built-in corpus")
-    p.add_argument("--output-dir", required=True)
+    p.add_argument("--output-dir", required=True, help="where the TFRecords and NAME.index are written")
     p.add_argument("--name", required=True, help="output files are NAME_00000.tfrecords ... and NAME.index")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json, a directory with tokenizer.json or "
                    "GPT-2's vocab.json + merges.txt, or 'bytes'")
@@ -125,7 +127,7 @@ def main(argv=None) -> int:
                    help="chunks: the token stream cut into --chunk-size records; documents: a record per document")
     p.add_argument("--n-ctx", type=int, default=2048, help="context length; the default chunk size is n_ctx + 1")
     p.add_argument("--chunk-size", type=int, help="tokens per record in chunks mode (default: n_ctx + 1)")
-    p.add_argument("--workers", type=int, default=0, help="processes (default: one per CPU, at most one per file)")
+    p.add_argument("--workers", type=int, default=0, help="processes (0: one per CPU, at most one per file)")
     args = p.parse_args(argv)
     from config import ConfigError
     try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import time
+from typing import Callable
 
 from config import ConfigError
 
@@ -24,18 +26,39 @@ def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
     if kind not in PREPARERS:
         raise ConfigError(f"{where}: prepare {kind!r} is not one of {', '.join(PREPARERS)}")
     target = os.path.dirname(dataset["tokenizer_path"])
+    build_once(target, lambda build: prepare_embedded(build, dataset, where, n_ctx),
+               f"{where}: first use, preparing {target} (a {dataset.get('vocab_size')}-token BPE and TFRecords from "
+               "the embedded corpus; later runs reuse it)")
+
+
+def build_once(target: str, build: Callable[[str], None], message: str = "") -> bool:
+    """Runs ``build(directory)`` unless ``target`` is complete (holds ``DONE``), then publishes the directory as
+    ``target`` with one rename; ``build`` writes ``DONE`` last. Returns whether it built. Under a file lock: the
+    first process builds, others wait and then find it done."""
     if os.path.exists(os.path.join(target, "DONE")):
-        return
-    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        return False
+    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
     with open(target + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the first process builds; the others wait and then find DONE
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(os.path.join(target, "DONE")):
-            return
-        build = target + f".tmp-{os.getpid()}"
-        shutil.rmtree(build, ignore_errors=True)
-        prepare_embedded(build, dataset, where, n_ctx)
+            return False
+        if message:
+            print(message, flush=True)
+        began = time.perf_counter()
+        staging = target + f".tmp-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            build(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         shutil.rmtree(target, ignore_errors=True)
-        os.replace(build, target)
+        os.replace(staging, target)
+        if message:
+            shown = os.path.relpath(target)
+            print(f"prepared {target if shown.startswith('..') else shown} in {time.perf_counter() - began:.1f} s",
+                  flush=True)
+    return True
 
 
 def prepare_embedded(directory: str, dataset: dict, where: str, n_ctx: int) -> None:

@@ -3,13 +3,15 @@ uninterrupted run would have, and each process builds just its own rows of the g
 
 ``make_source(cfg, split)`` is the seam train.py uses. ``cfg.datasets`` is GPT-Neo's
 ``[[id, stitch, sampling_mode, weight], ...]``; ``id`` names ``configs/dataset_configs/ID.json`` or is
-``tfds:NAME[/CONFIG]`` (a TFDS text dataset prepared in ``tfds_data_dir``). Two kinds of source:
+``tfds:NAME[/CONFIG]`` (a TFDS text dataset prepared in ``tfds_data_dir``) or is the path of a dataset config
+file (``.../dataset.json``, as data/make_dataset.py writes). Two kinds of source:
 
 * ``WindowSource``: the embedded corpus held in memory (``path: "embedded"``): no TensorFlow needed.
 * ``TFDataSource``: TFRecords (GPT-Neo's format, ``path``/``eval_path`` globs) and TFDS through tf.data
   (``data/pipeline.py``): parallel reads, seeded shuffles, sampling modes, weighted mixing, prefetch.
 
-Relative paths in dataset configs are relative to the repository root.
+Relative paths in the shipped dataset configs are relative to the repository root (the current directory when
+NeoMesh is installed, see neomesh/paths.py); in a dataset config given by its path, relative to its folder.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import numpy as np
 from config import Config, ConfigError
 from data import corpus
 from data.tokenizer import Tokenizer, load_tokenizer
+from neomesh.paths import configs_dir, work_root
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATASET_CONFIG_DIR = os.path.join(ROOT, "configs", "dataset_configs")
+ROOT = work_root()
+DATASET_CONFIG_DIR = os.path.join(configs_dir(), "dataset_configs")
 DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
                 "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
                 "data_dir"}
@@ -32,12 +35,16 @@ SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo use
 
 
 def load_dataset_config(name: str) -> dict:
-    """``configs/dataset_configs/NAME.json``, checked, with relative paths made absolute."""
-    path = os.path.join(DATASET_CONFIG_DIR, f"{name}.json")
+    """``configs/dataset_configs/NAME.json``, or the dataset config file ``name`` ends in ``.json``; checked, with
+    relative paths made absolute."""
+    by_path = name.endswith(".json")
+    path = name if by_path else os.path.join(DATASET_CONFIG_DIR, f"{name}.json")
     if not os.path.exists(path):
         known = sorted(f[:-5] for f in os.listdir(DATASET_CONFIG_DIR) if f.endswith(".json"))
-        raise ConfigError(f"datasets: no dataset config {path} (known: {', '.join(known)}; or tfds:NAME)")
-    where = f"configs/dataset_configs/{name}.json"
+        raise ConfigError(f"datasets: no dataset config {path} (known: {', '.join(known)}; or tfds:NAME, or the "
+                          "path of a dataset config .json)")
+    where = name if by_path else f"configs/dataset_configs/{name}.json"
+    base = os.path.dirname(os.path.abspath(path)) if by_path else ROOT
     try:
         with open(path) as f:
             dataset = json.load(f)
@@ -52,7 +59,7 @@ def load_dataset_config(name: str) -> dict:
         value = dataset.get(key)
         if isinstance(value, str) and value not in ("embedded", "bytes") and not value.startswith("tfds:") \
                 and "://" not in value and not os.path.isabs(value):
-            dataset[key] = os.path.join(ROOT, value)
+            dataset[key] = os.path.join(base, value)
     return {**dataset, "where": where}
 
 

@@ -15,6 +15,7 @@ def tensorflow():
         import tensorflow as tf
     except ImportError:
         raise ConfigError("datasets: TFRecord and TFDS data need TensorFlow (pip install tensorflow-cpu==2.21.0); "
+                          "an installed NeoMesh has it in its [data] extra (pip install 'neomesh[data]'); "
                           "the 'embedded' dataset works without it") from None
     try:
         tf.config.set_visible_devices([], "GPU")

@@ -14,10 +14,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--input", nargs="+", default=["embedded"], metavar="PATH",
-                   help="files, directories or globs (default: embedded, the corpus shipped with Python)")
-    p.add_argument("--output-dir", required=True)
+                   help="files, directories or globs; embedded is the corpus shipped with Python")
+    p.add_argument("--output-dir", required=True, help="where tokenizer.json is written")
     p.add_argument("--vocab-size", type=int, required=True, help="tokens in all, special tokens included")
     p.add_argument("--min-frequency", type=int, default=2, help="pairs seen fewer times are not merged")
     args = p.parse_args(argv)

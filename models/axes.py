@@ -21,9 +21,13 @@ DIMENSIONS = {
     "intermediate_expanded": "F", "vocab": "V", "experts": "E", "memory_length": "S",
 }
 
+# Activation dimensions with names of their own, so a layout can place them apart from the parameter dimension
+# they shadow (MaxText's activation_embed vs embed); a layout that does not name one places it like its parameter.
+ACTIVATION_DIMENSIONS = {"activation_embd": "embd", "activation_vocab": "vocab"}
+
 # Activation shapes named once, used by every layer.
-HIDDEN = ("batch", "sequence", "embd")  # (B, T, D): the residual stream
-LOGITS = ("batch", "sequence", "vocab")  # (B, T, V)
+HIDDEN = ("batch", "sequence", "activation_embd")  # (B, T, D): the residual stream
+LOGITS = ("batch", "sequence", "activation_vocab")  # (B, T, V)
 HEADS = ("batch", "sequence", "heads", "features_per_head")  # (B, T, N, H): queries, keys, values
 
 Placer = Callable[[Sequence[str | None], Sequence[str]], jax.sharding.Sharding]

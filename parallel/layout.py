@@ -2,20 +2,33 @@
 
 This file is the one place where tensor dimension names meet mesh axes. Model code annotates every parameter
 (``logical_axes`` metadata) and key activation (``constrain``) with GPT-Neo's dimension names (models/axes.py);
-the layout decides which mesh axis, if any, each name is split over. Data parallelism is ``batch:x``;
-Megatron-style tensor parallelism adds ``heads:y`` (and ``intermediate_expanded:y``); FSDP/ZeRO-3 shards
-parameters over the data axis too (``embd:x``); expert parallelism is ``experts:x``.
+the layout decides which mesh axes, if any, each name is split over. Data parallelism is ``batch:x``; Megatron-style tensor
+parallelism adds ``heads:y`` (and ``intermediate_expanded:y``); FSDP/ZeRO-3 shards parameters over the data axis
+too (``embd:x``); expert parallelism is ``experts:x``.
 
-The rules are applied in layout order with flax's resolution: when two dimensions of one tensor map to the same
-mesh axis, the one named first in the layout gets it and the other stays whole. So with
-``batch:x,heads:y,embd:y`` the attention weights (embd, heads, features_per_head) split heads over y and the MLP
-weights (embd, intermediate_expanded) split embd over y.
+Syntax (GPT-Neo's, extended so that old layouts keep their meaning):
+
+* ``name:axis`` splits dimension ``name`` over one mesh axis; ``name:x+z`` over several at once (x major), e.g.
+  ``batch:x+z`` for data parallelism over two axes; ``name:none`` keeps it whole even where another rule of the
+  layout would otherwise apply (see the activation names below).
+* Rules apply in layout order with flax's resolution: when two dimensions of one tensor want the same mesh
+  axis, the one named first gets it and the other stays whole; a dimension gets all the axes of its rule or
+  none of them. So with ``batch:x,heads:y,embd:y`` the attention weights (embd, heads, features_per_head) split
+  heads over y and the MLP weights (embd, intermediate_expanded) split embd over y.
+* Parameters and activations share most names, as in mesh-tensorflow, but the activations where the choice
+  matters have names of their own (MaxText's ``activation_embed`` vs ``embed``): ``activation_embd`` is the
+  residual stream's model dimension, ``activation_vocab`` the logits' vocabulary. A layout that does not name
+  them places them like ``embd`` and ``vocab`` (GPT-Neo's meaning); ``activation_embd:none`` keeps the residual
+  stream whole while the weights are split on ``embd`` (2-D weight sharding with tensor parallelism). Sequence
+  parallelism is ``sequence:y`` named after the tensor-parallel rules: the residual stream is split over the
+  sequence, while attention and MLP activations, whose heads or intermediate dimension takes y first, are not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import math
 from typing import Iterator, Sequence
 
@@ -23,25 +36,57 @@ import flax.linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from config import ConfigError
-from models.axes import DIMENSIONS, placing
+from models.axes import ACTIVATION_DIMENSIONS, DIMENSIONS, placing
+
+NOT_SPLIT = "none"  # layout value: keep the dimension whole
+
+Rule = tuple[str, tuple[str, ...]]  # (dimension name, mesh axes it is split over; () for none)
 
 
-def parse_layout(text: str, mesh: Mesh) -> tuple[tuple[str, str], ...]:
-    """``"batch:x,heads:y"`` -> ``(("batch", "x"), ("heads", "y"))``, checked against the mesh axes."""
-    rules = []
+def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:
+    """``"batch:x+z,heads:y,activation_embd:none"`` -> ``(("batch", ("x", "z")), ("heads", ("y",)),
+    ("activation_embd", ()))``, checked against the dimension names and the mesh axes."""
+    names = (*DIMENSIONS, *ACTIVATION_DIMENSIONS)
+    rules: list[Rule] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        name, sep, axis = (s.strip() for s in part.partition(":"))
-        if not sep or not name or not axis:
-            raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x')")
-        if name not in DIMENSIONS:
-            raise ConfigError(f"layout: unknown dimension '{name}' (valid: {', '.join(DIMENSIONS)})")
-        if axis not in mesh.axis_names:
-            raise ConfigError(f"layout: '{part}' names mesh axis '{axis}', which is not in mesh_shape "
-                              f"(axes: {', '.join(mesh.axis_names)})")
+        name, sep, value = (s.strip() for s in part.partition(":"))
+        if not sep or not name or not value:
+            raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x' or 'batch:x+z')")
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else f" (valid: {', '.join(names)})"
+            raise ConfigError(f"layout: unknown dimension '{name}'{hint}")
+        axes = () if value == NOT_SPLIT else tuple(a.strip() for a in value.split("+"))
+        if not all(axes) and value != NOT_SPLIT:
+            raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x' or 'batch:x+z')")
+        for axis in axes:
+            if axis not in mesh.axis_names:
+                raise ConfigError(f"layout: '{part}' names mesh axis '{axis}', which is not in mesh_shape "
+                                  f"(axes: {', '.join(mesh.axis_names)})")
+        if len(set(axes)) != len(axes):
+            raise ConfigError(f"layout: '{part}' names a mesh axis twice")
         if any(name == seen for seen, _ in rules):
             raise ConfigError(f"layout: dimension '{name}' is given twice")
-        rules.append((name, axis))
+        rules.append((name, axes))
     return tuple(rules)
+
+
+def resolution_rules(rules: Sequence[Rule]) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+    """The layout's rules in flax's form, in priority order, with each activation dimension the layout does not
+    name placed like (and right after) the parameter dimension it shadows."""
+    named = {name for name, _ in rules}
+    flax_rules = []
+    for name, axes in rules:
+        value = None if not axes else axes[0] if len(axes) == 1 else axes
+        flax_rules.append((name, value))
+        flax_rules += [(act, value) for act, param in ACTIVATION_DIMENSIONS.items()
+                       if param == name and act not in named]
+    return tuple(flax_rules)
+
+
+def format_spec(spec: PartitionSpec) -> str:
+    """``PartitionSpec(("x", "z"), None, "y")`` -> ``"(x+z, -, y)"``: compact, for tables and messages."""
+    return "(" + ", ".join("-" if a is None else "+".join((a,) if isinstance(a, str) else a) for a in spec) + ")"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +94,20 @@ class Layout:
     """A mesh and the rules that place logical dimensions on its axes."""
 
     mesh: Mesh
-    rules: tuple[tuple[str, str], ...]
+    rules: tuple[Rule, ...]
 
     @classmethod
     def from_config(cls, mesh: Mesh, layout: str) -> "Layout":
         return cls(mesh, parse_layout(layout, mesh))
 
+    @property
+    def text(self) -> str:
+        """The rules back in layout syntax."""
+        return ",".join(f"{name}:{'+'.join(axes) or NOT_SPLIT}" for name, axes in self.rules)
+
     def spec(self, names: Sequence[str | None], prefer: Sequence[str] = ()) -> PartitionSpec:
         """``prefer`` moves the rules of those dimensions to the front, so they win a contested mesh axis."""
-        rules = sorted(self.rules, key=lambda rule: rule[0] not in prefer)  # stable: layout order otherwise
+        rules = sorted(resolution_rules(self.rules), key=lambda rule: rule[0] not in prefer)  # stable otherwise
         return PartitionSpec(*nn.logical_to_mesh_axes(tuple(names), rules))
 
     def sharding(self, names: Sequence[str | None], prefer: Sequence[str] = ()) -> NamedSharding:
@@ -79,10 +129,12 @@ class Layout:
         for size, name, axes in zip(shape, names, spec):
             if axes is None:
                 continue
-            ways = math.prod(self.mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+            axes = (axes,) if isinstance(axes, str) else axes
+            ways = math.prod(self.mesh.shape[a] for a in axes)
             if size % ways:
-                raise ConfigError(f"layout: {what} dimension '{name}' has size {size}, not divisible by mesh "
-                                  f"axis '{axes}' of size {ways}")
+                where = f"mesh axis '{axes[0]}'" if len(axes) == 1 else f"mesh axes '{'+'.join(axes)}'"
+                raise ConfigError(f"layout: {what} dimension '{name}' has size {size}, not divisible by {where} "
+                                  f"of size {ways}")
         return NamedSharding(self.mesh, spec)
 
     @contextlib.contextmanager

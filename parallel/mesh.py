@@ -6,21 +6,24 @@ import math
 import re
 
 import jax
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from config import ConfigError
 
 _AXIS = re.compile(r"^([A-Za-z_]\w*):(-?\d+)$")
 
 
-def parse_mesh_shape(text: str, device_count: int) -> dict[str, int]:
-    """``"x:4,y:2"`` -> ``{"x": 4, "y": 2}``; one axis may be -1 and takes the devices left over."""
+def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[str, int]:
+    """``"x:4,y:2"`` -> ``{"x": 4, "y": 2}``; one axis may be -1 and takes the devices left over. With ``cpu``,
+    a device-count error says how to simulate more CPU devices."""
     axes: dict[str, int] = {}
     for part in (p.strip() for p in text.split(",")):
         match = _AXIS.match(part)
         if not match:
             raise ConfigError(f"mesh_shape: '{part}' is not axis:size (e.g. 'x:4,y:2')")
         name, size = match.group(1), int(match.group(2))
+        if name == "none":
+            raise ConfigError("mesh_shape: 'none' cannot name a mesh axis; a layout uses it for 'not split'")
         if name in axes:
             raise ConfigError(f"mesh_shape: axis '{name}' appears twice")
         if size == 0 or size < -1:
@@ -30,20 +33,38 @@ def parse_mesh_shape(text: str, device_count: int) -> dict[str, int]:
     if len(free) > 1:
         raise ConfigError(f"mesh_shape: only one axis may be -1, got {', '.join(free)}")
     fixed = math.prod(size for size in axes.values() if size != -1)
+    # Simulated CPU devices are how a mesh is tried without the hardware; the flag must be set before jax starts.
+    simulate = (f"; on CPU, simulate {fixed} devices with XLA_FLAGS=--xla_force_host_platform_device_count={fixed}"
+                if cpu and fixed > device_count else "")
     if free:
         if device_count % fixed:
             raise ConfigError(f"mesh_shape: '{text}' fixes {fixed} devices, which does not divide the "
-                              f"{device_count} devices available")
+                              f"{device_count} devices available{simulate}")
         axes[free[0]] = device_count // fixed
     elif fixed != device_count:
-        raise ConfigError(f"mesh_shape: '{text}' needs {fixed} devices but {device_count} are available")
+        raise ConfigError(f"mesh_shape: '{text}' needs {fixed} devices but {device_count} are available{simulate}")
     return axes
+
+
+def fixed_device_count(text: str) -> int | None:
+    """The device count ``mesh_shape`` fixes ("x:16,y:16" -> 256), or None when an axis is -1 or it is "auto"."""
+    sizes = [part.partition(":")[2].strip() for part in text.split(",")]
+    if not all(re.fullmatch(r"\d+", s) for s in sizes):
+        return None
+    return math.prod(int(s) for s in sizes)
 
 
 def make_mesh(text: str, devices=None) -> Mesh:
     """The device mesh for ``mesh_shape``, over all devices of all processes unless ``devices`` is given."""
     devices = jax.devices() if devices is None else list(devices)
-    axes = parse_mesh_shape(text, len(devices))
+    axes = parse_mesh_shape(text, len(devices), cpu=devices[0].platform == "cpu")
     # Auto axes: shardings are chosen by the layout and propagated by XLA (the pjit model).
     return jax.make_mesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes),
                          devices=devices)
+
+
+def abstract_mesh(text: str, device_count: int) -> AbstractMesh:
+    """The mesh of ``mesh_shape`` for ``device_count`` devices that need not exist: enough to resolve a layout
+    into PartitionSpecs (golden layout tables, the auto layout's check) without simulating the devices."""
+    axes = parse_mesh_shape(text, device_count)
+    return AbstractMesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes))

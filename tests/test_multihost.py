@@ -69,13 +69,15 @@ def environment(devices: int) -> dict[str, str]:
     return env
 
 
-def launch(commands: list[list[str]], devices: int) -> list[tuple[int, str, str]]:
-    """Runs ``commands`` concurrently; if one fails or the deadline passes, the others are killed.
+def launch(commands: list[list[str]], devices: int, envs: list[dict] | None = None) -> list[tuple[int, str, str]]:
+    """Runs ``commands`` concurrently (``envs``: extra environment variables per command); if one fails or the
+    deadline passes, the others are killed.
 
     Returns (returncode, stdout, stderr) per command; raises AssertionError with every process's output on a
     failure."""
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=environment(devices), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for cmd in commands]
+    envs = envs or [{} for _ in commands]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env={**environment(devices), **extra}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for cmd, extra in zip(commands, envs)]
     # Drain the pipes in threads so a chatty process can never block on a full pipe.
     outputs: list[list[str]] = [["", ""] for _ in procs]
 
@@ -171,3 +173,38 @@ def test_two_processes_match_one_and_checkpoint_together(tmp_path, mesh_shape, l
     assert_close(train, ref_train, "train loss after a one-process resume of the two-process run")
     assert_close(evals, ref_eval, "eval loss after a one-process resume of the two-process run")
     assert os.path.isdir(os.path.join(checkpoints, str(STEPS + 1)))
+
+
+def slurm_job_id_with_free_port() -> int:
+    """A SLURM job id whose coordinator port (jax derives it: 61440 + id mod 4096) is free on this machine."""
+    for port in range(61440 + os.getpid() % 4096, 65536):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port - 61440
+    raise RuntimeError("no free port in jax's SLURM range")
+
+
+@pytest.mark.slow
+def test_slurm_recipe_with_a_three_axis_layout(tmp_path):
+    """The README's SLURM recipe (``srun python train.py ... --distributed``) with the environment srun gives
+    each task, on one machine: jax finds the coordinator, process count and id itself, and 2 processes x 4
+    devices on a data x FSDP x tensor layout log the losses of 1 process x 8 devices."""
+    mesh_shape, layout = "x:2,y:2,z:2", "batch:x+y,embd:y,heads:z,intermediate_expanded:z,activation_embd:none"
+    steps = 2
+    reference = str(tmp_path / "one-process")
+    launch([train_command(reference, mesh_shape, layout, steps, "--new")], devices=8)
+    multi = str(tmp_path / "slurm")
+    job = str(slurm_job_id_with_free_port())
+    tasks = [{"SLURM_JOB_ID": job, "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "2",
+              "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "SLURM_STEP_NUM_NODES": "1"} for i in range(2)]
+    results = launch([train_command(multi, mesh_shape, layout, steps, "--new", "--distributed")] * 2,
+                     devices=4, envs=tasks)
+    assert "over 8 cpu devices (2 processes)" in results[0][1], results[0][1]
+    train, evals = read_metrics(multi)
+    ref_train, ref_eval = read_metrics(reference)
+    assert sorted(train) == list(range(1, steps + 1)), train
+    assert_close(train, ref_train, "train loss, SLURM 2x4 vs 1x8 devices")
+    assert_close(evals, ref_eval, "eval loss, SLURM 2x4 vs 1x8 devices")

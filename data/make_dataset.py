@@ -1,0 +1,308 @@
+"""Your own text to a dataset train.py reads, in one command:
+
+    python data/make_dataset.py --input 'my_texts/*.txt' [--vocab-size 8192 | --tokenizer PATH]
+                                [--eval-fraction 0.05] [--n-ctx 2048] [--output-dir DIR]
+
+Inputs are ``.txt`` (a document per file), ``.jsonl`` and ``.jsonl.zst`` (a ``text`` field per line) files,
+folders or globs. The command trains a byte-level BPE on the train documents (data/tokenizer.py, as
+train_tokenizer.py does) or reuses ``--tokenizer``, writes train and eval TFRecords in GPT-Neo's format (records
+of n_ctx + 1 tokens, as create_tfrecords.py writes them) and ``dataset.json``, a dataset config whose paths are
+relative to its folder. Train on it with ``python train.py --data DIR``, or name ``DIR/dataset.json`` in a
+config's ``datasets``.
+
+Eval split: every (1/fraction)-th document is held out (exactly floor(N * fraction) of N documents, spread
+evenly through the input order). A corpus with fewer documents than that (one book in one .txt file) gives
+instead the last fraction of each document, cut at a line break, to eval.
+
+The output folder defaults to ``data_cache/NAME-HASH``, HASH covering the input files' contents and the settings,
+so running the command again on the same files reuses it at once, and changed files get a new folder. It is
+built in a temporary folder and published by one rename, under a file lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable, Iterator
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+FORMAT = "neomesh-text-dataset/1"
+EVAL_FRACTION = 0.05
+MAX_SHARDS = 64  # output files per split: consecutive input files are grouped into at most this many
+SMALL_INPUT = 32 << 20  # bytes of input below which one process writes the TFRecords
+
+
+def dataset_name(inputs: list[str]) -> str:
+    """A short name for the inputs: the folder's name, a glob's folder, or a single file's stem."""
+    first = inputs[0].rstrip("/")
+    if os.path.isdir(first):
+        name = os.path.basename(os.path.abspath(first))
+    elif glob.has_magic(first) or len(inputs) > 1:
+        name = os.path.basename(os.path.abspath(os.path.dirname(first.split("*")[0]) or "."))
+    else:
+        name = os.path.basename(first).split(".")[0]
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "text"
+
+
+def held_out(k: int, fraction: float) -> bool:
+    """Whether document ``k`` (0-based, in input order) is an eval document: floor((k+1)f) > floor(kf)."""
+    return math.floor((k + 1) * fraction) > math.floor(k * fraction)
+
+
+def split_text(text: str, fraction: float) -> tuple[str, str]:
+    """(train, eval) parts of one document: its last ``fraction``, cut after a line break when there is one."""
+    cut = int(len(text) * (1 - fraction))
+    line_end = text.rfind("\n", 0, cut)
+    if line_end > 0:
+        cut = line_end + 1
+    return text[:cut], text[cut:]
+
+
+def documents(entries: list[tuple[str, int]], split: str, by_document: bool, fraction: float) -> Iterator[str]:
+    """The ``split`` ("train" or "eval") texts of input files ``[(path, index of its first document), ...]``."""
+    from data.text_files import read_documents
+
+    for path, first in entries:
+        for j, text in enumerate(read_documents(path)):
+            if fraction <= 0:
+                part = text if split == "train" else ""
+            elif by_document:
+                part = text if held_out(first + j, fraction) == (split == "eval") else ""
+            else:
+                part = split_text(text, fraction)[split == "eval"]
+            if part:
+                yield part
+
+
+def _count_documents(path: str) -> int:
+    from data.text_files import read_documents
+
+    return 1 if path.endswith(".txt") else sum(1 for _ in read_documents(path))
+
+
+def content_key(files: list[str], settings: dict) -> str:
+    """A hash of the settings and of every input file's bytes, in input order."""
+    digest = hashlib.sha256(json.dumps({"format": FORMAT, **settings}, sort_keys=True).encode())
+    for path in files:
+        digest.update(os.path.splitext(path)[1].encode() + b"\0")  # the suffix decides how a file is read
+        if path == "embedded":
+            digest.update(b"embedded")
+            continue
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_shard(job) -> dict:
+    entries, split, by_document, fraction, out_path, tokenizer_path, chunk_size = job
+    from data.create_tfrecords import write_file
+    from data.tokenizer import load_tokenizer
+
+    counts = write_file(documents(entries, split, by_document, fraction), load_tokenizer(tokenizer_path), out_path,
+                        "chunks", chunk_size)
+    if counts["records"] == 0:  # an empty TFRecord file is an error for the reader: leave none
+        os.remove(out_path)
+    return counts
+
+
+def plan_split(files: list[str], eval_fraction: float) -> tuple[list[tuple[str, int, int]], bool, str]:
+    """``([(file, index of its first document, documents up to its end), ...], split by whole documents?,
+    a description of the eval split)``. Counting documents first lets every file be split on its own (in
+    parallel) while the held-out documents stay spread evenly through the whole input."""
+    entries, total = [], 0
+    for path in files:
+        first = total
+        total += _count_documents(path)
+        entries.append((path, first, total))
+    by_document = math.floor(total * eval_fraction) >= 1
+    if eval_fraction == 0:
+        held = "none (--eval-fraction 0)"
+    elif by_document:
+        held = f"{math.floor(total * eval_fraction):,} of the documents, spread through the input"
+    else:
+        held = f"the last {eval_fraction:.0%} of each document (fewer than {math.ceil(1 / eval_fraction)} documents)"
+    return entries, by_document, held
+
+
+def write_splits(directory: str, entries: list[tuple[str, int]], by_document: bool, eval_fraction: float, tok,
+                 tokenizer_file: str, chunk_size: int, processes: int, say) -> tuple[dict, dict]:
+    """Writes ``train_*`` / ``eval_*`` TFRecords (consecutive input files grouped into at most MAX_SHARDS files
+    per split) and their indexes; returns (the dataset config, token/document/byte totals per split)."""
+    from data.create_tfrecords import write_index
+
+    count = min(len(entries), MAX_SHARDS)
+    shards = [entries[len(entries) * i // count:len(entries) * (i + 1) // count] for i in range(count)]
+    splits = ("train", "eval") if eval_fraction > 0 else ("train",)
+    tokenizer_path = os.path.join(directory, tokenizer_file) if tokenizer_file != "bytes" else "bytes"
+    jobs = [(shard, split, by_document, eval_fraction, os.path.join(directory, f"{split}_{i:05d}.tfrecords"),
+             tokenizer_path, chunk_size) for split in splits for i, shard in enumerate(shards)]
+    processes = min(processes, len(jobs))
+    say(f"data: writing TFRecords ({processes} process{'es' if processes > 1 else ''})")
+    if processes > 1:
+        import multiprocessing  # spawn: forking after the tokenizer trained with threads can deadlock
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            written = list(pool.map(_write_shard, jobs))
+    else:
+        written = [_write_shard(job) for job in jobs]
+    dataset = {"path": "train_*.tfrecords", "tokenizer_path": tokenizer_file, "n_vocab": tok.vocab_size,
+               "eos_id": tok.eos_id}
+    totals = {}
+    for split in splits:
+        kept = [c for (_, s, *_), c in zip(jobs, written) if s == split and c["records"]]
+        totals[split] = {k: sum(c[k] for c in kept) for k in ("documents", "tokens", "bytes")}
+        if kept:
+            write_index(os.path.join(directory, f"{split}.index"), kept, tok, tokenizer_file, "chunks", chunk_size)
+            if split == "eval":
+                dataset["eval_path"] = "eval_*.tfrecords"
+    return dataset, totals
+
+
+def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: int = 8192,
+                 tokenizer: str | None = None, eval_fraction: float = EVAL_FRACTION, n_ctx: int = 2048,
+                 min_frequency: int = 2, workers: int = 0, say: Callable[[str], None] | None = None) -> str:
+    """Prepares (or finds already prepared) the dataset of ``inputs``; returns its folder, holding
+    ``dataset.json``, ``tokenizer.json`` (unless the tokenizer is bytes), ``train_*.tfrecords`` and
+    ``eval_*.tfrecords`` with their ``.index`` files."""
+    from config import ConfigError
+    from data.prepare import build_once
+    from data.text_files import expand_inputs
+    from data.tokenizer import load_tokenizer
+    from neomesh.paths import work_root
+
+    say = say or (lambda message: print(message, flush=True))
+    if not 0 <= eval_fraction < 1:
+        raise ConfigError(f"--eval-fraction: {eval_fraction} is not in [0, 1)")
+    files = expand_inputs(inputs)
+    reused = load_tokenizer(tokenizer) if tokenizer else None
+    settings = {"eval_fraction": eval_fraction, "chunk_size": n_ctx + 1,
+                "tokenizer": ("bytes" if not hasattr(reused, "tok") else reused.tok.to_str()) if reused else
+                {"vocab_size": vocab_size, "min_frequency": min_frequency}}
+    size = sum(os.path.getsize(f) for f in files if f != "embedded")
+    if size > 64 << 20:
+        say(f"data: hashing {size / 1e9:.2f} GB of input to find a prepared copy")
+    key = content_key(files, settings)[:8]
+    name = dataset_name(inputs)
+    target = output_dir or os.path.join(work_root(), "data_cache", f"{name}-{key}")
+    manifest = os.path.join(target, "DONE")
+    if os.path.exists(manifest):
+        try:
+            with open(manifest) as f:
+                done = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            done = {}
+        if done.get("key") == key:
+            say(f"data: reusing {_shown(target)} (prepared from the same files and settings)")
+            return target
+        os.remove(manifest)  # an explicit --output-dir that holds another dataset: rebuilt
+
+    def build(directory: str) -> None:
+        os.makedirs(directory)
+        entries, by_document, held = plan_split(files, eval_fraction)
+        say(f"data: {len(files)} files, {entries[-1][2]:,} documents, {size / 1e6:.1f} MB; eval: {held}")
+        entries = [(path, first) for path, first, _ in entries]
+        tok = reused
+        if tok is None:
+            from data.tokenizer import train_bpe
+            say(f"data: training a {vocab_size:,}-token byte-level BPE on the train documents")
+            tok = train_bpe(documents(entries, "train", by_document, eval_fraction), vocab_size, min_frequency)
+        tokenizer_file = "tokenizer.json" if hasattr(tok, "save") else "bytes"
+        if hasattr(tok, "save"):
+            tok.save(os.path.join(directory, tokenizer_file))
+        # Start-up (a process imports TensorFlow) costs seconds: small inputs are written by this process alone.
+        processes = workers or (os.cpu_count() or 1 if size > SMALL_INPUT else 1)
+        dataset, totals = write_splits(directory, entries, by_document, eval_fraction, tok, tokenizer_file,
+                                       n_ctx + 1, processes, say)
+        if not totals["train"]["tokens"]:
+            raise ConfigError(f"--input {' '.join(inputs)}: no text to train on")
+        with open(os.path.join(directory, "dataset.json"), "w") as f:
+            json.dump(dataset, f, indent=2)
+        with open(os.path.join(directory, "DONE"), "w") as f:
+            json.dump({"format": FORMAT, "key": key, "inputs": inputs, "files": len(files), "settings":
+                       {k: v for k, v in settings.items() if k != "tokenizer"}, "totals": totals}, f, indent=1)
+        parts = [f"{split} {t['tokens']:,} tokens ({t['documents']:,} document{'s' * (t['documents'] != 1)})"
+                 for split, t in totals.items()]
+        say(f"data: {', '.join(parts)}, {totals['train']['bytes'] / max(totals['train']['tokens'], 1):.2f} "
+            "bytes/token")
+
+    build_once(target, build, f"data: first use: preparing {_shown(target)} (later runs with the same files "
+                              "reuse it)")
+    return target
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the current directory when it is inside it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def config_for_data(cfg, inputs: list[str]):
+    """``cfg`` training on ``inputs`` (train.py --data): a folder this module wrote (or its dataset.json), or text
+    files, prepared here once (cached by content) with a tokenizer of ``n_vocab`` tokens (or the config's
+    ``tokenizer_path``) and a 5% eval split. The run directory becomes ``runs/<data folder name>``; with no eval
+    split, ``eval_steps`` becomes 0."""
+    first = inputs[0]
+    if len(inputs) == 1 and first.endswith(".json") and os.path.isfile(first):
+        dataset_file = first
+    elif len(inputs) == 1 and os.path.isfile(os.path.join(first, "dataset.json")):
+        dataset_file = os.path.join(first, "dataset.json")
+    else:
+        folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx)
+        dataset_file = os.path.join(folder, "dataset.json")
+    with open(dataset_file) as f:
+        dataset = json.load(f)
+    run = os.path.basename(os.path.dirname(os.path.abspath(dataset_file)))
+    changes = {"datasets": [[dataset_file, None, None, None]], "model_path": os.path.join("runs", run)}
+    if "eval_path" not in dataset:
+        changes["eval_steps"] = 0
+    if dataset.get("n_vocab", 0) > cfg.n_vocab:  # the model's vocabulary must hold the data's tokenizer
+        print(f"note: n_vocab {cfg.n_vocab} -> {dataset['n_vocab']}, the size of {dataset_file}'s tokenizer",
+              flush=True)
+        changes["n_vocab"] = dataset["n_vocab"]
+    return cfg.replace(**changes)
+
+
+def main(argv=None) -> int:
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                   help=".txt / .jsonl / .jsonl.zst files, folders or globs (embedded: the corpus shipped with "
+                   "Python)")
+    p.add_argument("--output-dir", metavar="DIR", help="where to write (default: data_cache/NAME-HASH, found "
+                   "again by content)")
+    tokenizer = p.add_mutually_exclusive_group()
+    tokenizer.add_argument("--vocab-size", type=int, default=8192, metavar="N",
+                           help="tokens of the BPE to train, special tokens included; the model's n_vocab")
+    tokenizer.add_argument("--tokenizer", metavar="PATH", help="reuse this tokenizer instead of training one: a "
+                           "tokenizer.json, a folder with one or with GPT-2's vocab.json + merges.txt, or bytes")
+    p.add_argument("--min-frequency", type=int, default=2, metavar="N", help="BPE: pairs seen fewer times are "
+                   "not merged")
+    p.add_argument("--eval-fraction", type=float, default=EVAL_FRACTION, metavar="F",
+                   help="share of the documents held out for eval (0: none)")
+    p.add_argument("--n-ctx", type=int, default=2048, metavar="N", help="context length; records hold n_ctx + 1 "
+                   "tokens")
+    p.add_argument("--workers", type=int, default=0, metavar="N", help="processes writing TFRecords (0: one per "
+                   "CPU)")
+    args = p.parse_args(argv)
+    from config import ConfigError
+    try:
+        folder = make_dataset(args.input, args.output_dir, args.vocab_size, args.tokenizer, args.eval_fraction,
+                              args.n_ctx, args.min_frequency, args.workers)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"dataset config: {_shown(os.path.join(folder, 'dataset.json'))}; train on it with: python train.py "
+          f"--config configs/quickstart.json --data {_shown(folder)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Where things are, in a checkout and in an installed NeoMesh.
+
+In a checkout (``python train.py`` from the repository, or ``pip install -e .``) the shipped configs are the
+repository's ``configs/`` and relative data paths in dataset configs (``data_cache/...``) are relative to the
+repository root, as they always were. In an installed copy (``pip install .``) the configs are package data of
+``neomesh`` and relative data paths are relative to the current directory, like ``runs/`` is: the installed
+tree is no place to write data.
+"""
+
+from __future__ import annotations
+
+import os
+
+PACKAGE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(PACKAGE)  # the repository root in a checkout; site-packages when installed
+
+
+def in_checkout() -> bool:
+    """True when running from the repository (its configs/ and pyproject.toml beside the packages)."""
+    return os.path.isdir(os.path.join(ROOT, "configs", "dataset_configs")) and \
+        os.path.isfile(os.path.join(ROOT, "pyproject.toml"))
+
+
+def configs_dir() -> str:
+    """The shipped ``configs/`` directory (with ``dataset_configs/`` inside)."""
+    return os.path.join(ROOT if in_checkout() else PACKAGE, "configs")
+
+
+def work_root() -> str:
+    """What relative data paths in the shipped dataset configs are relative to."""
+    return ROOT if in_checkout() else os.getcwd()

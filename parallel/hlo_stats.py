@@ -1,0 +1,240 @@
+"""What a compiled step does, read off its optimized HLO text: the collectives (kind, executions per step, bytes,
+device groups) and the matmul FLOPs, with every computation counted as often as it runs (a ``while`` body
+``known_trip_count`` times, e.g. the gradient-accumulation loop; fusions and calls as often as their caller).
+
+XLA's own ``cost_analysis()`` counts a while body once, so a step with 64 microbatches would be reported as 1/64
+of its FLOPs; this reader is what the dry run uses instead. Only the text format is relied on, not XLA's
+Python bindings.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+
+import numpy as np
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+               "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \((.*)\) -> .* \{$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
+_CALLED = re.compile(r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective instruction: ``bytes`` is the size of its operands on one device, ``count`` how many
+    times a step runs it, ``groups`` the device ids that exchange data with each other."""
+
+    kind: str
+    bytes: int
+    count: int
+    groups: tuple[tuple[int, ...], ...]
+
+    @property
+    def group_size(self) -> int:
+        return len(self.groups[0]) if self.groups else 1
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes each device sends per execution with ring/bucket algorithms (the standard cost model):
+        all-reduce 2(n-1)/n of its data, all-gather (n-1) x its shard, reduce-scatter and all-to-all (n-1)/n,
+        a permute its whole operand."""
+        n = self.group_size
+        if self.kind == "collective-permute":
+            return float(self.bytes)
+        if n <= 1:
+            return 0.0
+        factor = {"all-reduce": 2 * (n - 1) / n, "all-gather": n - 1.0, "reduce-scatter": (n - 1) / n,
+                  "all-to-all": (n - 1) / n}[self.kind]
+        return factor * self.bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class HloStats:
+    collectives: tuple[Collective, ...]
+    matmul_flops: float  # per device per step: 2 x output elements x contracted elements of every dot
+    whole_before_scatter: int = 0  # bytes the CPU program holds whole before slicing (see _scattered_bytes)
+
+    def by_kind(self) -> dict[str, dict]:
+        """{kind: {"ops", "executions", "bytes", "wire_bytes"}} summed over the step, per device."""
+        table: dict[str, dict] = {}
+        for c in self.collectives:
+            row = table.setdefault(c.kind, {"ops": 0, "executions": 0, "bytes": 0.0, "wire_bytes": 0.0})
+            row["ops"] += 1
+            row["executions"] += c.count
+            row["bytes"] += c.bytes * c.count
+            row["wire_bytes"] += c.wire_bytes * c.count
+        return table
+
+
+def array_bytes(shape_text: str) -> int:
+    """Bytes of every array in an HLO shape (a tuple shape sums its elements)."""
+    return sum(DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+               for dtype, dims in _ARRAY.findall(shape_text))
+
+
+def _dims(shape_text: str) -> list[int]:
+    match = _ARRAY.search(shape_text)
+    return [int(d) for d in match.group(2).split(",") if d] if match else []
+
+
+def _split_shape(rest: str) -> tuple[str, str]:
+    """``"(f32[2], f32[3]) all-reduce(...)"`` -> (shape, ``"all-reduce(...)"``)."""
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0:
+                return rest[:i + 1], rest[i + 1:].lstrip()
+    shape, _, tail = rest.partition(" ")
+    return shape, tail
+
+
+def _arguments(call: str) -> tuple[list[str], str]:
+    """``"op(%a, %b), attrs"`` -> (["%a", "%b"], "attrs")."""
+    start = call.index("(")
+    depth = 0
+    for i in range(start, len(call)):
+        depth += {"(": 1, ")": -1, "{": 1, "}": -1}.get(call[i], 0)
+        if depth == 0:
+            inner = call[start + 1:i]
+            return [a.strip() for a in inner.split(",") if a.strip()], call[i + 1:]
+    return [], ""
+
+
+def replica_groups(attrs: str, device_count: int) -> tuple[tuple[int, ...], ...]:
+    """The device groups of a collective, from any of XLA's three spellings: explicit ``{{0,1},{2,3}}``, iota
+    ``[2,4]<=[4,2]T(1,0)``, or mesh axes ``mesh['axis_0'=2,'axis_1'=4] {'axis_1'}``."""
+    match = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    if match:
+        axes = re.findall(r"'([^']+)'=(\d+)", match.group(1))
+        names, sizes = [a for a, _ in axes], [int(s) for _, s in axes]
+        grouped = [names.index(a) for a in re.findall(r"'([^']+)'", match.group(2))]
+        ids = np.arange(math.prod(sizes)).reshape(sizes)
+        order = [i for i in range(len(sizes)) if i not in grouped] + grouped
+        size = math.prod(sizes[i] for i in grouped)
+        return tuple(map(tuple, ids.transpose(order).reshape(-1, size).tolist()))
+    match = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)
+    if match:
+        shape = [int(d) for d in match.group(1).split(",")]
+        dims = [int(d) for d in match.group(2).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if match.group(3):
+            ids = ids.transpose([int(d) for d in match.group(3).split(",")])
+        return tuple(map(tuple, ids.reshape(shape[0], -1).tolist()))
+    match = re.search(r"replica_groups=\{(\{[\d,{}\s]*\})\}", attrs)
+    if match:
+        return tuple(tuple(int(d) for d in g.split(",") if d) for g in re.findall(r"\{([\d,]*)\}", match.group(1)))
+    return (tuple(range(device_count)),)  # no groups: every device
+
+
+def source_target_pairs(attrs: str) -> tuple[tuple[int, ...], ...]:
+    """A collective-permute's (source, target) device pairs."""
+    match = re.search(r"source_target_pairs=\{(\{[\d,{}\s]*\})\}", attrs)
+    return tuple(tuple(int(d) for d in p.split(",")) for p in re.findall(r"\{(\d+,\d+)\}", match.group(1))) \
+        if match else ()
+
+
+def _operand(arg: str) -> str:
+    """``"%name"`` or ``"f32[2] %name"`` -> ``"name"``."""
+    return arg.split(" ")[-1].lstrip("%")
+
+
+def _scattered_bytes(result: str, shape: str, users: dict, n: int) -> int:
+    """Bytes of an all-reduce's results that every user cuts down to exactly 1/n (this device's slice, indexed
+    by its partition id, often fused with what follows): a reduce-scatter that XLA's CPU pipeline leaves as
+    all-reduce + dynamic-slice, where the GPU and TPU pipelines emit a reduce-scatter."""
+    elements = [(result, shape)]
+    if shape.startswith("("):
+        elements = [(u[0], u[1]) for u in users[result] if u[2] == "get-tuple-element"]
+    total = 0
+    for element, element_shape in elements:
+        size = array_bytes(element_shape)
+        consumers = users[element]
+        if consumers and all(array_bytes(c[1]) * n == size and c[2] != "get-tuple-element" for c in consumers):
+            total += size
+    return total
+
+
+def parse_hlo(text: str, device_count: int) -> HloStats:
+    """Collectives and matmul FLOPs of an optimized HLO module (``compiled.as_text()``), per device per step."""
+    computations: dict[str, list[str]] = {}
+    params: dict[str, dict[str, str]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header:
+            current = header.group(1)
+            computations[current] = []
+            params[current] = dict(re.findall(r"([\w.\-]+): (\w+\[[\d,]*\])", header.group(2)))
+            if line.startswith("ENTRY"):
+                entry = current
+        elif current is not None and line.strip() == "}":
+            current = None
+        elif current is not None:
+            computations[current].append(line)
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+
+    # How often each computation runs per step: a while body trip-count times per run of its caller.
+    calls: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
+    for name, lines in computations.items():
+        for line in lines:
+            trips = _TRIP_COUNT.search(line)
+            for callee in _CALLED.findall(line):
+                is_body = f"body=%{callee}" in line
+                calls[name].append((callee, int(trips.group(1)) if is_body and trips else 1))
+            for branches in _BRANCHES.findall(line):
+                calls[name] += [(b.strip().lstrip("%"), 1) for b in branches.split(",") if b.strip()]
+    runs: dict[str, int] = collections.defaultdict(int)
+
+    def visit(name: str, times: int) -> None:
+        runs[name] += times
+        for callee, trips in calls.get(name, ()):
+            visit(callee, times * trips)
+
+    visit(entry, 1)
+
+    found: list[Collective] = []
+    flops = 0.0
+    scattered_once = 0
+    for name, lines in computations.items():
+        if not runs[name]:
+            continue
+        shapes = dict(params[name])
+        parsed = []  # (instruction name, shape, op, arguments, attributes)
+        for line in lines:
+            match = _INSTRUCTION.match(line)
+            if match:
+                shape, call = _split_shape(match.group(2))
+                shapes[match.group(1)] = shape
+                parsed.append((match.group(1), shape, call.split("(", 1)[0], *_arguments(call)))
+        users = collections.defaultdict(list)
+        for instruction in parsed:
+            for arg in instruction[3]:
+                users[_operand(arg)].append(instruction)
+        for result, shape, op, args, attrs in parsed:
+            base = op.removesuffix("-start")
+            if base in COLLECTIVES and not op.endswith("-done"):
+                size = sum(array_bytes(shapes.get(_operand(a), a)) for a in args)
+                groups = (source_target_pairs(attrs) if base == "collective-permute"
+                          else replica_groups(attrs, device_count))
+                scattered = _scattered_bytes(result, shape, users, len(groups[0])) if base == "all-reduce" else 0
+                if scattered:
+                    found.append(Collective("reduce-scatter", scattered, runs[name], groups))
+                    scattered_once += scattered - scattered // len(groups[0])
+                if size > scattered:
+                    found.append(Collective(base, size - scattered, runs[name], groups))
+            elif op == "dot":
+                lhs = _dims(shapes.get(_operand(args[0]), args[0]))
+                contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
+                inner = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d) if contracting else 1
+                flops += 2.0 * math.prod(_dims(shape)) * inner * runs[name]
+    return HloStats(tuple(found), flops, scattered_once)

@@ -1,0 +1,100 @@
+"""Automatic mesh and layout: for a table of (config, devices, memory) cases the choice is stable (golden file
+tests/golden_layouts/auto.txt; regenerate with NEOMESH_UPDATE_GOLDEN=1 and review the diff) and usable: every
+parameter and the batch split evenly on the chosen mesh."""
+
+import dataclasses
+import functools
+import os
+
+import pytest
+
+from config import ConfigError, from_dict, load_config
+from models import registry
+from parallel.auto import choose, job_for
+from parallel.estimate import ACCELERATORS
+from parallel.layout import Layout
+from parallel.mesh import abstract_mesh, parse_mesh_shape
+from parallel.state import abstract_model, param_shardings
+from parallel.steps import batch_shapes, batch_shardings
+from tests.common import ROOT
+from training.objectives import objective_for
+from training.optimizer import make_optimizer
+
+GOLDEN = os.path.join(ROOT, "tests", "golden_layouts", "auto.txt")
+MEMORY = {name: a.memory for name, a in ACCELERATORS.items()}
+
+# (config, devices, accelerator whose memory per device, mesh_shape given or None, changes to the config)
+CASES = {
+    "quickstart on 8 H100": ("quickstart", 8, "h100", None, {}),
+    "125M on 8 TPU v5e": ("gpt_neo_125M", 8, "tpu-v5e", None, {}),
+    "1.3B on 8 TPU v5e": ("gpt_neo_1.3B", 8, "tpu-v5e", None, {}),
+    "2.7B on 256 TPU v4": ("gpt_neo_2.7B", 256, "tpu-v4", None, {}),
+    "2.7B on 1024 TPU v4": ("gpt_neo_2.7B", 1024, "tpu-v4", None, {}),
+    "13B on 8 H100": ("gpt_neo_13B", 8, "h100", None, {}),
+    "13B on 256 TPU v4": ("gpt_neo_13B", 256, "tpu-v4", None, {}),
+    "13B on 2048 TPU v4": ("gpt_neo_13B", 2048, "tpu-v4", None, {}),
+    "moe on 8 TPU v5e": ("moe", 8, "tpu-v5e", None, {}),
+    "13B auto_layout on x:16,y:16": ("gpt_neo_13B", 256, "tpu-v4", "x:16,y:16", {}),
+    "2.7B auto_layout on x:128,y:2": ("gpt_neo_2.7B", 256, "tpu-v4", "x:128,y:2", {}),
+    "1.3B auto_layout on data:4,fsdp:8,tensor:8, batch 64": (
+        "gpt_neo_1.3B", 256, "h100", "data:4,fsdp:8,tensor:8", {"train_batch_size": 64}),
+}
+
+
+@functools.cache
+def model(name: str):
+    """(config, abstract parameters, their logical axes), built once per config."""
+    cfg, _ = load_config(os.path.join(ROOT, "configs", name + ".json"))
+    _, abstract, logical = abstract_model(lambda rngs: registry.build(cfg, rngs))
+    return cfg, abstract, logical
+
+
+def config_and_job(name: str):
+    cfg, abstract, _ = model(name)
+    return cfg, job_for(cfg, abstract, make_optimizer(cfg), devices=1, memory=1.0, devices_per_host=8)
+
+
+def chosen(case: str):
+    name, devices, accelerator, mesh_shape, changes = CASES[case]
+    cfg, job = config_and_job(name)
+    cfg = cfg.replace(**changes) if changes else cfg
+    job = dataclasses.replace(job, devices=devices, memory=MEMORY[accelerator], batch=cfg.train_batch_size)
+    mesh = parse_mesh_shape(mesh_shape, devices) if mesh_shape else None
+    return cfg, choose(job, mesh)
+
+
+def test_choices_match_golden():
+    table = "".join(f"{case}: mesh_shape {c.mesh_shape} | layout {c.layout} | {c.reason}\n"
+                    for case, c in ((case, chosen(case)[1]) for case in CASES))
+    if os.environ.get("NEOMESH_UPDATE_GOLDEN"):
+        with open(GOLDEN, "w") as f:
+            f.write(table)
+    with open(GOLDEN) as f:
+        assert table == f.read(), "automatic layouts changed; see the module docstring to regenerate"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_choice_is_a_usable_layout(case):
+    cfg, choice = chosen(case)
+    devices = CASES[case][1]
+    layout = Layout.from_config(abstract_mesh(choice.mesh_shape, devices), choice.layout)
+    _, abstract, logical = model(CASES[case][0])
+    param_shardings(layout, abstract, logical)  # raises if a split dimension does not divide its axes
+    objective = objective_for(cfg)
+    batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
+    assert layout.axis_size("batch") * layout.axis_size("heads") >= devices  # every device has work
+
+
+def test_a_model_too_big_for_the_devices_is_a_one_line_error():
+    _, job = config_and_job("gpt_neo_13B")
+    with pytest.raises(ConfigError, match=r"training state \(206 GB.*per device even split over all 4 devices"):
+        choose(dataclasses.replace(job, devices=4, memory=MEMORY["tpu-v5e"]))
+
+
+def test_gpt_neo_auto_keys_mean_auto():
+    cfg, notes = from_dict({"auto_layout_and_mesh_shape": True})
+    assert (cfg.mesh_shape, cfg.layout) == ("auto", "auto")
+    cfg, _ = from_dict({"auto_layout": True, "mesh_shape": "x:4,y:2"})
+    assert (cfg.mesh_shape, cfg.layout) == ("x:4,y:2", "auto")
+    with pytest.raises(ConfigError, match="mesh_shape: 'auto' needs layout 'auto' too"):
+        from_dict({"mesh_shape": "auto", "layout": "batch:x"})

@@ -1,0 +1,149 @@
+"""Every command line: help texts with defaults, no abbreviations, and the mistakes that need no training caught
+before jax starts (a typo'd config file or key, a bad --set, a missing Hugging Face model)."""
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.common import ROOT
+
+MAIN_MODULES = ["train", "predict", "data.train_tokenizer", "data.create_tfrecords", "data.make_dataset",
+                "convert.__main__", "benchmarks.generate", "benchmarks.input_pipeline",
+                "benchmarks.mlm_train_step"]
+
+
+class Captured(Exception):
+    def __init__(self, parser):
+        self.parser = parser
+
+
+def parser_of(module_name: str, monkeypatch) -> argparse.ArgumentParser:
+    """The ArgumentParser a command's ``main`` builds (taken at parse time, before it runs anything)."""
+    def capture(self, args=None, namespace=None):
+        raise Captured(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    module = importlib.import_module(module_name)
+    with pytest.raises(Captured) as caught:
+        module.main([])
+    return caught.value.parser
+
+
+def all_parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from all_parsers(sub)
+
+
+@pytest.mark.parametrize("module_name", MAIN_MODULES)
+def test_every_option_has_help_its_default_and_no_abbreviation(module_name, monkeypatch):
+    for parser in all_parsers(parser_of(module_name, monkeypatch)):
+        assert parser.allow_abbrev is False, parser.prog
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            assert action.help, f"{parser.prog} {action.dest}: no help text"
+            shown = formatter._get_help_string(action) % {"default": action.default}
+            worth_showing = not (action.default is None or action.default is False or action.default == []
+                                 or action.default is argparse.SUPPRESS)
+            if worth_showing and not action.required and action.option_strings:
+                assert f"{action.default}" in shown, f"{parser.prog} {action.dest}: default not shown: {shown}"
+
+
+def test_model_is_not_taken_for_model_path():
+    import train
+    with pytest.raises(SystemExit):
+        train.parse_args(["--config", "quickstart", "--model", "gpt-neo-125M"])
+    import predict
+    with pytest.raises(SystemExit):
+        predict.parse_args(["--model", "x", "--prompt", "y"])
+
+
+def run_without_jax(module: str, argv: list[str], env: dict | None = None) -> tuple[int, str, bool]:
+    """Runs ``module.main(argv)`` in a fresh interpreter: (exit code, stderr, whether jax was imported)."""
+    code = (f"import sys, {module}; code = {module}.main({argv!r}); "
+            "print('JAX_IMPORTED' if 'jax' in sys.modules else 'NO_JAX'); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env=env)
+    return result.returncode, result.stderr, "JAX_IMPORTED" in result.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "configs/quickstat.json"],
+     "error: configs/quickstat.json: config file not found; did you mean configs/quickstart.json?"),
+    (["--config", "quikstart"], "did you mean quickstart?"),
+    (["--config", "quickstart", "--set", "n_embed=256"], "error: --set n_embed=256: unknown key 'n_embed'; did you "
+                                                         "mean 'n_embd'?"),
+    (["--config", "quickstart", "--set", "n_embd=250"], "error: --set n_embd=250: n_embd: 250 is not divisible"),
+    (["--config", "quickstart", "--set", "log_every=0"], "log_every: 0 is below the minimum 1"),
+    (["--config", "quickstart", "--init-from", "EleutherAI/gpt-neo-125M"], "huggingface-cli download"),
+])
+def test_train_mistakes_are_one_line_before_jax(argv, message, tmp_path):
+    import os
+    code, stderr, jax_imported = run_without_jax("train", argv, env={**os.environ, "HF_HUB_CACHE": str(tmp_path)})
+    assert code == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert not jax_imported
+
+
+def test_predict_mistakes_are_one_line_before_jax(tmp_path):
+    import os
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path)}
+    code, stderr, jax_imported = run_without_jax("predict", ["--hf-model", "EleutherAI/gpt-neo-125M", "--prompt", "x"],
+                                                 env)
+    assert code == 2 and "huggingface-cli download EleutherAI/gpt-neo-125M" in stderr and str(tmp_path) in stderr
+    assert not jax_imported
+    code, stderr, jax_imported = run_without_jax("predict", ["--config", "configs/quickstat.json", "--prompt", "x"],
+                                                 env)
+    assert code == 2 and "did you mean configs/quickstart.json?" in stderr and not jax_imported
+
+
+def test_a_config_in_another_folder_gets_a_did_you_mean_from_that_folder(tmp_path):
+    from config import ConfigError, load_config
+    (tmp_path / "mymodel.json").write_text(json.dumps({"n_layer": 2}))
+    with pytest.raises(ConfigError, match=f"did you mean {tmp_path}/mymodel.json"):
+        load_config(str(tmp_path / "mymodle.json"))
+    assert load_config(str(tmp_path / "mymodel.json"))[0].model_path == "runs/mymodel"
+
+
+def test_shipped_configs_load_by_name_from_any_directory(tmp_path, monkeypatch):
+    from config import load_config
+    monkeypatch.chdir(tmp_path)
+    by_name, _ = load_config("moe")
+    by_path, _ = load_config("configs/moe.json")  # the README's spelling, from outside the repository
+    assert by_name == by_path and by_name.moe_layers == [1, 3]
+
+
+def test_legacy_key_in_set_is_a_note_naming_set():
+    from config import load_config
+    _, notes = load_config("quickstart", ("iterations=5",))
+    assert notes and notes[0].startswith("--set iterations=5: 'iterations' has no effect")
+
+
+def test_mesh_needing_more_devices_says_how_to_simulate_them_on_cpu():
+    from config import ConfigError
+    from parallel.mesh import make_mesh, parse_mesh_shape
+    with pytest.raises(ConfigError, match="xla_force_host_platform_device_count=16"):
+        make_mesh("x:8,y:2")  # tests run on 8 simulated CPU devices
+    with pytest.raises(ConfigError) as accelerator:
+        parse_mesh_shape("x:16", 8, cpu=False)
+    assert "XLA_FLAGS" not in str(accelerator.value)
+
+
+def test_generate_benchmark_without_torch_says_what_to_install_and_times_neomesh_alone():
+    code = ("import sys; sys.modules['torch'] = None; from benchmarks import generate; generate.main(['--config', "
+            "'quickstart', '--batch-sizes', '1', '--new-tokens', '2', '--prompt-tokens', '4', '--repeats', '1'])")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("note: the transformers side needs torch and transformers (torch is missing: pip "
+                               "install -r requirements-test.txt)")
+    rows = [line.split() for line in lines if line.startswith(("NeoMesh", "transformers"))]
+    assert [row[:2] for row in rows] == [["NeoMesh", "(JAX)"]] and float(rows[0][3]) > 0

@@ -1,0 +1,167 @@
+"""Your own text in one command: data/make_dataset.py (split, tokenizer, TFRecords, dataset config, cache by
+content) and train.py --data."""
+
+import glob
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import neomesh.paths
+from config import ConfigError
+from data.make_dataset import config_for_data, dataset_name, held_out, make_dataset, split_text
+from tests.common import ROOT, metrics_rows, run_cli, tiny_config
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def write_texts(folder, count, lines=6, seed=0):
+    """``count`` .txt documents; document i starts with the marker ``doc<i>``."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        body = "\n".join(" ".join(rng.choice(WORDS, 8)) for _ in range(lines))
+        (folder / f"{i:03d}.txt").write_text(f"doc{i}\n{body}\n")
+    return folder
+
+
+@pytest.fixture
+def work_root(tmp_path, monkeypatch):
+    """data_cache/ goes under tmp_path, not the repository."""
+    monkeypatch.setattr(neomesh.paths, "work_root", lambda: str(tmp_path))
+    return tmp_path
+
+
+def records(pattern):
+    from data.tf_import import tensorflow
+    tf = tensorflow()
+    out = []
+    for path in sorted(glob.glob(pattern)):
+        for raw in tf.data.TFRecordDataset(path):
+            example = tf.train.Example.FromString(raw.numpy())
+            out.append(list(example.features.feature["text"].int64_list.value))
+    return out
+
+
+def test_held_out_documents_are_exactly_the_fraction_spread_evenly():
+    for n in (1, 19, 20, 101, 1000):
+        chosen = [k for k in range(n) if held_out(k, 0.05)]
+        assert len(chosen) == n // 20
+        assert chosen == [20 * j + 19 for j in range(n // 20)]
+    assert sum(held_out(k, 0.3) for k in range(10)) == 3
+
+
+def test_one_document_splits_at_a_line_break():
+    text = "".join(f"line {i}\n" for i in range(100))
+    train, held = split_text(text, 0.1)
+    assert train + held == text and train.endswith("\n") and held.startswith("line ")
+    assert 0.08 < len(held) / len(text) < 0.12
+    assert split_text("no line breaks at all", 0.5) == ("no line br", "eaks at all")
+
+
+def test_names():
+    assert dataset_name(["my texts/"]) == "my_texts"
+    assert dataset_name(["corpus/*.jsonl.zst"]) == "corpus"
+    assert dataset_name(["books/moby.txt"]) == "moby"
+
+
+def test_folder_to_dataset_split_by_document_and_cached_by_content(tmp_path, work_root, capsys):
+    texts = write_texts(tmp_path / "texts", 40)
+    folder = make_dataset([str(texts)], vocab_size=300, n_ctx=32, workers=1)
+    assert os.path.dirname(folder) == str(work_root / "data_cache") and os.path.basename(folder).startswith("texts-")
+    with open(os.path.join(folder, "dataset.json")) as f:
+        dataset = json.load(f)
+    assert dataset == {"path": "train_*.tfrecords", "eval_path": "eval_*.tfrecords",
+                       "tokenizer_path": "tokenizer.json", "n_vocab": 300, "eos_id": 0}
+    from data.tokenizer import load_tokenizer
+    tokenizer = load_tokenizer(os.path.join(folder, "tokenizer.json"))
+    eval_text = tokenizer.decode(sum(records(os.path.join(folder, "eval_*.tfrecords")), []))
+    train_text = tokenizer.decode(sum(records(os.path.join(folder, "train_*.tfrecords")), []))
+    assert re.findall(r"doc\d+", eval_text) == ["doc19", "doc39"]  # documents 19 and 39 of 40 are held out
+    assert sorted(re.findall(r"doc\d+", train_text)) == sorted(f"doc{i}" for i in range(40) if i not in (19, 39))
+    assert all(len(r) <= 33 for r in records(os.path.join(folder, "train_*.tfrecords")))  # n_ctx + 1 per record
+    with open(os.path.join(folder, "DONE")) as f:
+        totals = json.load(f)["totals"]
+    assert totals["train"]["documents"] == 38 and totals["eval"]["documents"] == 2
+    out = capsys.readouterr().out
+    assert "first use: preparing" in out and "training a 300-token byte-level BPE" in out
+
+    built = os.path.getmtime(os.path.join(folder, "DONE"))
+    # The same files named by a glob: found again, not rebuilt.
+    assert make_dataset([str(texts / "*.txt")], vocab_size=300, n_ctx=32, workers=1) == folder
+    assert os.path.getmtime(os.path.join(folder, "DONE")) == built and "reusing" in capsys.readouterr().out
+    (texts / "000.txt").write_text("changed\n")
+    assert make_dataset([str(texts)], vocab_size=300, n_ctx=32, workers=1) != folder
+
+
+def test_read_back_through_the_pipeline_and_trainer_config(tmp_path, work_root):
+    from data.source import make_source
+    texts = write_texts(tmp_path / "notes", 30)
+    cfg = config_for_data(tiny_config(n_vocab=300, n_ctx=32), [str(texts)])
+    folder = os.path.dirname(cfg.datasets[0][0])
+    assert cfg.datasets == [[os.path.join(folder, "dataset.json"), None, None, None]]
+    assert cfg.model_path == os.path.join("runs", os.path.basename(folder)) and cfg.eval_steps > 0
+    source = make_source(cfg, "train")
+    batch = source.batch(0, 4)
+    assert batch.shape == (4, 33) and batch.max() < 300
+    assert any(word in source.tokenizer.decode(batch[0]) for word in WORDS)
+    assert make_source(cfg, "eval").batch(0, 2).shape == (2, 33)
+    again = config_for_data(tiny_config(n_vocab=300, n_ctx=32), [folder])  # the prepared folder itself
+    assert again.datasets == cfg.datasets and again.model_path == cfg.model_path
+
+
+def test_one_book_gives_its_last_lines_to_eval(tmp_path, work_root):
+    book = tmp_path / "book.txt"
+    book.write_text("".join(f"line {i} of the book\n" for i in range(200)))
+    folder = make_dataset([str(book)], tokenizer="bytes", n_ctx=64, workers=1)
+    with open(os.path.join(folder, "dataset.json")) as f:
+        assert json.load(f)["tokenizer_path"] == "bytes"
+    held = bytes(t for r in records(os.path.join(folder, "eval_*.tfrecords")) for t in r if t < 256).decode()
+    assert held == "".join(f"line {i} of the book\n" for i in range(190, 200))
+
+
+def test_jsonl_with_a_reused_tokenizer_and_no_eval(tmp_path, work_root):
+    from data.tokenizer import train_bpe
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"row {i}: " + " ".join(WORDS[i % 5:])}) + "\n" for i in range(50)))
+    train_bpe([" ".join(WORDS)] * 3, 280).save(str(tmp_path / "tok.json"))
+    folder = make_dataset([str(rows)], tokenizer=str(tmp_path / "tok.json"), eval_fraction=0, n_ctx=16, workers=1)
+    with open(os.path.join(folder, "dataset.json")) as f:
+        dataset = json.load(f)
+    assert "eval_path" not in dataset and dataset["n_vocab"] == 280
+    assert not any(name.startswith("eval") for name in os.listdir(folder))
+    cfg = config_for_data(tiny_config(n_vocab=128, n_ctx=16, eval_steps=4), [folder])
+    assert cfg.eval_steps == 0 and cfg.n_vocab == 280  # the model's vocabulary grows to hold the tokenizer
+
+
+def test_bad_inputs_are_one_line(tmp_path, work_root):
+    with pytest.raises(ConfigError, match="matches no .txt/.jsonl/.jsonl.zst file"):
+        make_dataset([str(tmp_path / "nothing*")])
+    with pytest.raises(ConfigError, match="--eval-fraction: 1.0 is not in"):
+        make_dataset([str(write_texts(tmp_path / "t", 2))], eval_fraction=1.0)
+
+
+@pytest.mark.e2e
+def test_train_on_a_folder_of_text_in_one_command(tmp_path):
+    name = f"mytext_{os.getpid()}"  # unique: its data_cache/ folder is removed afterwards, whatever happens
+    texts = write_texts(tmp_path / name, 24, lines=20, seed=os.getpid())
+    run = tmp_path / "run"
+    sets = ["n_layer=2", "n_embd=64", "n_head=4", "n_ctx=32", 'attention_types=[[["global","local"],1]]',
+            "local_attention_radius=8", "n_vocab=300", "train_batch_size=8", "eval_batch_size=8", "train_steps=6",
+            "warmup_steps=2", "eval_steps=1", "sample_tokens=0", "log_every=3"]
+    try:
+        result = run_cli("train.py", "--data", str(texts), "--model-path", str(run),
+                         *[arg for s in sets for arg in ("--set", s)])
+        assert result.returncode == 0, result.stderr[-3000:]
+        out = result.stdout
+        assert f"preparing data_cache/{name}-" in out and "training a 300-token byte-level BPE" in out
+        assert [line.split()[1] for line in out.splitlines() if line.startswith("step ") and "loss" in line
+                and "eval" not in line] == ["1/6", "3/6", "6/6"]
+        assert "train loss" in out and f"checkpoint: {run}/checkpoints/6" in out
+        assert [r["step"] for r in metrics_rows(run)] == list(range(1, 7)) and metrics_rows(run, "eval")
+    finally:  # the prepared folder, its lock, or the staging folder of a killed run
+        for path in glob.glob(os.path.join(ROOT, "data_cache", name + "-*")):
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)

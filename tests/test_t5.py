@@ -71,6 +71,37 @@ def test_relative_position_buckets_match_transformers():
         assert int(relative_position_bucket(jnp.asarray([-d]), False, 16, 128)[0]) == want
 
 
+def test_attention_bias_goes_through_every_softmax_path():
+    """The additive logits bias against numpy: the kernel-flag path (causal, no mask), the explicit-mask path
+    (padding), the materialised path (dropout's) and a cached decoding step's explicit mask."""
+    from models.attention import masked_softmax_attention, softmax_attention
+    from tests import references as ref
+
+    q, k, v = ref.random_qkv(b=2, t=7, n=3, h=8)
+    bias = np.random.default_rng(5).normal(size=(1, 3, 7, 7)).astype(np.float32)
+    segments = np.array([[1] * 7, [1] * 4 + [0] * 3], np.int32)
+
+    def numpy_attention(allowed):
+        logits = np.einsum("btnh,bsnh->bnts", q.astype(np.float64), k.astype(np.float64)) + bias
+        allowed = np.broadcast_to(allowed if allowed.ndim == 3 else allowed[None], (2, 7, 7))[:, None]
+        p = np.where(allowed, np.exp(logits - np.where(allowed, logits, -np.inf).max(-1, keepdims=True)), 0.0)
+        return np.einsum("bnts,bsnh->btnh", p / p.sum(-1, keepdims=True), v)
+
+    causal = ref.mask(7, 7)
+    got = softmax_attention(q, k, v, causal=True, window=None, bias=jnp.asarray(bias))
+    np.testing.assert_allclose(np.asarray(got), numpy_attention(causal), atol=1e-5)
+    padded = ref.mask(7, 7, None, False, segments, segments)
+    got = softmax_attention(q, k, v, causal=False, window=None, segment_ids=jnp.asarray(segments),
+                            bias=jnp.asarray(bias))
+    real = segments == 1
+    np.testing.assert_allclose(np.asarray(got)[real], numpy_attention(padded)[real], atol=1e-5)
+    got = masked_softmax_attention(q, k, v, jnp.asarray(causal)[None, None], bias=jnp.asarray(bias))
+    np.testing.assert_allclose(np.asarray(got), numpy_attention(causal), atol=1e-5)
+    got = softmax_attention(q[:, -1:], k, v, causal=True, window=None, mask=jnp.asarray(causal[-1:])[None],
+                            bias=jnp.asarray(bias[:, :, -1:]))
+    np.testing.assert_allclose(np.asarray(got), numpy_attention(causal)[:, -1:], atol=1e-5)
+
+
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_logits_match_transformers_on_padded_batches(name, directories):
     model = reference(directories[name])

@@ -75,7 +75,7 @@ def test_attention_types_expand():
     ({"attention_types": [["global", 2]]}, "attention_types: entry"),
     ({"res_dropout": 1.5}, "res_dropout: 1.5 is above the maximum 1.0"),
     ({"model": "bret"}, "model: unknown family \"bret\"; did you mean 'bert'?"),
-    ({"task": "seq2seq"}, 'task: "seq2seq" is not one of causal_lm, masked_lm, sequence_classification'),
+    ({"task": "translation"}, 'task: "translation" is not one of causal_lm, masked_lm, sequence_classification, seq2seq'),
     ({"causal": False}, "causal: false lets causal_lm see the token it predicts"),
     ({"mlm_training": True}, "causal: a masked_lm model must see both sides of a mask"),
     ({"mlm_training": True, "causal": False, "task": "causal_lm"}, "mlm_training: true trains masked_lm"),

@@ -85,7 +85,7 @@ def test_attention_bias_goes_through_every_softmax_path():
         logits = np.einsum("btnh,bsnh->bnts", q.astype(np.float64), k.astype(np.float64)) + bias
         allowed = np.broadcast_to(allowed if allowed.ndim == 3 else allowed[None], (2, 7, 7))[:, None]
         p = np.where(allowed, np.exp(logits - np.where(allowed, logits, -np.inf).max(-1, keepdims=True)), 0.0)
-        return np.einsum("bnts,bsnh->btnh", p / p.sum(-1, keepdims=True), v)
+        return np.einsum("bnts,bsnh->btnh", p / np.maximum(p.sum(-1, keepdims=True), 1e-300), v)
 
     causal = ref.mask(7, 7)
     got = softmax_attention(q, k, v, causal=True, window=None, bias=jnp.asarray(bias))

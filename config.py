@@ -20,7 +20,7 @@ from models import registry
 
 ATTENTION_KINDS = ("global", "local", "linear", "none")
 # What a run trains; each task is an objective (training/objectives.py) and the head that serves it.
-TASKS = ("causal_lm", "masked_lm", "sequence_classification")
+TASKS = ("causal_lm", "masked_lm", "sequence_classification", "seq2seq")
 # Mixture-of-experts options (``moe_params``) and their defaults; see models/moe.py.
 MOE_DEFAULTS = {
     "num_experts": 8,  # experts per MoE layer; a layout 'experts:x' splits them over mesh axis x
@@ -66,6 +66,16 @@ class Config:
     n_head: int = _key(12, "attention heads; must divide n_embd", minimum=1)
     n_layer: int = _key(12, "transformer blocks", minimum=1)
     n_vocab: int = _key(50257, "embedding rows; at least the tokenizer's vocabulary size", minimum=2)
+    d_kv: Optional[int] = _key(None, "features per attention head (T5's d_kv); default n_embd / n_head", minimum=1)
+    n_decoder_layer: Optional[int] = _key(None, "encoder-decoder models (t5): decoder blocks; default n_layer (the "
+                                                "encoder's); 0: an encoder only", minimum=0)
+    n_decoder_ctx: Optional[int] = _key(None, "seq2seq: target tokens per example; default: what span_corruption "
+                                              "makes of n_ctx input tokens, else n_ctx", minimum=1)
+    decoder_start_token_id: int = _key(0, "seq2seq: the id the decoder starts from (T5: 0, its padding id)",
+                                       minimum=0)
+    relative_attention_num_buckets: int = _key(32, "t5: relative position buckets per stack", minimum=2)
+    relative_attention_max_distance: int = _key(128, "t5: distance from which keys share the last bucket",
+                                                minimum=2)
     attention_types: Optional[list] = _key(
         None, 'per-layer attention in GPT-Neo syntax [[["global","local"], 6]]; default: every layer global')
     local_attention_radius: int = _key(
@@ -129,6 +139,10 @@ class Config:
     mlm_mask_ignore_ids: list = _key([], "MLM: ids never masked")
     mlm_mask_token_id: Optional[int] = _key(None, "MLM: the [MASK] id; default: the tokenizer's [MASK] or <mask>")
     mlm_random_token_ids: Optional[list] = _key(None, "MLM: ids random replacements are drawn from")
+    span_corruption: bool = _key(False, "T5 span-corruption batches (data/spans.py) for the seq2seq objective")
+    span_noise_density: float = _key(0.15, "span corruption: fraction of tokens dropped from the inputs",
+                                     minimum=0.0, maximum=1.0)
+    span_mean_length: float = _key(3.0, "span corruption: mean length of a dropped span", minimum=1.0)
 
     # Optimisation.
     opt_name: str = _key("adam", "'adam' (AdamW, GPT-Neo semantics) or 'adafactor' (GPT-Neo's: constant lr, "
@@ -215,7 +229,26 @@ class Config:
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.d_kv or self.n_embd // self.n_head
+
+    @property
+    def decoder_layers(self) -> int:
+        """Decoder blocks of an encoder-decoder model: ``n_decoder_layer``, else as many as the encoder's."""
+        return self.n_layer if self.n_decoder_layer is None else self.n_decoder_layer
+
+    @property
+    def decoder_ctx(self) -> int:
+        """seq2seq target tokens per example: ``n_decoder_ctx``, else span corruption's, else n_ctx."""
+        if self.n_decoder_ctx is not None:
+            return self.n_decoder_ctx
+        return self.span_lengths[1] if self.span_corruption else self.n_ctx
+
+    @property
+    def span_lengths(self) -> tuple[int, int]:
+        """(raw tokens span corruption reads, target tokens it makes) for n_ctx input tokens (T5's rule)."""
+        from data.spans import span_corruption_lengths
+
+        return span_corruption_lengths(self.n_ctx, self.span_noise_density, self.span_mean_length)
 
     @property
     def intermediate(self) -> int:
@@ -365,7 +398,7 @@ def validated(cfg: Config) -> Config:
         if value not in (None, False, 0, [], {}):
             raise ConfigError(f"{name}: {json.dumps(value)} asks for a feature NeoMesh does not have yet; "
                               f"remove the key or set it to {json.dumps(_default(_field(name)))}")
-    if cfg.n_embd % cfg.n_head:
+    if cfg.n_embd % cfg.n_head and cfg.d_kv is None:
         raise ConfigError(f"n_embd: {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
     _check_attention_types(cfg)
     _check_moe(cfg)
@@ -384,6 +417,7 @@ def validated(cfg: Config) -> Config:
                               "fills at least one row of each batch)")
     _check_block_options(cfg)
     _check_task(cfg)
+    _check_encoder_decoder(cfg)
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:
         raise ConfigError("mlm_random_token_prob: mlm_same_token_prob + mlm_random_token_prob is above 1")
     return cfg
@@ -426,6 +460,36 @@ def _check_task(cfg: Config) -> None:
     if cfg.task == "causal_lm" and not cfg.causal:
         raise ConfigError("causal: false lets causal_lm see the token it predicts; set causal true or choose "
                           "task masked_lm")
+
+
+def _check_encoder_decoder(cfg: Config) -> None:
+    """seq2seq is the t5 family's task; its blocks take a relative position bias, which only global softmax
+    layers without extra positions or slots have been built for."""
+    if (cfg.task == "seq2seq") != (cfg.model == "t5"):
+        raise ConfigError(f"task: {cfg.task} does not fit model {cfg.model} (seq2seq is the encoder-decoder "
+                          "family's task: model t5)")
+    if cfg.span_corruption and cfg.task != "seq2seq":
+        raise ConfigError(f"span_corruption: true makes seq2seq batches, but task is {json.dumps(cfg.task)}")
+    if cfg.model != "t5":
+        return
+    unsupported = {"moe_layers": cfg.moe_layers, "num_mem_kv": cfg.num_mem_kv, "rotary_emb": cfg.rotary_emb,
+                   "axial_pos_emb": cfg.axial_pos_emb, "macaron": cfg.macaron}
+    for key, value in unsupported.items():
+        if value:
+            raise ConfigError(f"{key}: {json.dumps(value)} is not available in model t5 (relative position bias, "
+                              "global layers)")
+    if set(cfg.attention_layers) != {"global"}:
+        raise ConfigError(f"attention_types: model t5 has global layers only, not {sorted(set(cfg.attention_layers))}")
+    if cfg.span_corruption:
+        if cfg.span_noise_density in (0.0, 1.0):
+            raise ConfigError(f"span_noise_density: {cfg.span_noise_density} leaves nothing to predict or nothing "
+                              "to read; use a value strictly between 0 and 1")
+        raw, targets = cfg.span_lengths
+        if raw < 2:
+            raise ConfigError(f"n_ctx: {cfg.n_ctx} input tokens is too short for span corruption")
+        if cfg.n_decoder_ctx is not None and cfg.n_decoder_ctx < targets:
+            raise ConfigError(f"n_decoder_ctx: {cfg.n_decoder_ctx} is shorter than the {targets} target tokens span "
+                              f"corruption makes of n_ctx {cfg.n_ctx}")
 
 
 def _check_attention_types(cfg: Config) -> None:

@@ -1,11 +1,12 @@
 """Generate text: ``python predict.py --config configs/quickstart.json --prompt "def "``.
 
 The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path; it may have
-been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2 directory (``--hf-model``). Prompts
+been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5 directory (``--hf-model``). Prompts
 (repeated ``--prompt``, one per line of ``--prompt-file``, or a whole file each with ``--prompt-from-file``, as
 GPT-Neo's ``--prompt FILE`` was) run as one left-padded batch; a single prompt streams to stdout as it is
 generated. ``--output FILE`` also writes the generations to FILE, as GPT-Neo's predictions file. Generation is
-KV-cached and compiled once per shape.
+KV-cached and compiled once per shape. A decoder continues its prompt; an encoder-decoder (T5) reads the prompt
+with its encoder and writes its output text.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model-path", help="NeoMesh run directory with checkpoints (default: the config's "
                         "model_path)")
-    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2): a "
+    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5): a "
                         "directory, or ORG/NAME[@REVISION] from the local Hugging Face cache (nothing is downloaded)")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
@@ -114,9 +115,9 @@ def load_model(args, layout):
 
     path = args.hf_model or args.model_path  # check_options resolved both
     cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run")
-    if cfg.task != "causal_lm":
-        raise ConfigError(f"{path}: a {cfg.model} model trained for {cfg.task} does not generate text; load it "
-                          "with pretrained.load to get its outputs")
+    if cfg.task not in ("causal_lm", "seq2seq") or (cfg.task == "seq2seq" and not cfg.decoder_layers):
+        what = "an encoder-only t5" if cfg.task == "seq2seq" else f"a {cfg.model} model trained for {cfg.task}"
+        raise ConfigError(f"{path}: {what} does not generate text; load it with pretrained.load to get its outputs")
     return cfg, graphdef, params, tokenizer
 
 
@@ -217,14 +218,18 @@ def predict(args) -> None:
     if args.max_new_tokens is None:
         args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS
 
+    seq2seq = cfg.task == "seq2seq"
     encoded = []
     for i, text in enumerate(prompts):
         ids = tokenizer.encode(text) or [tokenizer.eos_id]
-        room = cfg.n_ctx - args.max_new_tokens
+        if seq2seq and ids[-1] != tokenizer.eos_id:  # T5's encoder inputs end with end-of-text
+            ids.append(tokenizer.eos_id)
+        room = cfg.n_ctx if seq2seq else cfg.n_ctx - args.max_new_tokens  # T5: the prompt fills the encoder
         if len(ids) > room:
             if not args.truncate_prompt or room < 1:
-                raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; with --max-new-tokens "
-                                  f"{args.max_new_tokens} only {max(room, 0)} fit in n_ctx {cfg.n_ctx} "
+                limit = f"n_ctx {cfg.n_ctx} (the encoder's)" if seq2seq else \
+                    f"n_ctx {cfg.n_ctx} with --max-new-tokens {args.max_new_tokens}"
+                raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; only {max(room, 0)} fit in {limit} "
                                   "(shorten it, lower --max-new-tokens, or pass --truncate-prompt)")
             ids = ids[-room:]
         encoded += [ids] * args.num_samples
@@ -237,7 +242,7 @@ def predict(args) -> None:
                         length_penalty=args.length_penalty, eos_id=tokenizer.eos_id)
     stream = len(encoded) == 1 and args.num_beams == 1
     printer = Printer(tokenizer, len(encoded), args.stop, stream)
-    if stream:
+    if stream and not seq2seq:  # a decoder continues its prompt; T5's output stands alone
         sys.stdout.write(prompts[0])
         sys.stdout.flush()
     with layout.active():
@@ -247,9 +252,10 @@ def predict(args) -> None:
             callback = printer if (stream or args.stop) else None
             out = sample(graphdef, params, batch, pad, settings, jax.random.key(args.seed), callback)
     out = np.asarray(jax.device_get(out))
+    separator = "\n=== output ===\n" if seq2seq else ""  # T5's output stands apart from its prompt
     if stream:
         printer.finish()
-        blocks = [f"=== prompt 1 ===\n{prompts[0]}{printer.text(0)}"]
+        blocks = [f"=== prompt 1 ===\n{prompts[0]}{separator}{printer.text(0)}"]
     else:
         blocks = []
         for row, ids in enumerate(out):
@@ -260,7 +266,7 @@ def predict(args) -> None:
             prompt_index, sample_index = divmod(row, args.num_samples)
             header = f"=== prompt {prompt_index + 1}" + (
                 f", sample {sample_index + 1}" if args.num_samples > 1 else "")
-            blocks.append(f"{header} ===\n{prompts[prompt_index]}{printer.text(row)}")
+            blocks.append(f"{header} ===\n{prompts[prompt_index]}{separator}{printer.text(row)}")
             print(blocks[-1])
     if args.output:
         with open(args.output, "w") as f:

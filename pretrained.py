@@ -136,7 +136,12 @@ class Pretrained:
         texts = [texts] if isinstance(texts, str) else list(texts)
         pairs = [pairs] if isinstance(pairs, str) else list(pairs) if pairs is not None else [None] * len(texts)
         cfg = self.config
-        if cfg.task == "sequence_classification" or not cfg.causal:
+        if cfg.task == "seq2seq":  # T5's encoder inputs: the text, then end-of-text
+            if any(p is not None for p in pairs):
+                raise ConfigError(f"tokenize: a {cfg.model} model reads single texts, not pairs")
+            eos = self.tokenizer.eos_id
+            encoded = [((ids + [eos])[-cfg.n_ctx:], None) for ids in map(self.tokenizer.encode, texts)]
+        elif cfg.task == "sequence_classification" or not cfg.causal:
             encoded = self.tokenizer.encode_pairs(texts, pairs, cfg.n_ctx)
         elif any(p is not None for p in pairs):
             raise ConfigError(f"tokenize: a {cfg.model} model trained for {cfg.task} reads single texts, not pairs")
@@ -175,12 +180,13 @@ class Pretrained:
         return self._forward(self.params, batch, "hidden_states")
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
-        """The text a decoder writes after ``prompt`` (until end-of-text or ``max_new_tokens``)."""
+        """The text a decoder writes after ``prompt``, or an encoder-decoder (T5) writes for it (until end-of-text
+        or ``max_new_tokens``)."""
         from models.generate import complete
 
-        if self.config.task != "causal_lm":
+        if self.config.task not in ("causal_lm", "seq2seq") or not self.config.decoder_layers:
             raise ConfigError(f"generate: a {self.config.model} model trained for {self.config.task} does not "
                               "generate text")
         with self.layout.active():
             return complete(self.graphdef, self.params, self.tokenizer, prompt, max_new_tokens, self.config.n_ctx,
-                            temperature=temperature, seed=seed)
+                            temperature=temperature, seed=seed, encoder_input=self.config.task == "seq2seq")

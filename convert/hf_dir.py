@@ -1,7 +1,8 @@
 """Reading and writing Hugging Face model directories: config.json, weights, tokenizer files.
 
 A directory holds config.json, weights (model.safetensors, sharded *.safetensors, or pytorch_model.bin, which
-needs torch) and tokenizer files (tokenizer.json, or GPT-2's vocab.json + merges.txt, or BERT's vocab.txt).
+needs torch) and tokenizer files (tokenizer.json, or GPT-2's vocab.json + merges.txt, BERT's vocab.txt, or T5's
+SentencePiece spiece.model).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import numpy as np
 
 from config import ConfigError
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer_config.json",
-                   "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "spiece.model",
+                   "tokenizer_config.json", "special_tokens_map.json")
 
 
 def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
@@ -105,8 +106,10 @@ def load_tokenizer(path: str):
     """The tokenizer of an HF directory: tokenizer.json, GPT-2's vocab.json + merges.txt, or BERT's vocab.txt."""
     from data.tokenizer import load_tokenizer as load
 
-    if not any(os.path.exists(os.path.join(path, name)) for name in ("tokenizer.json", "vocab.json", "vocab.txt")):
-        raise ConfigError(f"{path}: no tokenizer (tokenizer.json, vocab.json + merges.txt, or vocab.txt)")
+    if not any(os.path.exists(os.path.join(path, name)) for name in ("tokenizer.json", "vocab.json", "vocab.txt",
+                                                                      "spiece.model")):
+        raise ConfigError(f"{path}: no tokenizer (tokenizer.json, vocab.json + merges.txt, vocab.txt, or "
+                          "spiece.model)")
     return load(path)
 
 

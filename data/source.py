@@ -217,6 +217,14 @@ def make_source(cfg: Config, split: str):
         check_tokenizer(tokenizer, dataset, cfg)
     if cfg.mlm_training:
         cfg = with_mask_token(cfg, tokenizers[0])
+    window = cfg.n_ctx
+    if cfg.span_corruption:
+        from data.spans import noise_plan, sentinel_ids
+
+        raw = cfg.span_lengths[0]
+        window = raw - 1  # windows() cuts window+1 tokens
+        spans = noise_plan(raw, cfg.span_noise_density, cfg.span_mean_length)[1]
+        sentinels = sentinel_ids(tokenizers[0], cfg.n_vocab, spans, datasets[0]["where"])
     sizes = {t.vocab_size for t in tokenizers}
     if len(sizes) > 1:
         raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "
@@ -271,12 +279,16 @@ def make_source(cfg: Config, split: str):
             files, record_shard = shard_files(files, shards, shard)
             docs = tfrecord_documents(tf, files, n_vocab=cfg.n_vocab, shuffle=shuffle, seed=seed,
                                       shuffle_buffer=buffer, record_shard=record_shard)
-            streams.append(windows(tf, docs, cfg.n_ctx, mode, stitch, shuffle=shuffle, seed=seed,
+            streams.append(windows(tf, docs, window, mode, stitch, shuffle=shuffle, seed=seed,
                                    shuffle_buffer=buffer))
         stream = mix(tf, streams, weights, shard_seed(cfg.seed * 1000 + 7, shard))
         if cfg.mlm_training:
             from data.mlm import mlm_stage
             stream = mlm_stage(tf, stream, cfg, shard_seed(cfg.seed * 1000 + 8, shard))
+        elif cfg.span_corruption:
+            from data.spans import span_stage
+            stream = span_stage(tf, stream, cfg, sentinels, tokenizers[0].eos_id, tokenizers[0].padding_id,
+                                shard_seed(cfg.seed * 1000 + 9, shard))
         return shard_batches(tf, stream, block, start)
 
     bytes_per_token = None

@@ -188,6 +188,38 @@ class HFTokenizer:
 BPETokenizer = HFTokenizer  # the name of the byte-level BPE case, kept for callers
 
 
+class SentencePieceTokenizer:
+    """A SentencePiece model (T5's ``spiece.model``) through the optional ``sentencepiece`` package, with T5's
+    ``extra_ids`` sentinels ``<extra_id_0>`` .. above the model's pieces (``<extra_id_0>`` the highest id)."""
+
+    def __init__(self, path: str, extra_ids: int = 100):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise ConfigError(f"{path}: a SentencePiece model needs the sentencepiece package (pip install "
+                              "sentencepiece), or give a tokenizer.json") from None
+        self.sp, self.name = sentencepiece.SentencePieceProcessor(model_file=path), path
+        self.pieces = self.sp.get_piece_size()
+        self.vocab_size = self.pieces + extra_ids
+        self.eos_id, self.padding_id = self.sp.eos_id(), max(self.sp.pad_id(), 0)
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text) + [self.eos_id]  # T5's tokenizer ends every text with </s>
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids if i < self.pieces])
+
+    def token_id(self, token: str) -> int | None:
+        if token.startswith("<extra_id_") and token.endswith(">") and token[10:-1].isdigit():
+            return self.vocab_size - 1 - int(token[10:-1]) if int(token[10:-1]) < self.vocab_size - self.pieces \
+                else None
+        found = self.sp.piece_to_id(token)
+        return None if found == self.sp.unk_id() and token != self.sp.id_to_piece(found) else found
+
+
 def _byte_level(tok):
     """Byte-level pre-tokenizer and decoder without a prefix space: the exact-round-trip settings."""
     from tokenizers import decoders, pre_tokenizers
@@ -217,14 +249,19 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
 
 def load_tokenizer(path: str) -> Tokenizer:
     """``"bytes"``, a ``tokenizer.json``, or a directory holding ``tokenizer.json``, GPT-2's or RoBERTa's
-    ``vocab.json`` and ``merges.txt``, or BERT's ``vocab.txt``. Nothing is downloaded: a hub name like ``gpt2``
-    must be a local directory."""
+    ``vocab.json`` and ``merges.txt``, BERT's ``vocab.txt``, or T5's SentencePiece ``spiece.model`` (needs the
+    optional ``sentencepiece`` package). Nothing is downloaded: a hub name like ``gpt2`` must be a local
+    directory."""
     from tokenizers import Tokenizer as Library
 
     if path == "bytes":
         return ByteTokenizer()
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "tokenizer.json")):
         path = os.path.join(path, "tokenizer.json")
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "spiece.model")):
+        return SentencePieceTokenizer(os.path.join(path, "spiece.model"))
+    if path.endswith(".model") and os.path.isfile(path):
+        return SentencePieceTokenizer(path)
     if os.path.isfile(path):
         try:
             tok = Library.from_file(path)

@@ -9,7 +9,9 @@ training, no mask is built at all: the kernels take "causal" and the window as f
 Kinds: ``global`` (softmax over every key), ``local`` (a sliding window: token i sees i-window+1..i, both ways for
 bidirectional layers), ``linear`` (models/linear_attention.py). ``num_mem_kv`` > 0 adds learned key/value slots
 that every query of a global layer sees, whatever its position (GPT-Neo's memory_key_values). Cross-attention
-(encoder-decoder blocks) takes its keys and values from a ``context`` instead of ``x``.
+(encoder-decoder blocks) takes its keys and values from a ``context`` instead of ``x``, or, when decoding, from a
+``CrossCache`` that holds them computed once. An optional additive ``bias`` on the logits (T5's relative position
+bias) goes through the same path to every kernel.
 
 Logits are ``scale * q.k``: GPT-Neo and T5 use scale 1 (mesh-tensorflow folds 1/sqrt(head_dim) into the query
 init), GPT-2 and BERT 1/sqrt(head_dim).
@@ -23,7 +25,7 @@ from flax import nnx
 
 from config import ConfigError
 from models.axes import HEADS, axes, constrain
-from models.kv_cache import LayerCache, LinearCache
+from models.kv_cache import CrossCache, LayerCache, LinearCache
 from models.layers import dropout, projection
 from models.linear_attention import bidirectional_linear_attention, causal_linear_attention
 from models.rotary import apply_rotary
@@ -91,10 +93,14 @@ def self_attention_mask(t: int, causal: bool, window: int | None, segment_ids: j
 
 
 def masked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float = 1.0,
-                             dropout_rate: float = 0.0, dropout_key: jax.Array | None = None) -> jax.Array:
+                             dropout_rate: float = 0.0, dropout_key: jax.Array | None = None,
+                             bias: jax.Array | None = None) -> jax.Array:
     """Attention with the probabilities materialised (so they can be dropped out).
-    (..., T, N, H) x (..., S, N, H) x (..., S, N, H), mask broadcastable to (..., N, T, S) -> (..., T, N, H)."""
+    (..., T, N, H) x (..., S, N, H) x (..., S, N, H), mask and ``bias`` broadcastable to (..., N, T, S)
+    -> (..., T, N, H)."""
     logits = scale * jnp.einsum("...TNH,...SNH->...NTS", q, k, preferred_element_type=jnp.float32)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
     probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
     probs = dropout(dropout_rate, probs, dropout_key).astype(v.dtype)
     return jnp.einsum("...NTS,...SNH->...TNH", probs, v)
@@ -133,30 +139,36 @@ def blocked_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, window: in
 def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, window: int | None,
                       scale: float = 1.0, segment_ids: jax.Array | None = None, mask: jax.Array | None = None,
                       dropout_rate: float = 0.0, dropout_key: jax.Array | None = None, kernel: str = "xla",
-                      blocked: bool | None = None) -> jax.Array:
+                      blocked: bool | None = None, bias: jax.Array | None = None) -> jax.Array:
     """(B,T,N,H), (B,S,N,H), (B,S,N,H) -> (B,T,N,H); softmax in float32.
 
     With an explicit ``mask`` (B, T, S) (decoding, memory slots, cross-attention) that mask is the rule. Otherwise
     keys are the queries' own positions (S = T), masked by ``causal``, ``window`` and ``segment_ids`` (B, T).
+    ``bias`` (B or 1, N, T, S) is added to the logits before the mask (T5's relative position bias).
     ``kernel`` is "xla" or "cudnn" (see ``choose_kernel``); ``blocked`` (default: automatic, see
-    ``BLOCKED_MIN_WINDOWS``) computes a causal local layer block by block on the XLA path."""
-    t = q.shape[1]
+    ``BLOCKED_MIN_WINDOWS``) computes a causal local layer block by block on the XLA path (never with a bias,
+    which spans the whole T x S grid)."""
+    t, s = q.shape[1], k.shape[1]
     dropping = dropout_key is not None and dropout_rate > 0.0
     if mask is None:
-        if window is not None and causal and kernel == "xla" and (
+        if window is not None and causal and kernel == "xla" and bias is None and (
                 blocked if blocked is not None else t >= BLOCKED_MIN_WINDOWS * window):
             return blocked_local_attention(q, k, v, window, segment_ids, scale, dropout_rate, dropout_key)
         if dropping or segment_ids is not None:
             mask = self_attention_mask(t, causal, window, segment_ids)
         else:  # no mask materialised: the kernel takes causality and the window as flags
             local = None if window is None else (window - 1, 0 if causal else window - 1)
-            return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, local_window_size=local,
-                                                implementation=kernel)
+            if bias is not None and kernel == "cudnn":
+                # cuDNN adds a bias of the inputs' dtype, and its backward pass with a bias needs even lengths.
+                kernel = "xla" if t % 2 or s % 2 else kernel
+                bias = bias.astype(q.dtype) if kernel == "cudnn" else bias
+            return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale, is_causal=causal,
+                                                local_window_size=local, implementation=kernel)
     if mask.ndim == 2:
         mask = mask[None]
     if dropping:  # dropout on the probabilities needs them materialised
-        return masked_softmax_attention(q, k, v, mask[:, None], scale, dropout_rate, dropout_key)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="xla")
+        return masked_softmax_attention(q, k, v, mask[:, None], scale, dropout_rate, dropout_key, bias)
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask[:, None], scale=scale, implementation="xla")
 
 
 class Attention(nnx.Module):
@@ -195,30 +207,45 @@ class Attention(nnx.Module):
         return LayerCache.empty(batch, length if s.window is None else min(s.window, length), s.n_head,
                                 s.head_dim, dtype)
 
+    def cross_cache(self, context: jax.Array, context_segment_ids: jax.Array) -> CrossCache:
+        """The keys and values of an encoder output (B, S, D) with its (B, S) segment ids, for decoding: computed
+        once, then every decoding step's cross-attention reads them."""
+        k = constrain(self.k(context), KEY_VALUE)  # (B, S, N, H)
+        v = constrain(self.v(context), KEY_VALUE)  # (B, S, N, H)
+        return CrossCache(k=k, v=v, segment_ids=context_segment_ids.astype(jnp.int32))
+
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
-                 cache: LayerCache | LinearCache | None = None, dropout_key: jax.Array | None = None,
-                 context: jax.Array | None = None, context_segment_ids: jax.Array | None = None
-                 ) -> tuple[jax.Array, LayerCache | LinearCache | None]:
+                 cache: LayerCache | LinearCache | CrossCache | None = None, dropout_key: jax.Array | None = None,
+                 context: jax.Array | None = None, context_segment_ids: jax.Array | None = None,
+                 bias: jax.Array | None = None) -> tuple[jax.Array, LayerCache | LinearCache | CrossCache | None]:
         """(B, T, D) tokens at (B, T) ``positions`` -> (B, T, D) and the updated cache (None without one).
 
         ``segment_ids`` (B, T): tokens attend within their segment; 0 marks padding. ``cache``: decoding state of
         this layer; the new tokens continue it. ``context`` (B, S, D) with ``context_segment_ids`` (B, S): keys and
-        values come from it (cross-attention; no rotary, no causality)."""
+        values come from it (cross-attention; no rotary, no causality); a ``CrossCache`` holds them precomputed.
+        ``bias`` (B or 1, N, T, S): added to the logits, S being every key this call attends to (the sequence,
+        or a global layer's whole cache buffer when decoding)."""
         s = self.spec
-        source = x if context is None else context
+        cross = context is not None or isinstance(cache, CrossCache)
         q = constrain(self.q(x), HEADS)  # (B, T, N, H)
-        k = constrain(self.k(source), KEY_VALUE)  # (B, S, N, H)
-        v = constrain(self.v(source), KEY_VALUE)  # (B, S, N, H)
-        if context is None:
-            q, k = (apply_rotary(x, positions, s.rotary_dim, s.rotary_style) for x in (q, k))
+        if isinstance(cache, CrossCache):
+            k, v, context_segment_ids = cache.k, cache.v, cache.segment_ids  # (B, S, N, H) x2, (B, S)
+        else:
+            source = x if context is None else context
+            k = constrain(self.k(source), KEY_VALUE)  # (B, S, N, H)
+            v = constrain(self.v(source), KEY_VALUE)  # (B, S, N, H)
+        if not cross:
+            q, k = (apply_rotary(t, positions, s.rotary_dim, s.rotary_style) for t in (q, k))
         if s.kind == "linear":
+            if bias is not None:
+                raise ValueError("linear attention has no logits to add a bias to")
             a, cache = self._linear(q, k, v, segment_ids, cache)
-        elif context is not None:
+        elif cross:
             mask = None
             if context_segment_ids is not None:
                 queries = segment_ids if segment_ids is not None else jnp.ones(q.shape[:2], jnp.int32)
                 mask = same_segment(queries, context_segment_ids)
-            a = self._softmax(q, k, v, mask, None, dropout_key, cross=True)
+            a = self._softmax(q, k, v, mask, None, dropout_key, cross=True, bias=bias)
         else:
             mask = None
             if cache is not None:
@@ -226,10 +253,10 @@ class Attention(nnx.Module):
                 (k, v, key_segments, key_index), cache = cache.extend(k, v, segment_ids, s.window)
                 mask = visible(query_index, key_index, s.causal, s.window)[None] & same_segment(segment_ids,
                                                                                                key_segments)
-            a = self._softmax(q, k, v, mask, segment_ids, dropout_key)
+            a = self._softmax(q, k, v, mask, segment_ids, dropout_key, bias=bias)
         return self.out(constrain(a, HEADS)), cache  # (B, T, D)
 
-    def _softmax(self, q, k, v, mask, segment_ids, dropout_key, cross: bool = False) -> jax.Array:
+    def _softmax(self, q, k, v, mask, segment_ids, dropout_key, cross: bool = False, bias=None) -> jax.Array:
         s = self.spec
         if self.mem_k is not None:  # the memory slots come first and every query sees them
             b, t = q.shape[:2]
@@ -239,10 +266,12 @@ class Attention(nnx.Module):
                 mask = self_attention_mask(t, s.causal, s.window, segment_ids)
             mask = jnp.broadcast_to(mask, (b, t, mask.shape[-1]))
             mask = jnp.concatenate([jnp.ones((b, t, s.num_mem_kv), bool), mask], axis=2)
+            if bias is not None:  # the slots have no position: no bias for them
+                bias = jnp.pad(bias, [(0, 0), (0, 0), (0, 0), (s.num_mem_kv, 0)])
         return softmax_attention(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
                                  window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
                                  mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,
-                                 kernel=self.kernel if mask is None else "xla")
+                                 kernel=self.kernel if mask is None else "xla", bias=bias)
 
     def _linear(self, q, k, v, segment_ids, cache):
         real = None if segment_ids is None else segment_ids != 0

@@ -62,8 +62,11 @@ class Block(nnx.Module):
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None, cache=None,
                  dropout_key: jax.Array | None = None, context: jax.Array | None = None,
-                 context_segment_ids: jax.Array | None = None) -> tuple[jax.Array, object]:
-        """(B, T, D) -> (B, T, D) and this block's updated cache (see ``Attention.__call__`` for the arguments)."""
+                 context_segment_ids: jax.Array | None = None, attention_bias: jax.Array | None = None,
+                 cross_cache=None) -> tuple[jax.Array, object]:
+        """(B, T, D) -> (B, T, D) and this block's updated cache (see ``Attention.__call__`` for the arguments).
+        ``attention_bias`` goes to the self-attention logits; ``cross_cache`` holds the cross-attention's keys and
+        values when decoding (instead of ``context``)."""
         keys = dropout_keys(dropout_key, 6)
         half = 0.5 if self.spec.macaron else 1.0
         if self.mlp_macaron is not None:  # GPT-Neo: on the raw stream, no norm, no ReZero gate
@@ -71,13 +74,14 @@ class Block(nnx.Module):
         if self.attn is not None:
             def attend(h):
                 nonlocal cache
-                out, cache = self.attn(h, positions, segment_ids, cache, keys[1])
+                out, cache = self.attn(h, positions, segment_ids, cache, keys[1], bias=attention_bias)
                 return out
 
             x = constrain(self._residual(x, attend, self.ln_1, self.rezero_1, keys[2]), HIDDEN)
         if self.crossattention is not None:
             def cross(h):
-                return self.crossattention(h, positions, segment_ids, None, keys[3], context, context_segment_ids)[0]
+                return self.crossattention(h, positions, segment_ids, cross_cache, keys[3], context,
+                                           context_segment_ids)[0]
 
             x = constrain(self._residual(x, cross, self.ln_cross, self.rezero_cross, keys[4]), HIDDEN)
         x = self._residual(x, self.mlp, self.ln_2, self.rezero_2, keys[5], half)
@@ -86,14 +90,18 @@ class Block(nnx.Module):
 
 def run_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
                caches: tuple | None = None, dropout_key: jax.Array | None = None, remat: bool = False,
-               **context) -> tuple[jax.Array, tuple | None]:
+               cross_caches: tuple | None = None, **context) -> tuple[jax.Array, tuple | None]:
     """Runs ``blocks`` in order: (B, T, D) -> (B, T, D) and their updated caches (None when ``caches`` is None).
-    ``remat`` recomputes each block's activations in the backward pass (training memory for compute)."""
+    ``remat`` recomputes each block's activations in the backward pass (training memory for compute).
+    ``context`` (keyword arguments of ``Block.__call__``) goes to every block: the encoder output and its
+    segment ids, a stack's shared attention bias; ``cross_caches`` gives each block its own ``CrossCache``."""
     keys = dropout_keys(dropout_key, len(blocks))
     layer_caches = caches if caches is not None else (None,) * len(blocks)
+    crosses = cross_caches if cross_caches is not None else (None,) * len(blocks)
     call = nnx.remat(Block.__call__) if remat else Block.__call__
     updated = []
-    for block, cache, key in zip(blocks, layer_caches, keys):
-        x, cache = call(block, x, positions, segment_ids, cache, key, **context)
+    for block, cache, cross, key in zip(blocks, layer_caches, crosses, keys):
+        extra = {"cross_cache": cross} if cross is not None else {}
+        x, cache = call(block, x, positions, segment_ids, cache, key, **context, **extra)
         updated.append(cache)
     return x, (tuple(updated) if caches is not None else None)

@@ -1,6 +1,16 @@
 """Text generation with a KV cache: prefill and the decode loop run inside one jit, compiled once per
 (batch, prompt length, new tokens) shape.
 
+The loops know no model family. A generating model has two methods:
+
+    prefill(prompts (B, P), pad (B,), max_new_tokens, dtype) -> (logits (B, V), cache, seen (B, V) bool)
+    decode_step(tokens (B,), cache) -> (logits (B, V), cache)
+
+``prefill`` takes the left-padded prompts and returns the first new token's logits, the cache (any pytree whose
+batch-major leaves lead with B) and the tokens the repetition penalty already counts; ``decode_step`` feeds one
+token per row. A decoder (GPT-Neo) prefills with the prompt; an encoder-decoder (T5) encodes the prompt once and
+starts its decoder from the start token.
+
 Sampling follows Hugging Face's order: the repetition penalty edits the logits (sign-aware, prompt included),
 then temperature, top-k and top-p shape the distribution; temperature 0 is greedy. Beam search keeps ``num_beams``
 alive hypotheses and a pool of finished ones scored by ``sum log p / length ** length_penalty``, and stops when
@@ -64,6 +74,12 @@ def choose(logits: jax.Array, seen: jax.Array, s: Sampling, key: jax.Array) -> j
     return jax.random.categorical(key, logits, axis=-1)
 
 
+def seen_tokens(tokens: jax.Array, real: jax.Array, vocab: int) -> jax.Array:
+    """(B, L) token ids, (B, L) bool (which count) -> (B, V) bool: which ids each row holds."""
+    b = tokens.shape[0]
+    return jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], tokens].max(real)
+
+
 def _host_check(callback, tokens, step):
     """Runs ``callback(tokens, step) -> stop flags`` on the host, in order, from inside the loop."""
     return io_callback(callback, jax.ShapeDtypeStruct(tokens.shape, jnp.bool_), tokens, step,
@@ -81,13 +97,10 @@ def sample(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _sample(graphdef, s: Sampling, on_tokens, params, prompts, pad, key):
-    b, p = prompts.shape
+    b = prompts.shape[0]
     fill = 0 if s.eos_id is None else s.eos_id
     model = nnx.merge(graphdef, nnx.State(params))
-    cache = model.init_cache(b, p + s.max_new_tokens, pad, params_dtype(params))
-    logits, cache = model(prompts, cache=cache)  # prefill: (B, P, V)
-    rows = jnp.arange(p)[None, :] >= pad[:, None]
-    seen = jnp.zeros((b, logits.shape[-1]), bool).at[jnp.arange(b)[:, None], prompts].max(rows)
+    logits, cache, seen = model.prefill(prompts, pad, s.max_new_tokens, params_dtype(params))  # (B, V)
     out = jnp.full((b, s.max_new_tokens), fill, jnp.int32)
 
     def cond(carry):
@@ -104,10 +117,10 @@ def _sample(graphdef, s: Sampling, on_tokens, params, prompts, pad, key):
         done = done | ((token == s.eos_id) if s.eos_id is not None else False)
         if on_tokens is not None:
             done = done | _host_check(on_tokens, token, i)
-        logits, cache = model(token[:, None], cache=cache)
-        return i + 1, logits[:, -1], cache, seen, done, out
+        logits, cache = model.decode_step(token, cache)
+        return i + 1, logits, cache, seen, done, out
 
-    carry = (jnp.zeros((), jnp.int32), logits[:, -1], cache, seen, jnp.zeros((b,), bool), out)
+    carry = (jnp.zeros((), jnp.int32), logits, cache, seen, jnp.zeros((b,), bool), out)
     return jax.lax.while_loop(cond, body, carry)[-1]
 
 
@@ -118,7 +131,7 @@ def beam_search(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Arr
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _beam_search(graphdef, s: Sampling, params, prompts, pad):
-    b, p = prompts.shape
+    b = prompts.shape[0]
     k, n = s.num_beams, s.max_new_tokens
     eos = -1 if s.eos_id is None else s.eos_id
     fill = 0 if s.eos_id is None else s.eos_id
@@ -127,11 +140,10 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
         return log_prob / length.astype(jnp.float32) ** s.length_penalty
 
     model = nnx.merge(graphdef, nnx.State(params))
-    cache = model.init_cache(b, p + n, pad, params_dtype(params))
-    logits, cache = model(prompts, cache=cache)
+    logits, cache, _ = model.prefill(prompts, pad, n, params_dtype(params))  # (B, V)
     # Every beam starts from the prompt: repeat rows, and let only beam 0 be alive at first.
     cache = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0) if x.ndim and x.shape[0] == b else x, cache)
-    last = jnp.repeat(logits[:, -1], k, axis=0)  # (B*K, V)
+    last = jnp.repeat(logits, k, axis=0)  # (B*K, V)
     alive_seq = jnp.full((b, k, n), fill, jnp.int32)
     alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (b, 1))  # (B, K)
     fin_seq = jnp.full((b, k, n), fill, jnp.int32)
@@ -166,8 +178,8 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
         parent = (jnp.take_along_axis(beam, keep, axis=1) + jnp.arange(b)[:, None] * k).reshape(-1)
         cache = jax.tree.map(lambda x: x[parent] if x.ndim and x.shape[0] == b * k else x, cache)
         tokens = jnp.take_along_axis(token, keep, axis=1).reshape(-1)
-        logits, cache = model(tokens[:, None], cache=cache)
-        return i + 1, logits[:, -1], cache, alive_seq, alive_lp, fin_seq, fin_score
+        logits, cache = model.decode_step(tokens, cache)
+        return i + 1, logits, cache, alive_seq, alive_lp, fin_seq, fin_score
 
     carry = (jnp.zeros((), jnp.int32), last, cache, alive_seq, alive_lp, fin_seq, fin_score)
     i, _, _, alive_seq, alive_lp, fin_seq, fin_score = jax.lax.while_loop(cond, body, carry)
@@ -181,9 +193,11 @@ def params_dtype(params) -> jnp.dtype:
 
 
 def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str, max_new_tokens: int, n_ctx: int, *,
-             temperature: float = 0.8, seed: int = 0) -> str:
-    """The text that follows ``prompt`` (sampled; at most until eos or the context is full)."""
-    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
+             temperature: float = 0.8, seed: int = 0, encoder_input: bool = False) -> str:
+    """The text that follows ``prompt`` (sampled; at most until eos or the context is full). ``encoder_input``:
+    the prompt is an encoder-decoder's input, which ends with end-of-text (T5's template)."""
+    ids = tokenizer.encode(prompt) + [tokenizer.eos_id] if encoder_input else tokenizer.encode(prompt) or \
+        [tokenizer.eos_id]
     new = min(max_new_tokens, n_ctx - 1)
     ids = ids[-(n_ctx - new):]
     out = sample(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),

@@ -16,6 +16,7 @@ from config import Config
 from models import kv_cache
 from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks
+from models.generate import seen_tokens
 from models.heads import ClassificationHead
 from models.layers import dropout, dropout_keys, norm
 from models.spec import block_spec, gpt_neo_attention_init, gpt_neo_mlp_init
@@ -104,6 +105,19 @@ class GPTNeo(nnx.Module):
     def logits(self, x: jax.Array) -> jax.Array:
         """Output projection of final hidden states: (B, T, D) -> (B, T, V)."""
         return self.lm_head(x) if self.lm_head is not None else self.wte.attend(x)
+
+    def prefill(self, prompts: jax.Array, pad: jax.Array, max_new_tokens: int, dtype
+                ) -> tuple[jax.Array, kv_cache.DecodeState, jax.Array]:
+        """Generation's start (models/generate.py): the (B, P) left-padded prompts through a fresh cache ->
+        ((B, V) logits of the first new token, the cache, (B, V) the prompt tokens the repetition penalty counts)."""
+        b, p = prompts.shape
+        logits, cache = self(prompts, cache=self.init_cache(b, p + max_new_tokens, pad, dtype))  # (B, P, V)
+        return logits[:, -1], cache, seen_tokens(prompts, jnp.arange(p)[None, :] >= pad[:, None], logits.shape[-1])
+
+    def decode_step(self, tokens: jax.Array, cache: kv_cache.DecodeState) -> tuple[jax.Array, kv_cache.DecodeState]:
+        """(B,) new tokens -> ((B, V) logits of the next, the advanced cache)."""
+        logits, cache = self(tokens[:, None], cache=cache)
+        return logits[:, -1], cache
 
     def init_cache(self, batch: int, length: int, pad: jax.Array, dtype=jnp.float32) -> kv_cache.DecodeState:
         """An empty cache for ``batch`` rows of up to ``length`` tokens, rows left-padded by ``pad`` (B,)."""

@@ -5,7 +5,8 @@ indices are padding), generated tokens follow. A token's position is its buffer 
 Every cached key keeps its segment id (1 for a real token, 0 for padding or a slot never written), so the one
 attention path masks cached keys exactly as it masks keys in training. Global layers cache every index; local
 layers keep a ring of their last ``window`` indices, so a long generation never holds more than the window for
-them; linear layers keep two running sums; ``none`` layers keep nothing.
+them; linear layers keep two running sums; ``none`` layers keep nothing. Encoder-decoder models (T5) also keep a
+``CrossCache`` per decoder layer: the keys and values of the encoder output, computed once when decoding starts.
 """
 
 from __future__ import annotations
@@ -73,10 +74,20 @@ class LinearCache:
 
 
 @flax.struct.dataclass
+class CrossCache:
+    """A cross-attention layer's keys and values of the encoder output: written once, read at every step."""
+
+    k: jax.Array  # (B, S, N, H)
+    v: jax.Array  # (B, S, N, H)
+    segment_ids: jax.Array  # (B, S) int32: the encoder tokens' segments, 0 for padding
+
+
+@flax.struct.dataclass
 class DecodeState:
     index: jax.Array  # () int32: buffer index of the first token of the next call
     pad: jax.Array  # (B,) int32: left padding per row
     layers: tuple  # one entry per block: LayerCache, LinearCache, or None (layers without attention)
+    cross: tuple | None = None  # encoder-decoder models: one CrossCache per decoder block
 
     def positions(self, t: int) -> jax.Array:
         """(B, t) positions of the next ``t`` tokens."""

@@ -18,6 +18,12 @@ _BERT = {
     "n_token_types": 2, "n_ctx": 512, "n_vocab": 30522, "scale_by_depth": False,
 }
 
+_T5 = {  # T5-small's shape (original T5: ReLU, tied); T5 v1.1 sets mlp_glu, gelu, no_weight_tie
+    "task": "seq2seq", "span_corruption": True, "norm": "rmsnorm", "layer_norm_epsilon": 1e-6,
+    "attention_scale": "unscaled", "qkv_bias": False, "dense_bias": False, "activation_function": "relu",
+    "n_ctx": 512, "n_vocab": 32128, "n_embd": 512, "n_head": 8, "n_layer": 6, "d_ff": 2048, "scale_by_depth": False,
+}
+
 FAMILIES: dict[str, tuple[str, dict]] = {
     # model: ("module:Class", config defaults)
     "gpt_neo": ("models.gpt_neo:GPTNeo", {"task": "causal_lm"}),
@@ -26,6 +32,7 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "bert": ("models.bert:Bert", _BERT),
     "roberta": ("models.bert:Bert", {**_BERT, "layer_norm_epsilon": 1e-5, "n_token_types": 1, "position_offset": 2,
                                      "n_vocab": 50265}),
+    "t5": ("models.t5:T5", _T5),
 }
 
 

@@ -96,3 +96,60 @@ def encoder(kind="bert", head="masked_lm", n_embd=48, n_head=4, n_layer=2, n_ctx
             elif any(s in name for s in ("query", "key", "value", "dense")):
                 p.normal_(0.0, 0.15)
     return model
+
+
+def t5_tokenizer() -> Tokenizer:
+    """A byte-level BPE laid out like T5's tokenizer.json: <pad> 0, </s> 1, <unk> 2, sentinels <extra_id_N>, and
+    a post-processor that ends every encoding with </s>."""
+    from tokenizers import processors
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "</s>", "<unk>"] + [f"<extra_id_{i}>" for i in range(8)]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([text for _, text in corpus.documents()[:40]], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return tok
+
+
+def t5(n_embd=48, n_head=4, d_kv=None, n_layer=2, n_decoder_layer=3, d_ff=80, vocab=VOCAB, ffn="relu", tied=True,
+       encoder_only=False, buckets=8, max_distance=20):
+    """A randomly initialised T5ForConditionalGeneration (or T5EncoderModel), small relative-position buckets so
+    short sequences reach the logarithmic ones. Untied models get their own random ``lm_head``."""
+    cfg = transformers.T5Config(
+        vocab_size=vocab, d_model=n_embd, d_kv=d_kv or n_embd // n_head, d_ff=d_ff, num_layers=n_layer,
+        num_decoder_layers=n_decoder_layer, num_heads=n_head, relative_attention_num_buckets=buckets,
+        relative_attention_max_distance=max_distance, dropout_rate=0.0, feed_forward_proj=ffn,
+        tie_word_embeddings=tied, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = (transformers.T5EncoderModel if encoder_only else transformers.T5ForConditionalGeneration)(cfg).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():  # every part matters: see randomize
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+            elif "relative_attention_bias" in name:
+                p.normal_(0.0, 1.0)
+            elif name == "shared.weight":  # small: else a token's own row dominates the residual stream and a
+                p.mul_(0.1)  # tied model keeps repeating the decoder's start token
+        if not tied and not encoder_only:
+            model.lm_head.weight = torch.nn.Parameter(torch.randn(vocab, n_embd) * n_embd ** -0.5)
+    return model
+
+
+def save_t5(model, path) -> str:
+    """Saves a T5 (safetensors) with the T5-style test tokenizer; an untied model says so in config.json, as
+    T5 v1.1 checkpoints do."""
+    import json
+
+    model.save_pretrained(str(path))
+    t5_tokenizer().save(str(path / "tokenizer.json"))
+    untied = getattr(model, "lm_head", None) is not None and model.lm_head.weight is not model.shared.weight
+    if untied:
+        config = json.loads((path / "config.json").read_text())
+        config["tie_word_embeddings"] = False
+        (path / "config.json").write_text(json.dumps(config))
+    return str(path)

@@ -36,6 +36,8 @@ MESH_CASES = {
         "batch:data+fsdp,embd:fsdp,heads:tensor,intermediate_expanded:tensor,activation_embd:none"),
     "moe@data_expert_tensor": (  # 3-D with experts over two axes
         "moe", "x:4,y:2,z:2", "batch:x+y,experts:x+y,heads:z,intermediate_expanded:z"),
+    "t5_small_spans@data_tensor": (  # encoder, decoder, cross-attention and relative position bias over y
+        "t5_small_spans", "x:4,y:2", "batch:x,heads:y,intermediate_expanded:y"),
 }
 
 

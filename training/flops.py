@@ -22,7 +22,9 @@ def train_flops_per_token(cfg: Config) -> float:
     Global layers count the full context (PaLM's convention, so MFU compares with other reports) plus their memory
     slots; local layers count their window; linear layers their running k (x) v sums (head_dim per head, like a
     window of head_dim); ``none`` layers have no attention. A mixture-of-experts layer counts top_k expert MLPs and
-    its router."""
+    its router. An encoder-decoder (T5) counts both stacks per encoder token (see ``t5_flops_per_token``)."""
+    if cfg.model == "t5":
+        return t5_flops_per_token(cfg)
     d, f, v = cfg.n_embd, 4 * cfg.n_embd, cfg.n_vocab
     moe_layers = set(cfg.moe_layers or ())
     matmul_params = d * v
@@ -36,6 +38,19 @@ def train_flops_per_token(cfg: Config) -> float:
                 "linear": cfg.head_dim, "none": 0}[kind]
         attention += 12 * d * span
     return 6 * matmul_params + attention
+
+
+def t5_flops_per_token(cfg: Config) -> float:
+    """T5's training FLOPs per encoder token (train.py counts n_ctx tokens per example): an example's n_ctx
+    encoder tokens through the encoder, its decoder_ctx target tokens through decoder blocks (self- and
+    cross-attention projections, MLP) and the output layer, plus attention scores over the encoder's and the
+    decoder's full lengths, all divided by n_ctx."""
+    d, inner, v = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_vocab
+    mlp = (3 if cfg.mlp_glu else 2) * d * cfg.intermediate
+    source, target = cfg.n_ctx, cfg.decoder_ctx
+    encoder = cfg.n_layer * source * (6 * (4 * d * inner + mlp) + 12 * inner * source)
+    decoder = cfg.decoder_layers * target * (6 * (8 * d * inner + mlp) + 12 * inner * (target + source))
+    return (encoder + decoder + (6 * target * d * v if cfg.decoder_layers else 0)) / source
 
 
 def peak_flops_per_second() -> float | None:

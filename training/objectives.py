@@ -14,6 +14,9 @@ Batches (all int32 unless noted), by task:
                              float (0: a row that does not count, such as the filler of a last, partial evaluation
                              batch; a batch without it counts every row)}, and "token_types" (B, T) for models
                              with token type embeddings
+    seq2seq                  {"inputs", "segment_ids": (B, S) encoder tokens, "targets", "target_segment_ids":
+                             (B, T) decoder targets}; 0 segments are padding (weight 0); the decoder reads the
+                             targets shifted right (teacher forcing)
 """
 
 from __future__ import annotations
@@ -100,6 +103,23 @@ def _sequence_classification(model, batch: dict, dropout_key) -> Output:
     return cross_entropy(logits, labels), metrics
 
 
+def shift_right(targets: jax.Array, segment_ids: jax.Array, start_id: int) -> jax.Array:
+    """(B, T) targets -> decoder inputs: each segment's targets one step later, its first input ``start_id``
+    (T5's ``_shift_right``, segment by segment for packed rows)."""
+    previous = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
+    continues = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1) == segment_ids
+    return jnp.where(continues, previous, start_id).astype(targets.dtype)
+
+
+def _seq2seq(model, batch: dict, dropout_key) -> Output:
+    targets, target_segments = batch["targets"], batch["target_segment_ids"]
+    logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"],
+                      decoder_inputs=shift_right(targets, target_segments, model.decoder_start_token_id),
+                      decoder_segment_ids=target_segments, dropout_key=dropout_key)  # (B, T, V)
+    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+    return cross_entropy(logits, targets), {"accuracy": correct}
+
+
 OBJECTIVES = {
     "causal_lm": Objective(
         "causal_lm", {"tokens": SEQUENCE}, lambda cfg: {"tokens": (cfg.n_ctx + 1,)},
@@ -114,10 +134,18 @@ OBJECTIVES = {
         lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "labels": (), "weights": (),
                      **({"token_types": (cfg.n_ctx,)} if cfg.n_token_types else {})},
         _sequence_classification, _example_weights, per_token=False),
+    "seq2seq": Objective(
+        "seq2seq", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "targets": SEQUENCE, "target_segment_ids": SEQUENCE},
+        lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "targets": (cfg.decoder_ctx,),
+                     "target_segment_ids": (cfg.decoder_ctx,)},
+        _seq2seq, lambda batch: (batch["target_segment_ids"] != 0).astype(jnp.float32), per_token=True),
 }
 
 
 def objective_for(cfg: Config) -> Objective:
+    if cfg.task == "seq2seq" and not cfg.decoder_layers:
+        raise ConfigError("task: seq2seq trains a decoder, and this t5 has none (n_decoder_layer 0, an encoder "
+                          "alone: it gives hidden states through pretrained.Pretrained)")
     return OBJECTIVES[cfg.task]
 
 

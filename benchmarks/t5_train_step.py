@@ -1,0 +1,140 @@
+"""T5 seq2seq train step, NeoMesh (JAX) against transformers (PyTorch), same shape, same run.
+
+    python benchmarks/t5_train_step.py                        # T5-small: 6+6 layers x 512, 8 heads, d_ff 2048
+    python benchmarks/t5_train_step.py --batch 2 --steps 2    # lighter, for a small CPU
+
+The default sequence lengths are T5's span-corruption pretraining: 512 input tokens, 114 targets. Both sides run
+one full step (encoder, teacher-forced decoder, cross-entropy over the real targets, backward, AdamW update) on the
+same batch; compile / warm-up steps are excluded. PyTorch uses as many threads as JAX has CPU cores to use.
+Prints one table: shape, implementation, tokens/s (input + target tokens), ms/step, compile seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def neomesh(args, batch) -> tuple[float, float]:
+    """(median seconds per step, compile seconds) of NeoMesh's jitted train step on one device."""
+    import jax
+
+    from config import from_dict
+    from models import registry
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from parallel.state import create_train_state
+    from parallel.steps import batch_shapes, batch_shardings, make_train_step
+    from training.objectives import objective_for
+    from training.optimizer import learning_rate_schedule, make_optimizer
+
+    cfg, _ = from_dict(dict(model="t5", n_layer=args.layers, n_embd=args.width, n_head=args.heads, d_ff=args.d_ff,
+                            n_ctx=args.inputs, n_decoder_ctx=args.targets, n_vocab=args.vocab,
+                            train_batch_size=args.batch, warmup_steps=0, lr=1e-4, weight_decay=0.0,
+                            mesh_shape="x:1", precision=args.precision))
+    layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
+    objective, tx = objective_for(cfg), make_optimizer(cfg)
+    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, 0)
+    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, args.batch))
+    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
+                           precision=args.precision)
+    batch = jax.device_put(batch, data)
+    start = time.perf_counter()
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    compile_seconds = time.perf_counter() - start
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), compile_seconds
+
+
+def pytorch(args, batch) -> tuple[float, float]:
+    """(median seconds per step, first-step seconds) of transformers' T5ForConditionalGeneration with AdamW."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    cfg = transformers.T5Config(vocab_size=args.vocab, d_model=args.width, d_kv=args.width // args.heads,
+                                d_ff=args.d_ff, num_layers=args.layers, num_heads=args.heads, dropout_rate=0.0,
+                                feed_forward_proj="relu")
+    model = transformers.T5ForConditionalGeneration(cfg).train()
+    dtype = torch.bfloat16 if args.precision == "bfloat16" else torch.float32
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    inputs = torch.from_numpy(batch["inputs"]).long()
+    attention_mask = torch.from_numpy(batch["segment_ids"]).long()
+    labels = torch.from_numpy(batch["targets"]).long().masked_fill(
+        torch.from_numpy(batch["target_segment_ids"]) == 0, -100)
+
+    def step():
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            loss = model(input_ids=inputs, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), first
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("--layers", type=int, default=6, help="encoder and decoder blocks each (T5-small: 6)")
+    p.add_argument("--width", type=int, default=512, help="T5-small: 512")
+    p.add_argument("--heads", type=int, default=8, help="T5-small: 8")
+    p.add_argument("--d-ff", type=int, default=2048, help="T5-small: 2048")
+    p.add_argument("--inputs", type=int, default=512, help="encoder tokens per example")
+    p.add_argument("--targets", type=int, default=114, help="decoder tokens per example")
+    p.add_argument("--batch", type=int, default=8, help="examples per step")
+    p.add_argument("--vocab", type=int, default=32128, help="T5's padded SentencePiece vocabulary")
+    p.add_argument("--precision", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per implementation (median reported)")
+    args = p.parse_args()
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print(f"error: the PyTorch peer needs the test requirements ({e.name} is missing): "
+              "pip install -r requirements-test.txt", file=sys.stderr)
+        sys.exit(2)
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    b = args.batch
+    segment_ids = (np.arange(args.inputs)[None] < rng.integers(args.inputs * 3 // 4, args.inputs + 1, (b, 1)))
+    target_segment_ids = (np.arange(args.targets)[None] < rng.integers(args.targets // 2, args.targets + 1, (b, 1)))
+    batch = {"inputs": rng.integers(0, args.vocab, (b, args.inputs)).astype(np.int32),
+             "segment_ids": segment_ids.astype(np.int32),
+             "targets": rng.integers(2, args.vocab, (b, args.targets)).astype(np.int32),
+             "target_segment_ids": target_segment_ids.astype(np.int32)}
+    rows = [("NeoMesh (JAX)", *neomesh(args, batch)), ("transformers (PyTorch)", *pytorch(args, batch))]
+    tokens = b * (args.inputs + args.targets)
+    load = os.getloadavg()[0]
+    print(f"\nT5 train step: {args.layers}+{args.layers} layers x {args.width}, {args.heads} heads, d_ff {args.d_ff}, "
+          f"{args.inputs} inputs + {args.targets} targets, batch {b}, {args.precision}; "
+          f"{jax.devices()[0].platform} ({os.cpu_count()} cores, load {load:.1f})")
+    print("| implementation | tokens/s | ms/step | compile / first step s |")
+    print("|---|---|---|---|")
+    for name, seconds, first in rows:
+        print(f"| {name} | {tokens / seconds:,.0f} | {1000 * seconds:,.0f} | {first:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

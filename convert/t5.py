@@ -35,6 +35,10 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
     if len(parts) > 2 or (len(parts) == 2 and not gated) or act not in ACTIVATIONS_FROM_HF:
         raise ConfigError(f"{source}: feed_forward_proj '{projection}' is not supported (relu, gated-gelu, or "
                           f"[gated-]ACT with ACT one of {', '.join(ACTIVATIONS_FROM_HF)})")
+    missing = [k for k in ("d_model", "num_heads", "num_layers", "d_ff", "vocab_size") if k not in hf]
+    if missing:
+        raise ConfigError(f"{source}: no '{missing[0]}' (a T5 config.json has d_model, num_heads, num_layers, d_ff "
+                          "and vocab_size)")
     d, n = hf["d_model"], hf["num_heads"]
     encoder_only = (hf.get("architectures") or [""])[0] == "T5EncoderModel"
     layers = hf["num_layers"]

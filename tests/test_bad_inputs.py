@@ -128,7 +128,7 @@ CASES = [
      "{d}/hf_garbage_weights/model.safetensors: not a readable safetensors file"),
     ("predict", ["--hf-model", "{d}/hf_nan_weights", "--prompt", "x"],
      "weight transformer.wte.weight holds NaN or infinity"),
-    ("predict", ["--hf-model", "{d}/hf_t5", "--prompt", "x"], "model_type 't5' is not supported"),
+    ("predict", ["--hf-model", "{d}/hf_t5", "--prompt", "x"], "hf_t5/config.json: no 'd_model'"),
     # python -m convert
     ("convert", ["import", "{d}/hf_no_config", "{d}/imported"], "{d}/hf_no_config: not a Hugging Face"),
     ("convert", ["import", "{d}/hf_bad_json", "{d}/imported"], "{d}/hf_bad_json/config.json: invalid JSON"),

@@ -5,7 +5,6 @@ bfloat16 run), converted, and the run's logits compared with that model's."""
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

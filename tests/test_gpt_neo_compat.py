@@ -20,7 +20,7 @@ from models.layers import ACTIVATIONS
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 from tests.common import ROOT, TINY
-from tests.data_common import config, synthetic_docs, use_dataset_configs, write_tf_records
+from tests.data_common import config, use_dataset_configs, write_tf_records
 from training.optimizer import learning_rate_schedule, make_optimizer
 
 

@@ -51,12 +51,13 @@ def test_bare_dataset_names_and_the_model_key():
 
 def shrunk(raw: dict, model_path: str) -> dict:
     """``raw`` shrunk only in size: one repeat of each attention pattern, width 32 over 4 heads, 16-token context,
-    batches of 8, mesh axes of 4 and 2 (their names kept), microbatches of the same share of a replica's rows."""
+    batches of 8, one eval batch, mesh axes of 4 and 2 (their names kept), microbatches of the same share of a
+    replica's rows."""
     out = dict(raw)
     out["attention_types"] = [[kinds, 1] for kinds, _ in raw["attention_types"]]
     out["n_layer"] = sum(len(kinds) for kinds, _ in raw["attention_types"])
     out.update(n_embd=32, n_head=4, n_ctx=16, train_batch_size=8, eval_batch_size=min(raw["eval_batch_size"], 8),
-               train_steps=3, model_path=model_path, sample_tokens=0)
+               train_steps=3, model_path=model_path, sample_tokens=0, eval_steps=min(raw.get("eval_steps", 0), 1))
     axes = [part.split(":")[0] for part in raw["mesh_shape"].split(",")]
     out["mesh_shape"] = ",".join(f"{axis}:{size}" for axis, size in zip(axes, (8,) if len(axes) == 1 else (4, 2)))
     if raw.get("tokens_per_mb_per_replica"):

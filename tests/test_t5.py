@@ -238,7 +238,7 @@ def seq2seq_batches(cfg, steps, seed=0):
 
 
 def test_seq2seq_trains_sharded_as_on_one_device_and_accumulates_exactly():
-    cfg = tiny_config(model="t5", n_decoder_layer=3, n_decoder_ctx=12, attention_types=None, mlp_glu=True,
+    cfg = tiny_config(model="t5", n_decoder_layer=1, n_decoder_ctx=12, attention_types=None, mlp_glu=True,
                       activation_function="gelu", no_weight_tie=True, warmup_steps=0, lr=1e-3)
     batches = seq2seq_batches(cfg, 1) * 3  # one batch again and again: the loss must fall
     single = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
@@ -326,12 +326,13 @@ def test_python_api_generates_and_embeds_like_transformers(directories):
 
 
 @pytest.mark.e2e
-def test_span_corruption_run_resumes_bit_identically_and_generates(tmp_path):
+def test_span_corruption_run_resumes_bit_identically(tmp_path):
     """configs/t5_small_spans.json made tiny, through train.py: span-corruption batches from TFRecords, dropout on;
-    a run stopped after step 2 and resumed equals the uninterrupted run bit for bit; predict.py writes from it."""
+    a run stopped after step 2 and resumed equals the uninterrupted run bit for bit (predict.py on T5:
+    test_predict_writes_what_transformers_generates)."""
     from tests.common import metrics_rows
 
-    sets = ["n_layer=2", "n_decoder_layer=2", "n_embd=64", "n_head=4", "d_ff=128", "n_ctx=32", "train_batch_size=8",
+    sets = ["n_layer=1", "n_decoder_layer=1", "n_embd=64", "n_head=4", "d_ff=128", "n_ctx=32", "train_batch_size=8",
             "eval_batch_size=8", "train_steps=4", "steps_per_checkpoint=2", "warmup_steps=1", "eval_steps=1",
             "eval_every=0", "res_dropout=0.1", "attn_dropout=0.1"]
 
@@ -350,6 +351,3 @@ def test_span_corruption_run_resumes_bit_identically_and_generates(tmp_path):
 
     assert rows(tmp_path / "parts") == rows(tmp_path / "whole") and len(rows(tmp_path / "whole")) == 4
     assert rows(tmp_path / "parts", "eval") == rows(tmp_path / "whole", "eval")
-    result = run_cli("predict.py", "--model-path", str(tmp_path / "parts"), "--prompt", "def <extra_id_0>(a, b):",
-                     "--prompt", "import os", "--max-new-tokens", "8", "--temperature", "0")
-    assert result.returncode == 0 and result.stdout.count("=== output ===") == 2, result.stderr[-2000:]

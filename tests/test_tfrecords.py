@@ -10,7 +10,7 @@ import tensorflow as tf
 from data.source import make_source
 from data.tokenizer import load_tokenizer, train_bpe
 from tests.common import run_cli
-from tests.data_common import EOS, config, synthetic_docs, take, use_dataset_configs, write_tf_records
+from tests.data_common import config, synthetic_docs, take, use_dataset_configs, write_tf_records
 
 DOCS = {  # short, empty and long documents: none may be dropped
     "a.jsonl": ["short", "", "x" * 3, "def long():\n    return 'a much longer document' * 3\n" * 4],

@@ -2,7 +2,9 @@
 (batch, prompt length, new tokens) shape.
 
 Sampling follows Hugging Face's order: the repetition penalty edits the logits (sign-aware, prompt included),
-then temperature, top-k and top-p shape the distribution; temperature 0 is greedy. Beam search keeps ``num_beams``
+then temperature, top-k and top-p shape the distribution; temperature 0 is greedy. With ``entmax`` the token is
+drawn from entmax of those logits instead of their softmax (GPT-Neo's entmax sampling, for models trained with
+its entmax loss): tokens outside entmax's support are never drawn. Beam search keeps ``num_beams``
 alive hypotheses and a pool of finished ones scored by ``sum log p / length ** length_penalty``, and stops when
 no alive beam can beat the finished pool. An optional host callback sees each new token (streaming, stop strings)
 and can end a row.
@@ -19,6 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.experimental import io_callback
 
+from models import entmax
+
 NEG_INF = -1e9
 
 
@@ -32,6 +36,7 @@ class Sampling:
     num_beams: int = 1
     length_penalty: float = 1.0
     eos_id: int | None = None
+    entmax: bool = False  # sample from entmax (models/entmax.py) instead of softmax
 
 
 def apply_repetition_penalty(logits: jax.Array, seen: jax.Array, penalty: float) -> jax.Array:
@@ -61,6 +66,8 @@ def choose(logits: jax.Array, seen: jax.Array, s: Sampling, key: jax.Array) -> j
     if s.temperature == 0:
         return jnp.argmax(logits, axis=-1)
     logits = filter_logits(logits / s.temperature, s.top_k, s.top_p)
+    if s.entmax:
+        return entmax.sample(key, logits)
     return jax.random.categorical(key, logits, axis=-1)
 
 

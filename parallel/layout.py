@@ -65,6 +65,9 @@ def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:
         if any(name == seen for seen, _ in rules):
             raise ConfigError(f"layout: dimension '{name}' is given twice")
         missing = [axis for axis in axes if axis not in mesh.axis_names]
+        if missing and len(axes) > 1:  # our own 'x+z' syntax: a typo there is an error, not a silent reshard
+            raise ConfigError(f"layout: '{part}' names mesh axis '{missing[0]}', which is not in mesh_shape "
+                              f"(axes: {', '.join(mesh.axis_names)})")
         if missing:  # mesh-tensorflow ignored such a rule (GPT-Neo's Colab has 'vocab:n_vocab'); so do we, and say so
             print(f"warning: layout: '{part}' names mesh axis '{missing[0]}', which is not in mesh_shape (axes: "
                   f"{', '.join(mesh.axis_names)}); '{name}' stays whole", file=sys.stderr)

@@ -164,7 +164,7 @@ def test_a_config_trains_with_a_gpt_neo_activation():
 
 def test_layout_rule_for_a_missing_mesh_axis_warns_and_is_dropped(capsys):
     layout = Layout.from_config(make_mesh("x:4,y:2"), "intermediate_expanded:x,heads:x,vocab:n_vocab,embd:y")
-    assert dict(layout.rules) == {"intermediate_expanded": "x", "heads": "x", "embd": "y"}
+    assert dict(layout.rules) == {"intermediate_expanded": ("x",), "heads": ("x",), "embd": ("y",)}
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["warning: layout: 'vocab:n_vocab' names mesh axis 'n_vocab', which is not in mesh_shape "
                    "(axes: x, y); 'vocab' stays whole"]

@@ -163,7 +163,8 @@ class Pretrained:
         return self._forward(self.params, batch, "hidden_states")
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
-        """The text a decoder writes after ``prompt`` (until end-of-text or ``max_new_tokens``)."""
+        """The text a decoder writes after ``prompt`` (until end-of-text or ``max_new_tokens``); sampled from entmax
+        for a model trained with ``entmax_loss``."""
         from models.generate import complete
 
         if self.config.task != "causal_lm":
@@ -171,4 +172,4 @@ class Pretrained:
                               "generate text")
         with self.layout.active():
             return complete(self.graphdef, self.params, self.tokenizer, prompt, max_new_tokens, self.config.n_ctx,
-                            temperature=temperature, seed=seed)
+                            temperature=temperature, seed=seed, entmax=self.config.entmax_loss)

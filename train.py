@@ -252,7 +252,7 @@ def train(args, cfg, notes: list[str]) -> None:
     if cfg.sample_tokens and cfg.task == "causal_lm":  # every process takes part: the parameters are spread
         with layout.active():
             text = complete(graphdef, state.params, train_data.tokenizer, cfg.sample_prompt, cfg.sample_tokens,
-                            cfg.n_ctx, seed=cfg.seed)
+                            cfg.n_ctx, seed=cfg.seed, entmax=cfg.entmax_loss)
         say(f"sample:\n{cfg.sample_prompt}{text}")
     for line in progress.summary(stop - start, last_eval, last_eval_step, saved, cfg.model_path):
         say(line)

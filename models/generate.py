@@ -188,12 +188,14 @@ def params_dtype(params) -> jnp.dtype:
 
 
 def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str, max_new_tokens: int, n_ctx: int, *,
-             temperature: float = 0.8, seed: int = 0) -> str:
-    """The text that follows ``prompt`` (sampled; at most until eos or the context is full)."""
+             temperature: float = 0.8, seed: int = 0, entmax: bool = False) -> str:
+    """The text that follows ``prompt`` (sampled, from entmax with ``entmax``; at most until eos or the context is
+    full)."""
     ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
     new = min(max_new_tokens, n_ctx - 1)
     ids = ids[-(n_ctx - new):]
     out = sample(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
-                 Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id), jax.random.key(seed))
+                 Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id, entmax=entmax),
+                 jax.random.key(seed))
     tokens = [int(t) for t in jax.device_get(out)[0]]
     return tokenizer.decode(tokens[:tokens.index(tokenizer.eos_id)] if tokenizer.eos_id in tokens else tokens)

@@ -148,6 +148,13 @@ def test_z_loss_is_added_to_training_only_and_reported(lm):
     np.testing.assert_allclose(float(penalty), 1e-2 * np.mean(lse ** 2), rtol=1e-5)
     assert float(no_penalty) == 0.0 and no_metrics == {}
     assert float(sums["loss"]) == float(plain["loss"])  # loss, eval and perplexity stay the cross-entropy
+    # Masked LM: the mean over the positions whose loss counts.
+    mask = np.zeros(logits.shape[:2], np.float32)
+    mask[:, ::3] = 1.0
+    mlm = {"inputs": batch["tokens"][:, :-1], "targets": batch["tokens"][:, 1:], "mask": jnp.asarray(mask)}
+    objective = objective_for(z_cfg.replace(task="masked_lm", causal=False))
+    _, penalty, metrics = objective_sums(graphdef, objective, params, mlm, jnp.float32)
+    np.testing.assert_allclose(float(metrics["logits_z_loss"]), np.mean(lse[:, ::3] ** 2), rtol=1e-5)
 
 
 def test_entmax_loss_objective_reports_no_perplexity(lm):

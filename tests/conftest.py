@@ -1,9 +1,26 @@
-"""Every test runs on 8 simulated CPU devices; the flag must be set before jax is imported."""
+"""Every test runs on 8 simulated CPU devices; the flags must be set before jax is imported.
 
+The suite compiles hundreds of tiny programs and runs each a few times, so compile time is what it spends:
+``JAX_DISABLE_MOST_OPTIMIZATIONS`` skips XLA's optimisation passes (numerics are unchanged, programs are just not
+fused as hard), and one persistent compilation cache per session lets identical programs (the same tiny model in
+several tests, every train.py a test starts) compile once. Both reach the subprocesses tests start through the
+environment; either may be set by the caller to override.
+"""
+
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest-xdist workers inherit the controller's
+    _cache = tempfile.mkdtemp(prefix="neomesh-test-jax-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

@@ -290,7 +290,7 @@ def test_train_tokenizer_takes_gpt_neo_flags(tmp_path, capsys):
     assert "--file_type xz: lm_dataformat archives are not read here" in capsys.readouterr().err
 
 
-def test_predict_prompt_files_output_and_predict_max_steps(tmp_path, capsys):
+def test_predict_prompt_files_output_and_predict_max_steps(tmp_path, capsys, monkeypatch):
     import predict
     from convert.hf import import_hf
     from tests import hf_fixtures
@@ -311,7 +311,9 @@ def test_predict_prompt_files_output_and_predict_max_steps(tmp_path, capsys):
     assert (tmp_path / "explicit.txt").read_text() == written
     assert predict.main(explicit + ["--max-new-tokens", "8"]) == 0
     assert len((tmp_path / "explicit.txt").read_text()) > len(written)
-    assert predict.main(["--model-path", run, "--prompt", str(tmp_path / "p2.txt"), "--max-new-tokens", "1"]) == 0
+    monkeypatch.chdir(tmp_path)  # a short name: the prompt is the name's text, and must fit the tiny model's n_ctx
+    assert predict.main(["--model-path", run, "--prompt", "p2.txt", "--max-new-tokens", "1"]) == 0, \
+        capsys.readouterr().err
     assert "is used as text; for that file's contents use --prompt-from-file" in capsys.readouterr().err
 
 

@@ -123,13 +123,16 @@ class Config:
                              choices=("interleaved", "halves"))
     attention_kernel: str = _key("auto", "softmax attention kernel: 'auto' (cuDNN where it applies, else XLA), "
                                          "'xla' or 'cudnn'", choices=("auto", "xla", "cudnn"))
-    # GPT-Neo model options that arrive with the new model blocks: accepted at their off value, an error when on.
-    share_parameters: bool = _key(False, "one set of block weights for every layer (not available yet)")
-    moe_activation: Optional[str] = _key(None, "activation of the experts' MLPs (GPT-Neo: relu); null: "
-                                               "activation_function (not available yet)", choices=ACTIVATIONS)
-    z_loss: float = _key(0.0, "weight of the mean squared log-partition of the output logits (GPT-Neo: 1e-4; not "
-                              "available yet)", minimum=0.0)
-    entmax_loss: bool = _key(False, "1.3-entmax loss instead of softmax cross-entropy (not available yet)")
+    share_parameters: bool = _key(False, "GPT-Neo's share_parameters: every layer uses one set of block weights "
+                                         "(the first layer with each weight owns it; global and local layers "
+                                         "share q/k/v/out, MoE layers one expert set, dense layers one MLP)")
+    moe_activation: Optional[str] = _key(None, "activation inside the experts of moe_layers (GPT-Neo's default: "
+                                               "relu); null: activation_function", choices=ACTIVATIONS)
+    z_loss: float = _key(0.0, "causal_lm/masked_lm training: adds z_loss * mean(logsumexp(logits)^2), reported "
+                              "as logits_z_loss (GPT-Neo always added 1e-4; set 1e-4 to train as it did)",
+                         minimum=0.0)
+    entmax_loss: bool = _key(False, "causal_lm/masked_lm: the 1.3-entmax loss (GPT-Neo's alpha) instead of "
+                                    "softmax cross-entropy; predict.py then samples from entmax")
     causal: bool = _key(True, "causal (decoder) attention; false: every token sees the whole sequence")
     mlm_training: bool = _key(False, "masked-LM batches (data/mlm.py) and objective; needs causal: false")
     mlm_cls_token_id: Optional[int] = _key(None, "MLM: id prepended as CLS")
@@ -325,9 +328,6 @@ MOE_MESH_TF_NOTES = {
     "moe_ntlb_top_k": "only for mesh-tensorflow's ntlb gating",
 }
 
-# GPT-Neo model options NeoMesh accepts only at their off value until the new model blocks arrive.
-_NOT_YET = ("share_parameters", "moe_activation", "z_loss", "entmax_loss")
-
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 
 
@@ -393,11 +393,6 @@ def validated(cfg: Config) -> Config:
         raise ConfigError(f"mesh_shape: 'auto' needs layout 'auto' too (the layout {json.dumps(cfg.layout)} names "
                           f"mesh axes that an automatic mesh may not have)")
 
-    for name in _NOT_YET:
-        value = getattr(cfg, name)
-        if value not in (None, False, 0, [], {}):
-            raise ConfigError(f"{name}: {json.dumps(value)} asks for a feature NeoMesh does not have yet; "
-                              f"remove the key or set it to {json.dumps(_default(_field(name)))}")
     if cfg.n_embd % cfg.n_head and cfg.d_kv is None:
         raise ConfigError(f"n_embd: {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
     _check_attention_types(cfg)
@@ -452,6 +447,13 @@ def _check_block_options(cfg: Config) -> None:
 
 
 def _check_task(cfg: Config) -> None:
+    for key in ("z_loss", "entmax_loss"):
+        if getattr(cfg, key) and cfg.task not in ("causal_lm", "masked_lm"):
+            raise ConfigError(f"{key}: {json.dumps(getattr(cfg, key))} shapes a language model's vocabulary "
+                              f"distribution; task {cfg.task} has none (set it to {json.dumps(_default(_field(key)))})")
+    if cfg.entmax_loss and cfg.z_loss:
+        raise ConfigError(f"z_loss: {cfg.z_loss} penalises the softmax normaliser, which entmax_loss does not use "
+                          "(GPT-Neo ignored it there); set z_loss 0")
     if cfg.mlm_training and cfg.task != "masked_lm":
         raise ConfigError(f"mlm_training: true trains masked_lm, but task is {json.dumps(cfg.task)}")
     if cfg.task == "masked_lm":

@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(1: no beam search)")
     p.add_argument("--length-penalty", type=float, default=1.0, metavar="L", help="beam score = log p / length ** "
                    "this")
+    p.add_argument("--entmax-sampling", action=argparse.BooleanOptionalAction, help="draw tokens from entmax "
+                   "instead of softmax (default: on for a model trained with entmax_loss)")
+    p.add_argument("--entmax_sampling", dest="entmax_sampling", action="store_true", default=None,
+                   help="GPT-Neo's spelling of --entmax-sampling")
     p.add_argument("--num-samples", type=int, default=1, metavar="S", help="samples per prompt")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears "
@@ -93,6 +97,8 @@ def check_options(args) -> None:
               (args.num_beams >= 1, "--num-beams must be at least 1"),
               (args.num_samples >= 1, "--num-samples must be at least 1"),
               (args.num_beams == 1 or args.num_samples == 1, "--num-samples > 1 needs sampling, not --num-beams"),
+              (args.num_beams == 1 or not args.entmax_sampling, "--entmax-sampling samples; it does not combine "
+                                                                "with --num-beams"),
               (args.config or args.model or args.model_path or args.hf_model,
                "give --config, --model, --model-path or --hf-model")]
     for ok, message in checks:
@@ -239,7 +245,8 @@ def predict(args) -> None:
 
     settings = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, repetition_penalty=args.repetition_penalty, num_beams=args.num_beams,
-                        length_penalty=args.length_penalty, eos_id=tokenizer.eos_id)
+                        length_penalty=args.length_penalty, eos_id=tokenizer.eos_id,
+                        entmax=cfg.entmax_loss if args.entmax_sampling is None else args.entmax_sampling)
     stream = len(encoded) == 1 and args.num_beams == 1
     printer = Printer(tokenizer, len(encoded), args.stop, stream)
     if stream and not seq2seq:  # a decoder continues its prompt; T5's output stands alone

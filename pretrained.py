@@ -181,7 +181,7 @@ class Pretrained:
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
         """The text a decoder writes after ``prompt``, or an encoder-decoder (T5) writes for it (until end-of-text
-        or ``max_new_tokens``)."""
+        or ``max_new_tokens``); sampled from entmax for a model trained with ``entmax_loss``."""
         from models.generate import complete
 
         if self.config.task not in ("causal_lm", "seq2seq") or not self.config.decoder_layers:
@@ -189,4 +189,5 @@ class Pretrained:
                               "generate text")
         with self.layout.active():
             return complete(self.graphdef, self.params, self.tokenizer, prompt, max_new_tokens, self.config.n_ctx,
-                            temperature=temperature, seed=seed, encoder_input=self.config.task == "seq2seq")
+                            temperature=temperature, seed=seed, encoder_input=self.config.task == "seq2seq",
+                            entmax=self.config.entmax_loss)

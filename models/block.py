@@ -88,6 +88,29 @@ class Block(nnx.Module):
         return constrain(x, HIDDEN), cache  # (B, T, D)
 
 
+def share_parameters(blocks) -> None:
+    """GPT-Neo's ``share_parameters``: its blocks named their weights without the layer (``attn/q``, not
+    ``h3/attn/q``), so every layer used the one weight of each name. Here every parameter of a later block becomes
+    the parameter at the same path in the first block that has one: global, local and linear layers share q/k/v/out,
+    global layers their memory slots, MoE layers one set of experts, dense layers one MLP. The blocks keep their own
+    specs (window, kind) and run as before; only their parameters are the same objects."""
+    owners: dict[tuple, nnx.Param] = {}
+    for block in blocks:
+        for path, variable in list(nnx.iter_graph(block)):
+            if not isinstance(variable, nnx.Param):
+                continue
+            owner = owners.setdefault(path, variable)
+            if owner is variable:
+                continue
+            if owner.shape != variable.shape:  # one config gives every layer the same widths; a bug otherwise
+                raise ValueError(f"share_parameters: {'/'.join(map(str, path))} is {owner.shape} in one layer and "
+                                 f"{variable.shape} in another")
+            parent = block
+            for name in path[:-1]:
+                parent = getattr(parent, name)
+            setattr(parent, path[-1], owner)
+
+
 def run_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
                caches: tuple | None = None, dropout_key: jax.Array | None = None, remat: bool = False,
                cross_caches: tuple | None = None, **context) -> tuple[jax.Array, tuple | None]:

@@ -12,7 +12,9 @@ token per row. A decoder (GPT-Neo) prefills with the prompt; an encoder-decoder 
 starts its decoder from the start token.
 
 Sampling follows Hugging Face's order: the repetition penalty edits the logits (sign-aware, prompt included),
-then temperature, top-k and top-p shape the distribution; temperature 0 is greedy. Beam search keeps ``num_beams``
+then temperature, top-k and top-p shape the distribution; temperature 0 is greedy. With ``entmax`` the token is
+drawn from entmax of those logits instead of their softmax (GPT-Neo's entmax sampling, for models trained with
+its entmax loss): tokens outside entmax's support are never drawn. Beam search keeps ``num_beams``
 alive hypotheses and a pool of finished ones scored by ``sum log p / length ** length_penalty``, and stops when
 no alive beam can beat the finished pool. An optional host callback sees each new token (streaming, stop strings)
 and can end a row.
@@ -29,6 +31,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.experimental import io_callback
 
+from models import entmax
+
 NEG_INF = -1e9
 
 
@@ -42,6 +46,7 @@ class Sampling:
     num_beams: int = 1
     length_penalty: float = 1.0
     eos_id: int | None = None
+    entmax: bool = False  # sample from entmax (models/entmax.py) instead of softmax
 
 
 def apply_repetition_penalty(logits: jax.Array, seen: jax.Array, penalty: float) -> jax.Array:
@@ -71,6 +76,8 @@ def choose(logits: jax.Array, seen: jax.Array, s: Sampling, key: jax.Array) -> j
     if s.temperature == 0:
         return jnp.argmax(logits, axis=-1)
     logits = filter_logits(logits / s.temperature, s.top_k, s.top_p)
+    if s.entmax:
+        return entmax.sample(key, logits)
     return jax.random.categorical(key, logits, axis=-1)
 
 
@@ -193,14 +200,16 @@ def params_dtype(params) -> jnp.dtype:
 
 
 def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str, max_new_tokens: int, n_ctx: int, *,
-             temperature: float = 0.8, seed: int = 0, encoder_input: bool = False) -> str:
-    """The text that follows ``prompt`` (sampled; at most until eos or the context is full). ``encoder_input``:
-    the prompt is an encoder-decoder's input, which ends with end-of-text (T5's template)."""
+             temperature: float = 0.8, seed: int = 0, encoder_input: bool = False, entmax: bool = False) -> str:
+    """The text that follows ``prompt`` (sampled, from entmax with ``entmax``; at most until eos or the context is
+    full). ``encoder_input``: the prompt is an encoder-decoder's input, which ends with end-of-text (T5's
+    template)."""
     ids = tokenizer.encode(prompt) + [tokenizer.eos_id] if encoder_input else tokenizer.encode(prompt) or \
         [tokenizer.eos_id]
     new = min(max_new_tokens, n_ctx - 1)
     ids = ids[-(n_ctx - new):]
     out = sample(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
-                 Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id), jax.random.key(seed))
+                 Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id, entmax=entmax),
+                 jax.random.key(seed))
     tokens = [int(t) for t in jax.device_get(out)[0]]
     return tokenizer.decode(tokens[:tokens.index(tokenizer.eos_id)] if tokenizer.eos_id in tokens else tokens)

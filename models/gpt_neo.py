@@ -15,7 +15,7 @@ from flax import nnx
 from config import Config
 from models import kv_cache
 from models.axes import HIDDEN, LOGITS, axes, constrain
-from models.block import Block, run_blocks
+from models.block import Block, run_blocks, share_parameters
 from models.generate import seen_tokens
 from models.heads import ClassificationHead
 from models.layers import dropout, dropout_keys, norm
@@ -56,6 +56,8 @@ class GPTNeo(nnx.Module):
         self.axial_wpe = AxialPositions(cfg.axial_pos_emb, cfg.n_embd, rngs) if cfg.axial_pos_emb else None
         self.blocks = nnx.List([Block(block_spec(cfg, layer, attention_init, mlp_init), rngs=rngs)
                                 for layer in range(cfg.n_layer)])
+        if cfg.share_parameters:
+            share_parameters(self.blocks)
         self.ln_f = norm("layernorm", cfg.n_embd, cfg.layer_norm_epsilon, rngs)  # GPT-Neo's ln_f is always a LayerNorm
         self.lm_head = nnx.Einsum("BTD,DV->BTV", (cfg.n_embd, cfg.n_vocab), kernel_init=init(0.02),
                                   kernel_metadata=axes("embd", "vocab"), rngs=rngs) if cfg.no_weight_tie else None

@@ -99,8 +99,9 @@ def block_spec(cfg: Config, layer: int, attention_init: tuple[float, float, floa
         num_mem_kv=cfg.num_mem_kv if kind == "global" else 0, dropout=cfg.attn_dropout,
         kernel=cfg.attention_kernel, precision=cfg.precision, init=attention_init)
     experts = layer in (cfg.moe_layers or ())
+    activation = (cfg.moe_activation or cfg.activation_function) if experts else cfg.activation_function
     mlp = MlpSpec(kind="experts" if experts else "glu" if cfg.mlp_glu else "dense", n_embd=cfg.n_embd,
-                  d_ff=cfg.intermediate, activation=cfg.activation_function, bias=cfg.dense_bias, init=mlp_init,
+                  d_ff=cfg.intermediate, activation=activation, bias=cfg.dense_bias, init=mlp_init,
                   experts=ExpertSpec(**cfg.moe) if experts else None)
     return BlockSpec(attention=attention, mlp=mlp, norm=cfg.norm_kind, norm_position=cfg.norm_position,
                      norm_epsilon=cfg.layer_norm_epsilon, rezero=cfg.rezero, macaron=cfg.macaron,

@@ -89,7 +89,7 @@ def run(module, x):
     return np.asarray(out), float(penalty), {k: float(v) for k, v in metrics.items()}
 
 
-def numpy_moe(p, x, top_k):
+def numpy_moe(p, x, top_k, activation=gelu):
     """Each token on its own: its top-k experts' MLP outputs weighted by the router's gates; float64."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
     out = np.zeros(x.shape)
@@ -101,7 +101,7 @@ def numpy_moe(p, x, top_k):
             experts = np.argsort(-probs[b, t])[:top_k]
             gates = probs[b, t, experts] / (probs[b, t, experts].sum() if top_k > 1 else 1.0)
             for e, g in zip(experts, gates):
-                h = gelu(x[b, t] @ p["w_in"][e] + p["b_in"][e])
+                h = activation(x[b, t] @ p["w_in"][e] + p["b_in"][e])
                 out[b, t] += g * (h @ p["w_out"][e] + p["b_out"][e])
     first = np.eye(probs.shape[-1])[probs.argmax(-1)]
     load_balance = probs.shape[-1] * np.sum(first.mean((0, 1)) * probs.mean((0, 1)))

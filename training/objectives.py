@@ -7,6 +7,11 @@ The jitted steps (parallel/steps.py) reduce them: the training loss is the weigh
 losses and weights over batches so the mean is exact for any number of batches. Steps know no model and no task;
 the config's ``task`` picks the objective here.
 
+The language-model objectives take GPT-Neo's loss options (``token_loss``): ``entmax_loss`` replaces softmax
+cross-entropy by the entmax loss (models/entmax.py), and ``z_loss`` adds ``z_loss * mean(logsumexp(logits)^2)``
+to the training loss, sown like a layer's auxiliary loss so that ``loss``, evaluation and perplexity stay the
+cross-entropy and the mean squared log-normaliser is reported as ``logits_z_loss``.
+
 Batches (all int32 unless noted), by task:
     causal_lm                {"tokens": (B, T+1)}: inputs are tokens[:, :-1], targets tokens[:, 1:]
     masked_lm                {"inputs", "targets": (B, T), "mask": (B, T) float: 1 where the loss counts}
@@ -22,6 +27,7 @@ Batches (all int32 unless noted), by task:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -30,6 +36,8 @@ import jax.numpy as jnp
 import optax
 
 from config import Config, ConfigError
+from models.entmax import entmax_loss
+from models.aux_losses import sow_aux_losses
 
 Output = tuple[jax.Array, dict]  # (per-target losses, {metric: per-target values})
 
@@ -66,10 +74,31 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
-def _causal_lm(model, batch: dict, dropout_key) -> Output:
+@dataclasses.dataclass(frozen=True)
+class TokenLoss:
+    """How a language model's (..., V) logits are scored against (...) targets (GPT-Neo's loss options)."""
+
+    z_loss: float = 0.0  # weight of mean(logsumexp(logits)^2), added to the training loss only
+    entmax: bool = False  # the entmax loss instead of softmax cross-entropy
+
+    def __call__(self, model, logits: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
+        """Per-target losses; sows the weighted z-loss on ``model`` (the steps add it to the training loss)."""
+        if self.entmax:
+            return entmax_loss(logits, targets)
+        if self.z_loss:
+            log_normaliser = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)  # (B, T)
+            mean_square = jnp.sum(weights * log_normaliser ** 2) / jnp.maximum(jnp.sum(weights), 1.0)
+            sow_aux_losses(model, self.z_loss * mean_square, logits_z_loss=mean_square)
+        return cross_entropy(logits, targets)
+
+
+SOFTMAX = TokenLoss()
+
+
+def _causal_lm(model, batch: dict, dropout_key, token_loss: TokenLoss = SOFTMAX) -> Output:
     tokens = batch["tokens"]
     logits, _ = model(tokens[:, :-1], dropout_key=dropout_key)  # (B, T, V)
-    return cross_entropy(logits, tokens[:, 1:]), {}
+    return token_loss(model, logits, tokens[:, 1:], _causal_lm_weights(batch)), {}
 
 
 def _causal_lm_weights(batch: dict) -> jax.Array:
@@ -77,11 +106,11 @@ def _causal_lm_weights(batch: dict) -> jax.Array:
     return jnp.ones((tokens.shape[0], tokens.shape[1] - 1), jnp.float32)
 
 
-def _masked_lm(model, batch: dict, dropout_key) -> Output:
+def _masked_lm(model, batch: dict, dropout_key, token_loss: TokenLoss = SOFTMAX) -> Output:
     logits, _ = model(batch["inputs"], segment_ids=batch.get("segment_ids"), dropout_key=dropout_key)  # (B, T, V)
     targets = batch["targets"]
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-    return cross_entropy(logits, targets), {"accuracy": correct}
+    return token_loss(model, logits, targets, batch["mask"].astype(jnp.float32)), {"accuracy": correct}
 
 
 def _example_weights(batch: dict) -> jax.Array:
@@ -143,10 +172,17 @@ OBJECTIVES = {
 
 
 def objective_for(cfg: Config) -> Objective:
+    """The objective of ``cfg.task``, with the config's loss options for language models. The entmax loss is not
+    nats per token, so no perplexity is reported for it."""
     if cfg.task == "seq2seq" and not cfg.decoder_layers:
         raise ConfigError("task: seq2seq trains a decoder, and this t5 has none (n_decoder_layer 0, an encoder "
                           "alone: it gives hidden states through pretrained.Pretrained)")
-    return OBJECTIVES[cfg.task]
+    objective = OBJECTIVES[cfg.task]
+    if cfg.task in ("causal_lm", "masked_lm") and (cfg.z_loss or cfg.entmax_loss):
+        token_loss = TokenLoss(z_loss=cfg.z_loss, entmax=cfg.entmax_loss)
+        objective = dataclasses.replace(objective, compute=functools.partial(objective.compute, token_loss=token_loss),
+                                        per_token=not cfg.entmax_loss)
+    return objective
 
 
 def report(objective: Objective, means: dict, bytes_per_token: float | None = None) -> dict:

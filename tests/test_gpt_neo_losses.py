@@ -1,0 +1,221 @@
+"""GPT-Neo's last model and loss options against numpy transcriptions of its formulas: share_parameters (one set of
+block weights for every layer), moe_activation, the logits z-loss, entmax (GPT-Neo's bisection and backward), the
+entmax loss and entmax sampling."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import predict
+from models import registry
+from models.entmax import entmax, entmax_loss
+from models.generate import Sampling, choose
+from models.moe import MoeMlp
+from models.spec import block_spec, gpt_neo_attention_init, gpt_neo_mlp_init
+from parallel.steps import objective_sums
+from tests import references as ref
+from tests.common import random_batches, tiny_config
+from tests.test_blocks import numpy_block, randomized
+from tests.test_moe import numpy_moe, run
+from training.objectives import objective_for, report
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numpy transcriptions of GPT-Neo's models/utils.py.
+
+def gpt_neo_entmax(x, alpha=1.3, n_iter=50):
+    """GPT-Neo's entmax_forward: bisection on the threshold tau, float64."""
+    x = np.asarray(x, np.float64) * (alpha - 1)
+    d = x.shape[-1]
+
+    def p(v):
+        return np.maximum(v, 0) ** (1 / (alpha - 1))
+
+    max_val = x.max(-1, keepdims=True)
+    tau_lo, tau_hi = max_val - 1 ** (alpha - 1), max_val - (1 / d) ** (alpha - 1)
+    f_lo = p(x - tau_lo).sum(-1, keepdims=True) - 1
+    dm = tau_hi - tau_lo
+    for _ in range(n_iter):
+        dm = dm / 2
+        tau_m = tau_lo + dm
+        p_m = p(x - tau_m)
+        f_m = p_m.sum(-1, keepdims=True) - 1
+        tau_lo = np.where(f_m * f_lo >= 0, tau_m, tau_lo)
+    return p_m / p_m.sum(-1, keepdims=True)
+
+
+def gpt_neo_entmax_backward(y, dy, alpha=1.3):
+    """GPT-Neo's entmax_backward."""
+    gppr = np.where(y > 0, y ** (2 - alpha), 0.0)
+    dx = dy * gppr
+    q = dx.sum(-1, keepdims=True) / gppr.sum(-1, keepdims=True)
+    return dx - q * gppr
+
+
+def sorted_entmax15(z):
+    """Exact 1.5-entmax by sorting (Peters et al. 2019, Algorithm 2): an independent check of the bisection."""
+    out = []
+    for row in np.asarray(z, np.float64).reshape(-1, z.shape[-1]) / 2:
+        s = np.sort(row)[::-1]
+        k = np.arange(1, len(s) + 1)
+        mean, mean_sq = np.cumsum(s) / k, np.cumsum(s ** 2) / k
+        tau = mean - np.sqrt(np.maximum((1 - k * (mean_sq - mean ** 2)) / k, 0))
+        out.append(np.maximum(row - tau[(tau <= s).sum() - 1], 0) ** 2)
+    return np.array(out).reshape(z.shape)
+
+
+def numpy_entmax_loss(z, y, alpha=1.3):
+    """The entmax loss: (p - one_hot(y)).z + (1 - sum p^alpha) / (alpha (alpha - 1))."""
+    z = np.asarray(z, np.float64)
+    p = gpt_neo_entmax(z, alpha)
+    target = np.take_along_axis(z, y[..., None], -1)[..., 0]
+    return (p * z).sum(-1) - target + (1 - (p ** alpha).sum(-1)) / (alpha * (alpha - 1))
+
+
+SCORES = np.random.default_rng(0).normal(size=(3, 4, 11)).astype(np.float32) * 3  # (B, T, V)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# entmax, its loss and sampling.
+
+def test_entmax_is_gpt_neos_and_sparse():
+    p = np.asarray(entmax(jnp.asarray(SCORES)))
+    np.testing.assert_allclose(p, gpt_neo_entmax(SCORES), atol=1e-6)
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-6)
+    assert 0.2 < (p == 0).mean() < 0.9  # sparse, yet more than the top token survives
+    np.testing.assert_allclose(np.asarray(entmax(jnp.asarray(SCORES), 1.5)), sorted_entmax15(SCORES), atol=1e-6)
+
+
+def test_entmax_gradient_is_gpt_neos_and_the_true_derivative():
+    z, dy = SCORES[0], np.random.default_rng(1).normal(size=SCORES[0].shape)
+    p, vjp = jax.vjp(entmax, jnp.asarray(z))
+    got = np.asarray(vjp(jnp.asarray(dy, jnp.float32))[0])
+    np.testing.assert_allclose(got, gpt_neo_entmax_backward(np.asarray(p, np.float64), dy), atol=1e-5)
+    eps = 1e-5  # central differences of the float64 transcription
+    numeric = np.stack([((gpt_neo_entmax(z + eps * e) - gpt_neo_entmax(z - eps * e)) * dy).sum(-1) / (2 * eps)
+                        for e in np.eye(z.shape[-1])], -1)
+    np.testing.assert_allclose(got, numeric, atol=1e-4)
+
+
+def test_entmax_loss_value_and_gradient():
+    targets = np.random.default_rng(2).integers(0, SCORES.shape[-1], SCORES.shape[:-1])
+    z, y = jnp.asarray(SCORES), jnp.asarray(targets)
+    got = np.asarray(entmax_loss(z, y))
+    np.testing.assert_allclose(got, numpy_entmax_loss(SCORES, targets), rtol=1e-5, atol=1e-5)
+    assert (got >= -1e-6).all()
+    grad = np.asarray(jax.grad(lambda z: entmax_loss(z, y).sum())(z))
+    np.testing.assert_allclose(grad, gpt_neo_entmax(SCORES) - np.eye(SCORES.shape[-1])[targets], atol=1e-5)
+    sure = jnp.asarray(np.eye(11)[targets] * 20.0)  # entmax puts all mass on the target: no loss left
+    np.testing.assert_allclose(np.asarray(entmax_loss(sure, y)), 0.0, atol=1e-6)
+
+
+def test_entmax_sampling_draws_entmax_probabilities_and_never_outside_the_support():
+    logits = jnp.asarray(SCORES[0, :1])  # (1, V)
+    settings = Sampling(entmax=True)
+    seen = jnp.zeros(logits.shape, bool)
+    draws = jax.jit(jax.vmap(lambda key: choose(logits, seen, settings, key)[0]))(
+        jax.random.split(jax.random.key(0), 4000))
+    p = gpt_neo_entmax(SCORES[0, 0])
+    freq = np.bincount(np.asarray(draws), minlength=p.size) / 4000
+    assert (freq[p == 0] == 0).all() and (p == 0).any()
+    np.testing.assert_allclose(freq, p, atol=0.03)  # 4000 draws: a standard error under 0.008
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The objectives' z-loss and entmax loss.
+
+@pytest.fixture(scope="module")
+def lm():
+    """A one-layer causal LM, its parameters, a batch, and its (B, T, V) logits for that batch."""
+    cfg = tiny_config(n_layer=1, attention_types=None, train_batch_size=2, n_ctx=8)
+    graphdef, params = nnx.split(registry.build(cfg, nnx.Rngs(0)), nnx.Param)
+    params = nnx.to_pure_dict(params)
+    batch = {"tokens": jnp.asarray(random_batches(cfg, 1)[0]["tokens"])}
+    logits = np.asarray(nnx.merge(graphdef, nnx.State(params))(batch["tokens"][:, :-1])[0], np.float64)
+    return cfg, graphdef, params, batch, logits
+
+
+def test_z_loss_is_added_to_training_only_and_reported(lm):
+    cfg, graphdef, params, batch, logits = lm
+    plain, no_penalty, no_metrics = objective_sums(graphdef, objective_for(cfg), params, batch, jnp.float32)
+    z_cfg = cfg.replace(z_loss=1e-2)
+    sums, penalty, metrics = objective_sums(graphdef, objective_for(z_cfg), params, batch, jnp.float32)
+    lse = np.log(np.exp(logits).sum(-1))  # GPT-Neo: loss += z_loss * square(log_z), then the mean
+    np.testing.assert_allclose(float(metrics["logits_z_loss"]), np.mean(lse ** 2), rtol=1e-5)
+    np.testing.assert_allclose(float(penalty), 1e-2 * np.mean(lse ** 2), rtol=1e-5)
+    assert float(no_penalty) == 0.0 and no_metrics == {}
+    assert float(sums["loss"]) == float(plain["loss"])  # loss, eval and perplexity stay the cross-entropy
+    # Masked LM: the mean over the positions whose loss counts.
+    mask = np.zeros(logits.shape[:2], np.float32)
+    mask[:, ::3] = 1.0
+    mlm = {"inputs": batch["tokens"][:, :-1], "targets": batch["tokens"][:, 1:], "mask": jnp.asarray(mask)}
+    objective = objective_for(z_cfg.replace(task="masked_lm", causal=False))
+    _, penalty, metrics = objective_sums(graphdef, objective, params, mlm, jnp.float32)
+    np.testing.assert_allclose(float(metrics["logits_z_loss"]), np.mean(lse[:, ::3] ** 2), rtol=1e-5)
+
+
+def test_entmax_loss_objective_reports_no_perplexity(lm):
+    cfg, graphdef, params, batch, logits = lm
+    objective = objective_for(cfg.replace(entmax_loss=True))
+    sums, _, _ = objective_sums(graphdef, objective, params, batch, jnp.float32)
+    want = numpy_entmax_loss(logits, np.asarray(batch["tokens"][:, 1:])).mean()
+    np.testing.assert_allclose(float(sums["loss"] / sums["weight"]), want, rtol=1e-5)
+    assert "perplexity" not in report(objective, {"loss": float(want)}, bytes_per_token=1.0)
+    assert "perplexity" in report(objective_for(cfg), {"loss": float(want)})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# share_parameters and moe_activation.
+
+def test_shared_parameters_are_one_block_applied_per_layer():
+    cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]], local_attention_radius=3, n_ctx=9,
+                      share_parameters=True)
+    model = registry.build(cfg, nnx.Rngs(0))
+    p = randomized(model)
+    assert list(p["blocks"]) == [0]  # every weight lives in the first layer
+    tokens = np.random.default_rng(1).integers(0, cfg.n_vocab, (2, 9))
+    got = np.asarray(model(jnp.asarray(tokens))[0])
+    x = p["wte"]["embedding"][tokens] + p["wpe"]["embedding"][np.arange(9)]
+    for block in model.blocks:  # GPT-Neo: block(h, scope "") for every layer, each with its attention kind
+        spec = block.spec
+        x = numpy_block(spec, p["blocks"][0], x, ref.mask(9, 9, spec.attention.window))
+    x = ref.layer_norm(x, p["ln_f"]["scale"], p["ln_f"]["bias"], 1e-5)
+    np.testing.assert_allclose(got, x @ p["wte"]["embedding"].T, atol=2e-4, rtol=2e-4)
+
+
+def test_shared_parameters_follow_gpt_neos_names():
+    cfg = tiny_config(n_layer=4, attention_types=[[["global", "none", "local", "global"], 1]], num_mem_kv=2,
+                      moe_layers=[2, 3], moe_params={"num_experts": 2})
+
+    def shapes(cfg):
+        return nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: registry.build(cfg, nnx.Rngs(0))), nnx.Param))
+
+    shared = shapes(cfg.replace(share_parameters=True))
+    blocks = shared["blocks"]
+    # Layer 0 owns attention (memory slots too), norms and the dense MLP; layer 2 the experts; layers 1, 3 nothing.
+    assert sorted(blocks) == [0, 2] and set(blocks[0]["attn"]) == {"q", "k", "v", "out", "mem_k", "mem_v"}
+    assert set(blocks[2]) == {"mlp"} and "router" in blocks[2]["mlp"]
+    count = sum(x.size for x in jax.tree.leaves(shared))
+    assert count < sum(x.size for x in jax.tree.leaves(shapes(cfg))) / 2
+
+
+def test_moe_activation_is_the_experts_activation():
+    cfg = tiny_config(moe_layers=[1], moe_activation="relu", moe_params={"num_experts": 4, "capacity_factor": 4.0})
+    init = gpt_neo_attention_init(cfg), gpt_neo_mlp_init(cfg)
+    assert block_spec(cfg, 0, *init).mlp.activation == "gelu" and block_spec(cfg, 1, *init).mlp.activation == "relu"
+    assert block_spec(cfg.replace(moe_activation=None), 1, *init).mlp.activation == "gelu"
+    moe = MoeMlp(block_spec(cfg, 1, *init).mlp, rngs=nnx.Rngs(0))
+    state = nnx.state(moe, nnx.Param)
+    rng = np.random.default_rng(0)
+    nnx.update(moe, jax.tree.map(lambda a: jnp.asarray(0.3 * rng.standard_normal(a.shape), jnp.float32), state))
+    x = np.random.default_rng(1).standard_normal((2, 6, cfg.n_embd)).astype(np.float32)
+    want, _, _ = numpy_moe(nnx.to_pure_dict(nnx.state(moe, nnx.Param)), x, 2, activation=lambda h: np.maximum(h, 0))
+    np.testing.assert_allclose(run(moe, jnp.asarray(x))[0], want, atol=1e-4, rtol=1e-4)
+
+
+def test_predict_refuses_entmax_sampling_with_beams(capsys):
+    assert predict.main(["--model-path", "nowhere", "--prompt", "x", "--num-beams", "2", "--entmax_sampling"]) == 2
+    assert "--entmax-sampling samples; it does not combine with --num-beams" in capsys.readouterr().err

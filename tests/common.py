@@ -64,6 +64,28 @@ def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+def run_command(*args: str) -> subprocess.CompletedProcess:
+    """``run_cli`` for ``train.py``, ``predict.py`` and ``-m convert``, but in this process: the same ``main(argv)``
+    a user's command runs, without an interpreter start and the TensorFlow and JAX imports (seconds each), which
+    is most of a tiny run's time. Process-level behaviour (signals, exit codes of a dying process, several
+    processes) stays with ``run_cli``."""
+    import contextlib
+    import io
+
+    import importlib
+
+    module, argv = ("convert.__main__", args[2:]) if args[:2] == ("-m", "convert") else \
+        (args[0].removesuffix(".py"), args[1:])
+    main = importlib.import_module(module).main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(list(args), code or 0, out.getvalue(), err.getvalue())
+
+
 def metrics_rows(model_path: str, kind: str = "train") -> list[dict]:
     with open(os.path.join(model_path, "metrics.jsonl")) as f:
         return [row for row in map(json.loads, f) if row["kind"] == kind]

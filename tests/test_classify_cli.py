@@ -3,7 +3,7 @@ docstrings example it ships with, and on a two-class TFDS dataset read by name, 
 
 import pytest
 
-from tests.common import metrics_rows, run_cli
+from tests.common import metrics_rows, run_command
 from tests.data_common import prepare_tiny_glue
 
 TINY = ["n_layer=1", "n_embd=32", "n_head=2", "d_ff=64", "n_ctx=32", "train_batch_size=8", "eval_batch_size=8",
@@ -12,7 +12,7 @@ TINY = ["n_layer=1", "n_embd=32", "n_head=2", "d_ff=64", "n_ctx=32", "train_batc
 
 def classify(model_path, *sets):
     args = ["train.py", "--config", "configs/bert_classify.json", "--model-path", str(model_path), "--no-progress"]
-    result = run_cli(*args, *[arg for s in TINY + list(sets) for arg in ("--set", s)])
+    result = run_command(*args, *[arg for s in TINY + list(sets) for arg in ("--set", s)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in metrics_rows(model_path)] == [1, 2, 3]
     (evaluation,) = metrics_rows(model_path, "eval")

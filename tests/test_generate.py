@@ -20,7 +20,7 @@ from models.generate import Sampling, beam_search, filter_logits, sample
 from models.gpt_neo import GPTNeo
 from parallel.state import abstract_model
 from tests import hf_fixtures
-from tests.common import run_cli, tiny_config
+from tests.common import run_cli, run_command, tiny_config
 
 PROMPT = "def add(a, b):\n    return"
 
@@ -180,11 +180,11 @@ def test_top_k_and_top_p_keep_the_right_tokens():
 def test_import_export_round_trip_is_lossless_and_loads_in_transformers(which, neo_dir, gpt2_dir, tmp_path):
     source = neo_dir if which == "neo" else gpt2_dir
     run = tmp_path / "run"
-    result = run_cli("-m", "convert", "import", source, str(run))
+    result = run_command("-m", "convert", "import", source, str(run))
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((run / "config.json").read_text())["model"] == {"neo": "gpt_neo", "gpt2": "gpt2"}[which]
     out = tmp_path / "exported"
-    result = run_cli("-m", "convert", "export", str(run), str(out))
+    result = run_command("-m", "convert", "export", str(run), str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     original, exported = load_file(os.path.join(source, "model.safetensors")), load_file(out / "model.safetensors")
     original = {k: v for k, v in original.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
@@ -234,14 +234,14 @@ def test_predict_from_a_sharded_checkpoint_on_one_device_and_on_a_mesh(neo_dir, 
     config.write_text(json.dumps({**{k: getattr(settings, k) for k in keys}, "train_batch_size": 8,
                                   "eval_steps": 0, "sample_tokens": 0, "lr": 0.0, "weight_decay": 0.0,
                                   "warmup_steps": 0, "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y,embd:y"}))
-    result = run_cli("train.py", "--config", str(config), "--model-path", str(run), "--init-from", neo_dir,
+    result = run_command("train.py", "--config", str(config), "--model-path", str(run), "--init-from", neo_dir,
                      "--no-progress", "--set", "train_steps=1")
     assert result.returncode == 0, result.stderr[-2000:]
     hf_dir.copy_tokenizer(neo_dir, str(run / "tokenizer"))
     common = ["predict.py", "--model-path", str(run), "--prompt", PROMPT, "--prompt", "import os", "--temperature",
               "0", "--max-new-tokens", "12"]
-    one = run_cli(*common)
-    mesh = run_cli(*common, "--mesh-shape", "x:4,y:2", "--layout", "batch:x,heads:y")
+    one = run_command(*common)
+    mesh = run_command(*common, "--mesh-shape", "x:4,y:2", "--layout", "batch:x,heads:y")
     assert one.returncode == 0 and mesh.returncode == 0, one.stderr[-2000:] + mesh.stderr[-2000:]
     assert one.stdout == mesh.stdout and one.stdout.count("=== prompt") == 2
     # lr 0: the weights are still the imported ones, so greedy output equals transformers' for the first prompt.
@@ -258,24 +258,24 @@ def test_predict_errors_are_one_line(neo_dir, tmp_path):
         (["--hf-model", neo_dir, "--prompt", "x", "--top-p", "0"], "--top-p must be in (0, 1]"),
     ]
     for args, message in cases:
-        result = run_cli("predict.py", *args)
+        result = run_command("predict.py", *args)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert message in result.stderr
     no_tokenizer = tmp_path / "no_tokenizer"
     hf_fixtures.gpt_neo().save_pretrained(str(no_tokenizer))
-    result = run_cli("predict.py", "--hf-model", str(no_tokenizer), "--prompt", "x")
+    result = run_command("predict.py", "--hf-model", str(no_tokenizer), "--prompt", "x")
     assert result.returncode == 2 and "no tokenizer" in result.stderr
 
 
 def test_predict_truncates_long_prompts_and_stops_at_stop_strings(neo_dir):
     _, _, tokenizer, reference = load(neo_dir)
-    result = run_cli("predict.py", "--hf-model", neo_dir, "--prompt", "x " * 80, "--truncate-prompt",
+    result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", "x " * 80, "--truncate-prompt",
                      "--temperature", "0", "--max-new-tokens", "8")
     assert result.returncode == 0, result.stderr[-2000:]
     full = hf_generate(reference, tokenizer.encode(PROMPT), do_sample=False, max_new_tokens=20)
     text = tokenizer.decode([t for t in full if t != 0])
     stop = text[5:8]  # a piece of what greedy decoding will produce
-    result = run_cli("predict.py", "--hf-model", neo_dir, "--prompt", PROMPT, "--temperature", "0",
+    result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", PROMPT, "--temperature", "0",
                      "--max-new-tokens", "20", "--stop", stop)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == PROMPT + text[:text.find(stop)] + "\n"

@@ -21,7 +21,7 @@ from models import registry
 from models.generate import Sampling, beam_search, sample
 from models.relative_position import relative_position_bucket
 from tests import hf_fixtures
-from tests.common import run_cli, tiny_config, train_metrics
+from tests.common import run_cli, run_command, tiny_config, train_metrics
 
 SHAPES = {  # name -> hf_fixtures.t5 arguments
     "t5-relu-tied": dict(),
@@ -338,7 +338,7 @@ def test_span_corruption_run_resumes_bit_identically(tmp_path):
 
     def train(path, *extra):
         args = ["train.py", "--config", "configs/t5_small_spans.json", "--model-path", str(path), "--no-progress"]
-        result = run_cli(*args, *[a for s in sets for a in ("--set", s)], *extra)
+        result = run_command(*args, *[a for s in sets for a in ("--set", s)], *extra)
         assert result.returncode == 0, result.stderr[-3000:]
         return result
 

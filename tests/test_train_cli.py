@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.common import metrics_rows, run_cli
+from tests.common import metrics_rows, run_cli, run_command
 
 TINY_SETS = ["n_layer=2", "n_embd=64", "n_head=4", "n_ctx=32", 'attention_types=[[["global","local"],1]]',
              "local_attention_radius=8", "train_batch_size=8", "eval_batch_size=8", "eval_steps=2",
@@ -17,7 +17,7 @@ def train(model_path, *sets, extra=()):
     args = ["train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--no-progress"]
     for s in TINY_SETS + list(sets):
         args += ["--set", s]
-    result = run_cli(*args, *extra)
+    result = run_command(*args, *extra)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -68,7 +68,7 @@ def test_resume_is_exact_and_checkpoints_rotate(tmp_path):
 
 def test_eval_only_new_and_resume_errors(tmp_path):
     model_path = tmp_path / "run"
-    result = run_cli("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--resume")
+    result = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--resume")
     assert result.returncode == 2 and "error: model_path: no checkpoint to resume" in result.stderr
     train(model_path, "train_steps=2")
     # A save that died half-way (orbax writes into a temporary directory and renames it when complete) must
@@ -87,7 +87,7 @@ def test_moe_config_logs_its_auxiliary_losses(tmp_path):
     model_path = tmp_path / "moe"
     sets = ["n_embd=64", "n_head=4", "n_ctx=32", "local_attention_radius=8", "train_batch_size=8",
             "eval_batch_size=8", "train_steps=4", "warmup_steps=2", "eval_steps=1", "sample_tokens=8"]
-    result = run_cli("train.py", "--config", "configs/moe.json", "--model-path", str(model_path), "--no-progress",
+    result = run_command("train.py", "--config", "configs/moe.json", "--model-path", str(model_path), "--no-progress",
                      *[arg for s in sets for arg in ("--set", s)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "['global', 'local', 'linear', 'global']" in result.stdout and "sample:\ndef " in result.stdout
@@ -104,7 +104,7 @@ def test_bert_mlm_config_trains_the_masked_lm_objective(tmp_path):
     model_path = tmp_path / "bert"
     sets = ["n_layer=2", "n_embd=64", "n_head=4", "d_ff=128", "n_ctx=32", "train_batch_size=8",
             "eval_batch_size=8", "train_steps=3", "warmup_steps=1", "eval_steps=1"]
-    result = run_cli("train.py", "--config", "configs/bert_mlm.json", "--model-path", str(model_path),
+    result = run_command("train.py", "--config", "configs/bert_mlm.json", "--model-path", str(model_path),
                      "--no-progress", *[arg for s in sets for arg in ("--set", s)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sample:" not in result.stdout  # an encoder does not generate
@@ -112,6 +112,6 @@ def test_bert_mlm_config_trains_the_masked_lm_objective(tmp_path):
     assert 0.0 <= evaluation["accuracy"] <= 1.0 and evaluation["perplexity"] > 1.0
     assert "bits_per_byte" not in evaluation  # masked tokens' loss is not a next-token rate
     out = tmp_path / "hf"
-    assert run_cli("-m", "convert", "export", str(model_path), str(out)).returncode == 0
+    assert run_command("-m", "convert", "export", str(model_path), str(out)).returncode == 0
     import transformers
     assert transformers.AutoConfig.from_pretrained(str(out)).architectures == ["BertForMaskedLM"]

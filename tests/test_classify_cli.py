@@ -3,6 +3,7 @@ docstrings example it ships with, and on a two-class TFDS dataset read by name, 
 
 import pytest
 
+from tests import hf_fixtures
 from tests.common import metrics_rows, run_command
 from tests.data_common import prepare_tiny_glue
 
@@ -10,10 +11,11 @@ TINY = ["n_layer=1", "n_embd=32", "n_head=2", "d_ff=64", "n_ctx=32", "train_batc
         "train_steps=3", "warmup_steps=1", "eval_steps=2", "eval_every=0"]
 
 
-def classify(model_path, *sets):
+def classify(model_path, *sets, extra=()):
     args = ["train.py", "--config", "configs/bert_classify.json", "--model-path", str(model_path), "--no-progress"]
-    result = run_command(*args, *[arg for s in TINY + list(sets) for arg in ("--set", s)])
+    result = run_command(*args, *[arg for s in TINY + list(sets) for arg in ("--set", s)], *extra)
     assert result.returncode == 0, result.stderr[-3000:]
+    classify.stdout = result.stdout
     assert [r["step"] for r in metrics_rows(model_path)] == [1, 2, 3]
     (evaluation,) = metrics_rows(model_path, "eval")
     assert evaluation["step"] == 3 and evaluation["loss"] > 0 and 0.0 <= evaluation["accuracy"] <= 1.0
@@ -29,3 +31,11 @@ def test_bert_classify_reports_accuracy_and_two_class_f1(tmp_path):
     evaluation = classify(tmp_path / "glue", 'datasets=[["tfds:neomesh_tiny_glue/mrpc", null, null, null]]',
                           f"tfds_data_dir={tmp_path / 'tfds'}", "tokenizer_path=bytes", "num_labels=2")
     assert 0.0 <= evaluation["f1"] <= 1.0
+    # Fine-tuning a Hugging Face BERT: --init-from its directory loads the encoder; the classifier starts fresh.
+    bert = hf_fixtures.save(hf_fixtures.encoder("bert", head=None, n_embd=32, n_head=2, n_layer=1, n_ctx=32,
+                                                vocab=257, d_ff=64), tmp_path / "hf_bert")
+    classify(tmp_path / "fine_tuned", 'datasets=[["tfds:neomesh_tiny_glue/mrpc", null, null, null]]',
+             f"tfds_data_dir={tmp_path / 'tfds'}", "tokenizer_path=bytes", "num_labels=2", "n_vocab=257",
+             extra=("--init-from", bert))
+    initialised = next(line for line in classify.stdout.splitlines() if line.startswith("initialised from"))
+    assert "fresh (not in it): " in initialised and "classifier" in initialised, initialised

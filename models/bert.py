@@ -14,7 +14,7 @@ from flax import nnx
 
 from config import Config
 from models.axes import HIDDEN, LOGITS, axes, constrain
-from models.block import Block, run_blocks
+from models.block import Block, run_blocks, share_parameters
 from models.heads import ClassificationHead, MlmHead
 from models.layers import BASE_STDDEV, dropout, dropout_keys, norm
 from models.spec import block_spec
@@ -34,6 +34,8 @@ class Bert(nnx.Module):
                              rngs=rngs) if cfg.n_token_types else None
         self.ln_embed = norm("layernorm", d, cfg.layer_norm_epsilon, rngs)
         self.blocks = nnx.List([Block(block_spec(cfg, layer, *BERT_INIT), rngs=rngs) for layer in range(cfg.n_layer)])
+        if cfg.share_parameters:  # ALBERT-style: one block's weights for every layer
+            share_parameters(self.blocks)
         self.mlm = MlmHead(d, cfg.n_vocab, cfg.activation_function, cfg.layer_norm_epsilon,
                            rngs=rngs) if cfg.task == "masked_lm" else None
         self.classifier = ClassificationHead(d, cfg.num_labels, pool="first", pooler=True, bias=True,

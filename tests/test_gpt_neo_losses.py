@@ -200,6 +200,8 @@ def test_shared_parameters_follow_gpt_neos_names():
     assert set(blocks[2]) == {"mlp"} and "router" in blocks[2]["mlp"]
     count = sum(x.size for x in jax.tree.leaves(shared))
     assert count < sum(x.size for x in jax.tree.leaves(shapes(cfg))) / 2
+    bert = tiny_config(model="bert", attention_types=None, share_parameters=True)
+    assert list(shapes(bert)["blocks"]) == [0]  # every family's blocks share alike (BERT: ALBERT's cross-layer sharing)
 
 
 def test_moe_activation_is_the_experts_activation():

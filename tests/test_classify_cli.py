@@ -28,14 +28,12 @@ def test_bert_classify_reports_accuracy_and_two_class_f1(tmp_path):
     assert "f1" not in classify(tmp_path / "docstrings")  # 8 modules: accuracy only
     pairs = [(f"sentence {i} says {'yes' if i % 3 else 'no'}", f"reply {i}", int(i % 3 != 0)) for i in range(12)]
     prepare_tiny_glue(str(tmp_path / "tfds"), pairs)
-    evaluation = classify(tmp_path / "glue", 'datasets=[["tfds:neomesh_tiny_glue/mrpc", null, null, null]]',
-                          f"tfds_data_dir={tmp_path / 'tfds'}", "tokenizer_path=bytes", "num_labels=2")
-    assert 0.0 <= evaluation["f1"] <= 1.0
-    # Fine-tuning a Hugging Face BERT: --init-from its directory loads the encoder; the classifier starts fresh.
+    # Fine-tuning a Hugging Face BERT on it: --init-from its directory loads the encoder; the classifier starts fresh.
     bert = hf_fixtures.save(hf_fixtures.encoder("bert", head=None, n_embd=32, n_head=2, n_layer=1, n_ctx=32,
                                                 vocab=257, d_ff=64), tmp_path / "hf_bert")
-    classify(tmp_path / "fine_tuned", 'datasets=[["tfds:neomesh_tiny_glue/mrpc", null, null, null]]',
-             f"tfds_data_dir={tmp_path / 'tfds'}", "tokenizer_path=bytes", "num_labels=2", "n_vocab=257",
-             extra=("--init-from", bert))
+    evaluation = classify(tmp_path / "glue", 'datasets=[["tfds:neomesh_tiny_glue/mrpc", null, null, null]]',
+                          f"tfds_data_dir={tmp_path / 'tfds'}", "tokenizer_path=bytes", "num_labels=2", "n_vocab=257",
+                          extra=("--init-from", bert))
+    assert 0.0 <= evaluation["f1"] <= 1.0
     initialised = next(line for line in classify.stdout.splitlines() if line.startswith("initialised from"))
     assert "fresh (not in it): " in initialised and "classifier" in initialised, initialised

@@ -39,6 +39,8 @@ ACTIVATIONS = ("gelu", "gelu_exact", "relu", "silu", "swish", "selu", "elu", "so
 LEARNED_ACTIVATIONS = ("aria", "prelu", "parcsinh", "psoftplus", "proottanh")
 # GPT-Neo's eval_tasks (its tasks.py).
 EVAL_TASKS = ("lambada",)
+# recompute_grad's policies: what a block keeps for the backward pass (models/block.py REMAT_POLICIES).
+REMAT_POLICIES = ("none", "full", "dots_saveable")
 
 
 class ConfigError(ValueError):
@@ -183,7 +185,9 @@ class Config:
                                          "running mean (0: off)", minimum=0.0)
     precision: str = _key("float32", "'bfloat16': bf16 compute, fp32 master weights and loss",
                           choices=("float32", "bfloat16"))
-    recompute_grad: bool = _key(False, "rematerialise each block in the backward pass")
+    recompute_grad: bool | str = _key(
+        False, "rematerialise blocks in the backward pass: 'full' (true: keep only each block's input), "
+        "'dots_saveable' (keep matmul outputs, recompute the elementwise rest), 'none' (false)")
     tokens_per_mb_per_replica: Optional[int] = _key(
         None, "tokens per microbatch per data-parallel replica: gradient accumulation", minimum=1)
     seed: int = _key(1234, "seed for init, data order and dropout")
@@ -219,6 +223,13 @@ class Config:
         if self.attention_types is None:
             return ("global",) * self.n_layer
         return tuple(kind for kinds, repeat in self.attention_types for _ in range(repeat) for kind in kinds)
+
+    @property
+    def remat_policy(self) -> str:
+        """``recompute_grad`` as one of REMAT_POLICIES (GPT-Neo's true is "full", false "none")."""
+        if isinstance(self.recompute_grad, bool):
+            return "full" if self.recompute_grad else "none"
+        return self.recompute_grad
 
     @property
     def moe(self) -> dict:
@@ -403,6 +414,9 @@ def validated(cfg: Config) -> Config:
     if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
         raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
     _check_datasets(cfg.datasets)
+    if isinstance(cfg.recompute_grad, str) and cfg.recompute_grad not in REMAT_POLICIES:
+        raise ConfigError(f"recompute_grad: {json.dumps(cfg.recompute_grad)} is not one of true, false, "
+                          f"{', '.join(REMAT_POLICIES)}")
     for task in cfg.eval_tasks:
         if task not in EVAL_TASKS:
             raise ConfigError(f"eval_tasks: unknown task {json.dumps(task)} (known: {', '.join(EVAL_TASKS)})")

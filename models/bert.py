@@ -43,7 +43,7 @@ class Bert(nnx.Module):
             if cfg.task == "sequence_classification" else None
         self.embed_dropout = cfg.embed_dropout
         self.position_offset = cfg.position_offset
-        self.remat = cfg.recompute_grad
+        self.remat = cfg.remat_policy
 
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                  segment_ids: jax.Array | None = None, token_types: jax.Array | None = None,

@@ -111,17 +111,23 @@ def share_parameters(blocks) -> None:
             setattr(parent, path[-1], owner)
 
 
+# recompute_grad's policies -> what jax.checkpoint may keep of a block's forward pass for the backward pass
+# (None: only the block's inputs, everything else is recomputed).
+REMAT_POLICIES = {"full": None, "dots_saveable": jax.checkpoint_policies.dots_saveable}
+
+
 def run_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
-               caches: tuple | None = None, dropout_key: jax.Array | None = None, remat: bool = False,
+               caches: tuple | None = None, dropout_key: jax.Array | None = None, remat: str = "none",
                cross_caches: tuple | None = None, **context) -> tuple[jax.Array, tuple | None]:
     """Runs ``blocks`` in order: (B, T, D) -> (B, T, D) and their updated caches (None when ``caches`` is None).
-    ``remat`` recomputes each block's activations in the backward pass (training memory for compute).
+    ``remat`` ("none", "full", "dots_saveable": REMAT_POLICIES) recomputes each block's activations in the backward
+    pass (training memory for compute).
     ``context`` (keyword arguments of ``Block.__call__``) goes to every block: the encoder output and its
     segment ids, a stack's shared attention bias; ``cross_caches`` gives each block its own ``CrossCache``."""
     keys = dropout_keys(dropout_key, len(blocks))
     layer_caches = caches if caches is not None else (None,) * len(blocks)
     crosses = cross_caches if cross_caches is not None else (None,) * len(blocks)
-    call = nnx.remat(Block.__call__) if remat else Block.__call__
+    call = Block.__call__ if remat == "none" else nnx.remat(Block.__call__, policy=REMAT_POLICIES[remat])
     updated = []
     for block, cache, cross, key in zip(blocks, layer_caches, crosses, keys):
         extra = {"cross_cache": cross} if cross is not None else {}

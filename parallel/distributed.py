@@ -45,8 +45,8 @@ def global_batch(make_rows: Callable[[slice], dict], shardings: dict[str, NamedS
 
         def shard(index):
             r = index[0]
-            return values[(r.start or 0) - rows.start:(shape[0] if r.stop is None else r.stop) - rows.start,
-                          *index[1:]]
+            local_rows = slice((r.start or 0) - rows.start, (shape[0] if r.stop is None else r.stop) - rows.start)
+            return values[(local_rows, *index[1:])]  # a tuple: Python 3.10 has no starred subscripts
 
         return jax.make_array_from_callback(shape, shardings[name], shard)
 

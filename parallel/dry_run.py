@@ -122,14 +122,15 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
     """The dry run as Markdown tables (they read in a terminal and paste into a README)."""
     devices = layout.mesh.size
     tokens = cfg.train_batch_size * cfg.n_ctx
+    remat = f", recompute_grad {cfg.remat_policy}" if cfg.remat_policy != "none" else ""
     lines = [
         f"mesh {dict(layout.mesh.shape)} ({devices} simulated devices), layout {layout.text}",
         f"{human_count(run.parameters)} parameters; batch {cfg.train_batch_size} x {cfg.n_ctx} tokens"
         f"{f' in {run.microbatches} microbatches' if run.microbatches > 1 else ''}; {cfg.precision}"
-        f"{', recompute_grad' if cfg.recompute_grad else ''}; compiled in {run.compile_seconds:.0f} s",
+        f"{remat}; compiled in {run.compile_seconds:.0f} s",
         f"FLOPs per step: model {run.model_flops:.3g} (6N + attention, {run.model_flops / tokens:.3g} per token); "
         f"compiled matmuls {run.hlo.matmul_flops * devices:.3g} ({run.hlo.matmul_flops:.3g} per device"
-        f"{', recomputation included' if cfg.recompute_grad else ''})",
+        f"{', recomputation included' if cfg.remat_policy != 'none' else ''})",
         "",
         "| memory per device | bytes |",
         "|---|---|",

@@ -86,6 +86,8 @@ def test_attention_types_expand():
     ({"activation_fn": "relu", "activation_function": "gelu"},
      "'activation_fn' \"relu\" contradicts 'activation_function' \"gelu\""),
     ({"eval_tasks": ["lambda"]}, 'eval_tasks: unknown task "lambda" (known: lambada)'),
+    ({"recompute_grad": "dots"}, 'recompute_grad: "dots" is not one of true, false, none, full, dots_saveable'),
+    ({"recompute_grad": 1}, "recompute_grad: expected bool | str, got 1"),
     ({"ada_epsilon2": -1.0}, "ada_epsilon2: -1.0 is below the minimum 0.0"),
     ({"predict_max_steps": 0}, "predict_max_steps: 0 is below the minimum 1"),
     ({"moe_params": {"moe_gating": "ntlb"}}, 'moe_params.moe_gating: "ntlb" is not one of top_2, switch'),

@@ -76,8 +76,11 @@ def test_bfloat16_compute_keeps_float32_masters():
     assert not np.allclose(losses, reference, rtol=0, atol=1e-6)  # and it really ran in bf16
 
 
-def test_remat_gives_the_same_losses():
-    cfg = tiny_config(recompute_grad=True, warmup_steps=0)
+@pytest.mark.parametrize("policy", [True, "dots_saveable"])
+def test_remat_gives_the_same_losses(policy):
+    """GPT-Neo's recompute_grad true (everything recomputed) and the policy keeping matmul outputs train as
+    without recomputation."""
+    cfg = tiny_config(recompute_grad=policy, warmup_steps=0)
     batches = random_batches(cfg, 2)
     np.testing.assert_allclose(train_losses(cfg, batches), train_losses(cfg.replace(recompute_grad=False), batches),
                                atol=1e-6)

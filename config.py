@@ -133,6 +133,9 @@ class Config:
     z_loss: float = _key(0.0, "causal_lm/masked_lm training: adds z_loss * mean(logsumexp(logits)^2), reported "
                               "as logits_z_loss (GPT-Neo always added 1e-4; set 1e-4 to train as it did)",
                          minimum=0.0)
+    loss_chunk: Optional[int] = _key(
+        None, "causal_lm: compute the loss this many positions at a time, so the (B, T, V) float32 logits are never "
+        "whole in memory (0: never; null: chunks of 512 once they would pass 1 GiB)", minimum=0)
     entmax_loss: bool = _key(False, "causal_lm/masked_lm: the 1.3-entmax loss (GPT-Neo's alpha) instead of "
                                     "softmax cross-entropy; predict.py then samples from entmax")
     causal: bool = _key(True, "causal (decoder) attention; false: every token sees the whole sequence")

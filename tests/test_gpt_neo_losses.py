@@ -157,6 +157,27 @@ def test_z_loss_is_added_to_training_only_and_reported(lm):
     np.testing.assert_allclose(float(metrics["logits_z_loss"]), np.mean(lse[:, ::3] ** 2), rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [3, 4])  # 3 leaves a padded last chunk of the 8 positions
+def test_chunked_loss_equals_the_whole_logits_loss_with_its_gradients(lm, chunk):
+    """loss_chunk computes the same losses, z-loss and gradients as the (B, T, V) logits at once, tied
+    embedding included; chunks are chosen automatically only when the logits would be large."""
+    cfg, graphdef, params, batch, _ = lm
+    cfg = cfg.replace(z_loss=1e-2)
+
+    def loss(params, cfg):
+        sums, penalty, metrics = objective_sums(graphdef, objective_for(cfg), params, batch, jnp.float32)
+        return sums["loss"] / sums["weight"] + penalty, metrics
+
+    (whole, whole_metrics), whole_grads = jax.value_and_grad(loss, has_aux=True)(params, cfg)
+    (chunked, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params, cfg.replace(loss_chunk=chunk))
+    np.testing.assert_allclose(float(chunked), float(whole), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["logits_z_loss"]), float(whole_metrics["logits_z_loss"]), rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, whole_grads)
+    from training.objectives import loss_chunk
+    assert loss_chunk(cfg) == 0 and loss_chunk(cfg.replace(loss_chunk=chunk)) == chunk
+    assert loss_chunk(cfg.replace(n_ctx=2048, n_vocab=50257, train_batch_size=8)) == 512  # 3.3 GB of logits
+
+
 def test_entmax_loss_objective_reports_no_perplexity(lm):
     cfg, graphdef, params, batch, logits = lm
     objective = objective_for(cfg.replace(entmax_loss=True))

@@ -38,6 +38,7 @@ import optax
 from config import Config, ConfigError
 from models.entmax import entmax_loss
 from models.aux_losses import sow_aux_losses
+from models.axes import LOGITS, constrain
 
 Output = tuple[jax.Array, dict]  # (per-target losses, {metric: per-target values})
 
@@ -81,24 +82,61 @@ class TokenLoss:
     z_loss: float = 0.0  # weight of mean(logsumexp(logits)^2), added to the training loss only
     entmax: bool = False  # the entmax loss instead of softmax cross-entropy
 
+    chunk: int = 0  # causal_lm: positions per chunk of chunked_token_losses (0: the whole sequence at once)
+
     def __call__(self, model, logits: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
         """Per-target losses; sows the weighted z-loss on ``model`` (the steps add it to the training loss)."""
         if self.entmax:
             return entmax_loss(logits, targets)
         if self.z_loss:
-            log_normaliser = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)  # (B, T)
-            mean_square = jnp.sum(weights * log_normaliser ** 2) / jnp.maximum(jnp.sum(weights), 1.0)
-            sow_aux_losses(model, self.z_loss * mean_square, logits_z_loss=mean_square)
+            self.sow_z_loss(model, jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1), weights)
         return cross_entropy(logits, targets)
+
+    def sow_z_loss(self, model, log_normaliser: jax.Array, weights: jax.Array) -> None:
+        """Sows ``z_loss * mean(logsumexp(logits)^2)`` from the (B, T) log-normalisers."""
+        mean_square = jnp.sum(weights * log_normaliser ** 2) / jnp.maximum(jnp.sum(weights), 1.0)
+        sow_aux_losses(model, self.z_loss * mean_square, logits_z_loss=mean_square)
 
 
 SOFTMAX = TokenLoss()
 
 
+def chunked_token_losses(model, hidden: jax.Array, targets: jax.Array, weights: jax.Array,
+                         token_loss: TokenLoss) -> jax.Array:
+    """Softmax cross-entropy of ``model.logits(hidden)`` against ``targets``, ``token_loss.chunk`` positions at a
+    time: (B, T, D) hidden states -> (B, T) losses. Each chunk's (B, C, V) logits live only inside a
+    rematerialised scan step, so the whole (B, T, V) float32 logits (3.3 GB for GPT-Neo 125M at T=2048, batch 8)
+    never exist; the backward pass recomputes one chunk's logits at a time."""
+    b, t, d = hidden.shape
+    c = token_loss.chunk
+    n = -(-t // c)
+    pad = n * c - t  # the last chunk is padded; its padded positions are cut off below
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)  # (N, B, C, D)
+    chunks = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, c).swapaxes(0, 1)  # (N, B, C)
+
+    @jax.checkpoint
+    def step(carry, chunk):
+        h, y = chunk
+        logits = constrain(model.logits(h), LOGITS).astype(jnp.float32)  # (B, C, V)
+        log_normaliser = jax.nn.logsumexp(logits, axis=-1)  # (B, C)
+        picked = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
+        return carry, (log_normaliser - picked, log_normaliser)
+
+    _, (losses, log_normalisers) = jax.lax.scan(step, None, (hidden, chunks))
+    losses, log_normalisers = (x.swapaxes(0, 1).reshape(b, n * c)[:, :t] for x in (losses, log_normalisers))
+    if token_loss.z_loss:
+        token_loss.sow_z_loss(model, log_normalisers, weights)
+    return losses  # (B, T)
+
+
 def _causal_lm(model, batch: dict, dropout_key, token_loss: TokenLoss = SOFTMAX) -> Output:
     tokens = batch["tokens"]
+    targets, weights = tokens[:, 1:], _causal_lm_weights(batch)
+    if token_loss.chunk and not token_loss.entmax:
+        hidden = model.hidden_states(tokens[:, :-1], dropout_key=dropout_key)  # (B, T, D)
+        return chunked_token_losses(model, hidden, targets, weights, token_loss), {}
     logits, _ = model(tokens[:, :-1], dropout_key=dropout_key)  # (B, T, V)
-    return token_loss(model, logits, tokens[:, 1:], _causal_lm_weights(batch)), {}
+    return token_loss(model, logits, targets, weights), {}
 
 
 def _causal_lm_weights(batch: dict) -> jax.Array:
@@ -178,11 +216,26 @@ def objective_for(cfg: Config) -> Objective:
         raise ConfigError("task: seq2seq trains a decoder, and this t5 has none (n_decoder_layer 0, an encoder "
                           "alone: it gives hidden states through pretrained.Pretrained)")
     objective = OBJECTIVES[cfg.task]
-    if cfg.task in ("causal_lm", "masked_lm") and (cfg.z_loss or cfg.entmax_loss):
-        token_loss = TokenLoss(z_loss=cfg.z_loss, entmax=cfg.entmax_loss)
+    chunk = loss_chunk(cfg) if cfg.task == "causal_lm" else 0
+    if cfg.task in ("causal_lm", "masked_lm") and (cfg.z_loss or cfg.entmax_loss or chunk):
+        token_loss = TokenLoss(z_loss=cfg.z_loss, entmax=cfg.entmax_loss, chunk=chunk)
         objective = dataclasses.replace(objective, compute=functools.partial(objective.compute, token_loss=token_loss),
                                         per_token=not cfg.entmax_loss)
     return objective
+
+
+# Above this many bytes of (B, T, V) float32 logits per step, causal_lm computes its loss in chunks by default.
+CHUNKED_LOSS_ABOVE_BYTES = 1 << 30
+DEFAULT_LOSS_CHUNK = 512
+
+
+def loss_chunk(cfg: Config) -> int:
+    """Positions per chunk of a causal LM's loss (0: whole): ``loss_chunk``, or when null, chunks of
+    DEFAULT_LOSS_CHUNK once the whole batch's float32 logits would pass CHUNKED_LOSS_ABOVE_BYTES."""
+    if cfg.loss_chunk is not None:
+        return 0 if cfg.loss_chunk >= cfg.n_ctx else cfg.loss_chunk
+    logits_bytes = 4 * cfg.train_batch_size * cfg.n_ctx * cfg.n_vocab
+    return DEFAULT_LOSS_CHUNK if logits_bytes > CHUNKED_LOSS_ABOVE_BYTES and cfg.n_ctx > DEFAULT_LOSS_CHUNK else 0
 
 
 def report(objective: Objective, means: dict, bytes_per_token: float | None = None) -> dict:

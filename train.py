@@ -13,6 +13,10 @@ import os
 import sys
 import time
 
+# Steps whose metrics stay on the device before the loop fetches them (and at every checkpoint and evaluation):
+# fetching after every step would stall the device while the host logs and builds the next batch.
+METRICS_FETCH_EVERY = 10
+
 
 def build_parser() -> argparse.ArgumentParser:
     from neomesh.help import HelpFormatter
@@ -164,6 +168,7 @@ def _has_checkpoint(model_path: str) -> bool:
 def run_training(args, cfg, notes, signals, run) -> int:
     """The run itself: restore (or create) the state, train, checkpoint, evaluate, sample."""
     import jax
+    import jax.numpy as jnp
     from tqdm import tqdm
 
     from config import ConfigError
@@ -292,35 +297,48 @@ def run_training(args, cfg, notes, signals, run) -> int:
             stopping = False
             tick = time.perf_counter()
             signals.arm()
+            pending = []  # (step, metrics, bad-step counts) still on the device: fetched at the next sync point
             for step in range(start, stop):
                 state, out = train_step(state, global_batch(train_data, step, train_shapes, train_sharding))
-                out, (bad_in_row, bad_total) = jax.device_get((out, bad_step_counts(state.opt_state)))
-                out = {k: float(v) for k, v in out.items()}
+                # copies: the next step donates (deletes) this state's buffers before they are fetched
+                pending.append((step + 1, out, [jnp.copy(c) for c in bad_step_counts(state.opt_state)]))
                 run["trained"] = True
                 steps_done += 1
-                now = time.perf_counter()
-                tokens_per_sec = tokens_per_step / (now - tick)
-                mfu = tokens_per_sec * flops_per_token / peak if peak else None
-                metrics.write({"step": step + 1, "kind": "train", **out, "tokens_per_sec": tokens_per_sec,
-                               "mfu": mfu, "skipped_steps": int(bad_total)})
-                if bad_in_row:
-                    check_bad_step(step + 1, out, int(bad_in_row), cfg, saved_step, say)
-                progress.update(step + 1, out, now - tick)
-                raise_background_failure()
                 stopping = signals.should_stop(step + 1, checkpoints.manager.reached_preemption)
                 done = step + 1 == stop
-                if (step + 1) % cfg.steps_per_checkpoint == 0 or done or stopping:
+                saving = (step + 1) % cfg.steps_per_checkpoint == 0 or done or stopping
+                finished = step + 1 == cfg.train_steps
+                evaluating = eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0)
+                                                        or finished)
+                if saving or evaluating or step == start or (step + 1) % METRICS_FETCH_EVERY == 0:
+                    # The host-device sync point: until here the host only enqueued steps, building each next
+                    # batch while the device ran the previous step. The first step is fetched alone (it compiles).
+                    fetched, pending = jax.device_get(pending), []
+                    now = time.perf_counter()
+                    seconds = (now - tick) / len(fetched)  # the window's steps share its time evenly
+                    tokens_per_sec = tokens_per_step / seconds
+                    mfu = tokens_per_sec * flops_per_token / peak if peak else None
+                    for number, out, (bad_in_row, bad_total) in fetched:
+                        out = {k: float(v) for k, v in out.items()}
+                        metrics.write({"step": number, "kind": "train", **out, "tokens_per_sec": tokens_per_sec,
+                                       "mfu": mfu, "skipped_steps": int(bad_total)})
+                        if bad_in_row:
+                            check_bad_step(number, out, int(bad_in_row), cfg, saved_step, say)
+                        progress.update(number, out, seconds)
+                    tick = now
+                raise_background_failure()
+                if saving:
                     checkpoints.save(step + 1, state, cfg.to_dict(),
                                      data=train_data.state(cfg.train_batch_size))
                     saved_step = step + 1
-                finished = step + 1 == cfg.train_steps
-                if eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or finished):
+                if evaluating:
                     last_eval, last_eval_step = evaluate(state.params), step + 1
                     metrics.write({"step": step + 1, "kind": "eval", **last_eval})
                     say(f"step {step + 1}: eval " + "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
                 if stopping:
                     break
-                tick = time.perf_counter()  # eval and checkpoint time are not training time
+                if saving or evaluating:
+                    tick = time.perf_counter()  # eval and checkpoint time are not training time
             progress.close()
         finally:
             metrics.close()

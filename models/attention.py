@@ -19,6 +19,8 @@ init), GPT-2 and BERT 1/sqrt(head_dim).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -38,29 +40,60 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # memory) instead of through a masked T x T matrix. Below it the full matrix is small and one fused op is faster.
 BLOCKED_MIN_WINDOWS = 4
 # cuDNN flash attention (jax.nn.dot_product_attention(implementation="cudnn")): half-precision inputs and a head
-# dim that is a multiple of 8 and at most 128 (256 on Hopper; 128 is the rule every supported GPU meets).
+# dim that is a multiple of 8 up to the limit of the installed cuDNN on this GPU (cudnn_head_dim_limit).
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
-CUDNN_MAX_HEAD_DIM = 128
 
 
-def cudnn_obstacles(platform: str, dtype, head_dim: int, explicit_mask: bool = False) -> list[str]:
-    """Why the cuDNN kernel cannot run for these inputs (empty when it can)."""
+@functools.cache
+def cudnn_head_dim_limit() -> int | None:
+    """The largest head dim the installed cuDNN's flash attention takes on this GPU, asked of jax's own check (256
+    from Hopper on with a recent cuDNN, else 128); None where no cuDNN is found."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fused
+
+        version = fused.check_cudnn_version()
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    for head_dim in (256, 128):
+        x = jax.ShapeDtypeStruct((1, 128, 1, head_dim), jnp.bfloat16)
+        try:
+            fused.check_is_flash_attention(x, x, x, fused.AttentionLayout.BTNH.value, version, has_bias=False,
+                                           is_training=True)
+            return head_dim
+        except NotImplementedError:
+            continue
+        except (AttributeError, TypeError):  # jax's internal check moved: the limit every supported GPU meets
+            return 128
+    return None
+
+
+def cudnn_obstacles(platform: str, dtype, head_dim: int, explicit_mask: bool = False,
+                    max_head_dim: int | None = None) -> list[str]:
+    """Why the cuDNN kernel cannot run for these inputs (empty when it can). ``max_head_dim``: the installed
+    cuDNN's limit (default: asked of it on a GPU)."""
     reasons = []
-    if platform not in ("gpu", "cuda"):
+    on_gpu = platform in ("gpu", "cuda")
+    if not on_gpu:
         reasons.append(f"the platform is {platform}, not a CUDA GPU")
     if jnp.dtype(dtype) not in [jnp.dtype(d) for d in CUDNN_DTYPES]:
         reasons.append(f"the compute dtype is {jnp.dtype(dtype).name}, not bfloat16/float16")
-    if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
-        reasons.append(f"head_dim {head_dim} is not a multiple of 8 up to {CUDNN_MAX_HEAD_DIM}")
+    if on_gpu:
+        limit = max_head_dim if max_head_dim is not None else cudnn_head_dim_limit()
+        if limit is None:
+            reasons.append("no cuDNN with flash attention was found")
+        elif head_dim % 8 or head_dim > limit:
+            reasons.append(f"head_dim {head_dim} is not a multiple of 8 up to {limit} (the installed cuDNN's limit "
+                           "on this GPU)")
     if explicit_mask:
         reasons.append("memory key/values need an explicit mask")
     return reasons
 
 
-def choose_kernel(requested: str, platform: str, dtype, head_dim: int, explicit_mask: bool = False) -> str:
+def choose_kernel(requested: str, platform: str, dtype, head_dim: int, explicit_mask: bool = False,
+                  max_head_dim: int | None = None) -> str:
     """``attention_kernel`` ("auto" | "xla" | "cudnn") -> the kernel to run: "cudnn" where it applies and was not
     ruled out, else "xla". Forcing "cudnn" where it cannot run is a ``ConfigError``."""
-    obstacles = cudnn_obstacles(platform, dtype, head_dim, explicit_mask)
+    obstacles = cudnn_obstacles(platform, dtype, head_dim, explicit_mask, max_head_dim)
     if requested == "cudnn" and obstacles:
         raise ConfigError(f"attention_kernel: 'cudnn' cannot run here ({'; '.join(obstacles)}); use 'auto' or 'xla'")
     if requested == "xla" or obstacles:

@@ -258,15 +258,19 @@ def test_rotary_matches_gpt_j_and_is_relative(rotary_dim):
 
 def test_kernel_choice():
     bf16, f32 = jnp.bfloat16, jnp.float32
-    assert attention.choose_kernel("auto", "gpu", bf16, 64) == "cudnn"
-    assert attention.choose_kernel("auto", "gpu", bf16, 128) == "cudnn"
-    assert attention.choose_kernel("cudnn", "gpu", jnp.float16, 64) == "cudnn"
-    assert attention.choose_kernel("xla", "gpu", bf16, 64) == "xla"
+    hopper, ampere = {"max_head_dim": 256}, {"max_head_dim": 128}  # what cudnn_head_dim_limit finds on each
+    assert attention.choose_kernel("auto", "gpu", bf16, 64, **ampere) == "cudnn"
+    assert attention.choose_kernel("auto", "gpu", bf16, 128, **ampere) == "cudnn"
+    assert attention.choose_kernel("auto", "gpu", bf16, 256, **hopper) == "cudnn"
+    assert attention.choose_kernel("cudnn", "gpu", jnp.float16, 64, **ampere) == "cudnn"
+    assert attention.choose_kernel("xla", "gpu", bf16, 64, **ampere) == "xla"
     for platform, dtype, head_dim in [("cpu", bf16, 64), ("tpu", bf16, 64), ("gpu", f32, 64), ("gpu", bf16, 60),
                                       ("gpu", bf16, 256)]:
-        assert attention.choose_kernel("auto", platform, dtype, head_dim) == "xla"
+        assert attention.choose_kernel("auto", platform, dtype, head_dim, **ampere) == "xla"
         with pytest.raises(ConfigError, match="attention_kernel: 'cudnn' cannot run here"):
-            attention.choose_kernel("cudnn", platform, dtype, head_dim)
-    assert attention.choose_kernel("auto", "gpu", bf16, 64, explicit_mask=True) == "xla"
+            attention.choose_kernel("cudnn", platform, dtype, head_dim, **ampere)
+    with pytest.raises(ConfigError, match="head_dim 264 is not a multiple of 8 up to 256"):
+        attention.choose_kernel("cudnn", "gpu", bf16, 264, **hopper)
+    assert attention.choose_kernel("auto", "gpu", bf16, 64, explicit_mask=True, **ampere) == "xla"
     with pytest.raises(ConfigError, match="the platform is cpu, not a CUDA GPU; the compute dtype is float32"):
         Attention(spec(kernel="cudnn"), rngs=nnx.Rngs(0))  # forced where it cannot run: at start-up

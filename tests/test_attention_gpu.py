@@ -1,0 +1,37 @@
+"""cuDNN flash attention on a real GPU against the XLA path, in bf16: global (causal) and local (sliding window)
+layers, outputs and gradients. Runs where jax sees a CUDA GPU with cuDNN (the benchmarks' machine); a CPU-only
+machine has no cuDNN kernel to compare, and the kernel choice itself is tested in test_attention.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import attention
+
+on_gpu = jax.default_backend() == "gpu" and attention.cudnn_head_dim_limit() is not None
+pytestmark = pytest.mark.skipif(not on_gpu, reason="needs a CUDA GPU with cuDNN flash attention")
+
+
+@pytest.mark.parametrize("window", [None, 64], ids=["global", "local"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_cudnn_matches_xla_in_bf16(window, head_dim):
+    b, t, n = 2, 256, 4
+    q, k, v, cotangent = (jax.random.normal(key, (b, t, n, head_dim), jnp.bfloat16)
+                          for key in jax.random.split(jax.random.key(0), 4))
+
+    def run(kernel):
+        def f(q, k, v):
+            out = attention.softmax_attention(q, k, v, causal=True, window=window, scale=head_dim ** -0.5,
+                                              kernel=kernel, blocked=False)
+            return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
+
+        (_, out), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+        return [np.asarray(x, np.float32) for x in (out, *grads)]
+
+    assert "cudnn" in jax.jit(lambda q, k, v: attention.softmax_attention(
+        q, k, v, causal=True, window=window, kernel="cudnn", blocked=False)).lower(q, k, v).as_text().lower()
+    for got, want, name in zip(run("cudnn"), run("xla"), ("out", "dq", "dk", "dv")):
+        scale = np.abs(want).max()
+        # bf16 carries 8 bits of mantissa: the two kernels' sums may differ by a few units of its last place
+        np.testing.assert_allclose(got / scale, want / scale, atol=2 ** -6, err_msg=name)

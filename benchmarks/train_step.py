@@ -1,0 +1,199 @@
+"""GPT-Neo train step: NeoMesh (JAX) against transformers' GPTNeoForCausalLM (PyTorch), same shape, same run.
+
+    python benchmarks/train_step.py                                   # the CPU shape: 4 x 256, T=256, batch 8
+    python benchmarks/train_step.py --shape 125M --seq 512 --batch 4
+    python benchmarks/train_step.py --shape 125M,1.3B --seq 2048 --batch 8 --precision bfloat16   # one GPU
+
+Both sides run one full step (forward, next-token loss, backward, AdamW update) on the same random batch, with
+GPT-Neo's alternating global/local layers; compile / warm-up steps are excluded and the median of ``--steps``
+timed steps is shown. With ``--precision bfloat16`` NeoMesh computes in bf16 on fp32 master weights and PyTorch
+runs under bf16 autocast; PyTorch uses SDPA attention where transformers offers it for GPT-Neo (5.23 does not:
+eager attention then; the table says which) and ``torch.compile`` with ``--torch-compile``. Prints one table: shape, implementation, tokens/s, MFU (model FLOPs
+per token from training/flops.py over the device's peak, where it is known), peak memory, compile seconds.
+
+Hugging Face's Flax GPT-Neo left transformers with version 5, so the peers here are PyTorch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# --shape names: a shipped config (with its GPT-Neo global/local pattern), or the small shape CPUs can time.
+SHAPES = {
+    "cpu": ("configs/gpt_neo_125M.json", {"n_layer": 4, "n_embd": 256, "n_head": 8,
+                                          "attention_types": [[["global", "local"], 2]]}),
+    "125M": ("configs/gpt_neo_125M.json", {}),
+    "1.3B": ("configs/gpt_neo_1.3B.json", {}),
+    "2.7B": ("configs/gpt_neo_2.7B.json", {}),
+}
+
+
+def shape_config(name: str, args):
+    """The validated config of shape ``name`` with the command line's sequence, batch and options."""
+    import json
+
+    from config import load_config
+
+    path, overrides = SHAPES[name]
+    settings = {**overrides, "n_ctx": args.seq, "train_batch_size": args.batch, "precision": args.precision,
+                "recompute_grad": args.remat, "loss_chunk": args.loss_chunk, "warmup_steps": 0, "mesh_shape": "x:1",
+                "layout": "batch:x"}
+    return load_config(path, overrides=tuple(f"{k}={json.dumps(v)}" for k, v in settings.items()))[0]
+
+
+def neomesh(cfg, tokens) -> dict:
+    """Median seconds per step, compile seconds and peak bytes of NeoMesh's jitted train step on one device."""
+    import jax
+
+    from models import registry
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from parallel.state import create_train_state
+    from parallel.steps import batch_shapes, batch_shardings, make_train_step
+    from training.objectives import objective_for
+    from training.optimizer import learning_rate_schedule, make_optimizer
+
+    device = jax.devices()[0]
+    layout = Layout.from_config(make_mesh("x:1", [device]), "batch:x")
+    objective, tx = objective_for(cfg), make_optimizer(cfg)
+    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, 0)
+    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
+    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
+                           precision=cfg.precision)
+    batch = jax.device_put({"tokens": tokens}, data)
+    start = time.perf_counter()
+    compiled = step.lower(state, batch).compile()
+    compile_seconds = time.perf_counter() - start
+    analysis = compiled.memory_analysis()
+    state, metrics = compiled(state, batch)  # the first run allocates; not timed
+    jax.block_until_ready(metrics)
+    times = []
+    for _ in range(ARGS.steps):
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    stats = device.memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    if peak is None and analysis is not None:  # CPUs keep no allocator statistics: the compiled program's need
+        peak = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
+                + analysis.temp_size_in_bytes)
+    return {"seconds": statistics.median(times), "compile": compile_seconds, "peak": peak}
+
+
+def pytorch(cfg, tokens, compile_model: bool) -> dict:
+    """The same for transformers' GPTNeoForCausalLM with torch.optim.AdamW (bf16 autocast for bfloat16)."""
+    import torch
+    import transformers
+
+    from convert import gpt_neo
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, attention = None, "eager"
+    for attention in ("sdpa", "eager"):  # transformers 5.23's GPT-Neo has no SDPA path yet: eager then
+        try:
+            model = transformers.GPTNeoForCausalLM._from_config(
+                transformers.GPTNeoConfig(**gpt_neo.config_to_hf(cfg)), attn_implementation=attention)
+            break
+        except (ValueError, ImportError):
+            continue
+    model = model.to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+    forward = torch.compile(model) if compile_model else model
+    ids = torch.from_numpy(tokens[:, :-1]).long().to(device)
+    labels = torch.from_numpy(tokens[:, 1:]).long().to(device)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=cfg.precision == "bfloat16")
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            logits = forward(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        loss.backward()
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(ARGS.steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "compile": first, "attention": attention,
+            "peak": torch.cuda.max_memory_allocated() if cuda else None}
+
+
+ARGS = None
+
+
+def main(argv=None) -> None:
+    global ARGS
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p.add_argument("--shape", default="cpu", help="comma-separated: " + ", ".join(SHAPES))
+    p.add_argument("--seq", type=int, default=256, help="tokens per sequence (T)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step")
+    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--remat", default="none", choices=("none", "full", "dots_saveable"),
+                   help="NeoMesh's recompute_grad")
+    p.add_argument("--loss-chunk", type=int, default=None, help="NeoMesh's loss_chunk (default: automatic)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per implementation (median reported)")
+    p.add_argument("--no-peer", action="store_true", help="NeoMesh alone")
+    p.add_argument("--torch-compile", action="store_true", help="torch.compile the PyTorch model")
+    ARGS = args = p.parse_args(argv)
+    for name in args.shape.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"error: --shape: unknown shape {name!r} (known: {', '.join(SHAPES)})")
+    import jax
+    import numpy as np
+
+    from training.flops import peak_flops_per_second, train_flops_per_token
+
+    device = jax.devices()[0]
+    peak_flops = peak_flops_per_second()
+    peak_flops = peak_flops / jax.device_count() if peak_flops else None
+    rows = []
+    for name in args.shape.split(","):
+        cfg = shape_config(name, args)
+        tokens = np.random.default_rng(0).integers(0, cfg.n_vocab, (args.batch, args.seq + 1)).astype(np.int32)
+        results = [("NeoMesh (JAX)", neomesh(cfg, tokens))]
+        if not args.no_peer:
+            theirs = pytorch(cfg, tokens, args.torch_compile)
+            label = f"transformers (PyTorch, {theirs['attention']}{', compiled' if args.torch_compile else ''})"
+            results.append((label, theirs))
+        for label, r in results:
+            tokens_per_second = args.batch * args.seq / r["seconds"]
+            mfu = tokens_per_second * train_flops_per_token(cfg) / peak_flops if peak_flops else None
+            rows.append((f"{name} ({cfg.n_layer}x{cfg.n_embd})", label, tokens_per_second, mfu, r["peak"],
+                         r["compile"]))
+    load = os.getloadavg()[0]
+    print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}; "
+          f"JAX on {device.platform} ({device.device_kind}); {os.cpu_count()} cores, load {load:.1f}")
+    print("| shape | implementation | tokens/s | MFU | peak memory | compile / first step s |")
+    print("|---|---|---|---|---|---|")
+    for shape, label, tokens_per_second, mfu, peak, compile_seconds in rows:
+        print(f"| {shape} | {label} | {tokens_per_second:,.0f} | {f'{100 * mfu:.1f}%' if mfu else '-'} | "
+              f"{f'{peak / 2 ** 30:.2f} GiB' if peak else '-'} | {compile_seconds:.1f} |")
+    ratio = [r for r in rows if r[1].startswith("NeoMesh")], [r for r in rows if not r[1].startswith("NeoMesh")]
+    for ours, theirs in zip(*ratio):
+        print(f"{ours[0]}: NeoMesh / PyTorch = {ours[2] / theirs[2]:.2f}x")
+
+
+if __name__ == "__main__":
+    from neomesh.errors import exit_process, run_main
+
+    exit_process(run_main(main))

@@ -73,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from parallel.xla_flags import apply_defaults
+
+    apply_defaults()  # before jax starts
     from neomesh.errors import run_main
 
     def run():

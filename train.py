@@ -73,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from parallel.xla_flags import apply_defaults
+
+    apply_defaults()  # before jax starts
     from config import describe_keys, load_config, model_config_path
     from neomesh.errors import EXIT_ERROR, run_main
     from training.stop_signals import StopNow

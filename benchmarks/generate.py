@@ -28,9 +28,16 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=32, metavar="N", help="random prompt length")
     p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes")
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="timed runs per case (the median is shown)")
+    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"), help="weights and KV cache "
+                   "dtype on both sides")
+    p.add_argument("--static-cache", action="store_true", help="transformers: cache_implementation='static' and "
+                   "a compiled forward (its fastest decoding, where the model supports it)")
     p.add_argument("--neomesh-only", action="store_true", help="time NeoMesh alone (random weights), without "
                    "transformers")
     args = p.parse_args(argv)
+    from parallel.xla_flags import apply_defaults
+
+    apply_defaults()  # as train.py runs
 
     import jax
     import jax.numpy as jnp
@@ -54,13 +61,18 @@ def main(argv=None) -> None:
 
     cfg, _ = load_config(args.config)
     graphdef, _, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
+    dtype = jnp.bfloat16 if args.precision == "bfloat16" else jnp.float32
+    device = "cpu"
     if transformers is not None:
         reference = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**gpt_neo.config_to_hf(cfg))).eval()
         tensors = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
         params = jax.tree.map(jnp.asarray, gpt_neo.params_from_hf(cfg, tensors))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        reference = reference.to(device, dtype=torch.bfloat16 if args.precision == "bfloat16" else torch.float32)
     else:
         from flax import nnx
         params = nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(0))))
+    params = jax.tree.map(lambda p: p.astype(dtype), params)  # the KV cache takes the weights' dtype
     settings = Sampling(max_new_tokens=args.new_tokens, temperature=0, eos_id=None)
 
     def timed(fn) -> float:
@@ -69,6 +81,8 @@ def main(argv=None) -> None:
         for _ in range(args.repeats):
             start = time.perf_counter()
             fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
             runs.append(time.perf_counter() - start)
         return statistics.median(runs)
 
@@ -80,24 +94,28 @@ def main(argv=None) -> None:
             sample(graphdef, params, prompts, pad, settings, jax.random.key(0))))
         timings = [("NeoMesh (JAX)", ours)]
         if torch is not None:
-            ids = torch.from_numpy(prompts)
+            ids = torch.from_numpy(prompts).to(device)
+            cache = {"cache_implementation": "static"} if args.static_cache else {}  # compiles itself on GPUs
 
             def theirs_run():
                 with torch.no_grad():
                     reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
-                                       max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+                                       max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **cache)
 
             timings.append(("transformers (PyTorch)", timed(theirs_run)))
         for name, seconds in timings:
             rows.append((name, batch, batch * args.new_tokens / seconds, 1000 * seconds / args.new_tokens))
 
-    device = jax.devices()[0]
-    theirs = f", PyTorch on CPU with {torch.get_num_threads()} threads" if torch is not None else ""
-    print(f"\n{args.config}: {cfg.n_layer} layers x {cfg.n_embd}, prompt {args.prompt_tokens} + "
-          f"{args.new_tokens} new tokens, greedy; JAX on {device.platform} ({device.device_kind}){theirs}")
-    print(f"{'implementation':24} {'batch':>5} {'tokens/s':>10} {'ms/token':>9}")
+    jax_device = jax.devices()[0]
+    theirs = "" if torch is None else (f", PyTorch on {device}" + (f" with {torch.get_num_threads()} threads"
+                                                                   if device == "cpu" else ""))
+    print(f"\n{args.config}: {cfg.n_layer} layers x {cfg.n_embd}, {args.precision}, prompt {args.prompt_tokens} + "
+          f"{args.new_tokens} new tokens, greedy; JAX on {jax_device.platform} ({jax_device.device_kind}){theirs}; "
+          f"load {os.getloadavg()[0]:.1f}")
+    print("| implementation | batch | tokens/s | ms/token |")
+    print("|---|---|---|---|")
     for name, batch, tokens_per_second, ms in rows:
-        print(f"{name:24} {batch:>5} {tokens_per_second:>10.1f} {ms:>9.1f}")
+        print(f"| {name} | {batch} | {tokens_per_second:,.1f} | {ms:.2f} |")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ Both sides run one full step (forward, next-token loss, backward, AdamW update) 
 GPT-Neo's alternating global/local layers; compile / warm-up steps are excluded and the median of ``--steps``
 timed steps is shown. With ``--precision bfloat16`` NeoMesh computes in bf16 on fp32 master weights and PyTorch
 runs under bf16 autocast; PyTorch uses SDPA attention where transformers offers it for GPT-Neo (5.23 does not:
-eager attention then; the table says which) and ``torch.compile`` with ``--torch-compile``. Prints one table: shape, implementation, tokens/s, MFU (model FLOPs
-per token from training/flops.py over the device's peak, where it is known), peak memory, compile seconds.
+eager attention then; the table says which) and ``torch.compile`` with ``--torch-compile``. Prints one table:
+shape, implementation, tokens/s, MFU (model FLOPs per token from training/flops.py over the device's peak, where
+it is known), peak memory, compile seconds.
 
 Hugging Face's Flax GPT-Neo left transformers with version 5, so the peers here are PyTorch's.
 """
@@ -155,6 +156,9 @@ def main(argv=None) -> None:
     p.add_argument("--no-peer", action="store_true", help="NeoMesh alone")
     p.add_argument("--torch-compile", action="store_true", help="torch.compile the PyTorch model")
     ARGS = args = p.parse_args(argv)
+    from parallel.xla_flags import apply_defaults
+
+    apply_defaults()  # as train.py runs
     for name in args.shape.split(","):
         if name not in SHAPES:
             raise SystemExit(f"error: --shape: unknown shape {name!r} (known: {', '.join(SHAPES)})")

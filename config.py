@@ -191,6 +191,9 @@ class Config:
     recompute_grad: bool | str = _key(
         False, "rematerialise blocks in the backward pass: 'full' (true: keep only each block's input), "
         "'dots_saveable' (keep matmul outputs, recompute the elementwise rest), 'none' (false)")
+    scan_layers: bool = _key(False, "run each stack as a loop over its repeating group of layers (GPT-Neo's "
+                                    "global/local pair): compile time independent of depth; parameters and results "
+                                    "unchanged; not with moe_layers")
     tokens_per_mb_per_replica: Optional[int] = _key(
         None, "tokens per microbatch per data-parallel replica: gradient accumulation", minimum=1)
     seed: int = _key(1234, "seed for init, data order and dropout")
@@ -417,6 +420,9 @@ def validated(cfg: Config) -> Config:
     if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
         raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
     _check_datasets(cfg.datasets)
+    if cfg.scan_layers and cfg.moe_layers:
+        raise ConfigError("scan_layers: the mixture-of-experts layers' auxiliary losses cannot leave a scanned loop; "
+                          "set scan_layers false or drop moe_layers")
     if isinstance(cfg.recompute_grad, str) and cfg.recompute_grad not in REMAT_POLICIES:
         raise ConfigError(f"recompute_grad: {json.dumps(cfg.recompute_grad)} is not one of true, false, "
                           f"{', '.join(REMAT_POLICIES)}")

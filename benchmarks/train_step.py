@@ -43,8 +43,11 @@ def shape_config(name: str, args):
 
     path, overrides = SHAPES[name]
     settings = {**overrides, "n_ctx": args.seq, "train_batch_size": args.batch, "precision": args.precision,
-                "recompute_grad": args.remat, "loss_chunk": args.loss_chunk, "warmup_steps": 0, "mesh_shape": "x:1",
+                "recompute_grad": args.remat, "loss_chunk": args.loss_chunk, "scan_layers": args.scan,
+                "warmup_steps": 0, "mesh_shape": "x:1",
                 "layout": "batch:x"}
+    if args.layers:  # the shape's width at another depth, GPT-Neo's global/local pattern kept
+        settings.update(n_layer=args.layers, attention_types=[[["global", "local"], args.layers // 2]])
     return load_config(path, overrides=tuple(f"{k}={json.dumps(v)}" for k, v in settings.items()))[0]
 
 
@@ -55,7 +58,7 @@ def neomesh(cfg, tokens) -> dict:
     from models import registry
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
-    from parallel.state import create_train_state
+    from parallel.state import abstract_train_state, create_train_state
     from parallel.steps import batch_shapes, batch_shardings, make_train_step
     from training.objectives import objective_for
     from training.optimizer import learning_rate_schedule, make_optimizer
@@ -63,15 +66,27 @@ def neomesh(cfg, tokens) -> dict:
     device = jax.devices()[0]
     layout = Layout.from_config(make_mesh("x:1", [device]), "batch:x")
     objective, tx = objective_for(cfg), make_optimizer(cfg)
-    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, 0)
+    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
+    if ARGS.compile_only:  # nothing allocated: shapes too large for this machine still compile
+        graphdef, state, shardings = abstract_train_state(make_model, tx, layout)
+    else:
+        graphdef, state, shardings = create_train_state(make_model, tx, layout, 0)
     data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
     step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
                            precision=cfg.precision)
-    batch = jax.device_put({"tokens": tokens}, data)
+    batch = {"tokens": jax.ShapeDtypeStruct(tokens.shape, tokens.dtype, sharding=data["tokens"])}
     start = time.perf_counter()
-    compiled = step.lower(state, batch).compile()
+    lowered = step.lower(state, batch)
+    lower_seconds = time.perf_counter() - start
+    compiled = lowered.compile()
     compile_seconds = time.perf_counter() - start
+    print(f"NeoMesh: traced and lowered in {lower_seconds:.1f} s, compiled in {compile_seconds - lower_seconds:.1f} s")
     analysis = compiled.memory_analysis()
+    compiled_bytes = analysis and (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+                                   - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
+    if ARGS.compile_only:
+        return {"seconds": None, "compile": compile_seconds, "peak": compiled_bytes}
+    batch = jax.device_put({"tokens": tokens}, data)
     state, metrics = compiled(state, batch)  # the first run allocates; not timed
     jax.block_until_ready(metrics)
     times = []
@@ -81,10 +96,7 @@ def neomesh(cfg, tokens) -> dict:
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
     stats = device.memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use")
-    if peak is None and analysis is not None:  # CPUs keep no allocator statistics: the compiled program's need
-        peak = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
-                + analysis.temp_size_in_bytes)
+    peak = stats.get("peak_bytes_in_use", compiled_bytes)  # CPUs keep no allocator statistics: the program's
     return {"seconds": statistics.median(times), "compile": compile_seconds, "peak": peak}
 
 
@@ -152,6 +164,10 @@ def main(argv=None) -> None:
     p.add_argument("--remat", default="none", choices=("none", "full", "dots_saveable"),
                    help="NeoMesh's recompute_grad")
     p.add_argument("--loss-chunk", type=int, default=None, help="NeoMesh's loss_chunk (default: automatic)")
+    p.add_argument("--layers", type=int, help="override the shapes' depth (even: global/local pairs)")
+    p.add_argument("--scan", action="store_true", help="NeoMesh's scan_layers")
+    p.add_argument("--compile-only", action="store_true", help="NeoMesh alone, compiled but not run (compile "
+                   "seconds and the program's memory; any shape compiles on a CPU)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per implementation (median reported)")
     p.add_argument("--no-peer", action="store_true", help="NeoMesh alone")
     p.add_argument("--torch-compile", action="store_true", help="torch.compile the PyTorch model")
@@ -175,22 +191,25 @@ def main(argv=None) -> None:
         cfg = shape_config(name, args)
         tokens = np.random.default_rng(0).integers(0, cfg.n_vocab, (args.batch, args.seq + 1)).astype(np.int32)
         results = [("NeoMesh (JAX)", neomesh(cfg, tokens))]
-        if not args.no_peer:
+        if not (args.no_peer or args.compile_only):
             theirs = pytorch(cfg, tokens, args.torch_compile)
             label = f"transformers (PyTorch, {theirs['attention']}{', compiled' if args.torch_compile else ''})"
             results.append((label, theirs))
         for label, r in results:
-            tokens_per_second = args.batch * args.seq / r["seconds"]
-            mfu = tokens_per_second * train_flops_per_token(cfg) / peak_flops if peak_flops else None
+            tokens_per_second = args.batch * args.seq / r["seconds"] if r["seconds"] else None
+            mfu = tokens_per_second * train_flops_per_token(cfg) / peak_flops if peak_flops and tokens_per_second \
+                else None
             rows.append((f"{name} ({cfg.n_layer}x{cfg.n_embd})", label, tokens_per_second, mfu, r["peak"],
                          r["compile"]))
     load = os.getloadavg()[0]
-    print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}; "
+    print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}"
+          f"{', scan_layers' if args.scan else ''}; "
           f"JAX on {device.platform} ({device.device_kind}); {os.cpu_count()} cores, load {load:.1f}")
     print("| shape | implementation | tokens/s | MFU | peak memory | compile / first step s |")
     print("|---|---|---|---|---|---|")
     for shape, label, tokens_per_second, mfu, peak, compile_seconds in rows:
-        print(f"| {shape} | {label} | {tokens_per_second:,.0f} | {f'{100 * mfu:.1f}%' if mfu else '-'} | "
+        rate = f"{tokens_per_second:,.0f}" if tokens_per_second else "-"
+        print(f"| {shape} | {label} | {rate} | {f'{100 * mfu:.1f}%' if mfu else '-'} | "
               f"{f'{peak / 2 ** 30:.2f} GiB' if peak else '-'} | {compile_seconds:.1f} |")
     ratio = [r for r in rows if r[1].startswith("NeoMesh")], [r for r in rows if not r[1].startswith("NeoMesh")]
     for ours, theirs in zip(*ratio):

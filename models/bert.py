@@ -43,7 +43,7 @@ class Bert(nnx.Module):
             if cfg.task == "sequence_classification" else None
         self.embed_dropout = cfg.embed_dropout
         self.position_offset = cfg.position_offset
-        self.remat = cfg.remat_policy
+        self.remat, self.scan = cfg.remat_policy, cfg.scan_layers
 
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                  segment_ids: jax.Array | None = None, token_types: jax.Array | None = None,
@@ -68,7 +68,8 @@ class Bert(nnx.Module):
         if self.wtt is not None:
             x = x + self.wtt(jnp.zeros_like(tokens) if token_types is None else token_types)
         x = constrain(dropout(self.embed_dropout, self.ln_embed(x), embed_key), HIDDEN)
-        x, _ = run_blocks(self.blocks, x, positions, segment_ids, None, blocks_key, remat=self.remat)
+        x, _ = run_blocks(self.blocks, x, positions, segment_ids, None, blocks_key, remat=self.remat,
+                          scan=self.scan)
         return x
 
 

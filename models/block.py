@@ -118,12 +118,15 @@ REMAT_POLICIES = {"full": None, "dots_saveable": jax.checkpoint_policies.dots_sa
 
 def run_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
                caches: tuple | None = None, dropout_key: jax.Array | None = None, remat: str = "none",
-               cross_caches: tuple | None = None, **context) -> tuple[jax.Array, tuple | None]:
+               cross_caches: tuple | None = None, scan: bool = False, **context) -> tuple[jax.Array, tuple | None]:
     """Runs ``blocks`` in order: (B, T, D) -> (B, T, D) and their updated caches (None when ``caches`` is None).
     ``remat`` ("none", "full", "dots_saveable": REMAT_POLICIES) recomputes each block's activations in the backward
-    pass (training memory for compute).
-    ``context`` (keyword arguments of ``Block.__call__``) goes to every block: the encoder output and its
-    segment ids, a stack's shared attention bias; ``cross_caches`` gives each block its own ``CrossCache``."""
+    pass (training memory for compute). ``scan`` runs a stack without caches as one ``lax.scan`` over its repeating
+    group of layers (``scanned_blocks``). ``context`` (keyword arguments of ``Block.__call__``) goes to every block:
+    the encoder output and its segment ids, a stack's shared attention bias; ``cross_caches`` gives each block its
+    own ``CrossCache``."""
+    if scan and caches is None and cross_caches is None:
+        return scanned_blocks(blocks, x, positions, segment_ids, dropout_key, remat, **context), None
     keys = dropout_keys(dropout_key, len(blocks))
     layer_caches = caches if caches is not None else (None,) * len(blocks)
     crosses = cross_caches if cross_caches is not None else (None,) * len(blocks)
@@ -134,3 +137,36 @@ def run_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Arra
         x, cache = call(block, x, positions, segment_ids, cache, key, **context, **extra)
         updated.append(cache)
     return x, (tuple(updated) if caches is not None else None)
+
+
+def layer_period(blocks) -> int:
+    """The length of a stack's repeating group: the least p dividing the depth such that every block has the
+    structure (parameter shapes and spec) of the block p before it. GPT-Neo's global/local pattern has p = 2."""
+    graphdefs = [nnx.graphdef(block) for block in blocks]
+    n = len(blocks)
+    return next(p for p in range(1, n + 1) if n % p == 0 and all(graphdefs[i] == graphdefs[i % p] for i in range(n)))
+
+
+def scanned_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
+                   dropout_key: jax.Array | None, remat: str, **context) -> jax.Array:
+    """``run_blocks`` without caches as a ``lax.scan`` over the stack's repeating group of layers: XLA compiles
+    one group, so compile time does not grow with depth. Parameters keep their per-layer paths (``blocks/3/attn``,
+    loadable as ever); each forward pass stacks the group's layers into scan inputs, and gradients flow back to
+    the per-layer parameters. Dropout keys are the unrolled loop's, layer for layer, so results are the same."""
+    period = layer_period(blocks)
+    groups = len(blocks) // period
+    graphdefs = [nnx.graphdef(blocks[p]) for p in range(period)]
+    stacked = [jax.tree.map(lambda *layers: jnp.stack(layers), *[nnx.state(blocks[g * period + p])
+                                                                for g in range(groups)]) for p in range(period)]
+    keys = None if dropout_key is None else jax.random.split(dropout_key, len(blocks)).reshape(groups, period)
+
+    def group(x, inputs):
+        states, group_keys = inputs
+        for p in range(period):
+            block = nnx.merge(graphdefs[p], states[p])
+            x, _ = block(x, positions, segment_ids, None, None if group_keys is None else group_keys[p], **context)
+        return x, None
+
+    if remat != "none":
+        group = jax.checkpoint(group, policy=REMAT_POLICIES[remat], prevent_cse=False)  # no CSE across a scan
+    return jax.lax.scan(group, x, (stacked, keys))[0]

@@ -65,7 +65,7 @@ class GPTNeo(nnx.Module):
                                         dropout_rate=0.0, rngs=rngs) if cfg.task == "sequence_classification" else None
         self.embed_dropout = cfg.embed_dropout
         self.position_offset = cfg.position_offset
-        self.remat = cfg.remat_policy
+        self.remat, self.scan = cfg.remat_policy, cfg.scan_layers
 
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                  segment_ids: jax.Array | None = None, cache: kv_cache.DecodeState | None = None,
@@ -99,7 +99,7 @@ class GPTNeo(nnx.Module):
             x = x + self.axial_wpe(positions)
         x = constrain(dropout(self.embed_dropout, x, embed_key), HIDDEN)
         x, layers = run_blocks(self.blocks, x, positions, segment_ids, None if cache is None else cache.layers,
-                               blocks_key, remat=self.remat if cache is None else "none")
+                               blocks_key, remat=self.remat if cache is None else "none", scan=self.scan)
         if cache is not None:
             cache = cache.replace(index=cache.index + t, layers=layers)
         return self.ln_f(x), cache

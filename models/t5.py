@@ -52,7 +52,7 @@ class T5Stack(nnx.Module):
             cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance, cfg.n_head,
             bidirectional=not decoder, stddev=cfg.n_embd ** -0.5, rngs=rngs)
         self.ln_f = norm(cfg.norm_kind, cfg.n_embd, cfg.layer_norm_epsilon, rngs)
-        self.dropout_rate, self.remat = cfg.res_dropout, cfg.remat_policy
+        self.dropout_rate, self.remat, self.scan = cfg.res_dropout, cfg.remat_policy, cfg.scan_layers
 
     def __call__(self, x: jax.Array, positions: jax.Array | None, segment_ids: jax.Array | None,
                  dropout_key: jax.Array | None = None, cache: kv_cache.DecodeState | None = None,
@@ -76,7 +76,7 @@ class T5Stack(nnx.Module):
             positions = jnp.broadcast_to(positions, x.shape[:2])
         blocks_key, out_key = dropout_keys(dropout_key, 2)
         x, layers = run_blocks(self.blocks, x, positions, segment_ids, None if cache is None else cache.layers,
-                               blocks_key, remat=self.remat if cache is None else "none",
+                               blocks_key, remat=self.remat if cache is None else "none", scan=self.scan,
                                cross_caches=None if cache is None else cache.cross,
                                attention_bias=constrain(bias, BIAS), context=context,
                                context_segment_ids=context_segment_ids)

@@ -1,0 +1,68 @@
+"""scan_layers: a stack run as a lax.scan over its repeating group of layers computes what the unrolled stack
+computes (losses and gradients, dropout included), keeps the parameter paths, and does so sharded."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from config import ConfigError
+from models import registry
+from models.block import layer_period
+from parallel.steps import objective_sums
+from tests.common import random_batches, tiny_config, train_losses
+from training.objectives import objective_for
+
+GPT_NEO = dict(n_layer=4, attention_types=[[["global", "local"], 2]], res_dropout=0.1, attn_dropout=0.1)
+
+
+def loss_and_grads(cfg, batch):
+    graphdef, params = nnx.split(registry.build(cfg, nnx.Rngs(0)), nnx.Param)
+    params = nnx.to_pure_dict(params)
+
+    def loss(params):
+        sums, _, _ = objective_sums(graphdef, objective_for(cfg), params, batch, jnp.float32, jax.random.key(3))
+        return sums["loss"] / sums["weight"]
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def test_scanned_gpt_neo_equals_unrolled_with_dropout_and_remat():
+    cfg = tiny_config(**GPT_NEO, recompute_grad="dots_saveable")
+    batch = {"tokens": jnp.asarray(random_batches(cfg, 1)[0]["tokens"])}
+    loss, grads = loss_and_grads(cfg, batch)
+    scanned_loss, scanned_grads = loss_and_grads(cfg.replace(scan_layers=True), batch)
+    np.testing.assert_allclose(float(scanned_loss), float(loss), rtol=1e-6)
+    assert jax.tree.structure(scanned_grads) == jax.tree.structure(grads)  # the same per-layer parameter paths
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), scanned_grads, grads)
+
+
+def test_scanned_t5_with_cross_attention_equals_unrolled():
+    cfg = tiny_config(model="t5", n_layer=2, n_decoder_layer=2, n_ctx=16, d_ff=64, n_vocab=64, attention_types=None,
+                      span_corruption=False, n_decoder_ctx=8)
+    rng = np.random.default_rng(0)
+    batch = {"inputs": rng.integers(2, 64, (2, 16)), "segment_ids": np.ones((2, 16), np.int32),
+             "targets": rng.integers(2, 64, (2, 8)), "target_segment_ids": np.ones((2, 8), np.int32)}
+    batch = jax.tree.map(lambda x: jnp.asarray(x, jnp.int32), batch)
+    loss, grads = loss_and_grads(cfg, batch)
+    scanned_loss, scanned_grads = loss_and_grads(cfg.replace(scan_layers=True), batch)
+    np.testing.assert_allclose(float(scanned_loss), float(loss), rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), scanned_grads, grads)
+
+
+def test_scanned_training_on_8_devices_matches_one_device():
+    cfg = tiny_config(n_layer=4, attention_types=[[["global", "local"], 2]], warmup_steps=0)
+    batches = random_batches(cfg, 2)
+    single = train_losses(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
+    scanned = train_losses(cfg.replace(scan_layers=True), batches, "x:4,y:2", "batch:x,heads:y,embd:y")
+    np.testing.assert_allclose(scanned, single, rtol=0, atol=1e-5)
+
+
+def test_layer_period_and_the_moe_error():
+    blocks = lambda **c: registry.build(tiny_config(**c), nnx.Rngs(0)).blocks  # noqa: E731
+    assert layer_period(blocks(n_layer=4, attention_types=[[["global", "local"], 2]])) == 2
+    assert layer_period(blocks(n_layer=3, attention_types=[[["global"], 3]])) == 1
+    assert layer_period(blocks(n_layer=3, attention_types=[[["global", "local", "local"], 1]])) == 3
+    with pytest.raises(ConfigError, match="scan_layers: the mixture-of-experts"):
+        tiny_config(scan_layers=True, moe_layers=[1])

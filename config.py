@@ -123,8 +123,9 @@ class Config:
     rotary_style: str = _key("interleaved", "which features rotary pairs: 'interleaved' (GPT-J: 2i with 2i+1) or "
                                             "'halves' (GPT-Neo, GPT-NeoX: i with i + R/2)",
                              choices=("interleaved", "halves"))
-    attention_kernel: str = _key("auto", "softmax attention kernel: 'auto' (cuDNN where it applies, else XLA), "
-                                         "'xla' or 'cudnn'", choices=("auto", "xla", "cudnn"))
+    attention_kernel: str = _key("auto", "softmax attention kernel: 'auto' (splash on TPUs, cuDNN on GPUs where "
+                                         "they apply, else XLA), 'xla', 'cudnn' or 'splash'",
+                                 choices=("auto", "xla", "cudnn", "splash"))
     share_parameters: bool = _key(False, "GPT-Neo's share_parameters: every layer uses one set of block weights "
                                          "(the first layer with each weight owns it; global and local layers "
                                          "share q/k/v/out, MoE layers one expert set, dense layers one MLP)")

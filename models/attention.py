@@ -91,8 +91,15 @@ def cudnn_obstacles(platform: str, dtype, head_dim: int, explicit_mask: bool = F
 
 def choose_kernel(requested: str, platform: str, dtype, head_dim: int, explicit_mask: bool = False,
                   max_head_dim: int | None = None) -> str:
-    """``attention_kernel`` ("auto" | "xla" | "cudnn") -> the kernel to run: "cudnn" where it applies and was not
-    ruled out, else "xla". Forcing "cudnn" where it cannot run is a ``ConfigError``."""
+    """``attention_kernel`` ("auto" | "xla" | "cudnn" | "splash") -> the kernel to run: on a TPU "splash" (Pallas;
+    models/splash.py), on a GPU "cudnn" where it applies, else "xla". Forcing a kernel where it cannot run is a
+    ``ConfigError``. Per call, a splash layer still takes the XLA path where the kernel cannot (an explicit mask,
+    a bias, dropout, lengths that are not a multiple of 128)."""
+    if requested == "splash" or (requested == "auto" and platform == "tpu"):
+        if platform != "tpu":
+            raise ConfigError(f"attention_kernel: 'splash' cannot run here (the platform is {platform}, not a TPU); "
+                              "use 'auto' or 'xla'")
+        return "xla" if explicit_mask else "splash"
     obstacles = cudnn_obstacles(platform, dtype, head_dim, explicit_mask, max_head_dim)
     if requested == "cudnn" and obstacles:
         raise ConfigError(f"attention_kernel: 'cudnn' cannot run here ({'; '.join(obstacles)}); use 'auto' or 'xla'")
@@ -178,11 +185,17 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     With an explicit ``mask`` (B, T, S) (decoding, memory slots, cross-attention) that mask is the rule. Otherwise
     keys are the queries' own positions (S = T), masked by ``causal``, ``window`` and ``segment_ids`` (B, T).
     ``bias`` (B or 1, N, T, S) is added to the logits before the mask (T5's relative position bias).
-    ``kernel`` is "xla" or "cudnn" (see ``choose_kernel``); ``blocked`` (default: automatic, see
+    ``kernel`` is "xla", "cudnn" or "splash" (see ``choose_kernel``); ``blocked`` (default: automatic, see
     ``BLOCKED_MIN_WINDOWS``) computes a causal local layer block by block on the XLA path (never with a bias,
     which spans the whole T x S grid)."""
     t, s = q.shape[1], k.shape[1]
     dropping = dropout_key is not None and dropout_rate > 0.0
+    if kernel == "splash":
+        from models.splash import splash_attention, splash_obstacles
+
+        if mask is None and bias is None and not dropping and not splash_obstacles(t, s):
+            return splash_attention(q, k, v, causal=causal, window=window, scale=scale, segment_ids=segment_ids)
+        kernel = "xla"
     if mask is None:
         if window is not None and causal and kernel == "xla" and bias is None and (
                 blocked if blocked is not None else t >= BLOCKED_MIN_WINDOWS * window):

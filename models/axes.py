@@ -50,6 +50,12 @@ def placing(placer: Placer) -> Iterator[None]:
         _active.placer = previous
 
 
+def placement(names: Sequence[str | None]) -> jax.sharding.Sharding | None:
+    """Where the active layout puts an activation of these dimension names; None outside ``placing``."""
+    placer = getattr(_active, "placer", None)
+    return None if placer is None else placer(names, ())
+
+
 def constrain(x: jax.Array, names: Sequence[str | None], prefer: Sequence[str] = ()) -> jax.Array:
     """Pins an activation's sharding by dimension names; a no-op outside ``placing``.
 

@@ -264,7 +264,7 @@ def test_kernel_choice():
     assert attention.choose_kernel("auto", "gpu", bf16, 256, **hopper) == "cudnn"
     assert attention.choose_kernel("cudnn", "gpu", jnp.float16, 64, **ampere) == "cudnn"
     assert attention.choose_kernel("xla", "gpu", bf16, 64, **ampere) == "xla"
-    for platform, dtype, head_dim in [("cpu", bf16, 64), ("tpu", bf16, 64), ("gpu", f32, 64), ("gpu", bf16, 60),
+    for platform, dtype, head_dim in [("cpu", bf16, 64), ("gpu", f32, 64), ("gpu", bf16, 60),
                                       ("gpu", bf16, 256)]:
         assert attention.choose_kernel("auto", platform, dtype, head_dim, **ampere) == "xla"
         with pytest.raises(ConfigError, match="attention_kernel: 'cudnn' cannot run here"):

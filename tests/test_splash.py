@@ -1,0 +1,63 @@
+"""Splash attention (the TPU's Pallas kernel, models/splash.py) in Pallas' interpret mode on CPU against the XLA
+path: causal global and local layers with packed segments, a bidirectional local layer, and on 8 devices with
+batch and heads split (the kernel runs per device under shard_map)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from config import ConfigError
+from models.attention import choose_kernel, softmax_attention
+from parallel.layout import Layout
+from parallel.mesh import make_mesh
+
+B, T, N, H = 2, 128, 4, 32
+
+
+def inputs():
+    q, k, v = (jax.random.normal(key, (B, T, N, H)) for key in jax.random.split(jax.random.key(0), 3))
+    segments = jnp.asarray(np.repeat([[1] * 80 + [2] * 40 + [0] * 8], B, axis=0), jnp.int32)
+    return q, k, v, segments
+
+
+def attend(kernel, causal, window, segments=None):
+    def f(q, k, v):
+        return softmax_attention(q, k, v, causal=causal, window=window, scale=H ** -0.5, segment_ids=segments,
+                                 kernel=kernel, blocked=False)
+    return f
+
+
+@pytest.mark.parametrize("causal, window, packed", [(True, None, True), (True, 48, False), (False, 32, False)],
+                         ids=["causal-global-packed", "causal-local", "bidirectional-local"])
+def test_splash_equals_xla_outputs_and_gradients(causal, window, packed):
+    q, k, v, segments = inputs()
+    segments = segments if packed else None
+    real = np.asarray(segments if packed else np.ones((B, T)))[..., None, None] != 0
+    # padding rows count for nothing (a loss gives them weight 0): their outputs are free, their cotangents 0
+    cotangent = jnp.where(real, jax.random.normal(jax.random.key(1), q.shape), 0.0)
+    results = []
+    for kernel in ("splash", "xla"):
+        f = attend(kernel, causal, window, segments)
+        out, pullback = jax.vjp(f, q, k, v)
+        results.append([out, *pullback(cotangent)])
+    for got, want, name in zip(*results, ("out", "dq", "dk", "dv")):
+        np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), atol=2e-5, err_msg=name)
+
+
+def test_splash_per_device_on_a_mesh_equals_one_device():
+    q, k, v, segments = inputs()
+    f = attend("splash", True, 48, segments)
+    want = f(q, k, v)
+    layout = Layout.from_config(make_mesh("x:2,y:4"), "batch:x,heads:y")
+    with layout.active():
+        got = jax.jit(f)(q, k, v)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_kernel_choice_on_tpus():
+    assert choose_kernel("auto", "tpu", jnp.bfloat16, 64) == "splash"
+    assert choose_kernel("auto", "tpu", jnp.float32, 64, explicit_mask=True) == "xla"  # memory slots: a mask
+    assert choose_kernel("xla", "tpu", jnp.bfloat16, 64) == "xla"
+    with pytest.raises(ConfigError, match="attention_kernel: 'splash' cannot run here .the platform is cpu"):
+        choose_kernel("splash", "cpu", jnp.float32, 64)

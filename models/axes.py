@@ -50,10 +50,23 @@ def placing(placer: Placer) -> Iterator[None]:
         _active.placer = previous
 
 
-def placement(names: Sequence[str | None]) -> jax.sharding.Sharding | None:
-    """Where the active layout puts an activation of these dimension names; None outside ``placing``."""
+def per_device(f: Callable, in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None],
+               whole: Sequence[str] = ()) -> Callable:
+    """``f`` run on each device's share under ``shard_map``, its inputs and output split as the active layout
+    places these dimension names (a kernel that is one device's program, such as a Pallas kernel); ``f`` itself
+    outside ``placing`` or on one device. A layout that splits a dimension named in ``whole`` is a ValueError."""
     placer = getattr(_active, "placer", None)
-    return None if placer is None else placer(names, ())
+    if placer is None:
+        return f
+    inputs = [placer(names, ()) for names in in_names]
+    if inputs[0].mesh.size == 1:
+        return f
+    for names, sharding in zip(in_names, inputs):
+        for name, split in zip(names, sharding.spec):
+            if name in whole and split is not None:
+                raise ValueError(f"layout: '{name}' is split over {split}, and this kernel needs it whole")
+    return jax.shard_map(f, mesh=inputs[0].mesh, in_specs=tuple(s.spec for s in inputs),
+                         out_specs=placer(out_names, ()).spec, check_vma=False)
 
 
 def constrain(x: jax.Array, names: Sequence[str | None], prefer: Sequence[str] = ()) -> jax.Array:

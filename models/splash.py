@@ -3,7 +3,8 @@ local (sliding-window) layers, causal or not, with packed-sequence segment ids.
 
 The kernel never materialises the (T, S) scores and skips the blocks a causal or local mask rules out entirely,
 so a local layer costs its window, not its sequence. Under a layout it runs per device through ``shard_map``
-(a Pallas kernel is one device's program): batch and heads may be split, the sequence stays whole. Off a TPU it
+(a Pallas kernel is one device's program; models/axes.py ``per_device``): batch and heads may be split, the
+sequence stays whole. Off a TPU it
 runs in Pallas' interpret mode, which is how the tests check it against the XLA path on CPU.
 """
 
@@ -13,7 +14,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from models.axes import HEADS, placement
+from models.axes import HEADS, per_device
 
 BLOCK = 512  # the kernel's query and key block: the largest that divides the sequence, down to MIN_BLOCK
 MIN_BLOCK = 128
@@ -65,12 +66,4 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, 
 
         return jax.vmap(example)(q, k, v, segments).astype(q.dtype)
 
-    sharding = placement(HEADS)
-    if sharding is None or sharding.mesh.size == 1:
-        return local(q, k, v, segments)
-    spec = tuple(sharding.spec) + (None,) * (4 - len(sharding.spec))
-    if spec[1] is not None:
-        raise ValueError("splash attention keeps the sequence whole; the layout splits 'sequence'")
-    heads, rows = jax.sharding.PartitionSpec(*spec), jax.sharding.PartitionSpec(*spec[:2])
-    return jax.shard_map(local, mesh=sharding.mesh, in_specs=(heads, heads, heads, rows), out_specs=heads,
-                         check_vma=False)(q, k, v, segments)
+    return per_device(local, (HEADS, HEADS, HEADS, HEADS[:2]), HEADS, whole=("sequence",))(q, k, v, segments)

@@ -20,7 +20,7 @@ from models import registry
 
 ATTENTION_KINDS = ("global", "local", "linear", "none")
 # What a run trains; each task is an objective (training/objectives.py) and the head that serves it.
-TASKS = ("causal_lm", "masked_lm", "sequence_classification", "seq2seq")
+TASKS = ("causal_lm", "masked_lm", "sequence_classification", "seq2seq", "image_classification")
 # Mixture-of-experts options (``moe_params``) and their defaults; see models/moe.py.
 MOE_DEFAULTS = {
     "num_experts": 8,  # experts per MoE layer; a layout 'experts:x' splits them over mesh axis x
@@ -60,7 +60,7 @@ class Config:
     model: str = _key("gpt_neo", "model family: " + ", ".join(registry.FAMILIES), choices=tuple(registry.FAMILIES))
     task: str = _key("causal_lm", "what is trained: " + ", ".join(TASKS) + "; default: the family's "
                      "(masked_lm when mlm_training)", choices=TASKS)
-    num_labels: int = _key(2, "classes of sequence_classification", minimum=2)
+    num_labels: int = _key(2, "classes of sequence_classification and image_classification", minimum=2)
 
     # Model shape.
     n_ctx: int = _key(2048, "context length in tokens (learned positions)", minimum=1)
@@ -101,6 +101,15 @@ class Config:
                                             "or times 'inverse_sqrt_head_dim' (GPT-2, BERT)",
                                 choices=("unscaled", "inverse_sqrt_head_dim"))
     dense_bias: bool = _key(True, "biases on the attention output and MLP projections")
+    image_size: int = _key(224, "vit: height and width of the input images in pixels", minimum=1)
+    patch_size: int = _key(16, "vit: each image is cut into patch_size x patch_size patches, one token each",
+                           minimum=1)
+    num_channels: int = _key(3, "vit: colour channels of the input images", minimum=1)
+    interpolate_positions: bool = _key(False, "vit: accept images of another size than image_size, resizing the "
+                                              "learned position table bicubically to their patch grid (as "
+                                              "transformers' interpolate_pos_encoding)")
+    image_augmentation: bool = _key(True, "vit: training images shifted by up to one pixel, the shift a function "
+                                          "of the seed and the example's place in the data stream (exact resume)")
     n_token_types: int = _key(0, "token type (segment A/B) embeddings, BERT's type_vocab_size; 0: none",
                               minimum=0)
     position_offset: int = _key(0, "id of the first position (RoBERTa: 2; its table reserves the rows below)",
@@ -437,6 +446,7 @@ def validated(cfg: Config) -> Config:
     _check_block_options(cfg)
     _check_task(cfg)
     _check_encoder_decoder(cfg)
+    _check_images(cfg)
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:
         raise ConfigError("mlm_random_token_prob: mlm_same_token_prob + mlm_random_token_prob is above 1")
     return cfg
@@ -486,6 +496,22 @@ def _check_task(cfg: Config) -> None:
     if cfg.task == "causal_lm" and not cfg.causal:
         raise ConfigError("causal: false lets causal_lm see the token it predicts; set causal true or choose "
                           "task masked_lm")
+
+
+def _check_images(cfg: Config) -> None:
+    """image_classification is the vit family's task, and vit has no other; the patches must tile the image."""
+    if (cfg.model == "vit") != (cfg.task == "image_classification"):
+        which = "model vit trains task image_classification" if cfg.model == "vit" else \
+            f"task image_classification is the vit family's (model is {cfg.model})"
+        raise ConfigError(f"task: {which}")
+    if cfg.model != "vit":
+        return
+    if cfg.image_size % cfg.patch_size:
+        raise ConfigError(f"patch_size: {cfg.patch_size} does not divide image_size {cfg.image_size}")
+    tokens = (cfg.image_size // cfg.patch_size) ** 2 + 1
+    if cfg.n_ctx != tokens:
+        raise ConfigError(f"n_ctx: a vit reads {tokens} tokens ((image_size / patch_size)^2 patches and the class "
+                          f"token), not {cfg.n_ctx}; leave n_ctx out")
 
 
 def _check_encoder_decoder(cfg: Config) -> None:
@@ -614,6 +640,10 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     if raw.get("mlm_training"):
         family["task"] = "masked_lm"
     raw = {**family, **raw}
+    if model == "vit" and "n_ctx" not in raw:  # the patches and the class token
+        size, patch = raw.get("image_size", 224), raw.get("patch_size", 16)
+        if isinstance(size, int) and isinstance(patch, int) and patch > 0:
+            raw["n_ctx"] = (size // patch) ** 2 + 1
     if isinstance(raw.get("datasets"), list):  # GPT-Neo: a bare "name" is [name, null, null, null]
         raw["datasets"] = [[d, None, None, None] if isinstance(d, str) else d for d in raw["datasets"]]
     if isinstance(raw.get("moe_params"), dict):

@@ -1,7 +1,8 @@
 """Hugging Face directories as NeoMesh models: load one, import it as a run, export a run back.
 
-Each family's mapping lives in its own file (convert/gpt_neo.py, convert/bert.py, convert/t5.py); ``MAPPINGS``
-picks it by the HF config's ``model_type`` on the way in and by the NeoMesh config's ``model`` on the way out.
+Each family's mapping lives in its own file (convert/gpt_neo.py, convert/bert.py, convert/t5.py, convert/vit.py);
+``MAPPINGS`` picks it by the HF config's ``model_type`` on the way in and by the NeoMesh config's ``model`` on the
+way out.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import jax
 import numpy as np
 
 from config import Config, ConfigError
-from convert import bert, gpt_neo, t5
+from convert import bert, gpt_neo, t5, vit
 from convert.hf_dir import load_tokenizer, read_hf_dir, write_hf_dir
 
-MAPPINGS = {model_type: module for module in (gpt_neo, bert, t5) for model_type in module.MODEL_TYPES}
+MAPPINGS = {model_type: module for module in (gpt_neo, bert, t5, vit) for model_type in module.MODEL_TYPES}
 
 
 def _mapping(model_type: str, source: str):

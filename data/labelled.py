@@ -163,28 +163,15 @@ def label_ids(examples: Examples, names: list[str] | None, num_labels: int) -> n
     return ids
 
 
-class LabelledSource:
-    """Classifier batches from tokenized examples held in memory (no TensorFlow needed once they are read)."""
+class ExampleStream:
+    """The order in which in-memory examples (``self.labels`` long) fill batches: train batches walk a per-epoch
+    permutation drawn from ``seed``, eval batches walk the examples in order with weight-0 filler past the end.
+    Any batch is a function of its step, so there is no position to checkpoint."""
 
-    def __init__(self, examples: Examples, labels: np.ndarray, tokenizer: Tokenizer, n_ctx: int, *, shuffle: bool,
-                 seed: int, description: str, names: list[str] | None = None):
-        pad = tokenizer.padding_id
-        encoded = tokenizer.encode_pairs(examples.texts, examples.pairs, n_ctx)
-        self.lengths = np.array([len(ids) for ids, _ in encoded], np.int32)
-        self.inputs = np.full((len(encoded), n_ctx), pad, np.int32)  # (N, T)
-        self.token_types = np.zeros((len(encoded), n_ctx), np.int32)  # (N, T)
-        for row, (ids, types) in enumerate(encoded):
-            self.inputs[row, :len(ids)] = ids
-            self.token_types[row, :len(types)] = types
-        self.labels = labels
-        self.tokenizer, self.shuffle, self.seed = tokenizer, shuffle, seed
-        self.bytes_per_token = None  # per-example losses have no bits per byte
-        self.label_names = names or [str(i) for i in range(int(labels.max()) + 1)]
-        counts = np.bincount(labels, minlength=len(self.label_names))
-        cut = int((self.lengths == n_ctx).sum())
-        self.description = (f"{description}: {len(labels):,} examples ({cut:,} cut to n_ctx {n_ctx}); per label: "
-                            + ", ".join(f"{name} {count}" for name, count in zip(self.label_names, counts)))
-        self._order: tuple[int, np.ndarray] | None = None
+    shuffle: bool
+    seed: int
+    labels: np.ndarray
+    _order: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -211,6 +198,30 @@ class LabelledSource:
         for e in np.unique(epoch):
             ids[epoch == e] = self._permutation(int(e))[position[epoch == e]]
         return ids, np.ones(len(ids), np.float32)
+
+
+class LabelledSource(ExampleStream):
+    """Classifier batches from tokenized examples held in memory (no TensorFlow needed once they are read)."""
+
+    def __init__(self, examples: Examples, labels: np.ndarray, tokenizer: Tokenizer, n_ctx: int, *, shuffle: bool,
+                 seed: int, description: str, names: list[str] | None = None):
+        pad = tokenizer.padding_id
+        encoded = tokenizer.encode_pairs(examples.texts, examples.pairs, n_ctx)
+        self.lengths = np.array([len(ids) for ids, _ in encoded], np.int32)
+        self.inputs = np.full((len(encoded), n_ctx), pad, np.int32)  # (N, T)
+        self.token_types = np.zeros((len(encoded), n_ctx), np.int32)  # (N, T)
+        for row, (ids, types) in enumerate(encoded):
+            self.inputs[row, :len(ids)] = ids
+            self.token_types[row, :len(types)] = types
+        self.labels = labels
+        self.tokenizer, self.shuffle, self.seed = tokenizer, shuffle, seed
+        self.bytes_per_token = None  # per-example losses have no bits per byte
+        self.label_names = names or [str(i) for i in range(int(labels.max()) + 1)]
+        counts = np.bincount(labels, minlength=len(self.label_names))
+        cut = int((self.lengths == n_ctx).sum())
+        self.description = (f"{description}: {len(labels):,} examples ({cut:,} cut to n_ctx {n_ctx}); per label: "
+                            + ", ".join(f"{name} {count}" for name, count in zip(self.label_names, counts)))
+        self._order: tuple[int, np.ndarray] | None = None
 
     def batch(self, step: int, batch_size: int, rows: slice | None = None) -> dict:
         """Rows ``rows`` (default all) of global batch ``step``: {"inputs", "segment_ids" (1 real token,

@@ -15,7 +15,8 @@ file (``.../dataset.json``, as data/make_dataset.py writes). Two kinds of source
 Both have ``batch(step, batch_size, rows)``, ``state(batch_size)`` (the position to checkpoint, or None) and
 ``restore(step, batch_size, rows, saved)`` (one line saying what was restored, or None when nothing needs to be).
 
-``task: sequence_classification`` reads labelled examples instead (jsonl or TFDS): ``data/labelled.py``.
+``task: sequence_classification`` reads labelled examples instead (jsonl or TFDS): ``data/labelled.py``;
+``task: image_classification`` labelled images (embedded digits or TFDS): ``data/images.py``.
 
 Relative paths in the shipped dataset configs are relative to the repository root (the current directory when
 NeoMesh is installed, see neomesh/paths.py); in a dataset config given by its path, relative to its folder.
@@ -182,6 +183,9 @@ def make_source(cfg: Config, split: str):
     if cfg.task == "sequence_classification":
         from data.labelled import labelled_source
         return labelled_source(cfg, split)
+    if cfg.task == "image_classification":
+        from data.images import image_source
+        return image_source(cfg, split)
 
     datasets, entries = [], []
     for entry in cfg.datasets:

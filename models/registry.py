@@ -24,6 +24,13 @@ _T5 = {  # T5-small's shape (original T5: ReLU, tied); T5 v1.1 sets mlp_glu, gel
     "n_ctx": 512, "n_vocab": 32128, "n_embd": 512, "n_head": 8, "n_layer": 6, "d_ff": 2048, "scale_by_depth": False,
 }
 
+_VIT = {  # ViT-B/16's shape (transformers' ViTConfig defaults); images from the embedded digits by default
+    "task": "image_classification", "causal": False, "norm_position": "pre", "layer_norm_epsilon": 1e-12,
+    "attention_scale": "inverse_sqrt_head_dim", "qkv_bias": True, "activation_function": "gelu_exact",
+    "n_embd": 768, "n_head": 12, "n_layer": 12, "d_ff": 3072, "scale_by_depth": False,
+    "datasets": [["digits", None, None, None]],
+}
+
 FAMILIES: dict[str, tuple[str, dict]] = {
     # model: ("module:Class", config defaults)
     "gpt_neo": ("models.gpt_neo:GPTNeo", {"task": "causal_lm"}),
@@ -33,6 +40,7 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "roberta": ("models.bert:Bert", {**_BERT, "layer_norm_epsilon": 1e-5, "n_token_types": 1, "position_offset": 2,
                                      "n_vocab": 50265}),
     "t5": ("models.t5:T5", _T5),
+    "vit": ("models.vit:ViT", _VIT),
 }
 
 

@@ -19,6 +19,7 @@ Batches (all int32 unless noted), by task:
                              float (0: a row that does not count, such as the filler of a last, partial evaluation
                              batch; a batch without it counts every row)}, and "token_types" (B, T) for models
                              with token type embeddings
+    image_classification     {"images": (B, H, W, C) float32, "labels": (B,), "weights": (B,) float (as above)}
     seq2seq                  {"inputs", "segment_ids": (B, S) encoder tokens, "targets", "target_segment_ids":
                              (B, T) decoder targets}; 0 segments are padding (weight 0); the decoder reads the
                              targets shifted right (teacher forcing)
@@ -170,6 +171,12 @@ def _sequence_classification(model, batch: dict, dropout_key) -> Output:
     return cross_entropy(logits, labels), metrics
 
 
+def _image_classification(model, batch: dict, dropout_key) -> Output:
+    logits, _ = model(batch["images"], dropout_key=dropout_key)  # (B, C)
+    correct = (jnp.argmax(logits, -1) == batch["labels"]).astype(jnp.float32)
+    return cross_entropy(logits, batch["labels"]), {"accuracy": correct}
+
+
 def shift_right(targets: jax.Array, segment_ids: jax.Array, start_id: int) -> jax.Array:
     """(B, T) targets -> decoder inputs: each segment's targets one step later, its first input ``start_id``
     (T5's ``_shift_right``, segment by segment for packed rows)."""
@@ -186,6 +193,8 @@ def _seq2seq(model, batch: dict, dropout_key) -> Output:
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
     return cross_entropy(logits, targets), {"accuracy": correct}
 
+
+IMAGE = ("batch", None, None, None)  # (B, H, W, C): pixels are never split
 
 OBJECTIVES = {
     "causal_lm": Objective(
@@ -206,6 +215,10 @@ OBJECTIVES = {
         lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "targets": (cfg.decoder_ctx,),
                      "target_segment_ids": (cfg.decoder_ctx,)},
         _seq2seq, lambda batch: (batch["target_segment_ids"] != 0).astype(jnp.float32), per_token=True),
+    "image_classification": Objective(
+        "image_classification", {"images": IMAGE, "labels": PER_EXAMPLE, "weights": PER_EXAMPLE},
+        lambda cfg: {"images": (cfg.image_size, cfg.image_size, cfg.num_channels), "labels": (), "weights": ()},
+        _image_classification, _example_weights, per_token=False),
 }
 
 

@@ -1,0 +1,111 @@
+"""Labelled images for ``task: image_classification`` (ViT): (B, H, W, C) float32 batches in [0, 1].
+
+``datasets`` names one image set:
+
+* ``digits`` (the default): scikit-learn's 8x8 grey handwritten digits (1,797 images, 10 classes), shipped inside
+  the scikit-learn package, so nothing is downloaded; a fixed split (seeded permutation) keeps 360 for eval.
+* ``tfds:NAME`` (``tfds:mnist``, ``tfds:cifar10``, ...): a TFDS image dataset prepared in the local data dir
+  (``tfds_data_dir``), its ``image`` and ``label`` features, ``train`` for training and ``test`` for eval.
+
+The images are held in memory as stored (uint8 for TFDS) and scaled per batch. Batches follow ``ExampleStream``
+(data/labelled.py): train batches walk a per-epoch permutation of the seed, eval batches the images in order.
+With ``image_augmentation`` each training image is shifted by up to one pixel in each direction (edges
+repeated); the shift is drawn from (seed, position of the example in the data stream), so a resumed run sees
+exactly the images the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from config import Config, ConfigError
+from data.labelled import ExampleStream
+
+DIGITS_EVAL = 360  # images of the fixed eval split of scikit-learn's digits
+
+
+class ImageSource(ExampleStream):
+    """Image classification batches from images held in memory."""
+
+    tokenizer = None  # images need none (train.py saves a tokenizer only where a source has one)
+    bytes_per_token = None
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, scale: float, *, shuffle: bool, seed: int,
+                 augment: bool, description: str):
+        self.images, self.labels, self.scale = images, labels.astype(np.int32), scale  # (N, H, W, C), (N,)
+        self.shuffle, self.seed, self.augment = shuffle, seed, augment
+        counts = np.bincount(self.labels)
+        self.description = (f"{description}: {len(labels):,} images of {'x'.join(map(str, images.shape[1:]))}; "
+                            f"per label: " + ", ".join(f"{i} {c}" for i, c in enumerate(counts)))
+
+    def batch(self, step: int, batch_size: int, rows: slice | None = None) -> dict:
+        """Rows ``rows`` (default all) of global batch ``step``: {"images": (rows, H, W, C) float32, "labels":
+        (rows,) int32, "weights": (rows,) float32}."""
+        ids, weights = self.example_ids(step, batch_size, rows)
+        images = self.images[ids].astype(np.float32) * self.scale
+        if self.augment:
+            positions = np.arange(step * batch_size, (step + 1) * batch_size)[rows or slice(None)]
+            images = np.stack([shifted(image, np.random.default_rng([self.seed, 1 << 20, int(p)]).integers(-1, 2, 2))
+                               for image, p in zip(images, positions)])
+        return {"images": images, "labels": self.labels[ids], "weights": weights}
+
+
+def shifted(image: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """(H, W, C) moved by ``shift`` (rows, columns) pixels, the edge rows and columns repeated into the gap."""
+    h, w = image.shape[:2]
+    padded = np.pad(image, ((1, 1), (1, 1), (0, 0)), mode="edge")
+    return padded[1 - shift[0]:1 - shift[0] + h, 1 - shift[1]:1 - shift[1] + w]
+
+
+def digits(split: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """scikit-learn's digits: (images (N, 8, 8, 1) float in 0..16, labels, scale to [0, 1]) of ``split``."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ConfigError("datasets: digits (the embedded image set) ships with scikit-learn: pip install "
+                          "scikit-learn (NeoMesh's [images] extra)") from None
+    data = load_digits()
+    order = np.random.default_rng(0).permutation(len(data.target))  # one fixed split, whatever the run's seed
+    chosen = order[-DIGITS_EVAL:] if split == "eval" else order[:-DIGITS_EVAL]
+    return data.images[chosen, :, :, None].astype(np.float32), data.target[chosen], 1.0 / 16.0
+
+
+def tfds_images(name: str, data_dir: str | None, split: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """A prepared TFDS image dataset's ``train`` (or ``test``, for eval) split: (uint8 images, labels, 1/255)."""
+    from data.pipeline import open_tfds
+    from data.tf_import import tensorflow
+    import tensorflow_datasets as tfds
+
+    tensorflow()  # quiet, and off accelerators
+    tfds_split = "train" if split == "train" else "test"
+    builder = open_tfds(name, data_dir, tfds_split, "label")
+    if "image" not in builder.info.features:
+        raise ConfigError(f"tfds:{name}: no 'image' feature (features: {', '.join(sorted(builder.info.features))})")
+    images, labels = [], []
+    for batch in tfds.as_numpy(builder.as_dataset(split=tfds_split, shuffle_files=False, batch_size=4096)):
+        images.append(batch["image"])
+        labels.append(batch["label"])
+    if not images:
+        raise ConfigError(f"tfds:{name}: split {tfds_split!r} has no examples")
+    return np.concatenate(images), np.concatenate(labels), 1.0 / 255.0
+
+
+def image_source(cfg: Config, split: str) -> ImageSource:
+    """The image source for ``split`` ("train" or "eval") of the config's one image dataset."""
+    if len(cfg.datasets) != 1:
+        raise ConfigError(f"datasets: task image_classification reads one image dataset, got {len(cfg.datasets)}")
+    name = cfg.datasets[0][0]
+    if name == "digits":
+        images, labels, scale = digits(split)
+    elif name.startswith("tfds:"):
+        images, labels, scale = tfds_images(name[len("tfds:"):], cfg.tfds_data_dir, split)
+    else:
+        raise ConfigError(f"datasets: {name!r} is not an image dataset (digits, or tfds:NAME such as tfds:mnist)")
+    want = (cfg.image_size, cfg.image_size, cfg.num_channels)
+    if images.shape[1:] != want:
+        raise ConfigError(f"image_size: {name} images are {'x'.join(map(str, images.shape[1:]))} (height x width x "
+                          f"channels), the config reads {'x'.join(map(str, want))} (image_size, num_channels)")
+    if labels.max() >= cfg.num_labels:
+        raise ConfigError(f"num_labels: {name} has label {int(labels.max())}; num_labels must be above it")
+    return ImageSource(images, labels, scale, shuffle=split == "train", seed=cfg.seed,
+                       augment=split == "train" and cfg.image_augmentation, description=f"{split}: {name}")

@@ -1,0 +1,159 @@
+"""ViT: logits and hidden states equal transformers' ViT on random local weights (fp32, several shapes, position
+interpolation), the export round trip, sharded = one device, the digits source, and config errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from config import ConfigError, from_dict
+from convert.hf import export_params, load_hf
+from data.images import DIGITS_EVAL, image_source, shifted
+from models import registry
+from tests.common import train_losses
+
+SHAPES = {  # (image, patch, channels, width, heads, layers, labels)
+    "rgb": (16, 4, 3, 32, 4, 2, 5),
+    "grey-wide-patch": (12, 6, 1, 48, 3, 1, 3),
+}
+
+
+def hf_vit(image, patch, channels, width, heads, layers, labels, head=True):
+    cfg = transformers.ViTConfig(image_size=image, patch_size=patch, num_channels=channels, hidden_size=width,
+                                 num_attention_heads=heads, num_hidden_layers=layers, intermediate_size=2 * width,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, encoder_stride=patch,
+                                 id2label={i: str(i) for i in range(labels)})
+    torch.manual_seed(0)
+    model = (transformers.ViTForImageClassification(cfg) if head else transformers.ViTModel(cfg)).eval()
+    with torch.no_grad():  # the default init hides wrong scales: make every part matter
+        for name, p in model.named_parameters():
+            p.add_(0.2 * torch.randn_like(p)) if "bias" in name or "norm" in name else p.normal_(0.0, 0.2)
+    return model
+
+
+def images_for(image, channels, batch=3, seed=0):
+    return np.random.default_rng(seed).standard_normal((batch, image, image, channels)).astype(np.float32)
+
+
+def saved(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_logits_match_transformers(shape, tmp_path):
+    hf = hf_vit(*SHAPES[shape])
+    cfg, params = load_hf(saved(hf, tmp_path))
+    model = nnx.merge(nnx.graphdef(registry.build(cfg, nnx.Rngs(0))), nnx.State(jax.tree.map(jnp.asarray, params)))
+    pixels = images_for(cfg.image_size, cfg.num_channels)
+    with torch.no_grad():
+        want = hf(pixel_values=torch.from_numpy(pixels.transpose(0, 3, 1, 2))).logits.numpy()
+    got = np.asarray(model(jnp.asarray(pixels))[0])
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert np.abs(want).max() > 0.5  # the comparison is not between near-zero logits
+
+
+def test_vit_model_hidden_states_and_interpolated_positions_match_transformers(tmp_path):
+    hf = hf_vit(16, 4, 3, 32, 4, 2, 2, head=False)
+    cfg, params = load_hf(saved(hf, tmp_path))
+    assert "classifier" not in params  # ViTModel has none: the classifier starts fresh
+    cfg = cfg.replace(interpolate_positions=True)
+    model = registry.build(cfg, nnx.Rngs(0))
+    nnx.update(model, nnx.State({k: jax.tree.map(jnp.asarray, v) for k, v in params.items()}))
+    for size in (16, 24, 12):  # the learned 4x4 grid, then up to 6x6 and down to 3x3
+        pixels = images_for(size, 3, batch=2, seed=size)
+        with torch.no_grad():
+            want = hf(pixel_values=torch.from_numpy(pixels.transpose(0, 3, 1, 2)),
+                      interpolate_pos_encoding=True).last_hidden_state.numpy()
+        np.testing.assert_allclose(np.asarray(model.hidden_states(jnp.asarray(pixels))), want, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="set interpolate_positions true"):
+        registry.build(cfg.replace(interpolate_positions=False), nnx.Rngs(0))(jnp.zeros((1, 24, 24, 3)))
+
+
+def test_export_round_trip_loads_in_transformers(tmp_path):
+    cfg, _ = from_dict(dict(model="vit", image_size=16, patch_size=4, n_embd=32, n_head=4, n_layer=2, d_ff=64,
+                            num_labels=4))
+    params = nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(3)), nnx.Param))
+    export_params(cfg, params, str(tmp_path / "hf"))
+    hf = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    pixels = images_for(16, 3)
+    with torch.no_grad():
+        want = hf(pixel_values=torch.from_numpy(pixels.transpose(0, 3, 1, 2))).logits.numpy()
+    model = nnx.merge(nnx.graphdef(registry.build(cfg, nnx.Rngs(0))), nnx.State(params))
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(pixels))[0]), want, atol=1e-5, rtol=0)
+    _, back = load_hf(str(tmp_path / "hf"))
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), params, back)
+
+
+def test_vit_trains_sharded_as_on_one_device():
+    cfg, _ = from_dict(dict(model="vit", image_size=8, patch_size=2, num_channels=1, n_embd=32, n_head=4,
+                            n_layer=2, d_ff=64, num_labels=10, train_batch_size=8, warmup_steps=0, lr=1e-3,
+                            image_augmentation=True))
+    source = image_source(cfg, "train")
+    batches = [source.batch(step, 8) for step in range(3)]
+    single = train_losses(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
+    sharded = train_losses(cfg, batches, "x:4,y:2", "batch:x,heads:y,embd:y")
+    assert single[-1] < single[0]
+    np.testing.assert_allclose(sharded, single, rtol=0, atol=1e-5)
+
+
+def test_digits_source_is_a_fixed_split_and_a_pure_function_of_the_step():
+    cfg, _ = from_dict(dict(model="vit", image_size=8, patch_size=2, num_channels=1, num_labels=10, seed=5))
+    train, evaluation = image_source(cfg, "train"), image_source(cfg, "eval")
+    assert len(train) + len(evaluation) == 1797 and len(evaluation) == DIGITS_EVAL
+    batch = train.batch(7, 16)
+    assert batch["images"].shape == (16, 8, 8, 1) and batch["images"].dtype == np.float32
+    assert 0.0 <= batch["images"].min() and batch["images"].max() <= 1.0
+    again = image_source(cfg, "train").batch(7, 16)  # a fresh source (a resumed run) reads the same batch
+    for key in batch:
+        np.testing.assert_array_equal(again[key], batch[key])
+    rows = train.batch(7, 16, slice(4, 12))  # one process's rows are those rows of the global batch
+    np.testing.assert_array_equal(rows["images"], batch["images"][4:12])
+    plain = image_source(cfg.replace(image_augmentation=False), "train").batch(7, 16)
+    assert not np.array_equal(plain["images"], batch["images"])  # training images are shifted
+    np.testing.assert_array_equal(plain["labels"], batch["labels"])
+    last = evaluation.batch(2, 160)  # eval: in order, weight-0 filler past the last image
+    assert last["weights"].sum() == DIGITS_EVAL - 320
+    image = np.arange(9.0).reshape(3, 3, 1)
+    np.testing.assert_array_equal(shifted(image, np.array([1, 0]))[:, :, 0], [[0, 1, 2], [0, 1, 2], [3, 4, 5]])
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"patch_size": 3}, "patch_size: 3 does not divide image_size 8"),
+    ({"task": "sequence_classification"}, "task: model vit trains task image_classification"),
+    ({"n_ctx": 10}, "n_ctx: a vit reads 17 tokens"),
+    ({"num_channels": 3}, "image_size: digits images are 8x8x1 (height x width x channels), the config reads 8x8x3"),
+    ({"datasets": [["embedded", None, None, None]]}, "datasets: 'embedded' is not an image dataset"),
+])
+def test_bad_image_configs_are_one_line_errors(changes, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        cfg, _ = from_dict({**dict(model="vit", image_size=8, patch_size=2, num_channels=1, num_labels=10), **changes})
+        image_source(cfg, "train")
+
+
+@pytest.mark.e2e
+def test_vit_digits_trains_and_resumes_exactly_through_train_py(tmp_path):
+    """configs/vit_digits.json through train.py (a few steps, dropout and augmentation on): an interrupted and
+    resumed run writes the same losses and evaluation as an uninterrupted one, bit for bit."""
+    from tests.common import metrics_rows, run_command
+
+    sets = ["train_steps=4", "steps_per_checkpoint=2", "eval_every=4", "eval_steps=1", "n_layer=2",
+            "train_batch_size=16", "warmup_steps=1"]
+
+    def train(path, *extra):
+        result = run_command("train.py", "--config", "configs/vit_digits.json", "--model-path", str(path),
+                             "--no-progress", *[a for s in sets for a in ("--set", s)], *extra)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result
+
+    train(tmp_path / "whole")
+    train(tmp_path / "parts", "--stop-at-step", "2")
+    assert "resumed from" in train(tmp_path / "parts").stdout
+    rows = lambda path, kind="train": [{k: v for k, v in r.items() if k not in ("tokens_per_sec", "mfu")}  # noqa
+                                       for r in metrics_rows(path, kind)]
+    assert rows(tmp_path / "parts") == rows(tmp_path / "whole") and len(rows(tmp_path / "whole")) == 4
+    evaluation = rows(tmp_path / "whole", "eval")
+    assert rows(tmp_path / "parts", "eval") == evaluation and 0.0 <= evaluation[0]["accuracy"] <= 1.0

@@ -112,3 +112,33 @@ def _tiny_glue_builder():
                 yield i, {"sentence1": a, "sentence2": b, "label": label, "idx": i}
 
     return NeomeshTinyGlue
+
+
+@functools.cache
+def _tiny_images_builder():
+    """A TFDS image dataset ``neomesh_tiny_mnist`` shaped like MNIST (28x28x1 uint8 ``image``, 10-class
+    ``label``; train and test), defined once (TFDS registers the name when the class is defined)."""
+    import tensorflow_datasets as tfds
+
+    class NeomeshTinyMnist(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(28, 28, 1)),
+                "label": tfds.features.ClassLabel(num_classes=10)}), disable_shuffling=True)
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(12, 0), "test": self._generate_examples(5, 1)}
+
+        def _generate_examples(self, count, seed):
+            rng = np.random.default_rng(seed)
+            for i in range(count):
+                yield i, {"image": rng.integers(0, 256, (28, 28, 1), dtype=np.uint8), "label": i % 10}
+
+    return NeomeshTinyMnist
+
+
+def prepare_tiny_images(data_dir: str) -> None:
+    """``neomesh_tiny_mnist`` prepared in ``data_dir`` as ``tfds build`` leaves it: 12 train and 5 test images."""
+    _tiny_images_builder()(data_dir=data_dir).download_and_prepare()

@@ -121,6 +121,22 @@ def test_digits_source_is_a_fixed_split_and_a_pure_function_of_the_step():
     np.testing.assert_array_equal(shifted(image, np.array([1, 0]))[:, :, 0], [[0, 1, 2], [0, 1, 2], [3, 4, 5]])
 
 
+def test_tfds_image_dataset_by_name(tmp_path):
+    from tests.data_common import prepare_tiny_images
+
+    prepare_tiny_images(str(tmp_path))
+    cfg, _ = from_dict(dict(model="vit", image_size=28, patch_size=7, num_channels=1, num_labels=10,
+                            datasets=[["tfds:neomesh_tiny_mnist", None, None, None]], tfds_data_dir=str(tmp_path)))
+    train, evaluation = image_source(cfg, "train"), image_source(cfg, "eval")
+    assert (len(train), len(evaluation)) == (12, 5)
+    batch = evaluation.batch(0, 8)  # in order: images 0..4, then weight-0 filler
+    assert batch["images"].shape == (8, 28, 28, 1) and 0.5 < batch["images"].max() <= 1.0
+    np.testing.assert_array_equal(batch["labels"][:5], [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(batch["weights"], [1] * 5 + [0] * 3)
+    with pytest.raises(ConfigError, match="image_size: tfds:neomesh_tiny_mnist images are 28x28x1"):
+        image_source(cfg.replace(image_size=32, patch_size=8, n_ctx=17), "train")
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"patch_size": 3}, "patch_size: 3 does not divide image_size 8"),
     ({"task": "sequence_classification"}, "task: model vit trains task image_classification"),

@@ -99,7 +99,11 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
     """Restores the latest checkpoint of MODEL_PATH on one device and writes an HF directory of its family."""
     from pretrained import load_run
 
-    cfg, _, params = load_run(model_path)
+    cfg, graphdef, params = load_run(model_path)
+    if cfg.peft is not None:  # LoRA folded into the base weights, the factors dropped: the base family's layout
+        from training.peft.weights import merged_params
+
+        params, cfg = merged_params(graphdef, params), cfg.replace(peft=None)
     tokenizer_dir = os.path.join(model_path, "tokenizer")
     export_params(cfg, params, hf_dir, tokenizer_dir if os.path.isdir(tokenizer_dir) else None)
     return cfg

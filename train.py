@@ -84,15 +84,18 @@ def main(argv=None) -> int:
         # Everything that needs no jax is checked first, so a mistake costs well under a second.
         config = args.config or (model_config_path(args.model) if args.model else "quickstart")
         cfg, notes = load_config(config, tuple(args.set))
-        if args.data:
-            from data.make_dataset import config_for_data
-            cfg = config_for_data(cfg, args.data)
-        if args.model_path:
-            cfg = cfg.replace(model_path=args.model_path)
         if args.init_from or cfg.init_from:
             from neomesh.hf_cache import resolve_model
             where = "--init-from" if args.init_from else "init_from"
             cfg = cfg.replace(init_from=resolve_model(args.init_from or cfg.init_from, where))
+            cfg = with_architecture_of(cfg, where, notes)
+        if args.data:
+            from data.make_dataset import config_for_data
+            if cfg.init_from and cfg.tokenizer_path is None:  # fine-tuning reads text with the model's tokenizer
+                cfg = cfg.replace(tokenizer_path=cfg.init_from)
+            cfg = config_for_data(cfg, args.data)
+        if args.model_path:
+            cfg = cfg.replace(model_path=args.model_path)
         if args.dry_run:
             return dry_run(args, cfg, notes)
         return train(args, cfg, notes)
@@ -437,6 +440,32 @@ def restore_input_position(source, checkpoints, step: int, shardings: dict, shap
     field = next(iter(shardings))  # every field is split over batch the same way
     rows = process_rows(shardings[field], shapes[field])
     return source.restore(step, shapes[field][0], rows, checkpoints.restore_input(step))
+
+
+ARCHITECTURE = ("n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "attention_types", "activation_function",
+                "no_weight_tie", "qkv_bias", "attention_scale", "d_ff", "norm_position", "n_token_types",
+                "local_attention_radius", "layer_norm_epsilon")
+
+
+def with_architecture_of(cfg, where: str, notes: list[str]):
+    """``cfg`` with the shape of the Hugging Face model it starts from (``init_from``), as from_pretrained takes
+    it from the checkpoint; each key that changes gets a note. The model family must be the same (one-line error
+    otherwise)."""
+    import json
+
+    from config import ConfigError
+    from convert.hf import hf_config
+
+    theirs = hf_config(cfg.init_from)
+    if theirs.model != cfg.model:
+        raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}")
+    changes = {key: getattr(theirs, key) for key in ARCHITECTURE if getattr(theirs, key) != getattr(cfg, key)}
+    if cfg.attention_layers == theirs.attention_layers:
+        changes.pop("attention_types", None)
+    if changes:
+        notes.append(f"{where}: the model's shape is {cfg.init_from}'s: " + ", ".join(
+            f"{key} {json.dumps(value)}" for key, value in changes.items()))
+    return cfg.replace(**changes)
 
 
 def imported_params(cfg, hf_dir: str):

@@ -26,6 +26,19 @@ def _mapping(model_type: str, source: str):
     return MAPPINGS[model_type]
 
 
+def hf_config(hf_dir: str) -> Config:
+    """The NeoMesh config of a Hugging Face model directory, from its config.json alone (no weights read)."""
+    from convert.hf_dir import read_json
+
+    path = os.path.join(hf_dir, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
+    hf = read_json(path)
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return _mapping(hf.get("model_type"), path).config_from_hf(hf, path)
+
+
 def load_hf(hf_dir: str) -> tuple[Config, dict]:
     """(NeoMesh config, parameter tree of float32 numpy arrays) of a Hugging Face model directory."""
     hf_config, tensors = read_hf_dir(hf_dir)

@@ -231,3 +231,48 @@ def test_attention_hook_on_chosen_layers_of_a_model():
     assert np.abs(np.asarray(model(TOKENS)[0]) - np.asarray(base(TOKENS)[0])).max() > 1e-4
     set_attention_fn(model, None)
     np.testing.assert_array_equal(model(TOKENS)[0], base(TOKENS)[0])
+
+
+@pytest.mark.e2e
+def test_lora_fine_tuning_of_a_hugging_face_gpt2_as_the_readme_shows(tmp_path, monkeypatch):
+    """The README's commands on a tiny local GPT-2: LoRA fine-tuning from --init-from on a text file with
+    configs/finetune_lora_gpt2.json (checkpoints hold the LoRA factors only), a resume, predict, merged export."""
+    import neomesh.paths
+    import torch
+    import transformers
+    from pydoc_data.topics import topics
+
+    from pretrained import Pretrained
+    from tests import hf_fixtures
+    from tests.common import metrics_rows, run_command
+
+    monkeypatch.setattr(neomesh.paths, "work_root", lambda: str(tmp_path))  # data_cache/ under tmp_path
+    gpt2 = hf_fixtures.save(hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2, n_ctx=64), tmp_path / "gpt2")
+    text = tmp_path / "my_text.txt"
+    text.write_text("\n".join(topics[k] for k in sorted(topics)[:12]))
+    run = tmp_path / "lora_run"
+    train = ["train.py", "--config", "configs/finetune_lora_gpt2.json", "--init-from", gpt2, "--data", str(text),
+             "--model-path", str(run), "--no-progress", "--set", "train_steps=2", "--set", "eval_steps=1",
+             "--set", "sample_tokens=0"]
+    first = run_command(*train, "--stop-at-step", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "the model's shape is" in first.stdout and "n_embd 32" in first.stdout
+    assert "parameters train" in first.stdout and "frozen" in first.stdout  # the peft line
+    second = run_command(*train)  # resumes: the base from --init-from, the LoRA factors from the checkpoint
+    assert second.returncode == 0 and "resumed from" in second.stdout, second.stderr[-3000:]
+    assert [r["step"] for r in metrics_rows(str(run))] == [1, 2]
+    assert metrics_rows(str(run), "eval")[0]["loss"] > 0
+    after = run_command("predict.py", "--model-path", str(run), "--prompt", "The ", "--max-new-tokens", "8",
+                        "--temperature", "0")
+    assert after.returncode == 0 and after.stdout.startswith("The "), after.stderr[-3000:]
+    export = run_command("-m", "convert", "export", str(run), str(tmp_path / "merged"))
+    assert export.returncode == 0, export.stderr[-3000:]
+    tokens = np.arange(1, 17)[None]
+    tuned = Pretrained.from_pretrained(str(run))
+    ours = np.asarray(tuned({"inputs": tokens, "segment_ids": np.ones_like(tokens)}))
+    merged = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "merged")).eval()
+    with torch.no_grad():
+        theirs = merged(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+    lora_b = flat(tuned.params)["blocks/0/attn/q/lora_b"]
+    assert np.abs(lora_b).max() > 0  # the factors trained (B starts at zero)

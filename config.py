@@ -20,7 +20,7 @@ from models import registry
 
 ATTENTION_KINDS = ("global", "local", "linear", "none")
 # What a run trains; each task is an objective (training/objectives.py) and the head that serves it.
-TASKS = ("causal_lm", "masked_lm", "sequence_classification", "seq2seq")
+TASKS = ("causal_lm", "masked_lm", "sequence_classification", "token_classification", "seq2seq")
 # Mixture-of-experts options (``moe_params``) and their defaults; see models/moe.py.
 MOE_DEFAULTS = {
     "num_experts": 8,  # experts per MoE layer; a layout 'experts:x' splits them over mesh axis x
@@ -68,7 +68,9 @@ class Config:
     model: str = _key("gpt_neo", "model family: " + ", ".join(registry.FAMILIES), choices=tuple(registry.FAMILIES))
     task: str = _key("causal_lm", "what is trained: " + ", ".join(TASKS) + "; default: the family's "
                      "(masked_lm when mlm_training)", choices=TASKS)
-    num_labels: int = _key(2, "classes of sequence_classification", minimum=2)
+    num_labels: int = _key(2, "classes of sequence_classification / token_classification", minimum=2)
+    head_hidden: list = _key([], "hidden widths of an MLP classification head (SwissArmyTransformer's MLPHeadMixin, "
+                                 "activation_function between layers); []: a linear head")
 
     # Model shape.
     n_ctx: int = _key(2048, "context length in tokens (learned positions)", minimum=1)
@@ -422,6 +424,12 @@ def validated(cfg: Config) -> Config:
     _check_moe(cfg)
     if cfg.peft is not None:
         check_peft(cfg.peft)
+    for width in cfg.head_hidden:
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ConfigError(f"head_hidden: {json.dumps(width)} is not a layer width (a positive integer)")
+    if cfg.head_hidden and cfg.task not in ("sequence_classification", "token_classification"):
+        raise ConfigError(f"head_hidden: {json.dumps(cfg.head_hidden)} shapes a classification head; task {cfg.task} "
+                          "has none")
     if cfg.rotary_emb and cfg.rotary_dim == 0:
         raise ConfigError(f"rotary_emb_fraction: {cfg.rotary_emb_fraction} of head_dim {cfg.head_dim} rotates no "
                           f"pair of dimensions; use at least {2 / cfg.head_dim:.3g}")

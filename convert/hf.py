@@ -94,6 +94,8 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
     mapping = _mapping(cfg.model, "export: model")
     if cfg.activation_function not in mapping.ACTIVATIONS_TO_HF:
         raise ConfigError(f"export: activation_function {cfg.activation_function!r} has no Hugging Face equivalent")
+    if cfg.head_hidden:
+        raise ConfigError("export: head_hidden: Hugging Face's classifiers are one linear layer, this head is an MLP")
     if cfg.share_parameters:
         raise ConfigError("export: share_parameters: Hugging Face's families hold weights per layer; this model has "
                           "one set for all layers")

@@ -276,3 +276,24 @@ def test_lora_fine_tuning_of_a_hugging_face_gpt2_as_the_readme_shows(tmp_path, m
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
     lora_b = flat(tuned.params)["blocks/0/attn/q/lora_b"]
     assert np.abs(lora_b).max() > 0  # the factors trained (B starts at zero)
+
+
+@pytest.mark.parametrize("model", ["bert", "gpt_neo"])
+def test_token_classification_with_an_mlp_head_on_any_backbone(model):
+    from training.objectives import objective_for
+
+    extra = {"causal": False} if model == "bert" else {}
+    cfg = tiny_config(model=model, task="token_classification", num_labels=5, head_hidden=[16], attention_types=None,
+                      n_layer=1, peft={"lora": {"targets": ["q", "v"]}}, **extra)
+    net = build_model(cfg, nnx.Rngs(0))
+    labels = np.where(np.arange(32) % 4 == 3, -1, np.arange(32) % 5)[None].repeat(2, 0)  # -1: does not count
+    batch = {"inputs": TOKENS, "segment_ids": jnp.ones_like(TOKENS).at[1, 20:].set(0), "labels": jnp.asarray(labels)}
+    objective = objective_for(cfg)
+    losses, metrics = objective(net, batch)
+    weights = np.asarray(objective.weights(batch))
+    assert losses.shape == (2, 32) and metrics["accuracy"].shape == (2, 32) and np.isfinite(losses).all()
+    assert weights[0].sum() == 24 and weights[1].sum() == 15  # ignored labels and padding weigh nothing
+    names = flat(params_of(net))
+    assert names["token_classifier/mlp/layers/1/kernel"].shape == (16, 5)  # the MLP head: D -> 16 -> 5
+    trains = trainable_filter(cfg.peft_settings)
+    assert trains("token_classifier/mlp/layers/0/kernel") and not trains("blocks/0/mlp/c_fc/kernel")

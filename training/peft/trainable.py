@@ -12,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Callable
 
-from config import ConfigError
+from config import ConfigError, check_peft
 
 HEADS = ("score", "classifier", "mlm", "token_classifier")  # the families' task heads (not the LM output)
 EMBEDDINGS = ("wte", "wpe", "wtt", "axial_wpe", "ln_embed", "shared")
@@ -35,9 +35,10 @@ PARTS: dict[str, Callable[[list[str]], bool]] = {
 
 
 def trainable_items(settings: dict | None) -> list[str] | None:
-    """The parts and patterns that train under ``settings`` (a checked ``peft``); None: everything trains."""
+    """The parts and patterns that train under ``settings`` (a ``peft`` dict); None: everything trains."""
     if settings is None:
         return None
+    settings = check_peft(settings)
     items = settings["trainable"]
     if items is None:
         items = [part for part in ("lora", "prefix", "adapter") if part in settings] + ["head"]

@@ -52,7 +52,7 @@ def test_peft_config_errors_name_the_sub_key(peft, message):
 
 
 def test_lora_target_that_matches_nothing_suggests_the_closest_projection():
-    model = registry.build(tiny_config(), nnx.Rngs(0))
+    model = nnx.eval_shape(lambda: registry.build(tiny_config(), nnx.Rngs(0)))  # abstract: nothing to compute
     with pytest.raises(ConfigError, match="'qq' matches no projection; did you mean 'q'"):
         apply_peft(model, {"lora": {"targets": ["qq"]}})
 
@@ -236,7 +236,8 @@ def test_attention_hook_on_chosen_layers_of_a_model():
 @pytest.mark.e2e
 def test_lora_fine_tuning_of_a_hugging_face_gpt2_as_the_readme_shows(tmp_path, monkeypatch):
     """The README's commands on a tiny local GPT-2: LoRA fine-tuning from --init-from on a text file with
-    configs/finetune_lora_gpt2.json (checkpoints hold the LoRA factors only), a resume, predict, merged export."""
+    configs/finetune_lora_gpt2.json (checkpoints hold the LoRA factors only), a resume, merged export; the run
+    loads as predict.py loads it (base weights from init_from) and gives the merged export's logits."""
     import neomesh.paths
     import torch
     import transformers
@@ -262,9 +263,6 @@ def test_lora_fine_tuning_of_a_hugging_face_gpt2_as_the_readme_shows(tmp_path, m
     assert second.returncode == 0 and "resumed from" in second.stdout, second.stderr[-3000:]
     assert [r["step"] for r in metrics_rows(str(run))] == [1, 2]
     assert metrics_rows(str(run), "eval")[0]["loss"] > 0
-    after = run_command("predict.py", "--model-path", str(run), "--prompt", "The ", "--max-new-tokens", "8",
-                        "--temperature", "0")
-    assert after.returncode == 0 and after.stdout.startswith("The "), after.stderr[-3000:]
     export = run_command("-m", "convert", "export", str(run), str(tmp_path / "merged"))
     assert export.returncode == 0, export.stderr[-3000:]
     tokens = np.arange(1, 17)[None]

@@ -24,7 +24,8 @@ from training.peft.lora import merge, unmerge
 from training.peft.weights import export_merged, load_adapter, merged_params, save_adapter
 
 EVERY_PROJECTION = {"targets": ["q", "k", "v", "out", "c_fc", "c_proj"], "rank": 4, "alpha": 8.0}
-TRAINED = {"lora": {"targets": ["q", "v", "c_fc"], "rank": 4}, "prefix": {"length": 3, "hidden": 16}}
+TRAINED = {"lora": {"targets": ["q", "v", "c_fc"], "rank": 4, "dropout": 0.1}, "prefix": {"length": 3, "hidden": 16},
+           "adapter": {"size": 8, "after": ["mlp"]}}
 
 
 def params_of(model):
@@ -121,7 +122,7 @@ def test_only_adapter_parameters_change_and_only_they_have_optimizer_state(one_d
     before, after = flat(first), flat(jax.device_get(state.params))
     trains = trainable_filter(cfg.peft_settings)
     trained = sorted(n for n in before if trains(n))
-    assert trained and all("lora_" in n or "/prefix/" in n for n in trained)
+    assert trained and all("lora_" in n or "/prefix/" in n or "_adapter/" in n for n in trained)
     for name in before:
         if trains(name):
             assert not np.array_equal(before[name], after[name]), name
@@ -297,3 +298,21 @@ def test_token_classification_with_an_mlp_head_on_any_backbone(model):
     assert names["token_classifier/mlp/layers/1/kernel"].shape == (16, 5)  # the MLP head: D -> 16 -> 5
     trains = trainable_filter(cfg.peft_settings)
     assert trains("token_classifier/mlp/layers/0/kernel") and not trains("blocks/0/mlp/c_fc/kernel")
+
+
+def test_lora_dropout_draws_from_the_block_scope_and_only_in_training():
+    from models.layers import dropout_scope, projection
+    from training.peft.lora import LoraEinsum
+
+    base = projection("BTD,DF->BTF", (8, 6), ("embd", "intermediate_expanded"), 0.1, nnx.Rngs(0))
+    lora = LoraEinsum(base, 2, 4.0, 0.5, 0, rngs=nnx.Rngs(1))
+    lora.lora_b[...] = jnp.ones((2, 6))
+    x = jax.random.normal(jax.random.key(2), (1, 4, 8))
+    plain = np.asarray(lora(x))  # no scope: not training, no dropout
+    expected = np.asarray(base(x)) + 2.0 * np.asarray(x) @ np.asarray(lora.lora_a[...]) @ np.ones((2, 6))
+    np.testing.assert_allclose(plain, expected, atol=1e-5, rtol=0)
+    with dropout_scope(jax.random.key(3)):
+        first, again = np.asarray(lora(x)), np.asarray(lora(x))
+    with dropout_scope(jax.random.key(4)):
+        other = np.asarray(lora(x))
+    assert not np.allclose(first, plain) and np.array_equal(first, again) and not np.allclose(first, other)

@@ -47,19 +47,22 @@ def _set(model, path: tuple, value) -> None:
 
 
 def _matches(target: str, path: tuple) -> bool:
+    """A bare name (``q``, ``c_fc``) matches the blocks' projections of that name; a pattern with ``/`` or ``*``
+    matches any projection's path (``classifier/out``: a head's)."""
     if "/" in target or "*" in target:
         return fnmatch.fnmatch("/".join(map(str, path)), target)
-    return path[-1] == target
+    return path[-1] == target and "blocks" in path
 
 
 def add_lora(model: nnx.Module, targets: list[str], rank: int, alpha: float, dropout: float,
              rngs: nnx.Rngs) -> list[str]:
-    """Replaces every projection whose name (``q``, ``c_fc``) or path pattern (``blocks/*/attn/out``) is in
-    ``targets`` by a ``LoraEinsum``; returns the replaced paths. A target that matches nothing is an error."""
+    """Replaces every block projection whose name (``q``, ``c_fc``), or any projection whose path pattern
+    (``blocks/*/attn/out``, ``score/out``) is in ``targets`` by a ``LoraEinsum``; returns the replaced paths. A
+    target that matches nothing is an error."""
     projections = [(p, m) for p, m in _modules(model, nnx.Einsum) if not isinstance(m, LoraEinsum)]
     for target in targets:
         if not any(_matches(target, p) for p, _ in projections):
-            names = sorted({str(p[-1]) for p, _ in projections})
+            names = sorted({str(p[-1]) for p, _ in projections if "blocks" in p})
             close = difflib.get_close_matches(target, names, n=1, cutoff=0.5)
             raise ConfigError(f"peft.lora.targets: {target!r} matches no projection"
                               + (f"; did you mean {close[0]!r}?" if close else f" (projections: {', '.join(names)})"))

@@ -20,7 +20,8 @@ from models import registry
 
 ATTENTION_KINDS = ("global", "local", "linear", "none")
 # What a run trains; each task is an objective (training/objectives.py) and the head that serves it.
-TASKS = ("causal_lm", "masked_lm", "sequence_classification", "seq2seq", "image_classification")
+TASKS = ("causal_lm", "masked_lm", "sequence_classification", "token_classification", "seq2seq",
+         "image_classification")
 # Mixture-of-experts options (``moe_params``) and their defaults; see models/moe.py.
 MOE_DEFAULTS = {
     "num_experts": 8,  # experts per MoE layer; a layout 'experts:x' splits them over mesh axis x
@@ -37,6 +38,16 @@ ACTIVATIONS = ("gelu", "gelu_exact", "relu", "silu", "swish", "selu", "elu", "so
                "arcsinh", "maxsig", "cosid", "minsin", "maxtanh", "mish", "tanhexp", "lisht", "seagull", "snake",
                "roottanh", "softplusmone")
 LEARNED_ACTIVATIONS = ("aria", "prelu", "parcsinh", "psoftplus", "proottanh")
+# Parameter-efficient fine-tuning (``peft``, training/peft/): each part's options and their defaults. A part is
+# on when the ``peft`` dict names it (``{"lora": {}}`` takes every default).
+PEFT_PARTS = {
+    "lora": {"targets": ["q", "v"], "rank": 8, "alpha": 16.0, "dropout": 0.0},
+    "prefix": {"length": 16, "hidden": 0},
+    "adapter": {"size": 32, "activation": "relu", "after": ["attn", "mlp"]},
+}
+PEFT_KEYS = (*PEFT_PARTS, "bitfit", "trainable", "checkpoint")
+# What ``peft.trainable`` may name besides parameter path patterns (``blocks/1/*``): see training/peft/trainable.py.
+TRAINABLE_PARTS = ("lora", "prefix", "adapter", "head", "bias", "norm", "embeddings", "all")
 # GPT-Neo's eval_tasks (its tasks.py).
 EVAL_TASKS = ("lambada",)
 # recompute_grad's policies: what a block keeps for the backward pass (models/block.py REMAT_POLICIES).
@@ -60,7 +71,10 @@ class Config:
     model: str = _key("gpt_neo", "model family: " + ", ".join(registry.FAMILIES), choices=tuple(registry.FAMILIES))
     task: str = _key("causal_lm", "what is trained: " + ", ".join(TASKS) + "; default: the family's "
                      "(masked_lm when mlm_training)", choices=TASKS)
-    num_labels: int = _key(2, "classes of sequence_classification and image_classification", minimum=2)
+    num_labels: int = _key(2, "classes of sequence_classification / token_classification / image_classification",
+                           minimum=2)
+    head_hidden: list = _key([], "hidden widths of an MLP classification head (SwissArmyTransformer's MLPHeadMixin, "
+                                 "activation_function between layers); []: a linear head")
 
     # Model shape.
     n_ctx: int = _key(2048, "context length in tokens (learned positions)", minimum=1)
@@ -233,6 +247,14 @@ class Config:
     predict_max_steps: Optional[int] = _key(None, "predict.py's default --max-new-tokens (null: 64)", minimum=1)
     eval_tasks: list = _key([], "GPT-Neo's eval tasks (lambada): accepted and checked; not evaluated yet")
 
+    # Fine-tuning.
+    init_from: Optional[str] = _key(None, "a Hugging Face model directory a new run starts from (what --init-from "
+                                          "gives); with peft checkpoint 'trainable' resuming reads it again")
+    peft: Optional[dict] = _key(None, "parameter-efficient fine-tuning: {lora: {targets, rank, alpha, dropout}, "
+                                      "prefix: {length, hidden}, adapter: {size, activation, after}, bitfit, "
+                                      "trainable, checkpoint ('all' or 'trainable')}; only the parts it adds (and "
+                                      "the task head) train, unless trainable says otherwise")
+
     @property
     def attention_layers(self) -> tuple[str, ...]:
         """The attention kind of each layer, expanded from ``attention_types``."""
@@ -256,6 +278,11 @@ class Config:
     def rotary_dim(self) -> int:
         """How many leading dimensions of each head rotary embedding rotates (even; 0 when off)."""
         return 2 * int(self.head_dim * self.rotary_emb_fraction / 2) if self.rotary_emb else 0
+
+    @property
+    def peft_settings(self) -> dict | None:
+        """``peft`` with every option of every part it names filled in (None: no peft)."""
+        return None if self.peft is None else check_peft(self.peft)
 
     @property
     def head_dim(self) -> int:
@@ -424,6 +451,14 @@ def validated(cfg: Config) -> Config:
         raise ConfigError(f"n_embd: {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
     _check_attention_types(cfg)
     _check_moe(cfg)
+    if cfg.peft is not None:
+        check_peft(cfg.peft)
+    for width in cfg.head_hidden:
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ConfigError(f"head_hidden: {json.dumps(width)} is not a layer width (a positive integer)")
+    if cfg.head_hidden and cfg.task not in ("sequence_classification", "token_classification"):
+        raise ConfigError(f"head_hidden: {json.dumps(cfg.head_hidden)} shapes a classification head; task {cfg.task} "
+                          "has none")
     if cfg.rotary_emb and cfg.rotary_dim == 0:
         raise ConfigError(f"rotary_emb_fraction: {cfg.rotary_emb_fraction} of head_dim {cfg.head_dim} rotates no "
                           f"pair of dimensions; use at least {2 / cfg.head_dim:.3g}")
@@ -590,6 +625,78 @@ def _check_moe(cfg: Config) -> None:
     for key in ("aux_loss_weight", "z_loss_weight"):
         if moe[key] < 0:
             raise ConfigError(f"moe_params.{key}: {moe[key]} is below the minimum 0")
+
+
+def _unknown(key: str, valid: tuple, where: str) -> ConfigError:
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+    hint = f"; did you mean '{where}.{close[0]}'?" if close else f" (valid: {', '.join(valid)})"
+    return ConfigError(f"{where}: unknown key '{key}'{hint}")
+
+
+def _check_strings(value, where: str, allowed: tuple | None = None) -> list:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}: expected a non-empty list of names, got {json.dumps(value)}")
+    for v in value:
+        if allowed is not None and v not in allowed:
+            raise ConfigError(f"{where}: {json.dumps(v)} is not one of {', '.join(allowed)}")
+    return value
+
+
+def check_peft(peft, where: str = "peft") -> dict:
+    """``peft`` (the config key, or the dict ``apply_peft`` takes) checked, with every option of each part it
+    names filled in; a one-line ``ConfigError`` naming the sub-key (and the closest valid one) otherwise."""
+    if not isinstance(peft, dict):
+        raise ConfigError(f"{where}: expected an object with keys among {', '.join(PEFT_KEYS)}, got {json.dumps(peft)}")
+    out = {"bitfit": False, "trainable": None, "checkpoint": "all"}
+    for key, value in peft.items():
+        if key not in PEFT_KEYS:
+            raise _unknown(key, PEFT_KEYS, where)
+        name = f"{where}.{key}"
+        if key in PEFT_PARTS:
+            if value is None or value is False:
+                continue
+            value = {} if value is True else value
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name}: expected an object of options ({', '.join(PEFT_PARTS[key])}) or true")
+            for option in value:
+                if option not in PEFT_PARTS[key]:
+                    raise _unknown(option, tuple(PEFT_PARTS[key]), name)
+            out[key] = {**json.loads(json.dumps(PEFT_PARTS[key])), **value}
+            continue
+        if key == "bitfit" and not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true or false, got {json.dumps(value)}")
+        elif key == "trainable" and value is not None:
+            _check_strings(value, name)
+            for item in value:
+                if "/" not in item and "*" not in item and item not in TRAINABLE_PARTS:
+                    close = difflib.get_close_matches(item, TRAINABLE_PARTS, n=1, cutoff=0.5)
+                    raise ConfigError(f"{name}: {json.dumps(item)} is neither a part ({', '.join(TRAINABLE_PARTS)}) "
+                                      "nor a parameter path pattern such as 'blocks/1/*'"
+                                      + (f"; did you mean '{close[0]}'?" if close else ""))
+        elif key == "checkpoint" and value not in ("all", "trainable"):
+            raise ConfigError(f"{name}: {json.dumps(value)} is not one of all, trainable")
+        out[key] = value
+    checks = {  # option -> (type, minimum, maximum)
+        ("lora", "rank"): (int, 1, None), ("lora", "alpha"): (float, 0.0, None), ("lora", "dropout"): (float, 0, 1),
+        ("prefix", "length"): (int, 1, None), ("prefix", "hidden"): (int, 0, None), ("adapter", "size"): (int, 1, None),
+    }
+    for (part, option), (kind, low, high) in checks.items():
+        if part not in out:
+            continue
+        value, name = out[part][option], f"{where}.{part}.{option}"
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+            raise ConfigError(f"{name}: expected {kind.__name__}, got {json.dumps(value)}")
+        if value < low or (high is not None and value > high) or (kind is float and option == "alpha" and value == 0):
+            raise ConfigError(f"{name}: {value} is outside its range ({'above' if option == 'alpha' else 'from'} "
+                              f"{low}{'' if high is None else f' to {high}'})")
+    if "lora" in out:
+        _check_strings(out["lora"]["targets"], f"{where}.lora.targets")
+    if "adapter" in out:
+        if out["adapter"]["activation"] not in ACTIVATIONS:
+            raise ConfigError(f"{where}.adapter.activation: {json.dumps(out['adapter']['activation'])} is not one of "
+                              f"{_choices_hint(out['adapter']['activation'], ACTIVATIONS)}")
+        _check_strings(out["adapter"]["after"], f"{where}.adapter.after", ("attn", "mlp"))
+    return out
 
 
 def _check_datasets(datasets: list) -> None:

@@ -33,28 +33,45 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
     """(config, graphdef, parameters) of the latest checkpoint in ``model_path``, on ``layout`` (default: one
     device). The checkpoint may have been written on any mesh. A damaged checkpoint (its checksums differ) or one
     holding NaN or infinity is a one-line error."""
-    from models import registry
-    from parallel.state import sharded_abstract_params
+    from parallel.state import sharded_abstract_params, split_params
     from training.checkpoint import Checkpoints
+    from training.peft import build_model, trainable_filter
 
     with Checkpoints(model_path, keep=1, read_only=True) as checkpoints:
         step = checkpoints.latest_step()
         cfg, _ = from_dict(checkpoints.located_config(step), source=f"{model_path} checkpoint config",
                            overrides=overrides)
-        graphdef, abstract = sharded_abstract_params(lambda rngs: registry.build(cfg, rngs), layout or default_layout())
-        params = checkpoints.restore_params_verified(abstract, step)  # damaged or non-finite: refused
-    return cfg, graphdef, params
+        make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
+        graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
+        peft = cfg.peft_settings
+        if peft is None or peft["checkpoint"] == "all":
+            return cfg, graphdef, checkpoints.restore_params_verified(abstract, step)  # damaged or NaN: refused
+        # The checkpoint holds the trained parts only: the base comes from init_from, or the run's seeded init.
+        trained = checkpoints.restore_params_verified(split_params(abstract, trainable_filter(peft))[0], step)
+    return cfg, graphdef, _with_base(cfg, make_model, abstract, trained)
+
+
+def _with_base(cfg: Config, make_model, abstract: dict, trained: dict) -> dict:
+    from parallel.state import init_params, join_params, place_params
+
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    fresh = lambda: init_params(make_model, cfg.seed, shardings)  # noqa: E731
+    if cfg.init_from is None:
+        return join_params(trained, fresh())
+    from convert.hf import load_hf
+
+    return join_params(trained, place_params(load_hf(cfg.init_from)[1], abstract, fresh))
 
 
 def load_hf_model(hf_dir: str, layout=None, notes: list | None = None) -> tuple[Config, object, dict]:
     """(config, graphdef, parameters) of a Hugging Face model directory, placed on ``layout``. A head the
     checkpoint lacks (a bare ``BertModel`` loaded for masked LM) starts from its init, and ``notes`` says so."""
     from convert.hf import load_hf
-    from models import registry
     from parallel.state import init_params, match_params, place_params, sharded_abstract_params
+    from training.peft import build_model
 
     cfg, params = load_hf(hf_dir)
-    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
+    make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
     graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
     missing = match_params(params, abstract)[1]
     if missing and notes is not None:

@@ -91,14 +91,18 @@ def main(argv=None) -> int:
         # Everything that needs no jax is checked first, so a mistake costs well under a second.
         config = args.config or (model_config_path(args.model) if args.model else "quickstart")
         cfg, notes = load_config(config, tuple(args.set))
+        if args.init_from or cfg.init_from:
+            from neomesh.hf_cache import resolve_model
+            where = "--init-from" if args.init_from else "init_from"
+            cfg = cfg.replace(init_from=resolve_model(args.init_from or cfg.init_from, where))
+            cfg = with_architecture_of(cfg, where, notes)
         if args.data:
             from data.make_dataset import config_for_data
+            if cfg.init_from and cfg.tokenizer_path is None:  # fine-tuning reads text with the model's tokenizer
+                cfg = cfg.replace(tokenizer_path=cfg.init_from)
             cfg = config_for_data(cfg, args.data)
         if args.model_path:
             cfg = cfg.replace(model_path=args.model_path)
-        if args.init_from:
-            from neomesh.hf_cache import resolve_model
-            args.init_from = resolve_model(args.init_from, "--init-from")
         if args.dry_run:
             return dry_run(args, cfg, notes)
         return train(args, cfg, notes)
@@ -178,11 +182,10 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from data.shards import reading_note
     from data.source import NoEvalSet, make_source
     from neomesh.errors import raise_background_failure
-    from models import registry
     from models.generate import complete
     from parallel import distributed
     from parallel.auto import resolve
-    from parallel.state import abstract_train_state, create_train_state
+    from parallel.state import abstract_train_state, create_train_state, path_name
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
     from training.checkpoint import Checkpoints, check_same_model
@@ -190,6 +193,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from training.metrics import MetricsWriter
     from training.objectives import objective_for, report
     from training.optimizer import bad_step_counts, learning_rate_schedule, make_optimizer
+    from training.peft import build_model, trainable_filter
+    from training.peft.trainable import check_trainable
     from training.progress import Progress, wants_bar
 
     lead = jax.process_index() == 0
@@ -197,7 +202,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
     for note in notes:
         say(f"note: {note}")
     tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
-    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
+    make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
+    trainable = trainable_filter(cfg.peft_settings)  # None: every parameter trains
     layout, auto_note = resolve(cfg, make_model, tx)
     if auto_note:
         say(auto_note)
@@ -227,14 +233,18 @@ def run_training(args, cfg, notes, signals, run) -> int:
 
         return distributed.global_batch(rows_of, sharding, shapes)
 
-    params = imported_params(cfg, args.init_from) if args.init_from else None  # read before writing anything
+    params = imported_params(cfg, cfg.init_from) if cfg.init_from else None  # read before writing anything
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
-        graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
+        graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout, trainable)
+        check_trainable(cfg.peft_settings, [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+            abstract.params)[0]])
         state, latest = checkpoints.restore_newest_good(
-            abstract, lambda saved, step: check_same_model(saved, cfg, state_shapes, f"the checkpoint at step "
-                                                           f"{step} in {checkpoints.directory}"), say)
+            saved_part(cfg, abstract), lambda saved, step: check_same_model(
+                saved, cfg, state_shapes, f"the checkpoint at step {step} in {checkpoints.directory}"), say)
         if latest is not None:
             say(f"resumed from {checkpoints.directory} at step {latest}")
+            if saved_part(cfg, abstract) is not abstract:  # the checkpoint holds the trained parts: add the base
+                state = state.replace(params=base_params(cfg, make_model, params, abstract, shardings, state.params))
             position = None if args.eval else restore_input_position(train_data, checkpoints, latest,
                                                                       train_sharding, train_shapes)
             if position:
@@ -243,18 +253,25 @@ def run_training(args, cfg, notes, signals, run) -> int:
             raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
                               f"{checkpoints.directory}")
         else:
-            graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params)
-            if args.init_from:
+            graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params,
+                                                            trainable=trainable)
+            if cfg.init_from:
                 from parallel.state import match_params
 
                 _, missing, unused = match_params(params, state.params)
-                say(f"initialised from {args.init_from}" + (f"; fresh (not in it): {', '.join(missing)}" if missing
-                                                            else "")
+                say(f"initialised from {cfg.init_from}" + (f"; fresh (not in it): {summary(missing)}" if missing
+                                                           else "")
                     + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
         if lead and train_data is not None and hasattr(train_data.tokenizer, "save"):  # kept for predict.py, export
             save_tokenizer(train_data.tokenizer, os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
         n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
         say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
+        if trainable is not None:
+            from parallel.state import split_params
+
+            n_trained = sum(math.prod(p.shape) for p in jax.tree.leaves(split_params(state.params, trainable)[0]))
+            say(f"peft: {n_trained:,} of {n_params:,} parameters train ({100 * n_trained / n_params:.2f}%); the "
+                "rest are frozen (no gradients, no optimizer state)")
         start = int(state.step)
         if args.stop_at_step is not None and args.stop_at_step <= start:
             raise ConfigError(f"--stop-at-step: {args.stop_at_step} is not after the run's step {start}")
@@ -287,7 +304,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
 
             microbatches = microbatch_count(cfg, layout)
             train_step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, train_sharding,
-                                         precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
+                                         precision=cfg.precision, microbatches=microbatches, seed=cfg.seed,
+                                         trainable=trainable)
             tokens_per_step = cfg.train_batch_size * cfg.n_ctx
             peak = peak_flops_per_second()
             flops_per_token = train_flops_per_token(cfg)
@@ -331,7 +349,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                     tick = now
                 raise_background_failure()
                 if saving:
-                    checkpoints.save(step + 1, state, cfg.to_dict(),
+                    checkpoints.save(step + 1, saved_part(cfg, state), cfg.to_dict(),
                                      data=train_data.state(cfg.train_batch_size))
                     saved_step = step + 1
                 if evaluating:
@@ -395,12 +413,44 @@ def state_shapes(cfg):
     """The abstract train state (parameters and optimizer state) of ``cfg``: what a checkpoint must match."""
     import jax
 
-    from models import registry
-    from parallel.state import abstract_model
+    from parallel.state import abstract_model, split_params
     from training.optimizer import make_optimizer
+    from training.peft import build_model, trainable_filter
 
-    _, params, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
-    return {"params": params, "opt_state": jax.eval_shape(make_optimizer(cfg).init, params)}
+    _, params, _ = abstract_model(lambda rngs: build_model(cfg, rngs))
+    trained = split_params(params, trainable_filter(cfg.peft_settings))[0]
+    saved = trained if _partial(cfg) else params
+    return {"params": saved, "opt_state": jax.eval_shape(make_optimizer(cfg).init, trained)}
+
+
+def _partial(cfg) -> bool:
+    return cfg.peft is not None and cfg.peft_settings["checkpoint"] == "trainable"
+
+
+def saved_part(cfg, state):
+    """What a checkpoint holds of ``state`` (or of an abstract state): all of it, or with peft checkpoint
+    'trainable' only the parameters that train (and the optimizer state, which covers only them anyway)."""
+    if not _partial(cfg):
+        return state
+    from parallel.state import split_params
+    from training.peft import trainable_filter
+
+    return state.replace(params=split_params(state.params, trainable_filter(cfg.peft_settings))[0])
+
+
+def base_params(cfg, make_model, imported, abstract, shardings, trained):
+    """The full parameters of a run whose checkpoint holds only the ``trained`` ones: the base comes from
+    ``init_from`` (``imported``) as at the run's start, or from the same seeded init."""
+    from parallel.state import init_params, join_params, place_params
+
+    fresh = lambda: init_params(make_model, cfg.seed, shardings.params)  # noqa: E731
+    base = place_params(imported, abstract.params, fresh) if imported is not None else fresh()
+    return join_params(trained, base)
+
+
+def summary(names: list[str], most: int = 8) -> str:
+    """Parameter names for a one-line note: the first ``most``, then how many more."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def restore_input_position(source, checkpoints, step: int, shardings: dict, shapes: dict) -> str | None:
@@ -411,6 +461,32 @@ def restore_input_position(source, checkpoints, step: int, shardings: dict, shap
     field = next(iter(shardings))  # every field is split over batch the same way
     rows = process_rows(shardings[field], shapes[field])
     return source.restore(step, shapes[field][0], rows, checkpoints.restore_input(step))
+
+
+ARCHITECTURE = ("n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "attention_types", "activation_function",
+                "no_weight_tie", "qkv_bias", "attention_scale", "d_ff", "norm_position", "n_token_types",
+                "local_attention_radius", "layer_norm_epsilon")
+
+
+def with_architecture_of(cfg, where: str, notes: list[str]):
+    """``cfg`` with the shape of the Hugging Face model it starts from (``init_from``), as from_pretrained takes
+    it from the checkpoint; each key that changes gets a note. The model family must be the same (one-line error
+    otherwise)."""
+    import json
+
+    from config import ConfigError
+    from convert.hf import hf_config
+
+    theirs = hf_config(cfg.init_from)
+    if theirs.model != cfg.model:
+        raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}")
+    changes = {key: getattr(theirs, key) for key in ARCHITECTURE if getattr(theirs, key) != getattr(cfg, key)}
+    if cfg.attention_layers == theirs.attention_layers:
+        changes.pop("attention_types", None)
+    if changes:
+        notes.append(f"{where}: the model's shape is {cfg.init_from}'s: " + ", ".join(
+            f"{key} {json.dumps(value)}" for key, value in changes.items()))
+    return cfg.replace(**changes)
 
 
 def imported_params(cfg, hf_dir: str):

@@ -27,6 +27,19 @@ def _mapping(model_type: str, source: str):
     return MAPPINGS[model_type]
 
 
+def hf_config(hf_dir: str) -> Config:
+    """The NeoMesh config of a Hugging Face model directory, from its config.json alone (no weights read)."""
+    from convert.hf_dir import read_json
+
+    path = os.path.join(hf_dir, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
+    hf = read_json(path)
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return _mapping(hf.get("model_type"), path).config_from_hf(hf, path)
+
+
 def load_hf(hf_dir: str) -> tuple[Config, dict]:
     """(NeoMesh config, parameter tree of float32 numpy arrays) of a Hugging Face model directory."""
     hf_config, tensors = read_hf_dir(hf_dir)
@@ -82,6 +95,8 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
     mapping = _mapping(cfg.model, "export: model")
     if cfg.activation_function not in mapping.ACTIVATIONS_TO_HF:
         raise ConfigError(f"export: activation_function {cfg.activation_function!r} has no Hugging Face equivalent")
+    if cfg.head_hidden:
+        raise ConfigError("export: head_hidden: Hugging Face's classifiers are one linear layer, this head is an MLP")
     if cfg.share_parameters:
         raise ConfigError("export: share_parameters: Hugging Face's families hold weights per layer; this model has "
                           "one set for all layers")
@@ -100,7 +115,11 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
     """Restores the latest checkpoint of MODEL_PATH on one device and writes an HF directory of its family."""
     from pretrained import load_run
 
-    cfg, _, params = load_run(model_path)
+    cfg, graphdef, params = load_run(model_path)
+    if cfg.peft is not None:  # LoRA folded into the base weights, the factors dropped: the base family's layout
+        from training.peft.weights import merged_params
+
+        params, cfg = merged_params(graphdef, params), cfg.replace(peft=None)
     tokenizer_dir = os.path.join(model_path, "tokenizer")
     export_params(cfg, params, hf_dir, tokenizer_dir if os.path.isdir(tokenizer_dir) else None)
     return cfg

@@ -180,6 +180,9 @@ def make_source(cfg: Config, split: str):
     """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
     from data.pipeline import check_mode
 
+    if cfg.task == "token_classification":
+        raise ConfigError("task: token_classification has no data reader yet; give the train step batches of "
+                          "inputs, segment_ids and per-token labels from Python (training/objectives.py)")
     if cfg.task == "sequence_classification":
         from data.labelled import labelled_source
         return labelled_source(cfg, split)

@@ -13,6 +13,10 @@ that every query of a global layer sees, whatever its position (GPT-Neo's memory
 ``CrossCache`` that holds them computed once. An optional additive ``bias`` on the logits (T5's relative position
 bias) goes through the same path to every kernel.
 
+Two seams for pluggable parts (training/peft/ fills them; the model knows none of them): ``prefix``, a module whose
+call gives learned (P, N, H) keys and values that every query sees, like the memory slots (prefix tuning, P-tuning
+v2), and ``attention_fn``, a function with ``softmax_attention``'s signature that replaces it (a custom attention).
+
 Logits are ``scale * q.k``: GPT-Neo and T5 use scale 1 (mesh-tensorflow folds 1/sqrt(head_dim) into the query
 init), GPT-2 and BERT 1/sqrt(head_dim).
 """
@@ -239,6 +243,8 @@ class Attention(nnx.Module):
             self.mem_v = nnx.Param(init(rngs.params(), (spec.num_mem_kv, n, h)), **meta)  # (S, N, H)
         else:
             self.mem_k = self.mem_v = None
+        self.prefix = nnx.data(None)  # pluggable: () -> ((P, N, H) keys, (P, N, H) values) every query sees
+        self.attention_fn = None  # pluggable: a function with softmax_attention's signature used instead of it
         self.spec = spec
         self.kernel = "xla"
         if spec.kind != "linear":  # a forced kernel that cannot run is an error at start-up, not mid-run
@@ -302,22 +308,34 @@ class Attention(nnx.Module):
             a = self._softmax(q, k, v, mask, segment_ids, dropout_key, bias=bias)
         return self.out(constrain(a, HEADS)), cache  # (B, T, D)
 
+    def memory(self) -> tuple[jax.Array, jax.Array] | None:
+        """The (S, N, H) keys and values every query sees before the sequence's own: the memory slots, then a
+        pluggable ``prefix``'s (None when there are neither)."""
+        parts = [] if self.mem_k is None else [(self.mem_k[...], self.mem_v[...])]
+        if self.prefix is not None:
+            parts.append(self.prefix())
+        if not parts:
+            return None
+        return tuple(jnp.concatenate(kv, axis=0) for kv in zip(*parts))
+
     def _softmax(self, q, k, v, mask, segment_ids, dropout_key, cross: bool = False, bias=None) -> jax.Array:
         s = self.spec
-        if self.mem_k is not None:  # the memory slots come first and every query sees them
-            b, t = q.shape[:2]
-            memory = [jnp.broadcast_to(m[None], (b, *m.shape)).astype(k.dtype) for m in (self.mem_k, self.mem_v)]
+        memory = self.memory()
+        if memory is not None:  # the memory slots come first and every query sees them
+            b, t, slots = q.shape[0], q.shape[1], memory[0].shape[0]
+            memory = [jnp.broadcast_to(m[None], (b, *m.shape)).astype(k.dtype) for m in memory]
             k, v = jnp.concatenate([memory[0], k], 1), jnp.concatenate([memory[1], v], 1)
             if mask is None:
                 mask = self_attention_mask(t, s.causal, s.window, segment_ids)
             mask = jnp.broadcast_to(mask, (b, t, mask.shape[-1]))
-            mask = jnp.concatenate([jnp.ones((b, t, s.num_mem_kv), bool), mask], axis=2)
+            mask = jnp.concatenate([jnp.ones((b, t, slots), bool), mask], axis=2)
             if bias is not None:  # the slots have no position: no bias for them
-                bias = jnp.pad(bias, [(0, 0), (0, 0), (0, 0), (s.num_mem_kv, 0)])
-        return softmax_attention(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
-                                 window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
-                                 mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,
-                                 kernel=self.kernel if mask is None else "xla", bias=bias)
+                bias = jnp.pad(bias, [(0, 0), (0, 0), (0, 0), (slots, 0)])
+        attend = self.attention_fn or softmax_attention
+        return attend(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
+                      window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
+                      mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,
+                      kernel=self.kernel if mask is None else "xla", bias=bias)
 
     def _linear(self, q, k, v, segment_ids, cache):
         real = None if segment_ids is None else segment_ids != 0

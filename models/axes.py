@@ -30,6 +30,10 @@ HIDDEN = ("batch", "sequence", "activation_embd")  # (B, T, D): the residual str
 LOGITS = ("batch", "sequence", "activation_vocab")  # (B, T, V)
 HEADS = ("batch", "sequence", "heads", "features_per_head")  # (B, T, N, H): queries, keys, values
 
+# The rank of a low-rank update (LoRA, training/peft/lora.py). No layout may name it, so it is never split: each
+# factor is split like the weight it adapts along that weight's dimensions, and the rank dimension stays whole.
+LORA_RANK = "lora_rank"
+
 Placer = Callable[[Sequence[str | None], Sequence[str]], jax.sharding.Sharding]
 _active = threading.local()
 

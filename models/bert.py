@@ -15,7 +15,7 @@ from flax import nnx
 from config import Config
 from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks, share_parameters
-from models.heads import ClassificationHead, MlmHead
+from models.heads import ClassificationHead, MlmHead, TokenClassificationHead
 from models.layers import BASE_STDDEV, dropout, dropout_keys, norm
 from models.spec import block_spec
 
@@ -39,8 +39,12 @@ class Bert(nnx.Module):
         self.mlm = MlmHead(d, cfg.n_vocab, cfg.activation_function, cfg.layer_norm_epsilon,
                            rngs=rngs) if cfg.task == "masked_lm" else None
         self.classifier = ClassificationHead(d, cfg.num_labels, pool="first", pooler=True, bias=True,
-                                             dropout_rate=cfg.res_dropout, rngs=rngs) \
+                                             dropout_rate=cfg.res_dropout, rngs=rngs, hidden=cfg.head_hidden,
+                                             activation=cfg.activation_function) \
             if cfg.task == "sequence_classification" else None
+        self.token_classifier = TokenClassificationHead(
+            d, cfg.num_labels, hidden=cfg.head_hidden, activation=cfg.activation_function,
+            dropout_rate=cfg.res_dropout, rngs=rngs) if cfg.task == "token_classification" else None
         self.embed_dropout = cfg.embed_dropout
         self.position_offset = cfg.position_offset
         self.remat, self.scan = cfg.remat_policy, cfg.scan_layers
@@ -55,6 +59,8 @@ class Bert(nnx.Module):
                                dropout_key=hidden_key)
         if self.classifier is not None:
             return self.classifier(x, segment_ids, head_key), None
+        if self.token_classifier is not None:
+            return self.token_classifier(x, head_key), None
         return constrain(self.mlm(x, self.wte), LOGITS), None
 
     def hidden_states(self, tokens: jax.Array, *, positions: jax.Array | None = None,

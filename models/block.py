@@ -10,6 +10,10 @@ sub-layer, each wrapped in a residual connection whose norm placement the spec p
 GPT-Neo's macaron blocks add a half-step MLP on the raw x before attention and halve the final MLP's branch.
 Parameter names follow GPT-Neo's checkpoints: ``attn``, ``ln_1``, ``ln_2``, ``mlp`` (and ``crossattention``,
 ``ln_cross``, ``mlp_macaron``, ``rezero_1/2``/``rezero_cross`` where the spec has them).
+
+Seams for pluggable parts (training/peft/ fills them): ``attn_adapter`` and ``mlp_adapter``, modules applied to
+the self-attention's and the MLP's output before the residual sum (bottleneck adapters); and the block's dropout
+scope (models/layers.py), from which such parts draw their dropout keys.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from flax import nnx
 
 from models.attention import Attention
 from models.axes import HIDDEN, axes, constrain
-from models.layers import dropout, dropout_keys, norm
+from models.layers import dropout, dropout_keys, dropout_scope, norm
 from models.mlp import Mlp
 from models.moe import MoeMlp
 from models.spec import BlockSpec, MlpSpec
@@ -49,6 +53,8 @@ class Block(nnx.Module):
         self.ln_cross, self.rezero_cross = (make_norm(), gate()) if self.crossattention is not None else (None, None)
         self.mlp = make_mlp(spec.mlp, rngs=rngs)
         self.ln_2, self.rezero_2 = make_norm(), gate()
+        # pluggable: (B, T, D) -> (B, T, D) on a sub-layer's output
+        self.attn_adapter = self.mlp_adapter = nnx.data(None)
 
     def _residual(self, x: jax.Array, branch: Callable[[jax.Array], jax.Array], norm_layer, gate, key,
                   factor: float = 1.0) -> jax.Array:
@@ -67,6 +73,13 @@ class Block(nnx.Module):
         """(B, T, D) -> (B, T, D) and this block's updated cache (see ``Attention.__call__`` for the arguments).
         ``attention_bias`` goes to the self-attention logits; ``cross_cache`` holds the cross-attention's keys and
         values when decoding (instead of ``context``)."""
+        # Pluggable parts draw their dropout keys from the scope (fold_in keeps the six keys below unchanged).
+        with dropout_scope(None if dropout_key is None else jax.random.fold_in(dropout_key, 6)):
+            return self._call(x, positions, segment_ids, cache, dropout_key, context, context_segment_ids,
+                              attention_bias, cross_cache)
+
+    def _call(self, x, positions, segment_ids, cache, dropout_key, context, context_segment_ids, attention_bias,
+              cross_cache):
         keys = dropout_keys(dropout_key, 6)
         half = 0.5 if self.spec.macaron else 1.0
         if self.mlp_macaron is not None:  # GPT-Neo: on the raw stream, no norm, no ReZero gate
@@ -75,7 +88,7 @@ class Block(nnx.Module):
             def attend(h):
                 nonlocal cache
                 out, cache = self.attn(h, positions, segment_ids, cache, keys[1], bias=attention_bias)
-                return out
+                return out if self.attn_adapter is None else self.attn_adapter(out)
 
             x = constrain(self._residual(x, attend, self.ln_1, self.rezero_1, keys[2]), HIDDEN)
         if self.crossattention is not None:
@@ -84,7 +97,8 @@ class Block(nnx.Module):
                                            context_segment_ids)[0]
 
             x = constrain(self._residual(x, cross, self.ln_cross, self.rezero_cross, keys[4]), HIDDEN)
-        x = self._residual(x, self.mlp, self.ln_2, self.rezero_2, keys[5], half)
+        mlp = self.mlp if self.mlp_adapter is None else (lambda h: self.mlp_adapter(self.mlp(h)))
+        x = self._residual(x, mlp, self.ln_2, self.rezero_2, keys[5], half)
         return constrain(x, HIDDEN), cache  # (B, T, D)
 
 

@@ -17,7 +17,7 @@ from models import kv_cache
 from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks, share_parameters
 from models.generate import seen_tokens
-from models.heads import ClassificationHead
+from models.heads import ClassificationHead, TokenClassificationHead
 from models.layers import dropout, dropout_keys, norm
 from models.spec import block_spec, gpt_neo_attention_init, gpt_neo_mlp_init
 
@@ -62,7 +62,12 @@ class GPTNeo(nnx.Module):
         self.lm_head = nnx.Einsum("BTD,DV->BTV", (cfg.n_embd, cfg.n_vocab), kernel_init=init(0.02),
                                   kernel_metadata=axes("embd", "vocab"), rngs=rngs) if cfg.no_weight_tie else None
         self.score = ClassificationHead(cfg.n_embd, cfg.num_labels, pool="last", pooler=False, bias=False,
-                                        dropout_rate=0.0, rngs=rngs) if cfg.task == "sequence_classification" else None
+                                        dropout_rate=0.0, rngs=rngs, hidden=cfg.head_hidden,
+                                        activation=cfg.activation_function) \
+            if cfg.task == "sequence_classification" else None
+        self.token_classifier = TokenClassificationHead(
+            cfg.n_embd, cfg.num_labels, hidden=cfg.head_hidden, activation=cfg.activation_function,
+            dropout_rate=cfg.res_dropout, rngs=rngs) if cfg.task == "token_classification" else None
         self.embed_dropout = cfg.embed_dropout
         self.position_offset = cfg.position_offset
         self.remat, self.scan = cfg.remat_policy, cfg.scan_layers
@@ -70,13 +75,18 @@ class GPTNeo(nnx.Module):
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                  segment_ids: jax.Array | None = None, cache: kv_cache.DecodeState | None = None,
                  dropout_key: jax.Array | None = None) -> tuple[jax.Array, kv_cache.DecodeState | None]:
-        """(B, T) token ids -> ((B, T, V) logits, or (B, C) with a classification head; the advanced cache).
+        """(B, T) token ids -> ((B, T, V) logits, or (B, C) / (B, T, C) with a sequence / token classification head;
+        the advanced cache).
 
         Training and evaluation pass no cache (``dropout_key`` None means deterministic). Decoding passes the
         ``init_cache`` state: prefill is one call with the whole (left-padded) prompt, then one call per token."""
-        x, cache = self._backbone(tokens, positions, segment_ids, cache, dropout_key)
+        backbone_key, head_key = dropout_keys(dropout_key, 2) if self.token_classifier is not None else \
+            (dropout_key, None)
+        x, cache = self._backbone(tokens, positions, segment_ids, cache, backbone_key)
         if self.score is not None:
             return self.score(x, segment_ids), cache
+        if self.token_classifier is not None:
+            return self.token_classifier(x, head_key), cache
         return constrain(self.logits(x), LOGITS), cache
 
     def hidden_states(self, tokens: jax.Array, *, positions: jax.Array | None = None,

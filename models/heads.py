@@ -1,8 +1,10 @@
 """Heads that turn a backbone's hidden states into what a task needs.
 
 Language-model logits come from the embedding matrix itself (tied) or a separate projection, inside each family.
-Here: the masked-LM head (BERT/RoBERTa: dense + activation + LayerNorm, then the tied decoder plus a bias) and the
-sequence-classification head (a pooled token, optionally through BERT's pooler, then a linear classifier).
+Here: the masked-LM head (BERT/RoBERTa: dense + activation + LayerNorm, then the tied decoder plus a bias), the
+sequence-classification head (a pooled token, optionally through BERT's pooler, then a linear classifier), the
+token-classification head (a label per token) and the MLP head either classifier can end in (SwissArmyTransformer's
+``MLPHeadMixin``: hidden layers with an activation between them).
 """
 
 from __future__ import annotations
@@ -29,6 +31,36 @@ class MlmHead(nnx.Module):
         return embedding.attend(h) + self.bias[...].astype(h.dtype)  # (B, T, V)
 
 
+class MlpHead(nnx.Module):
+    """(B, [T,] D) -> (B, [T,] C) through ``sizes`` = [hidden..., C] layers, ``activation`` between them (a single
+    size: one linear layer)."""
+
+    def __init__(self, n_embd: int, sizes, activation: str, per_token: bool, *, bias: bool = True, rngs: nnx.Rngs):
+        lead = "BT" if per_token else "B"
+        widths = [n_embd, *sizes]
+        self.layers = nnx.List([projection(f"{lead}I,IO->{lead}O", (i, o), ("embd" if n == 0 else None, None),
+                                           BASE_STDDEV, rngs, bias=(None,) if bias else None)
+                                for n, (i, o) in enumerate(zip(widths[:-1], widths[1:]))])
+        self.activation = ACTIVATIONS[activation]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for n, layer in enumerate(self.layers):
+            x = layer(x if n == 0 else self.activation(x))
+        return x
+
+
+class TokenClassificationHead(nnx.Module):
+    """(B, T, D) -> (B, T, C): a label's logits for every token, ``mlp(dropout(x))``."""
+
+    def __init__(self, n_embd: int, num_labels: int, *, hidden=(), activation: str = "gelu", dropout_rate: float = 0.0,
+                 rngs: nnx.Rngs):
+        self.mlp = MlpHead(n_embd, [*hidden, num_labels], activation, per_token=True, rngs=rngs)
+        self.dropout_rate = dropout_rate
+
+    def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+        return self.mlp(dropout(self.dropout_rate, x, dropout_key))  # (B, T, C)
+
+
 def pooled_token(x: jax.Array, segment_ids: jax.Array | None, pool: str) -> jax.Array:
     """(B, T, D) -> (B, D): the first token (BERT's [CLS]) or each row's last real token (decoders)."""
     if pool == "first":
@@ -44,11 +76,13 @@ class ClassificationHead(nnx.Module):
     ``out(token)`` without it (GPT-style sequence classification)."""
 
     def __init__(self, n_embd: int, num_labels: int, *, pool: str, pooler: bool, bias: bool, dropout_rate: float,
-                 rngs: nnx.Rngs):
+                 rngs: nnx.Rngs, hidden=(), activation: str = "gelu"):
         self.dense = projection("BD,DE->BE", (n_embd, n_embd), ("embd", None), BASE_STDDEV, rngs,
                                 bias=(None,)) if pooler else None
-        self.out = projection("BD,DC->BC", (n_embd, num_labels), ("embd", None), BASE_STDDEV, rngs,
-                              bias=(None,) if bias else None)
+        # ``hidden`` widths make the classifier an MLP head (its parameters then live under out/layers/).
+        self.out = MlpHead(n_embd, [*hidden, num_labels], activation, per_token=False, bias=bias, rngs=rngs) \
+            if hidden else projection("BD,DC->BC", (n_embd, num_labels), ("embd", None), BASE_STDDEV, rngs,
+                                      bias=(None,) if bias else None)
         self.pool, self.dropout_rate = pool, dropout_rate
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None,

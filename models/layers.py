@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import threading
+from typing import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -111,3 +113,24 @@ def dropout(rate: float, x: jax.Array, key: jax.Array | None) -> jax.Array:
     if key is None or rate == 0.0:
         return x
     return nnx.Dropout(rate)(x, deterministic=False, rngs=key)
+
+
+_scope = threading.local()
+
+
+@contextlib.contextmanager
+def dropout_scope(key: jax.Array | None) -> Iterator[None]:
+    """While active, ``scoped_dropout_key`` derives keys from ``key`` (None: not training). A block opens one, so
+    parts plugged into it (LoRA, adapters) drop out without a key in their call signature."""
+    previous = getattr(_scope, "key", None)
+    _scope.key = key
+    try:
+        yield
+    finally:
+        _scope.key = previous
+
+
+def scoped_dropout_key(salt: int) -> jax.Array | None:
+    """The enclosing ``dropout_scope``'s key folded with ``salt`` (each part its own), or None outside training."""
+    key = getattr(_scope, "key", None)
+    return None if key is None else jax.random.fold_in(key, salt)

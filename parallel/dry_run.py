@@ -93,12 +93,15 @@ def shard_bytes(tree) -> int:
 def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module]) -> DryRun:
     """Compiles ``cfg``'s train step for ``layout``'s mesh without allocating the model and reports it."""
     tx, schedule, objective = make_optimizer(cfg), learning_rate_schedule(cfg), objective_for(cfg)
-    graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
+    from training.peft import trainable_filter
+
+    trainable = trainable_filter(cfg.peft_settings)  # frozen parameters have no optimizer state
+    graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout, trainable)
     shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
     data = batch_shardings(layout, objective, shapes)
     microbatches = microbatch_count(cfg, layout)
     step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, data, precision=cfg.precision,
-                           microbatches=microbatches, seed=cfg.seed)
+                           microbatches=microbatches, seed=cfg.seed, trainable=trainable)
     batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data[name]) for name, shape in shapes.items()}
     start = time.perf_counter()
     compiled = step.lower(abstract, batch).compile()
@@ -181,8 +184,8 @@ def simulate_devices(count: int) -> None:
 def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100") -> str:
     """``train.py --dry-run``: the report for ``cfg`` on ``device_count`` simulated devices (default: the count
     ``mesh_shape`` fixes); an ``auto`` mesh or layout is chosen for ``accelerator``'s memory."""
-    from models import registry
     from parallel.auto import resolve
+    from training.peft import build_model
     from parallel.mesh import fixed_device_count
 
     count = device_count or fixed_device_count(cfg.mesh_shape)
@@ -191,7 +194,7 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100") -> str
     simulate_devices(count)
     if jax.device_count() != count:  # a backend started before us (e.g. inside a test process)
         raise ConfigError(f"--devices: jax already runs with {jax.device_count()} devices, not {count}")
-    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
+    make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
     layout, note = resolve(cfg, make_model, make_optimizer(cfg), memory=ACCELERATORS[accelerator].memory)
     run = dry_run(cfg, layout, make_model)
     return (f"{note}\n" if note else "") + report(run, cfg, layout)

@@ -36,6 +36,33 @@ def path_name(path) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
+def split_params(params: Params, keep: Callable[[str], bool] | None, prefix: tuple = ()) -> tuple[Params, Params]:
+    """(the parameters whose path name ``keep`` accepts, the rest), as two nested dicts without empty branches;
+    ``keep`` None keeps everything."""
+    if keep is None:
+        return params, {}
+    kept, rest = {}, {}
+    for key, value in params.items():
+        path = prefix + (key,)
+        if isinstance(value, dict):
+            a, b = split_params(value, keep, path)
+            kept.update({key: a} if a else {})
+            rest.update({key: b} if b else {})
+        elif keep("/".join(map(str, path))):
+            kept[key] = value
+        else:
+            rest[key] = value
+    return kept, rest
+
+
+def join_params(a: Params, b: Params) -> Params:
+    """The union of two parameter trees that ``split_params`` made."""
+    out = dict(b)
+    for key, value in a.items():
+        out[key] = join_params(value, out[key]) if isinstance(value, dict) and key in out else value
+    return out
+
+
 def abstract_model(make_model: Callable[[nnx.Rngs], nnx.Module]) -> tuple[nnx.GraphDef, Params, dict]:
     """The graph definition, abstract parameters and per-parameter logical axes, without allocating anything."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: make_model(nnx.Rngs(0))))
@@ -82,11 +109,13 @@ def sharded_abstract_params(make_model: Callable[[nnx.Rngs], nnx.Module], layout
 
 
 def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
-                         layout: Layout) -> tuple[nnx.GraphDef, TrainState, TrainState]:
-    """(graphdef, abstract state, state shardings) with nothing allocated: the init and restore target."""
+                         layout: Layout, trainable: Callable[[str], bool] | None = None
+                         ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+    """(graphdef, abstract state, state shardings) with nothing allocated: the init and restore target. The
+    optimizer state covers only the parameters ``trainable`` accepts (all when None): frozen ones have none."""
     graphdef, abstract_params, logical = abstract_model(make_model)
     p_shardings = param_shardings(layout, abstract_params, logical)
-    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    abstract_opt = jax.eval_shape(tx.init, split_params(abstract_params, trainable)[0])
     shardings = TrainState(step=replicated(layout.mesh), params=p_shardings,
                            opt_state=shardings_like(abstract_opt, abstract_params, p_shardings, layout))
     abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt)
@@ -95,15 +124,17 @@ def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax
 
 
 def create_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
-                       layout: Layout, seed: int, params: Params | None = None
-                       ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+                       layout: Layout, seed: int, params: Params | None = None,
+                       trainable: Callable[[str], bool] | None = None) -> tuple[nnx.GraphDef, TrainState, TrainState]:
     """Initialises a sharded ``TrainState``, from ``params`` (imported weights, fresh optimizer state) if given;
     returns (graphdef, state, state shardings). Parameters the weights lack (a task head a checkpoint does not
-    have) start from their init, as transformers does; ``match_params`` names them."""
-    graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout)
+    have) start from their init, as transformers does; ``match_params`` names them. Only the parameters
+    ``trainable`` accepts get optimizer state."""
+    graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout, trainable)
     if params is not None:
         params = place_params(params, abstract.params, lambda: init_params(make_model, seed, shardings.params))
-    init = jax.jit(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
+    init = jax.jit(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p,
+                                        opt_state=tx.init(split_params(p, trainable)[0])),
                    in_shardings=(shardings.params,), out_shardings=shardings)
     return graphdef, init(params if params is not None else init_params(make_model, seed, shardings.params)), \
         shardings

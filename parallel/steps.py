@@ -18,7 +18,7 @@ from config import ConfigError
 from models import aux_losses
 from models.axes import constrain
 from parallel.layout import Layout, replicated
-from parallel.state import Params, TrainState
+from parallel.state import Params, TrainState, join_params, split_params
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -76,7 +76,8 @@ def _nonzero(weight: jax.Array) -> jax.Array:
 
 def make_train_step(graphdef: nnx.GraphDef, objective, tx: optax.GradientTransformation, schedule: optax.Schedule,
                     layout: Layout, state_shardings: TrainState, data_shardings: dict, *,
-                    precision: str = "float32", microbatches: int = 1, seed: int = 0
+                    precision: str = "float32", microbatches: int = 1, seed: int = 0,
+                    trainable: Callable[[str], bool] | None = None
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """``(state, batch) -> (state, metrics)`` jitted with explicit shardings; the input state is donated.
 
@@ -85,31 +86,33 @@ def make_train_step(graphdef: nnx.GraphDef, objective, tx: optax.GradientTransfo
     microbatch's weighted loss is divided by the whole batch's weight, so the result equals one big batch even
     when microbatches count different numbers of targets. Microbatch m takes rows m, m+M, m+2M, ... so every
     microbatch stays spread over the whole data axis. Dropout keys are ``fold_in(seed, step)``: a resumed run
-    draws the same.
+    draws the same. Only the parameters ``trainable`` accepts (a path-name predicate; None: all) are
+    differentiated and updated: the rest (frozen) pass through bit for bit and have no optimizer state.
     """
     compute_dtype = COMPUTE_DTYPES[precision]
 
-    def grad_fn(params, batch, key, total_weight):  # -> ((sums, sown metrics), grads)
+    def grad_fn(params, frozen, batch, key, total_weight):  # -> ((sums, sown metrics), grads of params)
         def loss_fn(params):
-            sums, penalty, aux = objective_sums(graphdef, objective, params, batch, compute_dtype, key)
+            sums, penalty, aux = objective_sums(graphdef, objective, join_params(params, frozen), batch,
+                                                compute_dtype, key)
             return sums["loss"] / total_weight + penalty / microbatches, (sums, aux)
 
         (_, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return out, grads
 
-    def accumulated(params, batch, key, total_weight):
+    def accumulated(params, frozen, batch, key, total_weight):
         def split(x):  # (B, ...) -> (M, B/M, ...): microbatch m holds rows m, m+M, ...
             chunks = x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1)
             return constrain(chunks, (None, "batch") + (None,) * (x.ndim - 1))
 
         def body(carry, chunk_and_index):
             chunk, i = chunk_and_index
-            out_and_grads = grad_fn(params, chunk, jax.random.fold_in(key, i), total_weight)
+            out_and_grads = grad_fn(params, frozen, chunk, jax.random.fold_in(key, i), total_weight)
             return jax.tree.map(jnp.add, carry, out_and_grads), None
 
         chunks = jax.tree.map(split, batch)
         first = jax.tree.map(lambda x: x[0], chunks)
-        shapes = jax.eval_shape(grad_fn, params, first, key, total_weight)
+        shapes = jax.eval_shape(grad_fn, params, frozen, first, key, total_weight)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
         ((sums, aux), grads), _ = jax.lax.scan(body, zeros, (chunks, jnp.arange(microbatches)))
         return (sums, jax.tree.map(lambda x: x / microbatches, aux)), grads
@@ -119,9 +122,10 @@ def make_train_step(graphdef: nnx.GraphDef, objective, tx: optax.GradientTransfo
             key = jax.random.fold_in(jax.random.key(seed), state.step)
             total_weight = _nonzero(objective.weights(batch).sum())
             step_fn = grad_fn if microbatches == 1 else accumulated
-            (sums, aux), grads = step_fn(state.params, batch, key, total_weight)
-            updates, opt_state = tx.update(grads, state.opt_state, state.params)
-            params = optax.apply_updates(state.params, updates)
+            params, frozen = split_params(state.params, trainable)
+            (sums, aux), grads = step_fn(params, frozen, batch, key, total_weight)
+            updates, opt_state = tx.update(grads, state.opt_state, params)
+            params = join_params(optax.apply_updates(params, updates), frozen)
             metrics = {name: value / total_weight for name, value in sums.items() if name != "weight"}
             metrics.update(aux, grad_norm=optax.tree.norm(grads), lr=schedule(state.step))
             return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

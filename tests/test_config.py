@@ -96,7 +96,7 @@ def test_attention_types_expand():
                                                 "4*n_embd = 256"),
     ({"moe_params": {"moe_use_experts_attention": True}}, "moe_params.moe_use_experts_attention: mesh-tensorflow's"),
     ({"model": "bret"}, "model: unknown family \"bret\"; did you mean 'bert'?"),
-    ({"task": "translation"}, 'task: "translation" is not one of causal_lm, masked_lm, sequence_classification, seq2seq'),
+    ({"task": "translation"}, 'task: "translation" is not one of causal_lm, masked_lm, sequence_classification, token_classification, seq2seq'),
     ({"causal": False}, "causal: false lets causal_lm see the token it predicts"),
     ({"mlm_training": True}, "causal: a masked_lm model must see both sides of a mask"),
     ({"mlm_training": True, "causal": False, "task": "causal_lm"}, "mlm_training: true trains masked_lm"),

@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from config import load_config
-from models import registry
+from training.peft import build_model
 from models.axes import HEADS, HIDDEN, LOGITS
 from parallel.layout import Layout
 from parallel.mesh import abstract_mesh
@@ -51,7 +51,7 @@ def layout_table(config_path: str, mesh_shape: str | None = None, layout_text: s
     cfg, _ = load_config(config_path)
     mesh_shape, layout_text = mesh_shape or cfg.mesh_shape, layout_text or cfg.layout
     layout = Layout.from_config(abstract_mesh(mesh_shape, device_count(mesh_shape)), layout_text)
-    _, abstract, logical = abstract_model(lambda rngs: registry.build(cfg, rngs))
+    _, abstract, logical = abstract_model(lambda rngs: build_model(cfg, rngs))
     shardings = param_shardings(layout, abstract, logical)
     flat = jax.tree_util.tree_flatten_with_path(shardings)[0]
     header = f"# mesh_shape {mesh_shape} -> {dict(layout.mesh.shape)}; layout {layout_text}\n"

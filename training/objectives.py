@@ -20,6 +20,8 @@ Batches (all int32 unless noted), by task:
                              batch; a batch without it counts every row)}, and "token_types" (B, T) for models
                              with token type embeddings
     image_classification     {"images": (B, H, W, C) float32, "labels": (B,), "weights": (B,) float (as above)}
+    token_classification     {"inputs", "segment_ids", "labels": (B, T)}: a label per token, -1 where none counts
+                             (padding, a word's later sub-tokens), and "token_types" (B, T) as above
     seq2seq                  {"inputs", "segment_ids": (B, S) encoder tokens, "targets", "target_segment_ids":
                              (B, T) decoder targets}; 0 segments are padding (weight 0); the decoder reads the
                              targets shifted right (teacher forcing)
@@ -177,6 +179,18 @@ def _image_classification(model, batch: dict, dropout_key) -> Output:
     return cross_entropy(logits, batch["labels"]), {"accuracy": correct}
 
 
+def _token_classification(model, batch: dict, dropout_key) -> Output:
+    kwargs = {"token_types": batch["token_types"]} if "token_types" in batch else {}
+    logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)  # (B,T,C)
+    labels = batch["labels"]
+    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    return cross_entropy(logits, jnp.maximum(labels, 0)), {"accuracy": correct}
+
+
+def _token_weights(batch: dict) -> jax.Array:
+    return ((batch["labels"] >= 0) & (batch["segment_ids"] != 0)).astype(jnp.float32)
+
+
 def shift_right(targets: jax.Array, segment_ids: jax.Array, start_id: int) -> jax.Array:
     """(B, T) targets -> decoder inputs: each segment's targets one step later, its first input ``start_id``
     (T5's ``_shift_right``, segment by segment for packed rows)."""
@@ -210,6 +224,12 @@ OBJECTIVES = {
         lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "labels": (), "weights": (),
                      **({"token_types": (cfg.n_ctx,)} if cfg.n_token_types else {})},
         _sequence_classification, _example_weights, per_token=False),
+    "token_classification": Objective(
+        "token_classification", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "token_types": SEQUENCE,
+                                 "labels": SEQUENCE},
+        lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "labels": (cfg.n_ctx,),
+                     **({"token_types": (cfg.n_ctx,)} if cfg.n_token_types else {})},
+        _token_classification, _token_weights, per_token=False),
     "seq2seq": Objective(
         "seq2seq", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "targets": SEQUENCE, "target_segment_ids": SEQUENCE},
         lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "targets": (cfg.decoder_ctx,),

@@ -1,0 +1,318 @@
+"""Parameter-efficient fine-tuning (training/peft/): LoRA, prefixes, adapters, the trainable filter, adapter-only
+files, merged export, and the custom attention hook, on tiny models."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from config import ConfigError, from_dict
+from models import registry
+from models.attention import Attention
+from models.spec import AttentionSpec
+from parallel.layout import Layout
+from parallel.mesh import make_mesh
+from parallel.state import create_train_state, path_name
+from parallel.steps import batch_shapes, batch_shardings, make_train_step
+from tests.common import random_batches, tiny_config
+from training.objectives import objective_for
+from training.optimizer import learning_rate_schedule, make_optimizer
+from training.peft import apply_peft, build_model, trainable_filter
+from training.peft.hooks import alibi_attention, set_attention_fn
+from training.peft.lora import merge, unmerge
+from training.peft.weights import export_merged, load_adapter, merged_params, save_adapter
+
+EVERY_PROJECTION = {"targets": ["q", "k", "v", "out", "c_fc", "c_proj"], "rank": 4, "alpha": 8.0}
+TRAINED = {"lora": {"targets": ["q", "v", "c_fc"], "rank": 4, "dropout": 0.1}, "prefix": {"length": 3, "hidden": 16},
+           "adapter": {"size": 8, "after": ["mlp"]}}
+
+
+def params_of(model):
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def flat(params):
+    return {path_name(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 32)), jnp.int32)
+
+
+@pytest.mark.parametrize("peft, message", [
+    ({"lora": {"rnk": 4}}, "peft.lora: unknown key 'rnk'; did you mean 'peft.lora.rank'?"),
+    ({"lorra": {}}, "peft: unknown key 'lorra'; did you mean 'peft.lora'?"),
+    ({"lora": {"rank": 0}}, "peft.lora.rank: 0 is outside its range"),
+    ({"trainable": ["biass"]}, "did you mean 'bias'?"),
+    ({"checkpoint": "some"}, "peft.checkpoint: \"some\" is not one of all, trainable"),
+])
+def test_peft_config_errors_name_the_sub_key(peft, message):
+    with pytest.raises(ConfigError) as e:
+        from_dict({"peft": peft})
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_lora_target_that_matches_nothing_suggests_the_closest_projection():
+    model = nnx.eval_shape(lambda: registry.build(tiny_config(), nnx.Rngs(0)))  # abstract: nothing to compute
+    with pytest.raises(ConfigError, match="'qq' matches no projection; did you mean 'q'"):
+        apply_peft(model, {"lora": {"targets": ["qq"]}})
+
+
+def test_fresh_lora_and_adapters_equal_the_base_and_merged_equals_unmerged():
+    base = registry.build(tiny_config(), nnx.Rngs(0))
+    model = apply_peft(registry.build(tiny_config(), nnx.Rngs(0)), {"lora": EVERY_PROJECTION, "adapter": {}}, 1)
+    call = nnx.jit(lambda m: m(TOKENS)[0])
+    reference = np.asarray(call(base))
+    np.testing.assert_array_equal(call(model), reference)  # B = 0 and up = 0: exactly the base
+    names = flat(params_of(model))
+    assert names["blocks/0/attn/q/lora_a"].shape == (64, 4) and names["blocks/0/attn/q/lora_b"].shape == (4, 4, 16)
+    assert names["blocks/1/mlp/c_proj/lora_a"].shape == (256, 4) and "blocks/1/mlp_adapter/down/kernel" in names
+    for path, module in nnx.iter_graph(model):
+        if hasattr(module, "lora_b"):
+            module.lora_b[...] = 0.2 * jax.random.normal(jax.random.key(len(path)), module.lora_b.shape)
+    kernel = np.asarray(model.blocks[0].attn.q.kernel[...])
+    unmerged = np.asarray(call(model))
+    assert np.abs(unmerged - reference).max() > 1e-2  # the updates matter
+    merged = np.asarray(call(merge(model)))
+    np.testing.assert_allclose(merged, unmerged, atol=2e-5, rtol=0)
+    assert np.abs(np.asarray(model.blocks[0].attn.q.kernel[...]) - kernel).max() > 1e-3  # really in the kernel
+    unmerge(model)
+    np.testing.assert_allclose(np.asarray(model.blocks[0].attn.q.kernel[...]), kernel, atol=1e-6, rtol=0)
+
+
+def test_lora_factors_shard_like_their_weight_with_the_rank_whole():
+    from parallel.state import abstract_model, param_shardings
+
+    cfg = tiny_config(peft={"lora": EVERY_PROJECTION})
+    layout = Layout.from_config(make_mesh("x:4,y:2"), "batch:x,heads:y,embd:x")
+    _, abstract, logical = abstract_model(lambda rngs: build_model(cfg, rngs))
+    specs = {path_name(p): tuple(s.spec) for p, s in jax.tree_util.tree_flatten_with_path(
+        param_shardings(layout, abstract, logical))[0]}
+    assert specs["blocks/0/attn/q/kernel"] == ("x", "y", None)
+    assert specs["blocks/0/attn/q/lora_a"] == ("x", None) and specs["blocks/0/attn/q/lora_b"] == (None, "y", None)
+    assert specs["blocks/0/attn/out/lora_a"] == ("y", None, None) and specs["blocks/0/attn/out/lora_b"] == (None, "x")
+
+
+def train(cfg, batches, mesh_shape, layout, devices=None):
+    """(initial parameters as numpy, final state, per-step losses) of ``cfg`` with its peft setting."""
+    layout = Layout.from_config(make_mesh(mesh_shape, devices), layout)
+    tx, objective, trainable = make_optimizer(cfg), objective_for(cfg), trainable_filter(cfg.peft_settings)
+    graphdef, state, shardings = create_train_state(lambda rngs: build_model(cfg, rngs), tx, layout, cfg.seed,
+                                                    trainable=trainable)
+    first = jax.device_get(state.params)
+    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
+    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
+                           precision=cfg.precision, seed=cfg.seed, trainable=trainable)
+    losses = []
+    for batch in batches:
+        state, metrics = step(state, jax.device_put(batch, data))
+        losses.append(float(metrics["loss"]))
+    return first, state, losses
+
+
+@pytest.fixture(scope="module")
+def one_device_run():
+    cfg = tiny_config(warmup_steps=0, lr=1e-2, num_mem_kv=2, n_layer=1, attention_types=None, peft=TRAINED)
+    batches = random_batches(cfg, 1) * 3  # one batch thrice: the loss must fall
+    return cfg, batches, train(cfg, batches, "x:1", "batch:x", jax.devices()[:1])
+
+
+def test_only_adapter_parameters_change_and_only_they_have_optimizer_state(one_device_run):
+    cfg, _, (first, state, losses) = one_device_run
+    before, after = flat(first), flat(jax.device_get(state.params))
+    trains = trainable_filter(cfg.peft_settings)
+    trained = sorted(n for n in before if trains(n))
+    assert trained and all("lora_" in n or "/prefix/" in n or "_adapter/" in n for n in trained)
+    for name in before:
+        if trains(name):
+            assert not np.array_equal(before[name], after[name]), name
+        else:
+            np.testing.assert_array_equal(before[name], after[name], err_msg=name)  # frozen: bit-identical
+    slots = {path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]}
+    moments = {name for name in slots if ".mu/" in name or "mu/" in name.split("inner_state")[-1]}
+    assert moments and all(trains(name.split("mu/", 1)[1]) for name in moments), sorted(moments)[:3]
+    n_opt = sum(x.size for x in jax.tree.leaves(state.opt_state))
+    assert n_opt < 2.1 * sum(before[n].size for n in trained) + 100  # two Adam moments of the trained ones only
+    assert losses[-1] < losses[0]
+
+
+def test_lora_and_prefixes_sharded_over_8_devices_equal_one_device(one_device_run):
+    cfg, batches, (_, single, losses) = one_device_run
+    _, sharded, sharded_losses = train(cfg, batches, "x:4,y:2", "batch:x,heads:y,embd:y")
+    np.testing.assert_allclose(sharded_losses, losses, rtol=0, atol=1e-5)
+    for name, value in flat(jax.device_get(single.params)).items():
+        np.testing.assert_allclose(flat(jax.device_get(sharded.params))[name], value, atol=2e-5, rtol=0,
+                                   err_msg=name)
+
+
+def test_prefix_cached_decoding_equals_full_recomputation():
+    cfg = tiny_config(n_layer=2, attention_types=[[["global", "local"], 1]], local_attention_radius=4,
+                      num_mem_kv=2, peft={"prefix": {"length": 3}})
+    model = build_model(cfg, nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    call = jax.jit(lambda params, tokens, cache: nnx.merge(graphdef, params)(tokens, cache=cache))
+    rng = np.random.default_rng(0)
+    lengths, new = [5, 9], 8
+    width = max(lengths)
+    rows = rng.integers(1, cfg.n_vocab, (2, width + new))
+    pad = np.array([width - n for n in lengths], np.int32)
+    prompts = np.stack([np.concatenate([np.zeros(p, int), r[:n]]) for p, r, n in zip(pad, rows, lengths)])
+    logits, cache = call(params, jnp.asarray(prompts), model.init_cache(2, width + new, jnp.asarray(pad)))
+    got = [[np.asarray(logits[b, -1])] for b in range(2)]
+    for i in range(new - 1):
+        logits, cache = call(params, jnp.asarray([[r[n + i]] for r, n in zip(rows, lengths)]), cache)
+        for b in range(2):
+            got[b].append(np.asarray(logits[b, 0]))
+    full = np.asarray(call(params, jnp.asarray(rows), None)[0])  # causal: a longer row predicts the same
+    for b, n in enumerate(lengths):
+        np.testing.assert_allclose(np.stack(got[b]), full[b, n - 1:n + new - 1], atol=2e-5, rtol=0)
+    without = registry.build(tiny_config(**{k: getattr(cfg, k) for k in ("attention_types", "local_attention_radius",
+                                                                         "num_mem_kv")}), nnx.Rngs(0))
+    assert np.abs(np.asarray(without(TOKENS)[0]) - np.asarray(model(TOKENS)[0])).max() > 1e-4  # prefixes matter
+
+
+def test_adapter_file_round_trip_and_merged_export(tmp_path):
+    from convert.hf import load_hf
+
+    cfg = tiny_config(model="gpt2", attention_types=None, peft={"lora": EVERY_PROJECTION})
+    model = build_model(cfg, nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, v: v + 0.1 * jax.random.normal(jax.random.key(3), v.shape) if "lora_b" in path_name(p) else v, params)
+    names = save_adapter(str(tmp_path / "adapter.safetensors"), params, cfg.peft)
+    assert names and all("lora_" in n for n in names)  # the base weights stay out of the file
+    fresh = nnx.to_pure_dict(state)
+    restored = load_adapter(str(tmp_path / "adapter.safetensors"), fresh)
+    for name, value in flat(params).items():
+        np.testing.assert_array_equal(flat(restored)[name], value, err_msg=name)
+    logits = nnx.merge(graphdef, nnx.State(params))(TOKENS)[0]
+    base_cfg = cfg.replace(peft=None)
+    merged = merged_params(graphdef, params)
+    assert not any("lora" in n for n in flat(merged))
+    export_merged(cfg, graphdef, params, str(tmp_path / "hf"))
+    hf_cfg, hf_params = load_hf(str(tmp_path / "hf"))
+    assert hf_cfg.model == "gpt2" and hf_cfg.n_embd == cfg.n_embd
+    base_graph, _ = nnx.split(registry.build(base_cfg, nnx.Rngs(0)))
+    exported = nnx.merge(base_graph, nnx.State(jax.tree.map(jnp.asarray, hf_params)))(TOKENS)[0]
+    np.testing.assert_allclose(exported, logits, atol=5e-5, rtol=0)
+
+
+def test_bitfit_trains_biases_and_the_head_only():
+    trains = trainable_filter(from_dict({"peft": {"bitfit": True}})[0].peft_settings)
+    assert trains("blocks/0/attn/out/bias") and trains("blocks/1/ln_2/bias") and trains("score/out/kernel")
+    assert not trains("blocks/0/attn/q/kernel") and not trains("wte/embedding")
+
+
+def test_custom_attention_hook_adds_exactly_the_alibi_bias():
+    spec = AttentionSpec(kind="global", causal=True, n_embd=32, n_head=4, head_dim=8, scale=8 ** -0.5)
+    attn = Attention(spec, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 12, 32))
+    positions = jnp.broadcast_to(jnp.arange(12)[None], (2, 12))
+    plain = np.asarray(attn(x, positions)[0])
+    set_attention_fn(attn, alibi_attention)
+    hooked = np.asarray(attn(x, positions)[0])
+    # Reference in numpy: softmax(scale q.k - slope_h (i - j)) v over the causal keys, then the output projection.
+    q, k, v = (np.asarray(p(x)) for p in (attn.q, attn.k, attn.v))  # (B, T, N, H)
+    slopes = 2.0 ** (-8.0 * np.arange(1, 5) / 4)
+    i, j = np.arange(12)[:, None], np.arange(12)[None, :]
+    logits = np.einsum("btnh,bsnh->bnts", q, k) * 8 ** -0.5 - slopes[:, None, None] * (i - j)
+    logits = np.where(j <= i, logits, -np.inf)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    expected = np.asarray(attn.out(jnp.asarray(np.einsum("bnts,bsnh->btnh", probs, v))))
+    np.testing.assert_allclose(hooked, expected, atol=2e-5, rtol=0)
+    assert np.abs(hooked - plain).max() > 1e-3
+
+
+def test_attention_hook_on_chosen_layers_of_a_model():
+    cfg = tiny_config()
+    base = registry.build(cfg, nnx.Rngs(0))
+    model = registry.build(cfg, nnx.Rngs(0))
+    assert set_attention_fn(model, alibi_attention, layers=[1]) == ["blocks/1/attn"]
+    assert model.blocks[0].attn.attention_fn is None
+    assert np.abs(np.asarray(model(TOKENS)[0]) - np.asarray(base(TOKENS)[0])).max() > 1e-4
+    set_attention_fn(model, None)
+    np.testing.assert_array_equal(model(TOKENS)[0], base(TOKENS)[0])
+
+
+@pytest.mark.e2e
+def test_lora_fine_tuning_of_a_hugging_face_gpt2_as_the_readme_shows(tmp_path, monkeypatch):
+    """The README's commands on a tiny local GPT-2: LoRA fine-tuning from --init-from on a text file with
+    configs/finetune_lora_gpt2.json (checkpoints hold the LoRA factors only), a resume, merged export; the run
+    loads as predict.py loads it (base weights from init_from) and gives the merged export's logits."""
+    import neomesh.paths
+    import torch
+    import transformers
+    from pydoc_data.topics import topics
+
+    from pretrained import Pretrained
+    from tests import hf_fixtures
+    from tests.common import metrics_rows, run_command
+
+    monkeypatch.setattr(neomesh.paths, "work_root", lambda: str(tmp_path))  # data_cache/ under tmp_path
+    gpt2 = hf_fixtures.save(hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2, n_ctx=64), tmp_path / "gpt2")
+    text = tmp_path / "my_text.txt"
+    text.write_text("\n".join(topics[k] for k in sorted(topics)[:12]))
+    run = tmp_path / "lora_run"
+    train = ["train.py", "--config", "configs/finetune_lora_gpt2.json", "--init-from", gpt2, "--data", str(text),
+             "--model-path", str(run), "--no-progress", "--set", "train_steps=2", "--set", "eval_steps=1",
+             "--set", "sample_tokens=0"]
+    first = run_command(*train, "--stop-at-step", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "the model's shape is" in first.stdout and "n_embd 32" in first.stdout
+    assert "parameters train" in first.stdout and "frozen" in first.stdout  # the peft line
+    second = run_command(*train)  # resumes: the base from --init-from, the LoRA factors from the checkpoint
+    assert second.returncode == 0 and "resumed from" in second.stdout, second.stderr[-3000:]
+    assert [r["step"] for r in metrics_rows(str(run))] == [1, 2]
+    assert metrics_rows(str(run), "eval")[0]["loss"] > 0
+    export = run_command("-m", "convert", "export", str(run), str(tmp_path / "merged"))
+    assert export.returncode == 0, export.stderr[-3000:]
+    tokens = np.arange(1, 17)[None]
+    tuned = Pretrained.from_pretrained(str(run))
+    ours = np.asarray(tuned({"inputs": tokens, "segment_ids": np.ones_like(tokens)}))
+    merged = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "merged")).eval()
+    with torch.no_grad():
+        theirs = merged(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+    lora_b = flat(tuned.params)["blocks/0/attn/q/lora_b"]
+    assert np.abs(lora_b).max() > 0  # the factors trained (B starts at zero)
+
+
+@pytest.mark.parametrize("model", ["bert", "gpt_neo"])
+def test_token_classification_with_an_mlp_head_on_any_backbone(model):
+    from training.objectives import objective_for
+
+    extra = {"causal": False} if model == "bert" else {}
+    cfg = tiny_config(model=model, task="token_classification", num_labels=5, head_hidden=[16], attention_types=None,
+                      n_layer=1, peft={"lora": {"targets": ["q", "v"]}}, **extra)
+    net = build_model(cfg, nnx.Rngs(0))
+    labels = np.where(np.arange(32) % 4 == 3, -1, np.arange(32) % 5)[None].repeat(2, 0)  # -1: does not count
+    batch = {"inputs": TOKENS, "segment_ids": jnp.ones_like(TOKENS).at[1, 20:].set(0), "labels": jnp.asarray(labels)}
+    objective = objective_for(cfg)
+    losses, metrics = objective(net, batch)
+    weights = np.asarray(objective.weights(batch))
+    assert losses.shape == (2, 32) and metrics["accuracy"].shape == (2, 32) and np.isfinite(losses).all()
+    assert weights[0].sum() == 24 and weights[1].sum() == 15  # ignored labels and padding weigh nothing
+    names = flat(params_of(net))
+    assert names["token_classifier/mlp/layers/1/kernel"].shape == (16, 5)  # the MLP head: D -> 16 -> 5
+    trains = trainable_filter(cfg.peft_settings)
+    assert trains("token_classifier/mlp/layers/0/kernel") and not trains("blocks/0/mlp/c_fc/kernel")
+
+
+def test_lora_dropout_draws_from_the_block_scope_and_only_in_training():
+    from models.layers import dropout_scope, projection
+    from training.peft.lora import LoraEinsum
+
+    base = projection("BTD,DF->BTF", (8, 6), ("embd", "intermediate_expanded"), 0.1, nnx.Rngs(0))
+    lora = LoraEinsum(base, 2, 4.0, 0.5, 0, rngs=nnx.Rngs(1))
+    lora.lora_b[...] = jnp.ones((2, 6))
+    x = jax.random.normal(jax.random.key(2), (1, 4, 8))
+    plain = np.asarray(lora(x))  # no scope: not training, no dropout
+    expected = np.asarray(base(x)) + 2.0 * np.asarray(x) @ np.asarray(lora.lora_a[...]) @ np.ones((2, 6))
+    np.testing.assert_allclose(plain, expected, atol=1e-5, rtol=0)
+    with dropout_scope(jax.random.key(3)):
+        first, again = np.asarray(lora(x)), np.asarray(lora(x))
+    with dropout_scope(jax.random.key(4)):
+        other = np.asarray(lora(x))
+    assert not np.allclose(first, plain) and np.array_equal(first, again) and not np.allclose(first, other)

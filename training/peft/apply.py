@@ -1,0 +1,112 @@
+"""``apply_peft(model, settings)``: LoRA, prefixes and adapters plugged into a built model, in place.
+
+The same for a config's ``peft`` key (``build_model``) and for a model in hand (a loaded ``Pretrained``'s
+``.model``, or anything models/registry.py builds). Parts go into the seams the model offers: projections
+(``nnx.Einsum``) are replaced by ``LoraEinsum``s, self-attention layers get a ``prefix``, blocks an
+``attn_adapter``/``mlp_adapter``. Nothing in models/ knows these parts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+
+from flax import nnx
+
+from config import Config, ConfigError, check_peft
+from models import registry
+from models.attention import Attention
+from models.block import Block
+from training.peft.adapter import Adapter
+from training.peft.lora import LoraEinsum
+from training.peft.prefix import Prefix
+
+
+def build_model(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
+    """The model of ``cfg`` with the parts its ``peft`` key names (what every entry point builds)."""
+    model = registry.build(cfg, rngs)
+    return apply_peft(model, cfg.peft, rngs) if cfg.peft is not None else model
+
+
+def _modules(model, kind) -> list[tuple[tuple, nnx.Module]]:
+    return [(tuple(path), m) for path, m in nnx.iter_graph(model) if isinstance(m, kind)]
+
+
+def _parent(model, path: tuple):
+    for name in path[:-1]:
+        model = model[name] if isinstance(name, int) else getattr(model, name)
+    return model
+
+
+def _set(model, path: tuple, value) -> None:
+    parent = _parent(model, path)
+    if isinstance(path[-1], int):
+        parent[path[-1]] = value
+    else:
+        setattr(parent, path[-1], value)
+
+
+def _matches(target: str, path: tuple) -> bool:
+    """A bare name (``q``, ``c_fc``) matches the blocks' projections of that name; a pattern with ``/`` or ``*``
+    matches any projection's path (``classifier/out``: a head's)."""
+    if "/" in target or "*" in target:
+        return fnmatch.fnmatch("/".join(map(str, path)), target)
+    return path[-1] == target and "blocks" in path
+
+
+def add_lora(model: nnx.Module, targets: list[str], rank: int, alpha: float, dropout: float,
+             rngs: nnx.Rngs) -> list[str]:
+    """Replaces every block projection whose name (``q``, ``c_fc``), or any projection whose path pattern
+    (``blocks/*/attn/out``, ``score/out``) is in ``targets`` by a ``LoraEinsum``; returns the replaced paths. A
+    target that matches nothing is an error."""
+    projections = [(p, m) for p, m in _modules(model, nnx.Einsum) if not isinstance(m, LoraEinsum)]
+    for target in targets:
+        if not any(_matches(target, p) for p, _ in projections):
+            names = sorted({str(p[-1]) for p, _ in projections if "blocks" in p})
+            close = difflib.get_close_matches(target, names, n=1, cutoff=0.5)
+            raise ConfigError(f"peft.lora.targets: {target!r} matches no projection"
+                              + (f"; did you mean {close[0]!r}?" if close else f" (projections: {', '.join(names)})"))
+    replaced = []
+    for salt, (path, module) in enumerate([(p, m) for p, m in projections if any(_matches(t, p) for t in targets)]):
+        _set(model, path, LoraEinsum(module, rank, alpha, dropout, salt, rngs=rngs))
+        replaced.append("/".join(map(str, path)))
+    return replaced
+
+
+def add_prefixes(model: nnx.Module, length: int, hidden: int, rngs: nnx.Rngs) -> int:
+    """Gives every softmax self-attention layer ``length`` learned key/value prefixes; returns how many layers."""
+    layers = [m for p, m in _modules(model, Attention) if p[-1] == "attn" and m.spec.kind != "linear"]
+    if not layers:
+        raise ConfigError("peft.prefix: the model has no softmax self-attention layer to prefix")
+    for attn in layers:
+        s = attn.spec
+        attn.prefix = Prefix(length, s.n_embd, s.n_head, s.head_dim, hidden, rngs=rngs)
+    return len(layers)
+
+
+def add_adapters(model: nnx.Module, size: int, activation: str, after: list[str], rngs: nnx.Rngs) -> int:
+    """Puts a bottleneck adapter after the self-attention and/or MLP sub-layer of every block."""
+    blocks = [m for _, m in _modules(model, Block)]
+    for i, block in enumerate(blocks):
+        d = block.spec.mlp.n_embd
+        if "attn" in after and block.attn is not None:
+            block.attn_adapter = Adapter(d, size, activation, 0.0, 2 * i, rngs=rngs)
+        if "mlp" in after:
+            block.mlp_adapter = Adapter(d, size, activation, 0.0, 2 * i + 1, rngs=rngs)
+    return len(blocks)
+
+
+def apply_peft(model: nnx.Module, settings: dict, rngs: nnx.Rngs | int = 0) -> nnx.Module:
+    """Plugs the parts ``settings`` (the ``peft`` config key's dict, checked the same way) names into ``model``,
+    in place, and returns it. Which parameters then train is ``training.peft.trainable_filter(settings)``."""
+    settings = check_peft(settings)
+    rngs = nnx.Rngs(params=rngs) if isinstance(rngs, int) else rngs
+    if "lora" in settings:
+        lora = settings["lora"]
+        add_lora(model, lora["targets"], lora["rank"], lora["alpha"], lora["dropout"], rngs)
+    if "prefix" in settings:
+        add_prefixes(model, settings["prefix"]["length"], settings["prefix"]["hidden"], rngs)
+    if "adapter" in settings:
+        a = settings["adapter"]
+        add_adapters(model, a["size"], a["activation"], a["after"], rngs)
+    return model

@@ -1,0 +1,47 @@
+"""The custom attention hook: a function with ``models.attention.softmax_attention``'s signature replaces it in a
+whole model or in chosen layers (the ``attention_fn`` seam of models/attention.py), without editing models/.
+
+``alibi_attention`` is the worked example: ALiBi (Press et al.), a per-head linear distance penalty
+``-slope_h * (i - j)`` added to the logits, slopes ``2^(-8h/N)`` for heads h = 1..N. It holds for calls over a whole
+sequence (training, evaluation, scoring); a decoding cache's keys are buffer slots, not positions.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from config import ConfigError
+from models.attention import Attention, softmax_attention
+
+
+def set_attention_fn(model: nnx.Module, fn: Callable | None, layers: Sequence[int] | None = None) -> list[str]:
+    """Makes ``fn`` (None: the built-in) the attention of every softmax self-attention layer of ``model``, or of
+    the blocks numbered in ``layers``; returns the paths it set. In place."""
+    chosen = []
+    for path, module in nnx.iter_graph(model):
+        if isinstance(module, Attention) and (not path or path[-1] == "attn") and module.spec.kind != "linear":
+            if layers is None or (len(path) >= 2 and path[-2] in layers):
+                chosen.append(("/".join(map(str, path)), module))
+    if not chosen:
+        raise ConfigError(f"attention_fn: no softmax self-attention layer{'' if layers is None else f' in {layers}'}")
+    for _, module in chosen:
+        module.attention_fn = fn
+    return [name for name, _ in chosen]
+
+
+def alibi_bias(n_head: int, t: int, s: int) -> jax.Array:
+    """(1, N, T, S): ``-slope_h * (i - j)`` for query i and key j, the T queries being the last T of S keys."""
+    slopes = 2.0 ** (-8.0 * jnp.arange(1, n_head + 1) / n_head)  # (N,)
+    distance = (jnp.arange(t)[:, None] + (s - t)) - jnp.arange(s)[None, :]  # (T, S)
+    return (-slopes[:, None, None] * distance)[None].astype(jnp.float32)
+
+
+def alibi_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
+                    **options) -> jax.Array:
+    """``softmax_attention`` with ALiBi's bias added to the logits (and to any bias the layer already has)."""
+    alibi = alibi_bias(q.shape[2], q.shape[1], k.shape[1])
+    return softmax_attention(q, k, v, bias=alibi if bias is None else bias + alibi, **options)

@@ -1,0 +1,98 @@
+"""Adapter-only weight files and merged export.
+
+``save_adapter`` writes only the parameters that train under a ``peft`` setting (LoRA factors, prefixes, adapters,
+a task head) to one safetensors file, with the setting in its metadata; ``load_adapter`` puts them back into a
+model's parameters (the base weights come from wherever the base came from). ``merged_params`` folds every LoRA
+update into its kernel and drops the factors: the base model's tree, which ``export_merged`` writes as a Hugging
+Face directory through convert/ (GPT-Neo, GPT-2, BERT, T5 alike).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+from flax import nnx
+
+from config import Config, ConfigError, check_peft
+from parallel.state import path_name, split_params
+from training.peft.trainable import trainable_filter
+
+
+def _flat(tree: dict) -> dict[str, np.ndarray]:
+    return {path_name(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def save_adapter(path: str, params: dict, settings: dict) -> list[str]:
+    """Writes the parameters that train under ``settings`` (``peft``) to the safetensors file ``path``; returns
+    their names."""
+    from safetensors.numpy import save_file
+
+    settings = check_peft(settings)
+    trained, _ = split_params(params, trainable_filter(settings))
+    tensors = {name: np.ascontiguousarray(v, np.float32) for name, v in _flat(trained).items()}
+    try:
+        save_file(tensors, path, metadata={"peft": json.dumps(settings)})
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    return sorted(tensors)
+
+
+def read_adapter(path: str) -> tuple[dict[str, np.ndarray], dict | None]:
+    """({parameter name: array}, the ``peft`` setting it was saved with) of an adapter file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, "numpy") as f:
+            meta = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for damaged or missing files
+        raise ConfigError(f"{path}: not a readable adapter file ({str(e).splitlines()[0][:160]})") from None
+    return tensors, json.loads(meta["peft"]) if "peft" in meta else None
+
+
+def load_adapter(path: str, params: dict) -> dict:
+    """``params`` with the adapter file's parameters in place of theirs (same sharding and dtype). A name the
+    model lacks, or another shape, is a one-line error naming it."""
+    tensors, _ = read_adapter(path)
+    wanted = _flat(jax.tree.map(lambda a: np.zeros((), np.int8), params))
+    for name, value in tensors.items():
+        if name not in wanted:
+            raise ConfigError(f"{path}: parameter {name} is not in the model (apply the same peft setting first)")
+
+    def replace(p, leaf):
+        name = path_name(p)
+        if name not in tensors:
+            return leaf
+        if tuple(tensors[name].shape) != tuple(leaf.shape):
+            raise ConfigError(f"{path}: parameter {name} has shape {tuple(tensors[name].shape)}, the model's is "
+                              f"{tuple(leaf.shape)}")
+        value = np.asarray(tensors[name], leaf.dtype)
+        return jax.device_put(value, leaf.sharding) if hasattr(leaf, "sharding") else value
+
+    return jax.tree_util.tree_map_with_path(replace, params)
+
+
+def merged_params(graphdef: nnx.GraphDef, params: dict) -> dict:
+    """The base model's parameters: every LoRA update added into its kernel, the factors dropped. Prefixes and
+    adapters change the computation itself, not a weight, so a model with them cannot merge (one-line error)."""
+    from training.peft.lora import merge
+
+    extra = [n for n in _flat(params) if "/prefix/" in n or "_adapter/" in n]
+    if extra:
+        raise ConfigError(f"merge: {extra[0]} belongs to a prefix or an adapter, which cannot be folded into the "
+                          "base weights; only LoRA merges")
+    model = merge(nnx.merge(graphdef, nnx.State(params)))
+    merged = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return split_params(merged, lambda name: name.rsplit("/", 1)[-1] not in ("lora_a", "lora_b"))[0]
+
+
+def export_merged(cfg: Config, graphdef: nnx.GraphDef, params: dict, hf_dir: str,
+                  tokenizer_dir: str | None = None) -> None:
+    """Writes the LoRA-merged model as a Hugging Face directory of its family (``convert.hf.export_params``)."""
+    from convert.hf import export_params
+
+    export_params(cfg.replace(peft=None), merged_params(graphdef, params), hf_dir, tokenizer_dir)
+
+

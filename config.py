@@ -48,8 +48,8 @@ PEFT_PARTS = {
 PEFT_KEYS = (*PEFT_PARTS, "bitfit", "trainable", "checkpoint")
 # What ``peft.trainable`` may name besides parameter path patterns (``blocks/1/*``): see training/peft/trainable.py.
 TRAINABLE_PARTS = ("lora", "prefix", "adapter", "head", "bias", "norm", "embeddings", "all")
-# GPT-Neo's eval_tasks (its tasks.py).
-EVAL_TASKS = ("lambada",)
+# Evaluation tasks run at every evaluation (evaluation/tasks.py): GPT-Neo's lambada, and multiple choice.
+EVAL_TASKS = ("lambada", "multiple_choice")
 # recompute_grad's policies: what a block keeps for the backward pass (models/block.py REMAT_POLICIES).
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 
@@ -245,7 +245,14 @@ class Config:
     sample_prompt: str = _key("def ", "prompt of the sample printed at the end of training")
     sample_tokens: int = _key(96, "tokens sampled at the end of training (0: none)", minimum=0)
     predict_max_steps: Optional[int] = _key(None, "predict.py's default --max-new-tokens (null: 64)", minimum=1)
-    eval_tasks: list = _key([], "GPT-Neo's eval tasks (lambada): accepted and checked; not evaluated yet")
+    eval_tasks: list = _key([], "tasks scored at every evaluation and by train.py --eval (causal_lm): lambada "
+                            "(last-word accuracy and perplexity), multiple_choice (acc, acc_norm)")
+    lambada_path: Optional[str] = _key(None, "LAMBADA-format jsonl ({\"text\": ...} per line) for the lambada task "
+                                             "(default: the shipped embedded-corpus passages)")
+    multiple_choice_path: Optional[str] = _key(None, "jsonl of {context, choices, label} for the multiple_choice "
+                                                     "task")
+    eval_task_examples: Optional[int] = _key(None, "score only the first N examples of each task (null: all)",
+                                             minimum=1)
 
     # Fine-tuning.
     init_from: Optional[str] = _key(None, "a Hugging Face model directory a new run starts from (what --init-from "
@@ -471,9 +478,7 @@ def validated(cfg: Config) -> Config:
     if isinstance(cfg.recompute_grad, str) and cfg.recompute_grad not in REMAT_POLICIES:
         raise ConfigError(f"recompute_grad: {json.dumps(cfg.recompute_grad)} is not one of true, false, "
                           f"{', '.join(REMAT_POLICIES)}")
-    for task in cfg.eval_tasks:
-        if task not in EVAL_TASKS:
-            raise ConfigError(f"eval_tasks: unknown task {json.dumps(task)} (known: {', '.join(EVAL_TASKS)})")
+    _check_eval_tasks(cfg)
     for key in ("train_batch_size", "eval_batch_size") if cfg.eval_steps else ("train_batch_size",):
         if cfg.data_shards > getattr(cfg, key):
             raise ConfigError(f"data_shards: {cfg.data_shards} is more than {key} {getattr(cfg, key)} (every shard "
@@ -699,6 +704,22 @@ def check_peft(peft, where: str = "peft") -> dict:
     return out
 
 
+def _check_eval_tasks(cfg: Config) -> None:
+    for task in cfg.eval_tasks:
+        if task not in EVAL_TASKS:
+            raise ConfigError(f"eval_tasks: unknown task {json.dumps(task)} (known: {', '.join(EVAL_TASKS)})")
+    if cfg.eval_tasks and cfg.task != "causal_lm":
+        raise ConfigError(f"eval_tasks: {', '.join(cfg.eval_tasks)} score text with a language model; task "
+                          f"{cfg.task} has none (use task causal_lm, or drop eval_tasks)")
+    if "multiple_choice" in cfg.eval_tasks and cfg.multiple_choice_path is None:
+        raise ConfigError("eval_tasks: multiple_choice needs multiple_choice_path (a jsonl of {context, choices, "
+                          "label})")
+    for key in ("lambada_path", "multiple_choice_path"):
+        path = getattr(cfg, key)
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"{key}: {path}: no such file")
+
+
 def _check_datasets(datasets: list) -> None:
     if not datasets:
         raise ConfigError("datasets: empty; give at least one [id, stitch, sampling_mode, weight]")
@@ -763,9 +784,6 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
         if culprit is None:
             raise
         raise ConfigError(f"--set {culprit}={json.dumps(overridden[culprit])}: {e}") from None
-    if cfg.eval_tasks:
-        notes.append(f"{source}: eval_tasks {json.dumps(cfg.eval_tasks)} accepted but not evaluated yet (the "
-                     "LAMBADA task is being built); eval reports loss, perplexity and bits per byte")
     if cfg.opt_name == "adafactor":
         notes.append(f"{source}: opt_name adafactor runs at the constant lr {cfg.lr:g}, as GPT-Neo's Adafactor did; "
                      "warmup_steps and lr_decay have no effect")

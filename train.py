@@ -283,17 +283,27 @@ def run_training(args, cfg, notes, signals, run) -> int:
         eval_step = make_eval_step(graphdef, objective, layout, shardings.params, eval_sharding,
                                    precision=cfg.precision)
 
+        scorer = task_scorer(cfg, graphdef, state.params, train_data, layout)
+
         def evaluate(params) -> dict:
-            sums = [eval_step(params, global_batch(eval_data, i, eval_shapes, eval_sharding))
-                    for i in range(cfg.eval_steps)]
-            # bits per byte compare next-token losses across tokenizers; masked or per-example losses have none
-            bytes_per_token = eval_data.bytes_per_token if objective.name == "causal_lm" else None
-            return report(objective, mean_of(sums), bytes_per_token)
+            result = {}
+            if eval_data is not None:
+                sums = [eval_step(params, global_batch(eval_data, i, eval_shapes, eval_sharding))
+                        for i in range(cfg.eval_steps)]
+                # bits per byte compare next-token losses across tokenizers; masked or per-example losses have none
+                bytes_per_token = eval_data.bytes_per_token if objective.name == "causal_lm" else None
+                result = report(objective, mean_of(sums), bytes_per_token)
+            if scorer is not None:  # eval_tasks: LAMBADA, multiple choice
+                from evaluation.tasks import run_config_tasks
+
+                scorer.params = params
+                result.update(run_config_tasks(scorer, cfg))
+            return result
 
         metrics = MetricsWriter(cfg.model_path, start, say)
         try:
             if args.eval:
-                result = evaluate(state.params) if eval_data else {}
+                result = evaluate(state.params) if eval_data or scorer else {}
                 line = f"eval at step {start}: " + "  ".join(f"{k} {v:.4f}" for k, v in result.items())
                 if metrics.has_eval(start):
                     say(f"{line} (metrics.jsonl already has the eval of step {start}; not appended)")
@@ -329,8 +339,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 done = step + 1 == stop
                 saving = (step + 1) % cfg.steps_per_checkpoint == 0 or done or stopping
                 finished = step + 1 == cfg.train_steps
-                evaluating = eval_data is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0)
-                                                        or finished)
+                evaluating = (eval_data is not None or scorer is not None) and (
+                    (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or finished)
                 if saving or evaluating or step == start or (step + 1) % METRICS_FETCH_EVERY == 0:
                     # The host-device sync point: until here the host only enqueued steps, building each next
                     # batch while the device ran the previous step. The first step is fetched alone (it compiles).
@@ -377,6 +387,17 @@ def run_training(args, cfg, notes, signals, run) -> int:
     for line in progress.summary(steps_done, last_eval, last_eval_step, checkpoint, cfg.model_path):
         say(line)
     return 0
+
+
+def task_scorer(cfg, graphdef, params, train_data, layout):
+    """The scorer of the config's ``eval_tasks`` (None without any), reading text with the run's tokenizer."""
+    if not cfg.eval_tasks:
+        return None
+    from data.source import make_tokenizer
+    from evaluation.scorer import Scorer
+
+    tokenizer = train_data.tokenizer if train_data is not None else make_tokenizer(cfg)
+    return Scorer(cfg, graphdef, params, tokenizer, layout, batch_size=cfg.eval_batch_size)
 
 
 def check_bad_step(step: int, out: dict, in_row: int, cfg, saved_step, say) -> None:

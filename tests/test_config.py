@@ -85,7 +85,7 @@ def test_attention_types_expand():
     ({"activation_fn": "gleu"}, "activation_function: \"gleu\" is not one of the known values (did you mean 'gelu'?"),
     ({"activation_fn": "relu", "activation_function": "gelu"},
      "'activation_fn' \"relu\" contradicts 'activation_function' \"gelu\""),
-    ({"eval_tasks": ["lambda"]}, 'eval_tasks: unknown task "lambda" (known: lambada)'),
+    ({"eval_tasks": ["lambda"]}, 'eval_tasks: unknown task "lambda" (known: lambada, multiple_choice)'),
     ({"recompute_grad": "dots"}, 'recompute_grad: "dots" is not one of true, false, none, full, dots_saveable'),
     ({"recompute_grad": 1}, "recompute_grad: expected bool | str, got 1"),
     ({"ada_epsilon2": -1.0}, "ada_epsilon2: -1.0 is below the minimum 0.0"),

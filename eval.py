@@ -1,0 +1,129 @@
+"""Evaluate a language model: ``python eval.py --model-path runs/quickstart`` (LAMBADA on the shipped passages).
+
+The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path) or a Hugging
+Face GPT-Neo/GPT-2 directory (``--hf-model``). Tasks: ``lambada`` (last-word accuracy and perplexity; a
+LAMBADA-format jsonl with ``--lambada-path``, e.g. the standard ``lambada_test.jsonl``) and ``multiple_choice``
+(``--multiple-choice-path``: jsonl of {context, choices, label}; acc, acc_norm, acc_per_token). Without
+``--tasks`` a run is evaluated on its config's ``eval_tasks``, or on lambada. For lm-evaluation-harness tasks
+see ``python -m evaluation.harness``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--config", metavar="FILE", help="JSON config (a path, or a shipped config by name); its "
+                       "model_path is the default --model-path")
+    which.add_argument("--model", metavar="NAME", help="GPT-Neo's way to name a config: configs/NAME.json")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model-path", help="NeoMesh run directory with checkpoints")
+    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face GPT-Neo/GPT-2 model: a directory, "
+                        "or ORG/NAME from the local Hugging Face cache")
+    p.add_argument("--tasks", metavar="LIST", help="comma-separated: lambada, multiple_choice (default: the run's "
+                   "eval_tasks, else lambada)")
+    p.add_argument("--lambada-path", metavar="FILE", help="LAMBADA-format jsonl (default: the config's lambada_path, "
+                   "else the shipped embedded-corpus passages)")
+    p.add_argument("--multiple-choice-path", metavar="FILE", help="jsonl of {context, choices, label}")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N examples of each task")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="rows scored at once")
+    p.add_argument("--mesh-shape", metavar="SHAPE", help="run sharded on this mesh, e.g. x:4,y:2 (default: one "
+                   "device)")
+    p.add_argument("--layout", default="batch:x", help="layout with --mesh-shape")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the run's "
+                   "config (repeatable)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from parallel.xla_flags import apply_defaults
+
+    apply_defaults()  # before jax starts
+    from neomesh.errors import run_main
+
+    def run():
+        check_options(args)  # before jax starts: a mistake costs well under a second
+        evaluate(args)
+
+    try:
+        return run_main(run)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def check_options(args) -> None:
+    """Checks the options, the task names and the files, all without jax."""
+    import os
+
+    from config import ConfigError, load_config
+    from evaluation.tasks import TASKS
+
+    if not (args.config or args.model or args.model_path or args.hf_model):
+        raise ConfigError("give --config, --model, --model-path or --hf-model")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError("--limit must be at least 1")
+    if args.batch_size < 1:
+        raise ConfigError("--batch-size must be at least 1")
+    if args.model:
+        from config import model_config_path
+        args.config = model_config_path(args.model)
+    if args.hf_model:
+        from neomesh.hf_cache import resolve_model
+        args.hf_model = resolve_model(args.hf_model)
+    elif args.model_path is None:
+        args.model_path = load_config(args.config, tuple(args.set))[0].model_path
+    if args.tasks is not None:
+        args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        unknown = [t for t in args.tasks if t not in TASKS]
+        if unknown or not args.tasks:
+            raise ConfigError(f"--tasks: unknown task {unknown[0]!r} (known: {', '.join(TASKS)})" if unknown else
+                              f"--tasks: no task named (known: {', '.join(TASKS)})")
+    for option, path in (("--lambada-path", args.lambada_path), ("--multiple-choice-path", args.multiple_choice_path)):
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"{option} {path}: no such file")
+
+
+def evaluate(args) -> dict:
+    import json
+
+    import jax
+
+    from evaluation.scorer import Scorer
+    from evaluation.tasks import run_tasks
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+
+    mesh = make_mesh(args.mesh_shape) if args.mesh_shape else make_mesh("x:1", jax.devices()[:1])
+    layout = Layout.from_config(mesh, args.layout)
+    path = args.hf_model or args.model_path
+    scorer = Scorer.from_pretrained(path, layout, args.batch_size, tuple(args.set))
+    cfg = scorer.cfg
+    tasks = args.tasks or cfg.eval_tasks or ["lambada"]
+    if "multiple_choice" in tasks and not (args.multiple_choice_path or cfg.multiple_choice_path):
+        from config import ConfigError
+        raise ConfigError("--tasks multiple_choice needs --multiple-choice-path (a jsonl of {context, choices, "
+                          "label})")
+    result = run_tasks(scorer, tasks, args.lambada_path or cfg.lambada_path,
+                       args.multiple_choice_path or cfg.multiple_choice_path, args.limit)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{path}: " + ", ".join(tasks))
+        for name, value in result.items():
+            print(f"  {name:<28} {value:.4f}" if isinstance(value, float) else f"  {name:<28} {value}")
+    return result
+
+
+if __name__ == "__main__":
+    from neomesh.errors import exit_process
+
+    exit_process(main())

@@ -1,0 +1,31 @@
+"""The evaluation tasks by name: what ``eval_tasks`` in a config, ``train.py --eval`` and ``eval.py`` run."""
+
+from __future__ import annotations
+
+from config import ConfigError
+
+TASKS = ("lambada", "multiple_choice")
+
+
+def run_tasks(scorer, tasks, lambada_path: str | None = None, multiple_choice_path: str | None = None,
+              limit: int | None = None) -> dict:
+    """{metric: value} of every task in ``tasks`` on ``scorer``'s model (each task's metrics carry its name)."""
+    from evaluation import lambada, multiple_choice
+
+    result = {}
+    for task in tasks:
+        if task == "lambada":
+            result.update(lambada.evaluate(scorer, lambada_path, limit))
+        elif task == "multiple_choice":
+            if multiple_choice_path is None:
+                raise ConfigError("multiple_choice: no questions file (multiple_choice_path, or "
+                                  "--multiple-choice-path)")
+            result.update(multiple_choice.evaluate(scorer, multiple_choice_path, limit))
+        else:
+            raise ConfigError(f"unknown evaluation task {task!r} (known: {', '.join(TASKS)})")
+    return result
+
+
+def run_config_tasks(scorer, cfg) -> dict:
+    """``run_tasks`` with the config's ``eval_tasks`` and their files."""
+    return run_tasks(scorer, cfg.eval_tasks, cfg.lambada_path, cfg.multiple_choice_path, cfg.eval_task_examples)

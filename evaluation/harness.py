@@ -1,0 +1,150 @@
+"""EleutherAI's lm-evaluation-harness on NeoMesh models: the harness's model ``neomesh``.
+
+    python -m evaluation.harness --model neomesh --model_args path=runs/quickstart --tasks lambada_openai
+    python -m evaluation.harness --model neomesh --model_args path=HF_DIR,batch_size=16 \\
+        --tasks my_task --include_path my_tasks/
+
+The command is the harness's own command line (``lm_eval``'s arguments, all of them) with the ``neomesh``
+model registered first: lm_eval has no plug-in entry point for models, so plain ``lm_eval --model neomesh``
+cannot find it. From Python, ``lm_eval.simple_evaluate(model=NeoMeshLM(path=...), tasks=[...])``.
+
+``path`` is a NeoMesh run directory or a Hugging Face GPT-Neo/GPT-2 directory; ``batch_size`` rows are scored
+per jitted call; ``mesh_shape``/``layout`` shard the model as in predict.py. Needs ``pip install lm_eval``
+(the ``eval`` extra).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from config import ConfigError
+from evaluation.scorer import LENGTH_STEP, Scorer
+
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+@register_model("neomesh")
+class NeoMeshLM(LM):
+    """``loglikelihood``, ``loglikelihood_rolling`` and ``generate_until`` over one loaded NeoMesh model."""
+
+    def __init__(self, path: str, batch_size: int | str = 8, mesh_shape: str | None = None,
+                 layout: str = "batch:x", max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, **ignored):
+        super().__init__()
+        import jax
+
+        from parallel.layout import Layout
+        from parallel.mesh import make_mesh
+
+        if str(batch_size).startswith("auto"):
+            batch_size = 8  # no memory probing: a fixed batch
+        mesh = make_mesh(mesh_shape) if mesh_shape else make_mesh("x:1", jax.devices()[:1])
+        self.scorer = Scorer.from_pretrained(path, Layout.from_config(mesh, layout), int(batch_size))
+        self.tokenizer = self.scorer.tokenizer
+        self.max_gen_toks = int(max_gen_toks)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "NeoMeshLM":
+        """The command line's ``--model_args`` win over its general options (``--batch_size`` defaults to 1)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**extra, **arg_dict})
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "NeoMeshLM":
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @property
+    def max_length(self) -> int:
+        return self.scorer.max_length
+
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        scores = self.scorer.loglikelihood([request.args for request in requests])
+        return [(score.logprob, score.greedy) for score in scores]
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        """Each text's whole log-likelihood after end-of-text, in windows of ``n_ctx`` that score every token
+        once, each with as much context as fits (the harness's rolling windows)."""
+        windows, owner = [], []
+        for index, request in enumerate(requests):
+            (text,) = request.args
+            for window in get_rolling_token_windows(self.tokenizer.encode(text), self.tokenizer.eos_id,
+                                                    self.max_length, context_len=1):
+                windows.append(make_disjoint_window(window))
+                owner.append(index)
+        totals = [0.0] * len(requests)
+        for index, score in zip(owner, self.scorer.score_tokens(windows)):
+            totals[index] += score.logprob
+        return totals
+
+    def generate_until(self, requests) -> list[str]:
+        """Greedy (or, with ``do_sample``, sampled) continuations, cut at the first of ``until``; requests with
+        the same settings run as one left-padded batch of ``batch_size`` rows."""
+        out: list[str | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for index, request in enumerate(requests):
+            groups.setdefault(self._settings(request.args[1]), []).append(index)
+        for settings, indices in groups.items():
+            for start in range(0, len(indices), self.scorer.batch_size):
+                chunk = indices[start:start + self.scorer.batch_size]
+                texts = self._generate([requests[i].args[0] for i in chunk], *settings)
+                for i, text in zip(chunk, texts):
+                    out[i] = text
+        return out  # type: ignore[return-value]
+
+    def _settings(self, kwargs: dict) -> tuple:
+        kwargs = dict(kwargs or {})
+        until = kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+        temperature = float(kwargs.pop("temperature", 0.0)) if kwargs.pop("do_sample", False) else 0.0
+        return tuple(until), max_new, temperature
+
+    def _generate(self, contexts: list[str], until: tuple, max_new: int, temperature: float) -> list[str]:
+        import jax
+
+        from models.generate import Sampling, sample
+
+        tokenizer, n_ctx = self.tokenizer, self.max_length
+        max_new = min(max_new, n_ctx - 1)
+        encoded = [(tokenizer.encode(c) or [tokenizer.eos_id])[-(n_ctx - max_new):] for c in contexts]
+        width = min(n_ctx - max_new, -(-max(map(len, encoded)) // LENGTH_STEP) * LENGTH_STEP)
+        rows = self.scorer.batch_size  # a fixed batch: one compiled program per width
+        prompts = np.full((rows, width), tokenizer.eos_id, np.int32)
+        pad = np.full((rows,), width - 1, np.int32)
+        for row, ids in enumerate(encoded):
+            prompts[row, width - len(ids):], pad[row] = ids, width - len(ids)  # left-padded
+        settings = Sampling(max_new_tokens=max_new, temperature=temperature, eos_id=tokenizer.eos_id)
+        with self.scorer.layout.active():
+            tokens = np.asarray(jax.device_get(sample(self.scorer.graphdef, self.scorer.params, prompts, pad,
+                                                      settings, jax.random.key(0))))
+        texts = []
+        for ids in tokens[:len(contexts)].tolist():
+            ids = ids[:ids.index(tokenizer.eos_id)] if tokenizer.eos_id in ids else ids
+            text = tokenizer.decode(ids)
+            cut = min((text.find(stop) for stop in until if stop and stop in text), default=-1)
+            texts.append(text if cut < 0 else text[:cut])
+        return texts
+
+
+def main(argv=None) -> int:
+    """lm_eval's command line with the ``neomesh`` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    try:
+        cli_evaluate()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

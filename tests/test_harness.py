@@ -1,0 +1,100 @@
+"""The lm-evaluation-harness model "neomesh": its loglikelihoods against a direct computation, rolling
+windows, greedy generation, and a tiny local task run through the harness itself (no downloads)."""
+
+import json
+import os
+
+import pytest
+from lm_eval.api.instance import Instance
+
+from evaluation.harness import NeoMeshLM
+from evaluation.scorer import Scorer
+from tests import hf_fixtures
+from tests.common import run_command
+from tests.test_eval import direct_logprobs, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    model = hf_fixtures.gpt_neo(n_ctx=32)
+    hf_fixtures.randomize(model)
+    return hf_fixtures.save(model, tmp_path_factory.mktemp("hf") / "gpt_neo")
+
+
+@pytest.fixture(scope="module")
+def lm(hf_dir):
+    return NeoMeshLM(path=hf_dir, batch_size=4, max_gen_toks=8)
+
+
+def requests(kind, args):
+    return [Instance(request_type=kind, doc={}, arguments=a, idx=i) for i, a in enumerate(args)]
+
+
+def test_loglikelihood_and_rolling_equal_a_direct_computation(lm):
+    s = lm.scorer
+    pairs = [("def add(a, b):", " return a + b"), ("", "import os"), ("x = 1  ", "# one"),
+             ("class " * 20, "Point:")]  # the last one's context is cut to n_ctx
+    got = lm.loglikelihood(requests("loglikelihood", pairs))
+    for (context, continuation), (logprob, greedy) in zip(pairs, got):
+        context_ids, continuation_ids = s.encode_pair(context, continuation)
+        ids = (context_ids + continuation_ids)[-(s.max_length + 1):]
+        direct = direct_logprobs(s.cfg, s.graphdef, s.params, ids)[-len(continuation_ids):].sum()
+        assert logprob == pytest.approx(direct, abs=1e-5) and isinstance(greedy, bool)
+    assert s.encode_pair("x = 1  ", "# one")[1] == s.tokenizer.encode("x = 1  # one")[len(s.tokenizer.encode("x = 1")):]
+
+    short, long = "def f(x):\n    return x", "import os\n" * 30
+    rolled = lm.loglikelihood_rolling(requests("loglikelihood_rolling", [(short,), (long,)]))
+    n = s.max_length
+    assert len(s.tokenizer.encode(long)) > 2 * n > n > len(s.tokenizer.encode(short))  # 3+ windows, and 1
+    for text, value in zip((short, long), rolled):
+        ids = [s.tokenizer.eos_id] + s.tokenizer.encode(text)  # every token once, after end-of-text
+        total = 0.0
+        for start in range(0, len(ids) - 1, n):  # chunks of n predicted tokens, each read with n inputs
+            end = min(start + n, len(ids) - 1)
+            window = ids[max(0, end - n):end + 1]
+            total += direct_logprobs(s.cfg, s.graphdef, s.params, window)[-(end - start):].sum()
+        assert value == pytest.approx(total, abs=1e-4)
+
+
+def test_generate_until_is_greedy_and_stops(lm):
+    from models.generate import complete
+
+    s = lm.scorer
+    prompts = ["def ", "import "]
+    full = [complete(s.graphdef, s.params, s.tokenizer, p, 6, s.max_length, temperature=0.0) for p in prompts]
+    out = lm.generate_until(requests("generate_until", [(p, {"max_gen_toks": 6}) for p in prompts]))
+    assert out == full and all(full)
+    stop = full[0][1:3]
+    (cut,) = lm.generate_until(requests("generate_until", [("def ", {"until": [stop], "max_gen_toks": 6})]))
+    assert cut == full[0][:full[0].index(stop)]
+
+
+def test_a_local_multiple_choice_task_through_the_harness(tmp_path, hf_dir, lm):
+    """lm_eval's own command line and task machinery (a YAML task on a local jsonl) with the neomesh model score
+    the same as evaluation.multiple_choice."""
+    from evaluation import multiple_choice
+
+    questions = [{"context": "def add(a, b):\n    return", "choices": ["a + b", "import os"], "label": 0},
+                 {"context": "import", "choices": ["os", "def", "class x"], "label": 0},
+                 {"context": "x = [1, 2,", "choices": ["3]", "x"], "label": 0}]
+    data = write_jsonl(tmp_path / "questions.jsonl", questions)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tiny.yaml").write_text(
+        "task: neomesh_tiny_choice\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {data}\ntest_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{{{context}}}}'\n"
+        "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{label}}'\n"
+        "metric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    ours = multiple_choice.evaluate(Scorer(lm.scorer.cfg, lm.scorer.graphdef, lm.scorer.params, lm.tokenizer),
+                                    data)
+    out = tmp_path / "results"
+    result = run_command("-m", "evaluation.harness", "--model", "neomesh", "--model_args",
+                         f"path={hf_dir},batch_size=4", "--tasks", "neomesh_tiny_choice", "--include_path",
+                         str(tasks), "--output_path", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (written,) = [os.path.join(d, f) for d, _, files in os.walk(out) for f in files if f.startswith("results")]
+    with open(written) as f:
+        results = json.load(f)["results"]["neomesh_tiny_choice"]
+    assert results["acc,none"] == pytest.approx(ours["choice_acc"])
+    assert results["acc_norm,none"] == pytest.approx(ours["choice_acc_norm"])

@@ -74,8 +74,11 @@ def run_command(*args: str) -> subprocess.CompletedProcess:
 
     import importlib
 
-    module, argv = ("convert.__main__", args[2:]) if args[:2] == ("-m", "convert") else \
-        (args[0].removesuffix(".py"), args[1:])
+    if args[0] == "-m":  # a package runs its __main__, a module itself
+        module = args[1] + ".__main__" if os.path.isdir(os.path.join(ROOT, args[1])) else args[1]
+        argv = args[2:]
+    else:
+        module, argv = args[0].removesuffix(".py"), args[1:]
     main = importlib.import_module(module).main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -1,0 +1,54 @@
+"""python -m tools.plot: one PNG comparing runs, a curve per run and quantity, read from metrics.jsonl."""
+
+import json
+
+import pytest
+
+from tests.common import run_command
+
+
+def fake_run(directory, steps: int, eval_every: int, experts: bool = False):
+    """A run directory whose metrics.jsonl holds what train.py writes (train rows, eval rows with a task)."""
+    directory.mkdir()
+    rows = []
+    for step in range(1, steps + 1):
+        row = {"step": step, "kind": "train", "loss": 7.0 - step * 0.1, "lr": 1e-3 * min(1, step / 3),
+               "grad_norm": 1.0, "tokens_per_sec": 5000.0 + step, "mfu": None, "skipped_steps": 0}
+        if experts:
+            row.update(aux_loss=1.0 + 0.01 * step, z_loss=0.1)
+        rows.append(row)
+        if step % eval_every == 0:
+            rows.append({"step": step, "kind": "eval", "loss": 7.2 - step * 0.1, "lambada_acc": 0.01 * step})
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"torn')
+    return str(directory)
+
+
+def test_two_runs_on_one_figure(tmp_path):
+    from tools.plot import plot_runs
+
+    a, b = fake_run(tmp_path / "a", 20, 5), fake_run(tmp_path / "b", 12, 4, experts=True)
+    out = tmp_path / "curves.png"
+    figure = plot_runs([a, b], str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    panels = {ax.get_title(): ax for ax in figure.axes if ax.get_visible()}
+    assert set(panels) == {"loss (nats per token)", "learning rate", "tokens per second",
+                           "evaluation tasks (accuracy)", "experts' auxiliary losses"}
+    lines = lambda title: sorted(line.get_label() for line in panels[title].get_lines())  # noqa: E731
+    assert lines("loss (nats per token)") == ["a eval", "a train", "b eval", "b train"]
+    assert lines("learning rate") == ["a", "b"]
+    assert lines("experts' auxiliary losses") == ["b load balance", "b router z"]  # only b has experts
+    eval_a = next(line for line in panels["loss (nats per token)"].get_lines() if line.get_label() == "a eval")
+    assert list(eval_a.get_xdata()) == [5, 10, 15, 20]
+
+
+def test_command_line_and_its_mistakes(tmp_path):
+    run = fake_run(tmp_path / "run", 6, 3)
+    out = tmp_path / "out.png"
+    result = run_command("-m", "tools.plot", run, "-o", str(out), "--names", "mine")
+    assert result.returncode == 0, result.stderr
+    assert out.stat().st_size > 10_000 and f"wrote {out}" in result.stdout
+    missing = run_command("-m", "tools.plot", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "error: " in missing.stderr and "no metrics.jsonl" in missing.stderr
+    with pytest.raises(SystemExit):
+        from tools.plot import main
+        main([run, "--names", "a", "b"])

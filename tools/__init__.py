@@ -1,0 +1,1 @@
+"""Command-line tools that read what runs wrote (``python -m tools.plot``)."""

@@ -1,0 +1,95 @@
+"""Loss curves: ``python -m tools.plot RUN_DIR [RUN_DIR ...] [-o curves.png]``.
+
+Reads each run's ``metrics.jsonl`` and draws one figure with a panel per quantity the runs logged: train and
+eval loss, learning rate, tokens per second, the evaluation tasks' accuracies (LAMBADA, multiple choice) and,
+for mixture-of-experts runs, the load-balancing and router z-losses. Runs share the panels, one colour each, so
+they compare at a glance; eval points are marked. Needs matplotlib (``pip install matplotlib``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+# (panel title, [(kind, metric, label suffix, line style)]): a panel is drawn when any run logged one of them.
+PANELS = [
+    ("loss (nats per token)", [("train", "loss", "train", "-"), ("eval", "loss", "eval", "--")]),
+    ("learning rate", [("train", "lr", "", "-")]),
+    ("tokens per second", [("train", "tokens_per_sec", "", "-")]),
+    ("evaluation tasks (accuracy)", [("eval", "lambada_acc", "lambada", "--"), ("eval", "choice_acc", "choice", ":")]),
+    ("experts' auxiliary losses", [("train", "aux_loss", "load balance", "-"), ("train", "z_loss", "router z", ":")]),
+]
+
+
+def read_run(run_dir: str) -> dict[str, list[dict]]:
+    """{"train": rows, "eval": rows} of a run directory's metrics.jsonl (a one-line error if there is none)."""
+    from config import ConfigError
+    from training.metrics import read_rows
+
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{run_dir}: no metrics.jsonl (not a run directory, or nothing trained yet)")
+    rows, _ = read_rows(path)
+    return {kind: [r for r in rows if r.get("kind") == kind] for kind in ("train", "eval")}
+
+
+def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
+    """Draws the runs' curves into ``out`` (PNG, or any format matplotlib knows by the extension); returns the
+    figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    names = names or [os.path.basename(os.path.normpath(d)) or d for d in run_dirs]
+    runs = [read_run(d) for d in run_dirs]
+    panels = [(title, curves) for title, curves in PANELS
+              if any(row.get(metric) is not None for run in runs for kind, metric, _, _ in curves for row in run[kind])]
+    columns = min(2, len(panels))
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 3.6 * rows), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (title, curves) in zip(axes.flat, panels):
+        for index, (name, run) in enumerate(zip(names, runs)):
+            for kind, metric, suffix, style in curves:
+                points = [(r["step"], r[metric]) for r in run[kind] if r.get(metric) is not None]
+                if points:
+                    steps, values = zip(*points)
+                    ax.plot(steps, values, style, color=colours[index % len(colours)],
+                            marker="o" if kind == "eval" else None, markersize=4,
+                            label=" ".join(p for p in (name, suffix) if p))
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return figure
+
+
+def main(argv=None) -> int:
+    from neomesh.errors import run_main
+
+    p = argparse.ArgumentParser(prog="python -m tools.plot", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (each with a metrics.jsonl)")
+    p.add_argument("-o", "--output", default="curves.png", help="the picture to write (default: curves.png)")
+    p.add_argument("--names", nargs="+", help="legend names, one per run (default: the directory names)")
+    args = p.parse_args(argv)
+    if args.names and len(args.names) != len(args.runs):
+        p.error(f"--names: {len(args.names)} names for {len(args.runs)} runs")
+
+    def run():
+        plot_runs(args.runs, args.output, args.names)
+        print(f"wrote {args.output}")
+
+    return run_main(run)
+
+
+if __name__ == "__main__":
+    from neomesh.errors import exit_process
+
+    exit_process(main())

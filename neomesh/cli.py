@@ -7,6 +7,9 @@
     neomesh-train-tokenizer   data/train_tokenizer.py
     neomesh-create-tfrecords  data/create_tfrecords.py
     neomesh-hf                python -m convert      (Hugging Face import / export)
+    neomesh-eval              eval.py                (LAMBADA, multiple choice)
+    neomesh-lm-eval           python -m evaluation.harness  (lm-evaluation-harness with the neomesh model)
+    neomesh-plot              python -m tools.plot   (loss curves of runs as a PNG)
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import sys
 
 # NeoMesh's own top-level modules. Installed as top-level names (see pyproject.toml), so another distribution
 # with the same generic name could shadow one of them.
-OWN_MODULES = ("config", "train", "predict", "pretrained", "models", "parallel", "training", "data", "convert")
+OWN_MODULES = ("config", "train", "predict", "pretrained", "eval", "models", "parallel", "training", "data", "convert",
+               "evaluation", "tools")
 
 
 def shadowed_modules() -> list[str]:
@@ -66,3 +70,15 @@ def create_tfrecords(argv=None) -> int:
 def hf_convert(argv=None) -> int:
     """Hugging Face import/export; the one place that knows which module implements it."""
     return _run("convert.__main__", argv)
+
+
+def evaluate(argv=None) -> int:
+    return _run("eval", argv)
+
+
+def lm_eval(argv=None) -> int:
+    return _run("evaluation.harness", argv)
+
+
+def plot(argv=None) -> int:
+    return _run("tools.plot", argv)

@@ -304,7 +304,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
         try:
             if args.eval:
                 result = evaluate(state.params) if eval_data or scorer else {}
-                line = f"eval at step {start}: " + "  ".join(f"{k} {v:.4f}" for k, v in result.items())
+                line = f"eval at step {start}: {eval_text(result)}"
                 if metrics.has_eval(start):
                     say(f"{line} (metrics.jsonl already has the eval of step {start}; not appended)")
                 else:
@@ -365,7 +365,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 if evaluating:
                     last_eval, last_eval_step = evaluate(state.params), step + 1
                     metrics.write({"step": step + 1, "kind": "eval", **last_eval})
-                    say(f"step {step + 1}: eval " + "  ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
+                    say(f"step {step + 1}: eval {eval_text(last_eval)}")
                 if stopping:
                     break
                 if saving or evaluating:
@@ -387,6 +387,11 @@ def run_training(args, cfg, notes, signals, run) -> int:
     for line in progress.summary(steps_done, last_eval, last_eval_step, checkpoint, cfg.model_path):
         say(line)
     return 0
+
+
+def eval_text(result: dict) -> str:
+    """``loss 5.2471  perplexity 190.0074  lambada_examples 330``: counts as counts, the rest to 4 decimals."""
+    return "  ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in result.items())
 
 
 def task_scorer(cfg, graphdef, params, train_data, layout):

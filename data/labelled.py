@@ -236,7 +236,7 @@ def _dataset(cfg: Config) -> dict:
     from data.source import load_dataset_config  # data.source dispatches here: import it when called
 
     if len(cfg.datasets) != 1:
-        raise ConfigError(f"datasets: task sequence_classification reads one labelled dataset, got "
+        raise ConfigError(f"datasets: task {cfg.task} reads one labelled dataset, got "
                           f"{len(cfg.datasets)}")
     name = cfg.datasets[0][0]
     dataset = {"path": name, "where": name} if name.startswith("tfds:") else load_dataset_config(name)

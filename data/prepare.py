@@ -18,7 +18,7 @@ from typing import Callable
 
 from config import ConfigError
 
-PREPARERS = ("embedded", "stdlib_docstrings")  # the second: data/docstrings.py
+PREPARERS = ("embedded", "stdlib_docstrings", "code_tags")  # data/docstrings.py, data/code_tags.py
 
 
 def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
@@ -32,6 +32,12 @@ def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
         build_once(target, lambda build: prepare_docstrings(build, dataset, where, n_ctx),
                    f"{where}: first use, preparing {target} (labelled docstrings of the standard library and a "
                    f"{dataset.get('vocab_size')}-token BPE; later runs reuse it)")
+        return
+    if kind == "code_tags":
+        from data.code_tags import prepare_code_tags
+        build_once(target, lambda build: prepare_code_tags(build, dataset, where, n_ctx),
+                   f"{where}: first use, preparing {target} (the standard library's tokens and their categories, "
+                   f"a {dataset.get('vocab_size')}-token BPE; later runs reuse it)")
         return
     build_once(target, lambda build: prepare_embedded(build, dataset, where, n_ctx),
                f"{where}: first use, preparing {target} (a {dataset.get('vocab_size')}-token BPE and TFRecords from "

@@ -181,8 +181,8 @@ def make_source(cfg: Config, split: str):
     from data.pipeline import check_mode
 
     if cfg.task == "token_classification":
-        raise ConfigError("task: token_classification has no data reader yet; give the train step batches of "
-                          "inputs, segment_ids and per-token labels from Python (training/objectives.py)")
+        from data.token_labels import token_label_source
+        return token_label_source(cfg, split)
     if cfg.task == "sequence_classification":
         from data.labelled import labelled_source
         return labelled_source(cfg, split)

@@ -1,0 +1,152 @@
+"""Labelled words for ``task: token_classification`` (named entities, parts of speech): jsonl -> batches.
+
+A dataset config names jsonl files (``path`` for train, ``eval_path`` for eval; globs, ``.jsonl`` or
+``.jsonl.zst``) whose lines hold a sentence as words and one label per word, as CoNLL-style datasets do::
+
+    {"tokens": ["EU", "rejects", "German", "call"], "labels": ["B-ORG", "O", "B-MISC", "O"]}
+
+The key names are the dataset config's ``text_key`` and ``label_key`` (defaults ``tokens`` and ``labels``).
+Labels are integers, or strings mapped to integers through the dataset config's ``labels`` list (else the
+sorted set of the train file's labels); there must be ``num_labels`` of them.
+
+Each word is tokenized on its own (after a space, except the first, so byte-level BPE sees it mid-sentence);
+its label goes on its first token and the label -1 (not scored) on the rest, as Hugging Face's token
+classification examples do. The row is ``[CLS] tokens [SEP]`` (or end-of-text around them for tokenizers without
+[CLS]), cut to n_ctx, right-padded. Batches follow ``ExampleStream``: a pure function of the step, so resuming
+is exact; eval rows past the last sentence carry no labels.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from config import Config, ConfigError
+from data.labelled import ExampleStream, _dataset, _open_text
+from data.tokenizer import Tokenizer, load_tokenizer
+
+IGNORED = -1  # the label of tokens that are not scored: a word's later pieces, special tokens, padding
+
+
+def read_sentences(pattern: str, where: str, keys: tuple[str, str]) -> tuple[list[list[str]], list[list], list[str]]:
+    """(sentences as word lists, their label lists, where each was read) of the files ``pattern`` matches."""
+    words_key, labels_key = keys
+    files = sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
+    if not files:
+        raise ConfigError(f"{where}: {pattern} matches no file")
+    sentences, labels, places = [], [], []
+    for path in files:
+        before = len(sentences)
+        with _open_text(path) as lines:
+            for line_no, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                place = f"{path}: line {line_no}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    row = None
+                if not isinstance(row, dict):
+                    raise ConfigError(f"{place} is not a JSON object")
+                words, tags = row.get(words_key), row.get(labels_key)
+                if not (isinstance(words, list) and words and all(isinstance(w, str) and w for w in words)):
+                    raise ConfigError(f"{place}: '{words_key}' is not a list of words (text_key)")
+                if not isinstance(tags, list) or len(tags) != len(words):
+                    raise ConfigError(f"{place}: '{labels_key}' is not a list of one label per word (label_key; "
+                                      f"{len(words)} words)")
+                sentences.append(words)
+                labels.append(tags)
+                places.append(place)
+        if len(sentences) == before:
+            raise ConfigError(f"{path}: no sentences (an empty file, matched by {where})")
+    return sentences, labels, places
+
+
+def label_table(dataset: dict, train_labels: list[list], num_labels: int) -> list[str] | None:
+    """The label strings in id order (the dataset config's ``labels``, else the train file's sorted strings);
+    None when the labels are integers. There must be ``num_labels`` of them."""
+    names = dataset.get("labels")
+    if names is None and any(isinstance(t, str) for tags in train_labels for t in tags):
+        names = sorted({t for tags in train_labels for t in tags if isinstance(t, str)})
+    if names is not None and len(names) != num_labels:
+        raise ConfigError(f"num_labels: {num_labels}, but {dataset['where']} has {len(names)} labels "
+                          f"({', '.join(map(str, names))})")
+    return names
+
+
+def label_id(label, names: list[str] | None, num_labels: int, place: str) -> int:
+    if isinstance(label, str) and names is not None and label in names:
+        return names.index(label)
+    if isinstance(label, int) and not isinstance(label, bool) and 0 <= label < num_labels:
+        return label
+    known = f"one of {', '.join(names)}" if names else f"an integer in 0..{num_labels - 1}"
+    raise ConfigError(f"{place}: label {json.dumps(label)} is not {known}")
+
+
+class TokenLabelSource(ExampleStream):
+    """Token-classification batches from sentences held in memory, tokenized once."""
+
+    def __init__(self, sentences, labels, places, names, tokenizer: Tokenizer, n_ctx: int, num_labels: int, *,
+                 shuffle: bool, seed: int, description: str):
+        first = getattr(tokenizer, "cls_id", None)
+        first = tokenizer.eos_id if first is None else first
+        self.inputs = np.full((len(sentences), n_ctx), tokenizer.padding_id, np.int32)  # (N, T)
+        self.token_labels = np.full((len(sentences), n_ctx), IGNORED, np.int32)  # (N, T)
+        self.lengths = np.zeros(len(sentences), np.int32)
+        cut = 0
+        for row, (words, tags, place) in enumerate(zip(sentences, labels, places)):
+            ids, row_labels = [first], [IGNORED]
+            for i, (word, tag) in enumerate(zip(words, tags)):
+                pieces = tokenizer.encode(word if i == 0 else " " + word) or [tokenizer.padding_id]
+                ids += pieces
+                row_labels += [label_id(tag, names, num_labels, place)] + [IGNORED] * (len(pieces) - 1)
+            if len(ids) + 1 > n_ctx:
+                ids, row_labels, cut = ids[:n_ctx - 1], row_labels[:n_ctx - 1], cut + 1
+            ids, row_labels = ids + [tokenizer.eos_id], row_labels + [IGNORED]
+            self.inputs[row, :len(ids)], self.token_labels[row, :len(ids)] = ids, row_labels
+            self.lengths[row] = len(ids)
+        self.labels = np.zeros(len(sentences), np.int32)  # ExampleStream counts examples by this
+        self.tokenizer, self.shuffle, self.seed = tokenizer, shuffle, seed
+        self.bytes_per_token = None
+        self._order = None
+        scored = self.token_labels[self.token_labels >= 0]
+        names = names or [str(i) for i in range(num_labels)]
+        counts = np.bincount(scored, minlength=num_labels)
+        self.description = (f"{description}: {len(sentences):,} sentences ({cut:,} cut to n_ctx {n_ctx}), "
+                            f"{len(scored):,} labelled words; per label: "
+                            + ", ".join(f"{name} {count}" for name, count in zip(names, counts)))
+
+    def batch(self, step: int, batch_size: int, rows: slice | None = None) -> dict:
+        """Rows ``rows`` (default all) of global batch ``step``: {"inputs", "segment_ids" (1 real token,
+        0 padding), "token_types" (zeros), "labels" (-1 where nothing is scored)}: (rows, n_ctx) int32."""
+        ids, weights = self.example_ids(step, batch_size, rows)
+        positions = np.arange(self.inputs.shape[1])
+        labels = np.where(weights[:, None] > 0, self.token_labels[ids], IGNORED).astype(np.int32)
+        return {"inputs": self.inputs[ids], "segment_ids": (positions < self.lengths[ids, None]).astype(np.int32),
+                "token_types": np.zeros_like(self.inputs[ids]), "labels": labels}
+
+
+def token_label_source(cfg: Config, split: str) -> TokenLabelSource:
+    """The token-classification source for ``split`` ("train" or "eval") of the config's one dataset."""
+    from data.source import check_tokenizer
+
+    dataset = _dataset(cfg)
+    where = dataset["where"]
+    if dataset["path"].startswith("tfds:"):
+        raise ConfigError(f"{where}: token classification reads jsonl files of words and labels, not TFDS")
+    tokenizer = load_tokenizer(dataset.get("tokenizer_path", "bytes"))
+    check_tokenizer(tokenizer, dataset, cfg)
+    keys = (dataset.get("text_key") or "tokens", dataset.get("label_key") or "labels")
+    pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
+    if pattern is None:
+        raise ConfigError(f"{where}: no 'eval_path' for evaluation; add one or set eval_steps to 0")
+    sentences, labels, places = read_sentences(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}",
+                                               keys)
+    train_labels = labels if split == "train" or dataset.get("labels") else \
+        read_sentences(dataset["path"], f"{where} path", keys)[1]
+    names = label_table(dataset, train_labels, cfg.num_labels)
+    return TokenLabelSource(sentences, labels, places, names, tokenizer, cfg.n_ctx, cfg.num_labels,
+                            shuffle=split == "train", seed=cfg.seed, description=f"{split}: {where}")

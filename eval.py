@@ -105,7 +105,8 @@ def evaluate(args) -> dict:
     mesh = make_mesh(args.mesh_shape) if args.mesh_shape else make_mesh("x:1", jax.devices()[:1])
     layout = Layout.from_config(mesh, args.layout)
     path = args.hf_model or args.model_path
-    scorer = Scorer.from_pretrained(path, layout, args.batch_size, tuple(args.set))
+    scorer = Scorer.from_pretrained(path, layout, args.batch_size, tuple(args.set),
+                                    kind="hf" if args.hf_model else "run")
     cfg = scorer.cfg
     tasks = args.tasks or cfg.eval_tasks or ["lambada"]
     if "multiple_choice" in tasks and not (args.multiple_choice_path or cfg.multiple_choice_path):

@@ -61,13 +61,14 @@ class Scorer:
                                out_shardings=replicated(self.layout.mesh))
 
     @classmethod
-    def from_pretrained(cls, path: str, layout=None, batch_size: int = 8,
-                        overrides: tuple[str, ...] = ()) -> "Scorer":
-        """A NeoMesh run directory or a Hugging Face directory (see ``pretrained.load``)."""
+    def from_pretrained(cls, path: str, layout=None, batch_size: int = 8, overrides: tuple[str, ...] = (),
+                        kind: str = "auto") -> "Scorer":
+        """A NeoMesh run directory (``kind`` "run") or a Hugging Face directory ("hf"); "auto" tells them apart
+        (see ``pretrained.load``)."""
         from pretrained import default_layout, load
 
         layout = layout or default_layout()
-        cfg, graphdef, params, tokenizer = load(path, layout, overrides)
+        cfg, graphdef, params, tokenizer = load(path, layout, overrides, kind=kind)
         return cls(cfg, graphdef, params, tokenizer, layout, batch_size)
 
     @property

@@ -49,6 +49,10 @@ def test_command_line_and_its_mistakes(tmp_path):
     assert out.stat().st_size > 10_000 and f"wrote {out}" in result.stdout
     missing = run_command("-m", "tools.plot", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "error: " in missing.stderr and "no metrics.jsonl" in missing.stderr
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    empty = run_command("-m", "tools.plot", str(tmp_path / "empty"))
+    assert empty.returncode == 2 and "metrics.jsonl holds no rows yet" in empty.stderr
     with pytest.raises(SystemExit):
         from tools.plot import main
         main([run, "--names", "a", "b"])

@@ -45,6 +45,9 @@ def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
     runs = [read_run(d) for d in run_dirs]
     panels = [(title, curves) for title, curves in PANELS
               if any(row.get(metric) is not None for run in runs for kind, metric, _, _ in curves for row in run[kind])]
+    if not panels:
+        from config import ConfigError
+        raise ConfigError(f"{', '.join(run_dirs)}: metrics.jsonl holds no rows yet: nothing to plot")
     columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 3.6 * rows), squeeze=False)

@@ -69,7 +69,7 @@ def test_generate_until_is_greedy_and_stops(lm):
     assert cut == full[0][:full[0].index(stop)]
 
 
-def test_a_local_multiple_choice_task_through_the_harness(tmp_path, hf_dir, lm):
+def test_a_local_multiple_choice_task_through_the_harness(tmp_path, hf_dir, lm, monkeypatch):
     """lm_eval's own command line and task machinery (a YAML task on a local jsonl) with the neomesh model score
     the same as evaluation.multiple_choice."""
     from evaluation import multiple_choice
@@ -85,7 +85,7 @@ def test_a_local_multiple_choice_task_through_the_harness(tmp_path, hf_dir, lm):
         f"    test: {data}\ntest_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{{{context}}}}'\n"
         "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{label}}'\n"
         "metric_list:\n  - metric: acc\n  - metric: acc_norm\n")
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the task's data is a local file: nothing to fetch
     ours = multiple_choice.evaluate(Scorer(lm.scorer.cfg, lm.scorer.graphdef, lm.scorer.params, lm.tokenizer),
                                     data)
     out = tmp_path / "results"

@@ -223,6 +223,11 @@ def run_training(args, cfg, notes, signals, run) -> int:
     except NoEvalSet as e:
         eval_data = None
         say(f"note: {e}; evaluation is skipped")
+    from data.labelled import ExampleStream
+
+    for source in (train_data, eval_data):
+        if isinstance(source, ExampleStream):  # examples held in memory: say what was read, label by label
+            say(f"data {source.description}")
 
     def global_batch(source, step, shapes, sharding):
         def rows_of(rows):

@@ -67,5 +67,7 @@ def test_code_tags_config_learns_token_categories(tmp_path):
                          "--no-progress", "--set", "train_steps=60", "--set", "eval_every=0", "--set", "n_layer=1",
                          "--set", "train_batch_size=16", "--set", "warmup_steps=10", "--set", "eval_steps=2")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "data train: configs/dataset_configs/code_tags.json: 6,000 sentences" in result.stdout and \
+        "labelled words; per label: builtin" in result.stdout
     (evaluation,) = metrics_rows(model_path, "eval")
     assert evaluation["accuracy"] > 0.8, evaluation  # the most common category alone is under 0.5

@@ -64,8 +64,9 @@ def check_options(args) -> None:
     """Checks the options, the task names and the files, all without jax."""
     import os
 
-    from config import ConfigError, load_config
+    from config import ConfigError
     from evaluation.tasks import TASKS
+    from predict import resolve_model_source
 
     if not (args.config or args.model or args.model_path or args.hf_model):
         raise ConfigError("give --config, --model, --model-path or --hf-model")
@@ -73,14 +74,7 @@ def check_options(args) -> None:
         raise ConfigError("--limit must be at least 1")
     if args.batch_size < 1:
         raise ConfigError("--batch-size must be at least 1")
-    if args.model:
-        from config import model_config_path
-        args.config = model_config_path(args.model)
-    if args.hf_model:
-        from neomesh.hf_cache import resolve_model
-        args.hf_model = resolve_model(args.hf_model)
-    elif args.model_path is None:
-        args.model_path = load_config(args.config, tuple(args.set))[0].model_path
+    resolve_model_source(args)
     if args.tasks is not None:
         args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         unknown = [t for t in args.tasks if t not in TASKS]
@@ -95,15 +89,11 @@ def check_options(args) -> None:
 def evaluate(args) -> dict:
     import json
 
-    import jax
-
     from evaluation.scorer import Scorer
     from evaluation.tasks import run_tasks
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
+    from pretrained import layout_for
 
-    mesh = make_mesh(args.mesh_shape) if args.mesh_shape else make_mesh("x:1", jax.devices()[:1])
-    layout = Layout.from_config(mesh, args.layout)
+    layout = layout_for(args.mesh_shape, args.layout)
     path = args.hf_model or args.model_path
     scorer = Scorer.from_pretrained(path, layout, args.batch_size, tuple(args.set),
                                     kind="hf" if args.hf_model else "run")

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
 
 def check_options(args) -> None:
     """Checks the options and resolves --hf-model and the config's model_path, all without jax."""
-    from config import ConfigError, load_config
+    from config import ConfigError
 
     checks = [(args.max_new_tokens is None or args.max_new_tokens >= 1, "--max-new-tokens must be at least 1"),
               (args.temperature >= 0, "--temperature must be >= 0"), (args.top_k >= 0, "--top-k must be >= 0"),
@@ -107,6 +107,14 @@ def check_options(args) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    resolve_model_source(args)
+
+
+def resolve_model_source(args) -> None:
+    """``--model NAME`` -> its config file, ``--hf-model`` -> a directory (the local Hugging Face cache for
+    ORG/NAME), and without either the config's ``model_path`` as ``--model-path``; no jax needed."""
+    from config import load_config
+
     if args.model:
         from config import model_config_path
         args.config = model_config_path(args.model)
@@ -215,14 +223,12 @@ def predict(args) -> None:
 
     from config import ConfigError
     from models.generate import Sampling, beam_search, sample
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
+    from pretrained import layout_for
 
     prompts = read_prompts(args)
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         raise ConfigError(f"--output {args.output}: no such directory")
-    mesh = make_mesh(args.mesh_shape) if args.mesh_shape else make_mesh("x:1", jax.devices()[:1])
-    layout = Layout.from_config(mesh, args.layout)
+    layout = layout_for(args.mesh_shape, args.layout)
     cfg, graphdef, params, tokenizer = load_model(args, layout)
     if args.max_new_tokens is None:
         args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS

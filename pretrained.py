@@ -23,10 +23,16 @@ from config import Config, ConfigError, from_dict
 
 def default_layout():
     """One device, data layout: where a model lands unless told otherwise."""
+    return layout_for()
+
+
+def layout_for(mesh_shape: str | None = None, layout: str = "batch:x"):
+    """The layout of the commands' ``--mesh-shape`` and ``--layout``: ``layout`` on that mesh, or on one device
+    when there is no mesh shape."""
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
 
-    return Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
+    return Layout.from_config(make_mesh(mesh_shape) if mesh_shape else make_mesh("x:1", jax.devices()[:1]), layout)
 
 
 def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> tuple[Config, object, dict]:

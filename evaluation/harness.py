@@ -35,15 +35,11 @@ class NeoMeshLM(LM):
     def __init__(self, path: str, batch_size: int | str = 8, mesh_shape: str | None = None,
                  layout: str = "batch:x", max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, **ignored):
         super().__init__()
-        import jax
-
-        from parallel.layout import Layout
-        from parallel.mesh import make_mesh
+        from pretrained import layout_for
 
         if str(batch_size).startswith("auto"):
             batch_size = 8  # no memory probing: a fixed batch
-        mesh = make_mesh(mesh_shape) if mesh_shape else make_mesh("x:1", jax.devices()[:1])
-        self.scorer = Scorer.from_pretrained(path, Layout.from_config(mesh, layout), int(batch_size))
+        self.scorer = Scorer.from_pretrained(path, layout_for(mesh_shape, layout), int(batch_size))
         self.tokenizer = self.scorer.tokenizer
         self.max_gen_toks = int(max_gen_toks)
 

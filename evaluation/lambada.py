@@ -24,39 +24,21 @@ EMBEDDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "lam
 
 def read_examples(path: str, limit: int | None = None) -> list[tuple[str, str]]:
     """``[(context, " " + word), ...]`` of a LAMBADA-format jsonl file (the first ``limit`` lines)."""
+    from evaluation.jsonl import json_objects
+
     examples = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                if limit is not None and len(examples) == limit:
-                    break
-                examples.append(split_example(_text_of(line, path, number), path, number))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such LAMBADA file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    if not examples:
-        raise ConfigError(f"{path}: no examples in it")
+    for row, where in json_objects(path, limit, "LAMBADA", "examples"):
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ConfigError(f"{where}: a LAMBADA line is an object with a \"text\" string")
+        examples.append(split_example(row["text"], where))
     return examples
 
 
-def _text_of(line: str, path: str, number: int) -> str:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{number}: not a JSON line ({e.msg})") from None
-    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise ConfigError(f"{path}:{number}: a LAMBADA line is an object with a \"text\" string")
-    return row["text"]
-
-
-def split_example(text: str, path: str = "text", number: int = 0) -> tuple[str, str]:
+def split_example(text: str, where: str = "text") -> tuple[str, str]:
     """``text`` -> (context, " " + last word): the split at the last space, as LAMBADA's tasks make it."""
     context, space, word = text.rpartition(" ")
     if not space or not context or not word:
-        raise ConfigError(f"{path}:{number}: a LAMBADA text needs words before its last space and a word after it")
+        raise ConfigError(f"{where}: a LAMBADA text needs words before its last space and a word after it")
     return context, " " + word
 
 

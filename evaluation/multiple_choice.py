@@ -9,36 +9,17 @@ are jsonl, one question per line: ``{"context": "The capital of France is", "cho
 
 from __future__ import annotations
 
-import json
-
 from config import ConfigError
 
 
 def read_questions(path: str, limit: int | None = None) -> list[dict]:
     """The questions of a multiple-choice jsonl file, checked (a one-line error names the file and line)."""
-    questions = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                if limit is not None and len(questions) == limit:
-                    break
-                questions.append(_question(line, f"{path}:{number}"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such multiple-choice file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    if not questions:
-        raise ConfigError(f"{path}: no questions in it")
-    return questions
+    from evaluation.jsonl import json_objects
+
+    return [_question(row, where) for row, where in json_objects(path, limit, "multiple-choice", "questions")]
 
 
-def _question(line: str, where: str) -> dict:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{where}: not a JSON line ({e.msg})") from None
+def _question(row, where: str) -> dict:
     shape = 'an object with "context" (a string), "choices" (2+ strings) and "label" (the right choice\'s index)'
     if not (isinstance(row, dict) and isinstance(row.get("context"), str) and isinstance(row.get("choices"), list)
             and len(row["choices"]) >= 2 and all(isinstance(c, str) and c for c in row["choices"])

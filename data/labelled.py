@@ -25,6 +25,7 @@ import glob
 import io
 import json
 import os
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -62,15 +63,14 @@ def _open_text(path: str):
     return open(path, encoding="utf-8")
 
 
-def read_jsonl(pattern: str, where: str, keys: tuple[str, str, str]) -> Examples:
-    """The examples of the jsonl files ``pattern`` matches (sorted), in file order."""
-    text_key, pair_key, label_key = keys
+def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[tuple[dict, str]]:
+    """(object, "path: line N") for every line of the jsonl files ``pattern`` matches (sorted), in file order;
+    one-line errors for no file, a line that is not a JSON object, and a file without any ``noun``."""
     files = sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
     if not files:
         raise ConfigError(f"{where}: {pattern} matches no file")
-    examples = Examples()
     for path in files:
-        before = len(examples)
+        found = False
         with _open_text(path) as lines:
             for line_no, line in enumerate(lines, 1):
                 if not line.strip():
@@ -81,17 +81,26 @@ def read_jsonl(pattern: str, where: str, keys: tuple[str, str, str]) -> Examples
                     row = None
                 if not isinstance(row, dict):
                     raise ConfigError(f"{path}: line {line_no} is not a JSON object")
-                for key, name in ((text_key, "text_key"), (label_key, "label_key")):
-                    if key not in row:
-                        raise ConfigError(f"{path}: line {line_no} has no '{key}' field ({name}; it has "
-                                          f"{', '.join(map(repr, row)) or 'none'})")
-                pair = row.get(pair_key)
-                for key, value in ((text_key, row[text_key]), (pair_key, pair)):
-                    if value is not None and not isinstance(value, str):
-                        raise ConfigError(f"{path}: line {line_no}: '{key}' is not a string")
-                examples.add(row[text_key], pair, row[label_key], f"{path}: line {line_no}")
-        if len(examples) == before:
-            raise ConfigError(f"{path}: no examples (an empty file, matched by {where})")
+                found = True
+                yield row, f"{path}: line {line_no}"
+        if not found:
+            raise ConfigError(f"{path}: no {noun} (an empty file, matched by {where})")
+
+
+def read_jsonl(pattern: str, where: str, keys: tuple[str, str, str]) -> Examples:
+    """The examples of the jsonl files ``pattern`` matches (sorted), in file order."""
+    text_key, pair_key, label_key = keys
+    examples = Examples()
+    for row, place in jsonl_objects(pattern, where):
+        for key, name in ((text_key, "text_key"), (label_key, "label_key")):
+            if key not in row:
+                raise ConfigError(f"{place} has no '{key}' field ({name}; it has "
+                                  f"{', '.join(map(repr, row)) or 'none'})")
+        pair = row.get(pair_key)
+        for key, value in ((text_key, row[text_key]), (pair_key, pair)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{place}: '{key}' is not a string")
+        examples.add(row[text_key], pair, row[label_key], place)
     return examples
 
 

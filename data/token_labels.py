@@ -18,14 +18,12 @@ is exact; eval rows past the last sentence carry no labels.
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 
 import numpy as np
 
 from config import Config, ConfigError
-from data.labelled import ExampleStream, _dataset, _open_text
+from data.labelled import ExampleStream, _dataset, jsonl_objects
 from data.tokenizer import Tokenizer, load_tokenizer
 
 IGNORED = -1  # the label of tokens that are not scored: a word's later pieces, special tokens, padding
@@ -34,34 +32,17 @@ IGNORED = -1  # the label of tokens that are not scored: a word's later pieces, 
 def read_sentences(pattern: str, where: str, keys: tuple[str, str]) -> tuple[list[list[str]], list[list], list[str]]:
     """(sentences as word lists, their label lists, where each was read) of the files ``pattern`` matches."""
     words_key, labels_key = keys
-    files = sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
-    if not files:
-        raise ConfigError(f"{where}: {pattern} matches no file")
     sentences, labels, places = [], [], []
-    for path in files:
-        before = len(sentences)
-        with _open_text(path) as lines:
-            for line_no, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                place = f"{path}: line {line_no}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    row = None
-                if not isinstance(row, dict):
-                    raise ConfigError(f"{place} is not a JSON object")
-                words, tags = row.get(words_key), row.get(labels_key)
-                if not (isinstance(words, list) and words and all(isinstance(w, str) and w for w in words)):
-                    raise ConfigError(f"{place}: '{words_key}' is not a list of words (text_key)")
-                if not isinstance(tags, list) or len(tags) != len(words):
-                    raise ConfigError(f"{place}: '{labels_key}' is not a list of one label per word (label_key; "
-                                      f"{len(words)} words)")
-                sentences.append(words)
-                labels.append(tags)
-                places.append(place)
-        if len(sentences) == before:
-            raise ConfigError(f"{path}: no sentences (an empty file, matched by {where})")
+    for row, place in jsonl_objects(pattern, where, "sentences"):
+        words, tags = row.get(words_key), row.get(labels_key)
+        if not (isinstance(words, list) and words and all(isinstance(w, str) and w for w in words)):
+            raise ConfigError(f"{place}: '{words_key}' is not a list of words (text_key)")
+        if not isinstance(tags, list) or len(tags) != len(words):
+            raise ConfigError(f"{place}: '{labels_key}' is not a list of one label per word (label_key; "
+                              f"{len(words)} words)")
+        sentences.append(words)
+        labels.append(tags)
+        places.append(place)
     return sentences, labels, places
 
 

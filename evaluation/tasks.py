@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from config import EVAL_TASKS as TASKS  # the names eval_tasks accepts: one list, kept beside the config's keys
 from config import ConfigError
-
-TASKS = ("lambada", "multiple_choice")
 
 
 def run_tasks(scorer, tasks, lambada_path: str | None = None, multiple_choice_path: str | None = None,

@@ -11,7 +11,8 @@ Exact resume without replay: the choice. TensorFlow 2.21 offers three ways to re
   mean a different data format and different sampling semantics.
 * Iterator checkpoints: every stage we use (parallel interleave, ``scan``, seeded ``shuffle`` with its buffer,
   ``Dataset.random``, ``sample_from_datasets``, ``batch``, ``prefetch``, the MLM stage, TFDS readers) serializes
-  its state. ``NumpyIterator.save()`` gives it as one string and ``restore()`` puts it back: O(1) reading,
+  its state. ``NumpyIterator.save()`` gives it as one string and ``restore()`` puts it back (the same format,
+  written and read in one ``tf.function`` each: ``data/iterator_state.py``): O(1) reading,
   bit-identical, the shuffle buffers included (which is also what makes it large: a shard's state holds its
   buffered documents and windows, tens of MB at n_ctx 2048 with 1,000-element buffers).
 
@@ -28,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 
+from data import iterator_state
 from data.shards import shard_bounds, shards_for_rows
 from data.tokenizer import Tokenizer
 
@@ -73,11 +75,10 @@ class TFDataSource:
         self.replayed = 0
 
     def _open(self, reader: _Reader, shard: int, step: int, state: bytes | None = None):
-        from data.tf_import import tensorflow
         block = reader.bounds[shard + 1] - reader.bounds[shard]
         iterator = self._build_shard(shard, block, 0 if state else step).as_numpy_iterator()
         if state:
-            iterator.restore(tensorflow().constant(state))
+            iterator_state.restore(iterator, state)
         else:
             self.replayed += step
         reader.iterators[shard] = iterator
@@ -125,7 +126,7 @@ class TFDataSource:
             return None
         meta = {"format": STATE_FORMAT, "step": reader.next, "batch_size": batch_size, "shards": self.shards,
                 "fingerprint": self.fingerprint}
-        return {"meta": meta, "shards": {k: it.save().numpy() for k, it in sorted(reader.iterators.items())}}
+        return {"meta": meta, "shards": {k: iterator_state.save(it) for k, it in sorted(reader.iterators.items())}}
 
     def restore(self, step: int, batch_size: int, rows: slice, saved) -> str:
         """Positions the stream at global batch ``step`` for this process's ``rows`` from ``saved`` (an object with

@@ -176,7 +176,8 @@ def test_fewer_files_than_shards_splits_the_records(datasets):
 def test_positions_that_do_not_fit_are_replayed_with_a_note(datasets):
     cfg = config([["a", None, None, None]], N_CTX, data_shards=2)
     source = make_source(cfg, "train")
-    reference = [source.batch(s, B) for s in range(5)]
+    for step in range(5):  # the stream moves on: its position is step 5
+        source.batch(step, B)
     state = source.state(B)
     changed = make_source(cfg.replace(data_shards=4), "train")
     note = changed.restore(5, B, slice(0, B), Saved(state))
@@ -192,6 +193,29 @@ def test_positions_that_do_not_fit_are_replayed_with_a_note(datasets):
     moved = make_source(config([["a", None, None, None]], N_CTX, data_shards=2, seed=7), "train")
     assert "(the datasets, their files or the data settings have changed since)" in \
         moved.restore(6, B, slice(0, B), Saved(source.state(B)))  # source stands at step 6
+
+
+def test_iterator_state_is_tensorflows_own_format_both_ways():
+    """data/iterator_state.py writes and reads the bytes ``NumpyIterator.save()`` / ``restore()`` do."""
+    from data import iterator_state
+
+    def stream():
+        docs = tf.data.Dataset.range(200).map(lambda i: tf.range(i % 7 + 1))  # ragged documents, as a corpus's
+        return docs.shuffle(64, seed=3).padded_batch(4).prefetch(2).as_numpy_iterator()
+
+    def rest(iterator):
+        return [x.tolist() for x in iterator]
+
+    iterator = stream()
+    for _ in range(5):
+        next(iterator)
+    ours = iterator_state.save(iterator)
+    assert ours == iterator.save().numpy() and ours.count(b",") > 60  # one part per buffered document
+    expected = rest(iterator)
+    for put in (iterator_state.restore, lambda it, saved: it.restore(tf.constant(saved))):
+        resumed = stream()
+        put(resumed, ours)
+        assert rest(resumed) == expected
 
 
 def test_the_in_memory_source_needs_no_position():

@@ -12,14 +12,18 @@ eager attention then; the table says which) and ``torch.compile`` with ``--torch
 shape, implementation, tokens/s, MFU (model FLOPs per token from training/flops.py over the device's peak, where
 it is known), peak memory, compile seconds.
 
-Hugging Face's Flax GPT-Neo left transformers with version 5, so the peers here are PyTorch's.
+Hugging Face's Flax GPT-Neo left transformers with version 5: ``--hf-flax DIR`` adds it as a third peer from a
+transformers 4.x installed in DIR (``benchmarks/hf_flax_peer.py`` says how), timed in a process of its own after
+the others.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -149,6 +153,22 @@ def pytorch(cfg, tokens, compile_model: bool) -> dict:
             "peak": torch.cuda.max_memory_allocated() if cuda else None}
 
 
+def hf_flax(cfg, tokens, path: str) -> dict:
+    """The same for transformers 4.x's FlaxGPTNeoForCausalLM (installed in ``path``) with optax's AdamW."""
+    from convert import gpt_neo
+
+    request = {"config": gpt_neo.config_to_hf(cfg), "tokens": tokens.tolist(), "precision": cfg.precision,
+               "steps": ARGS.steps}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    done = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                        "hf_flax_peer.py")],
+                          input=json.dumps(request), capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"error: --hf-flax {path}: the Flax GPT-Neo peer failed: "
+                         f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 ARGS = None
 
 
@@ -171,10 +191,16 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps per implementation (median reported)")
     p.add_argument("--no-peer", action="store_true", help="NeoMesh alone")
     p.add_argument("--torch-compile", action="store_true", help="torch.compile the PyTorch model")
+    p.add_argument("--hf-flax", metavar="DIR", help="also time Hugging Face's Flax GPT-Neo from a transformers 4.x "
+                   "installed in DIR (see benchmarks/hf_flax_peer.py)")
     ARGS = args = p.parse_args(argv)
     from parallel.xla_flags import apply_defaults
 
     apply_defaults()  # as train.py runs
+    if args.hf_flax and not os.path.isdir(os.path.join(args.hf_flax, "transformers")):
+        from benchmarks.hf_flax_peer import INSTALL
+        raise SystemExit(f"error: --hf-flax: {args.hf_flax} holds no transformers; "
+                         f"{INSTALL.replace('DIR', args.hf_flax)}")
     for name in args.shape.split(","):
         if name not in SHAPES:
             raise SystemExit(f"error: --shape: unknown shape {name!r} (known: {', '.join(SHAPES)})")
@@ -195,6 +221,9 @@ def main(argv=None) -> None:
             theirs = pytorch(cfg, tokens, args.torch_compile)
             label = f"transformers (PyTorch, {theirs['attention']}{', compiled' if args.torch_compile else ''})"
             results.append((label, theirs))
+        if args.hf_flax and not args.compile_only:
+            theirs = hf_flax(cfg, tokens, args.hf_flax)
+            results.append((f"transformers {theirs['version']} (Flax)", theirs))
         for label, r in results:
             tokens_per_second = args.batch * args.seq / r["seconds"] if r["seconds"] else None
             mfu = tokens_per_second * train_flops_per_token(cfg) / peak_flops if peak_flops and tokens_per_second \
@@ -211,9 +240,10 @@ def main(argv=None) -> None:
         rate = f"{tokens_per_second:,.0f}" if tokens_per_second else "-"
         print(f"| {shape} | {label} | {rate} | {f'{100 * mfu:.1f}%' if mfu else '-'} | "
               f"{f'{peak / 2 ** 30:.2f} GiB' if peak else '-'} | {compile_seconds:.1f} |")
-    ratio = [r for r in rows if r[1].startswith("NeoMesh")], [r for r in rows if not r[1].startswith("NeoMesh")]
-    for ours, theirs in zip(*ratio):
-        print(f"{ours[0]}: NeoMesh / PyTorch = {ours[2] / theirs[2]:.2f}x")
+    ours = {shape: rate for shape, label, rate, *_ in rows if label.startswith("NeoMesh")}
+    for shape, label, rate, *_ in rows:
+        if not label.startswith("NeoMesh") and rate and ours.get(shape):
+            print(f"{shape}: NeoMesh / {label} = {ours[shape] / rate:.2f}x")
 
 
 if __name__ == "__main__":

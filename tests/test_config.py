@@ -5,7 +5,7 @@ import json
 import pytest
 
 from config import ConfigError, describe_keys, from_dict, load_config, parse_override
-from tests.common import TINY, run_cli
+from tests.common import TINY, run_cli, run_command
 
 GPT_NEO_SMALL = {  # a config written for GPT-Neo itself (its configs/gpt3_small_256.json)
     "n_head": 12, "n_vocab": 50304, "embed_dropout": 0, "lr": 0.0006, "lr_decay": "cosine",
@@ -170,10 +170,18 @@ def test_load_config_files(tmp_path):
      "parameter blocks/1/mlp/b_in dimension 'experts' has size 4, not divisible by mesh axis 'x' of size 8"),
 ])
 def test_cli_errors_are_one_line(tmp_path, overrides, expected):
+    """In this process (train.py's main, as the command runs it); the process itself: the test below."""
     sets = [arg for o in overrides for arg in ("--set", o)]
-    result = run_cli("train.py", "--config", "configs/quickstart.json", "--model-path", str(tmp_path / "run"),
-                     "--no-progress", *sets, timeout=300)
+    result = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", str(tmp_path / "run"),
+                         "--no-progress", *sets)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and expected in lines[0], result.stderr
+
+
+def test_a_bad_key_ends_the_process_with_one_line_and_exit_code_2(tmp_path):
+    result = run_cli("train.py", "--config", "configs/quickstart.json", "--model-path", str(tmp_path / "run"),
+                     "--set", "n_layr=2", timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ") and "n_layr" in result.stderr

@@ -7,9 +7,9 @@ The main test launches ``train.py`` as subprocesses (the test process itself nev
   its tasks, on a data x FSDP x tensor layout whose parameter shards span both processes) for
   ``STEPS`` steps, which must log the same per-step train and eval losses and leave a complete checkpoint at
   step ``STEPS``;
-* a single-process 8-device ``--eval`` of that checkpoint, which must reproduce the two-process run's final
-  eval loss exactly (up to fp32 reduction order), and a single-process ``--resume`` to ``STEPS + 1`` steps,
-  which must match the reference's last step (so parameters, optimizer state and step were all restored).
+* a single-process 8-device ``--resume`` of that checkpoint to ``STEPS + 1`` steps, which must match the
+  reference's last step: its train loss is computed from the restored parameters, its eval loss after the
+  update from the restored optimizer state and step.
 
 The learning-rate schedule is pinned (``warmup_steps=1``, ``lr_decay_end``) so that it does not depend on
 ``train_steps`` and the runs of different lengths follow the same trajectory. The explicit ``--coordinator``
@@ -134,7 +134,7 @@ def assert_close(got: dict[int, float], want: dict[int, float], what: str) -> No
 def test_two_processes_match_one_and_checkpoint_together(tmp_path):
     """The README's SLURM recipe (``srun python train.py ... --distributed``) with the environment srun gives each
     task, on one machine: jax finds the coordinator, process count and id itself; 2 processes x 4 devices log the
-    losses of 1 process x 8 devices, write one checkpoint together, and one process evaluates and resumes it."""
+    losses of 1 process x 8 devices, write one checkpoint together, and one process resumes it."""
     mesh_shape, layout = MESH_SHAPE, LAYOUT
     reference = str(tmp_path / "one-process")
     launch([train_command(reference, mesh_shape, layout, STEPS + 1, "--new")], devices=8)
@@ -164,14 +164,9 @@ def test_two_processes_match_one_and_checkpoint_together(tmp_path):
     assert os.path.isdir(final), f"no checkpoint at {final}: {os.listdir(checkpoints)}"
     assert os.listdir(checkpoints) == [str(STEPS)], f"unfinished or extra saves: {os.listdir(checkpoints)}"
 
-    # One process with 8 devices restores the two-process checkpoint: --eval reproduces the final eval loss.
-    launch([train_command(multi, mesh_shape, layout, STEPS, "--eval")], devices=8)
-    with open(os.path.join(multi, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    assert rows[-1]["kind"] == "eval" and rows[-1]["step"] == STEPS, rows[-1]
-    assert abs(rows[-1]["loss"] - evals[STEPS]) <= TOLERANCE, (rows[-1], evals)
-
-    # ...and --resume continues the two-process run exactly where the one-process reference went.
+    # One process with 8 devices resumes the two-process checkpoint where the one-process reference went: its
+    # first train loss is computed from the restored parameters, its eval after the update from the restored
+    # optimizer state and step.
     [(_, out, _)] = launch([train_command(multi, mesh_shape, layout, STEPS + 1, "--resume")], devices=8)
     assert f"at step {STEPS}" in out, out
     train, evals = read_metrics(multi)

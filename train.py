@@ -214,6 +214,10 @@ def run_training(args, cfg, notes, signals, run) -> int:
     eval_shapes = batch_shapes(objective, cfg, cfg.eval_batch_size)
     train_sharding = batch_shardings(layout, objective, train_shapes, "train_batch_size")
     eval_sharding = batch_shardings(layout, objective, eval_shapes, "eval_batch_size")
+    # The parameters against the layout and the peft targets first: a mistake there is found before any data is read.
+    graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout, trainable)
+    check_trainable(cfg.peft_settings, [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+        abstract.params)[0]])
     train_data = None if args.eval else make_source(cfg, "train")  # --eval reads eval-only datasets too
     note = reading_note(train_data, jax.process_count()) if train_data is not None else None
     if note:
@@ -240,9 +244,6 @@ def run_training(args, cfg, notes, signals, run) -> int:
 
     params = imported_params(cfg, cfg.init_from) if cfg.init_from else None  # read before writing anything
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
-        graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout, trainable)
-        check_trainable(cfg.peft_settings, [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(
-            abstract.params)[0]])
         state, latest = checkpoints.restore_newest_good(
             saved_part(cfg, abstract), lambda saved, step: check_same_model(
                 saved, cfg, state_shapes, f"the checkpoint at step {step} in {checkpoints.directory}"), say)

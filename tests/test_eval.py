@@ -184,6 +184,7 @@ def test_config_errors(changes, message):
     assert str(e.value).startswith(message)
 
 
+@pytest.mark.e2e
 def test_eval_cli_on_a_run_and_its_mistakes(tmp_path):
     from tests.test_train_cli import train
 

@@ -225,6 +225,7 @@ def test_predict_greedy_matches_transformers(neo_dir):
     assert result.stdout == PROMPT + tokenizer.decode([t for t in want if t != 0]) + "\n"
 
 
+@pytest.mark.e2e
 def test_predict_from_a_sharded_checkpoint_on_one_device_and_on_a_mesh(neo_dir, tmp_path):
     run = tmp_path / "run"
     config = tmp_path / "neo.json"

@@ -8,6 +8,8 @@ import pytest
 
 from tests.common import metrics_rows, run_cli, run_command
 
+pytestmark = pytest.mark.e2e  # every test here runs train.py as a user would
+
 TINY_SETS = ["n_layer=2", "n_embd=64", "n_head=4", "n_ctx=32", 'attention_types=[[["global","local"],1]]',
              "local_attention_radius=8", "train_batch_size=8", "eval_batch_size=8", "eval_steps=2",
              "warmup_steps=2", "sample_tokens=0"]

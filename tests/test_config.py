@@ -96,7 +96,8 @@ def test_attention_types_expand():
                                                 "4*n_embd = 256"),
     ({"moe_params": {"moe_use_experts_attention": True}}, "moe_params.moe_use_experts_attention: mesh-tensorflow's"),
     ({"model": "bret"}, "model: unknown family \"bret\"; did you mean 'bert'?"),
-    ({"task": "translation"}, 'task: "translation" is not one of causal_lm, masked_lm, sequence_classification, token_classification, seq2seq'),
+    ({"task": "translation"}, 'task: "translation" is not one of causal_lm, masked_lm, sequence_classification, '
+                              'token_classification, seq2seq'),
     ({"causal": False}, "causal: false lets causal_lm see the token it predicts"),
     ({"mlm_training": True}, "causal: a masked_lm model must see both sides of a mask"),
     ({"mlm_training": True, "causal": False, "task": "causal_lm"}, "mlm_training: true trains masked_lm"),
@@ -139,7 +140,8 @@ def test_set_overrides_parse_json_or_string():
     assert parse_override("lr=0.1") == ("lr", 0.1)
     assert parse_override("mesh_shape=x:4,y:2") == ("mesh_shape", "x:4,y:2")
     assert parse_override('attention_types=[[["local"],2]]') == ("attention_types", [[["local"], 2]])
-    cfg, _ = from_dict(TINY, overrides=("n_layer=4", 'attention_types=[[["local"],4]]', "mesh_shape=x:4,y:2", "precision=bfloat16"))
+    cfg, _ = from_dict(TINY, overrides=("n_layer=4", 'attention_types=[[["local"],4]]', "mesh_shape=x:4,y:2",
+                                        "precision=bfloat16"))
     assert (cfg.n_layer, cfg.mesh_shape, cfg.precision) == (4, "x:4,y:2", "bfloat16")
     assert "unknown key 'n_layers'" in error_of(overrides=["n_layers=3"])
     assert "expected key=value" in error_of(overrides=["n_layer"])

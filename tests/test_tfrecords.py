@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from data.source import make_source
 from data.tokenizer import load_tokenizer, train_bpe
-from tests.common import run_cli
+from tests.common import run_cli, run_command
 from tests.data_common import config, synthetic_docs, take, use_dataset_configs, write_tf_records
 
 DOCS = {  # short, empty and long documents: none may be dropped
@@ -61,8 +61,9 @@ def test_create_tfrecords_keeps_every_token_and_writes_the_index(corpus_dir, tmp
 
 def test_round_trip_text_to_batches_to_text(corpus_dir, tmp_path, monkeypatch):
     out = tmp_path / "rt"
-    assert run_cli("data/create_tfrecords.py", "--input", str(corpus_dir / "b.jsonl"), "--output-dir", str(out),
-                   "--name", "rt", "--tokenizer", str(corpus_dir / "tokenizer.json"), "--n-ctx", "8").returncode == 0
+    written = run_command("-m", "data.create_tfrecords", "--input", str(corpus_dir / "b.jsonl"), "--output-dir",
+                          str(out), "--name", "rt", "--tokenizer", str(corpus_dir / "tokenizer.json"), "--n-ctx", "8")
+    assert written.returncode == 0, written.stderr
     use_dataset_configs(monkeypatch, tmp_path / "dc", rt={
         "path": str(out / "rt_*.tfrecords"), "eval_path": str(out / "rt_*.tfrecords"),
         "tokenizer_path": str(corpus_dir / "tokenizer.json"), "n_vocab": 300})

@@ -38,8 +38,8 @@ def _functions():
 def _resource(iterator):
     """The iterator resource behind a ``Dataset.as_numpy_iterator()`` (None where TensorFlow keeps it elsewhere)."""
     owned = getattr(iterator, "_iterator", None)
-    policy = getattr(getattr(owned, "_dataset", None), "options", lambda: None)()
-    if policy is not None and policy.experimental_external_state_policy is not None:
+    dataset = getattr(owned, "_dataset", None)
+    if dataset is not None and dataset.options().experimental_external_state_policy is not None:
         return None  # TensorFlow's own save() honours the policy; the default is what the ops above assume
     return getattr(owned, "_iterator_resource", None)
 

@@ -179,6 +179,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from tqdm import tqdm
 
     from config import ConfigError
+    from data.labelled import ExampleStream
     from data.shards import reading_note
     from data.source import NoEvalSet, make_source
     from neomesh.errors import raise_background_failure
@@ -227,8 +228,6 @@ def run_training(args, cfg, notes, signals, run) -> int:
     except NoEvalSet as e:
         eval_data = None
         say(f"note: {e}; evaluation is skipped")
-    from data.labelled import ExampleStream
-
     for source in (train_data, eval_data):
         if isinstance(source, ExampleStream):  # examples held in memory: say what was read, label by label
             say(f"data {source.description}")

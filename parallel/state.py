@@ -17,9 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from config import ConfigError
 from parallel.layout import Layout, replicated
+from training.layer_stack import layer_plan, stack_layers
 
 Params = dict  # nested {name: {...: jax.Array}}: the pure-dict form of the model's nnx.Param state
 
@@ -86,9 +88,17 @@ def param_shardings(layout: Layout, abstract: Params, logical: dict) -> Params:
 
 def shardings_like(tree: Any, params: Params, shardings: Params, layout: Layout) -> Any:
     """Shardings for a tree of optimizer slots: each leaf whose path ends with a parameter's path and has its
-    shape takes that parameter's sharding; everything else is replicated."""
-    by_path = {path: (leaf.shape, sh) for (path, leaf), sh in zip(
-        jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(shardings))}
+    shape takes that parameter's sharding, a slot of stacked layers (training/layer_stack.py) the sharding of
+    its layers' parameter with the layers axis whole; everything else is replicated."""
+    plan = layer_plan(params)
+    stacked_params = stack_layers(params, plan, lambda *layers: jax.ShapeDtypeStruct(
+        (len(layers), *layers[0].shape), layers[0].dtype))
+    stacked_shardings = stack_layers(shardings, plan, lambda *layers: NamedSharding(
+        layers[0].mesh, PartitionSpec(None, *layers[0].spec)))
+    by_path = {}
+    for tree_of_params, tree_of_shardings in ((params, shardings), (stacked_params, stacked_shardings)):
+        by_path.update({path: (leaf.shape, sh) for (path, leaf), sh in zip(
+            jax.tree_util.tree_flatten_with_path(tree_of_params)[0], jax.tree.leaves(tree_of_shardings))})
 
     def pick(path, leaf):
         for start in range(len(path)):
@@ -115,9 +125,10 @@ def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax
     optimizer state covers only the parameters ``trainable`` accepts (all when None): frozen ones have none."""
     graphdef, abstract_params, logical = abstract_model(make_model)
     p_shardings = param_shardings(layout, abstract_params, logical)
-    abstract_opt = jax.eval_shape(tx.init, split_params(abstract_params, trainable)[0])
-    shardings = TrainState(step=replicated(layout.mesh), params=p_shardings,
-                           opt_state=shardings_like(abstract_opt, abstract_params, p_shardings, layout))
+    trained = split_params(abstract_params, trainable)[0]
+    abstract_opt = jax.eval_shape(tx.init, trained)
+    opt_shardings = shardings_like(abstract_opt, trained, split_params(p_shardings, trainable)[0], layout)
+    shardings = TrainState(step=replicated(layout.mesh), params=p_shardings, opt_state=opt_shardings)
     abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
     return graphdef, abstract, shardings

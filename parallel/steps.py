@@ -19,6 +19,7 @@ from models import aux_losses
 from models.axes import constrain
 from parallel.layout import Layout, replicated
 from parallel.state import Params, TrainState, join_params, split_params
+from training.layer_stack import optimizer_step
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -124,10 +125,10 @@ def make_train_step(graphdef: nnx.GraphDef, objective, tx: optax.GradientTransfo
             step_fn = grad_fn if microbatches == 1 else accumulated
             params, frozen = split_params(state.params, trainable)
             (sums, aux), grads = step_fn(params, frozen, batch, key, total_weight)
-            updates, opt_state = tx.update(grads, state.opt_state, params)
-            params = join_params(optax.apply_updates(params, updates), frozen)
+            params, opt_state, grad_norm = optimizer_step(tx, grads, state.opt_state, params)
+            params = join_params(params, frozen)
             metrics = {name: value / total_weight for name, value in sums.items() if name != "weight"}
-            metrics.update(aux, grad_norm=optax.tree.norm(grads), lr=schedule(state.step))
+            metrics.update(aux, grad_norm=grad_norm, lr=schedule(state.step))
             return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return jax.jit(train_step, in_shardings=(state_shardings, data_shardings),

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from config import Config
+from training.layer_stack import per_layer, stacked_layers
 
 # GPT-Neo decays to 10% of the peak learning rate.
 FINAL_LR_FRACTION = 0.1
@@ -59,18 +60,23 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
     """Global-norm clipping, then AdamW (``adam``/``adamw``) or GPT-Neo's Adafactor (``adafactor``), wrapped by
     ``optax.apply_if_finite``: a step whose gradient is non-finite (or spikes, see ``spike_to_nan``) leaves the
     parameters and the optimizer state as they were and is counted (``bad_step_counts``). The train loop stops
-    the run after ``max_bad_steps`` such steps in a row, before apply_if_finite would give up and apply one."""
+    the run after ``max_bad_steps`` such steps in a row, before apply_if_finite would give up and apply one.
+    With scan_layers all of it runs on each stack's layers stacked (training/layer_stack.py), with the same
+    per-layer meaning: the optimizer state is stored stacked."""
     if cfg.opt_name in ("adam", "adamw"):
         decay = DEFAULT_WEIGHT_DECAY if cfg.weight_decay is None else cfg.weight_decay
         opt = optax.adamw(learning_rate_schedule(cfg), b1=cfg.beta1, b2=cfg.beta2, eps=cfg.epsilon,
                           weight_decay=decay, mask=decay_mask)
     else:
         opt = adafactor(cfg)
+    if cfg.scan_layers:
+        opt = per_layer(opt)
     if cfg.gradient_clipping > 0:
         opt = optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping), opt)
     # The guard is there for every config, so the optimizer state (and the checkpoint) has one structure
     # whatever max_bad_steps and grad_spike_factor are: both may change on resume.
-    return optax.chain(spike_to_nan(cfg.grad_spike_factor), optax.apply_if_finite(opt, cfg.max_bad_steps))
+    opt = optax.chain(spike_to_nan(cfg.grad_spike_factor), optax.apply_if_finite(opt, cfg.max_bad_steps))
+    return stacked_layers(opt) if cfg.scan_layers else opt
 
 
 def bad_step_counts(opt_state) -> tuple[jax.Array, jax.Array]:

@@ -1,0 +1,163 @@
+"""The optimizer run on each stack's layers stacked, for scan_layers: compile time that does not grow with depth.
+
+With scan_layers the forward and backward passes run a stack's repeating group of layers as one ``lax.scan``,
+but an optimizer applied leaf by leaf would still compile its update (and the clipping norm and the bad-step
+guard) once per layer. ``stacked_layers(tx)`` hands ``tx`` one array per weight with a leading layers axis:
+
+    {"blocks": {0: {...}, 1: {...}, ..., 11: {...}}}  ->  {"blocks": Stacked(layers=(group_0, group_1))}
+
+where ``group_p`` holds layers p, p + period, p + 2 period, ... (the period of GPT-Neo's global/local pattern is
+2). Parameters keep their per-layer paths (checkpoints, export and peft filters see no change); the optimizer
+state holds each weight's slots stacked. ``per_layer(tx)`` keeps an optimizer's per-weight meaning on stacked
+weights by vmapping it over the layers axis: AdamW's decay mask by a layer weight's rank, Adafactor's factored and
+block-RMS statistics per layer, exactly as unstacked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@flax.struct.dataclass
+class Stacked:
+    """A stack's layers: leaf g of ``layers[p]`` along its first axis is layer g * len(layers) + p's."""
+    layers: tuple
+
+
+def _signature(tree) -> tuple:
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(jnp.shape(x)), getattr(x, "dtype", None)) for x in leaves)
+
+
+def _period(node: dict) -> int | None:
+    """The repeating period of a dict of layers (keys 0..n-1, each layer shaped like the one ``period`` before),
+    or None when ``node`` is not such a dict or nothing repeats."""
+    n = len(node)
+    if n < 2 or set(node) != set(range(n)):
+        return None
+    signatures = [_signature(node[i]) for i in range(n)]
+    period = next(p for p in range(1, n + 1) if n % p == 0 and all(signatures[i] == signatures[i % p]
+                                                                   for i in range(n)))
+    return period if period < n else None
+
+
+def layer_plan(tree: Any, prefix: tuple = ()) -> dict[tuple, int]:
+    """{path of a dict of repeating layers: its period} for the nested dict ``tree`` (parameters or gradients)."""
+    if not isinstance(tree, dict):
+        return {}
+    period = _period(tree)
+    if period is not None:
+        return {prefix: period}
+    plan = {}
+    for key, value in tree.items():
+        plan.update(layer_plan(value, prefix + (key,)))
+    return plan
+
+
+def stack_layers(tree: Any, plan: dict[tuple, int], combine: Callable = lambda *layers: jnp.stack(layers),
+                 prefix: tuple = ()) -> Any:
+    """``tree`` with every dict of layers that ``plan`` names replaced by its ``Stacked`` form; ``combine`` joins
+    one leaf's layers (a stack by default; shardings and shapes have their own)."""
+    if prefix in plan:
+        period, n = plan[prefix], len(tree)
+        return Stacked(tuple(jax.tree.map(combine, *[tree[g * period + p] for g in range(n // period)])
+                             for p in range(period)))
+    if not isinstance(tree, dict):
+        return tree
+    return {key: stack_layers(value, plan, combine, prefix + (key,)) for key, value in tree.items()}
+
+
+def unstack_layers(tree: Any) -> Any:
+    """The inverse of ``stack_layers``: every ``Stacked`` back to its dict of layers."""
+    if isinstance(tree, Stacked):
+        period, groups = len(tree.layers), jax.tree.leaves(tree.layers)[0].shape[0]
+        return {g * period + p: jax.tree.map(lambda x: x[g], tree.layers[p])
+                for g in range(groups) for p in range(period)}
+    if not isinstance(tree, dict):
+        return tree
+    return {key: unstack_layers(value) for key, value in tree.items()}
+
+
+class StackedLayers(NamedTuple):
+    """An optax GradientTransformation running ``inner`` on stacked layers (see the module's docstring)."""
+    init: Callable
+    update: Callable
+    inner: optax.GradientTransformation
+
+
+def stacked_layers(tx: optax.GradientTransformation) -> StackedLayers:
+    """``tx`` run on stacked layers: its state is ``tx``'s state of the stacked tree; updates come back per layer
+    (``optimizer_step`` applies them stacked instead, as the train step does)."""
+
+    def init(params):
+        return tx.init(stack_layers(params, layer_plan(params)))
+
+    def update(updates, state, params=None):
+        plan = layer_plan(updates)
+        stacked_params = None if params is None else stack_layers(params, plan)
+        updates, state = tx.update(stack_layers(updates, plan), state, stacked_params)
+        return unstack_layers(updates), state
+
+    return StackedLayers(init, update, tx)
+
+
+def optimizer_step(tx, grads, opt_state, params) -> tuple[Any, Any, jax.Array]:
+    """(updated parameters, optimizer state, gradient norm) of one step of ``tx``. For ``StackedLayers`` the update
+    runs on the stacked trees and the parameters are cut back into layers once, after it: nothing in the step
+    runs per layer weight but that cut."""
+    if not isinstance(tx, StackedLayers):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, optax.tree.norm(grads)
+    plan = layer_plan(grads)
+    grads, params = stack_layers(grads, plan), stack_layers(params, plan)
+    updates, opt_state = tx.inner.update(grads, opt_state, params)
+    return unstack_layers(optax.apply_updates(params, updates)), opt_state, optax.tree.norm(grads)
+
+
+def _is_stacked(x) -> bool:
+    return isinstance(x, Stacked)
+
+
+def _parts(tree) -> tuple[Any, list]:
+    """(``tree`` without its ``Stacked`` nodes, [``tree`` with only its i-th ``Stacked`` node] per node): the
+    trees keep their paths, with None where a part is left out."""
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_stacked)
+    stacks = [i for i, leaf in enumerate(leaves) if _is_stacked(leaf)]
+    rest = treedef.unflatten([None if _is_stacked(leaf) else leaf for leaf in leaves])
+    return rest, [treedef.unflatten([leaf if i == j else None for j, leaf in enumerate(leaves)]) for i in stacks]
+
+
+def _merge(parts: list) -> Any:
+    """The tree whose parts ``_parts`` made (each leaf position is filled in exactly one part)."""
+    flat = [jax.tree.flatten(part, is_leaf=lambda x: x is None or _is_stacked(x)) for part in parts]
+    leaves = [next(leaf for leaf in column if leaf is not None) for column in zip(*(f[0] for f in flat))]
+    return flat[0][1].unflatten(leaves)
+
+
+class PerLayerState(flax.struct.PyTreeNode):
+    rest: optax.OptState  # the state of the weights outside any stack
+    stacks: tuple  # per Stacked node: the state of its layers, with a leading layers axis
+
+
+def per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` applied to each layer of every ``Stacked`` node on its own (vmapped over the layers axis) and to the
+    other weights as usual. ``tx`` must treat weights independently (no global norm inside)."""
+
+    def init(params):
+        rest, stacks = _parts(params)
+        return PerLayerState(rest=tx.init(rest), stacks=tuple(jax.vmap(tx.init)(stack) for stack in stacks))
+
+    def update(updates, state, params=None):
+        rest, stacks = _parts(updates)
+        rest_params, stack_params = _parts(params) if params is not None else (None, [None] * len(stacks))
+        rest, rest_state = tx.update(rest, state.rest, rest_params)
+        stacked = [jax.vmap(tx.update)(u, s, p) for u, s, p in zip(stacks, state.stacks, stack_params)]
+        return _merge([rest] + [u for u, _ in stacked]), PerLayerState(rest=rest_state,
+                                                                        stacks=tuple(s for _, s in stacked))
+
+    return optax.GradientTransformation(init, update)

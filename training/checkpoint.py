@@ -324,9 +324,14 @@ def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
     checkpoint's (``where`` names the checkpoint)."""
     key = first_changed_key(saved, cfg, state_shapes)
     if key is not None:
+        what = STATE_LAYOUT_KEYS.get(key, "the model's shape differs")
         raise ConfigError(f"{key}: {where} was trained with {key}={json.dumps(saved.get(key))}, the config has "
-                          f"{json.dumps(getattr(cfg, key))}; the model's shape differs (set it back, or --new "
-                          "for a fresh run)")
+                          f"{json.dumps(getattr(cfg, key))}; {what} (set it back, or --new for a fresh run)")
+
+
+# Keys that change how the train state is stored, not the model: what the error says instead of "shape".
+STATE_LAYOUT_KEYS = {"scan_layers": "the optimizer state is stored stacked over the layers with scan_layers and "
+                                    "per layer without"}
 
 
 def input_position_item(data: dict | None) -> dict:

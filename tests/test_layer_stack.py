@@ -53,7 +53,7 @@ def test_stacking_is_undone_exactly():
 @pytest.mark.parametrize("opt", [dict(opt_name="adamw", weight_decay=0.1, gradient_clipping=0.5),
                                  dict(opt_name="adafactor", weight_decay=None, beta1=0.9, gradient_clipping=1.0)])
 def test_stacked_updates_equal_per_layer_updates(opt):
-    cfg = tiny_config(**WIDE, **opt)
+    cfg = tiny_config(**{**WIDE, "n_layer": 2, "attention_types": [[["global", "local"], 1]]}, **opt)
     params = random_params(cfg)
 
     def run(cfg):
@@ -96,7 +96,7 @@ def test_stacked_state_does_not_grow_with_depth_and_is_sharded_like_its_weight()
 
 
 def test_a_stacked_sharded_state_goes_through_a_checkpoint(tmp_path):
-    cfg = tiny_config(**WIDE, scan_layers=True)
+    cfg = tiny_config(scan_layers=True, warmup_steps=0)
     layout = Layout.from_config(make_mesh("x:4,y:2"), "batch:x,heads:y,embd:y")
     make = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
     tx = make_optimizer(cfg)

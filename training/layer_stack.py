@@ -31,7 +31,7 @@ class Stacked:
 
 def _signature(tree) -> tuple:
     leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(jnp.shape(x)), getattr(x, "dtype", None)) for x in leaves)
+    return treedef, tuple((tuple(x.shape), x.dtype) for x in leaves)  # arrays, tracers or ShapeDtypeStructs
 
 
 def _period(node: dict) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -57,12 +58,22 @@ def _quiet_absl(quiet: bool):
         logging.set_verbosity(level)
 
 
+@functools.cache
+def _set_array_handler() -> None:
+    """Replica-parallel saving splits a replicated array between its replicas so that several hosts write it;
+    within one process it only adds a sliced copy, and an XLA compile, per array shape and replica."""
+    with _quiet_absl(True):  # orbax logs every override of its registry
+        ocp.type_handlers.register_type_handler(
+            jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=jax.process_count() > 1), override=True)
+
+
 class Checkpoints:
     def __init__(self, model_path: str, keep: int, read_only: bool = False):
         self.directory = os.path.abspath(os.path.join(model_path, "checkpoints"))
         if read_only and not os.path.isdir(self.directory):
             raise ConfigError(f"model_path: no checkpoint in {self.directory}")
         self.verified = _KeepVerified()
+        _set_array_handler()
         if read_only:
             options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0,
                                                    enable_async_checkpointing=False)

@@ -243,9 +243,13 @@ def run_training(args, cfg, notes, signals, run) -> int:
 
     params = imported_params(cfg, cfg.init_from) if cfg.init_from else None  # read before writing anything
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
-        state, latest = checkpoints.restore_newest_good(
-            saved_part(cfg, abstract), lambda saved, step: check_same_model(
-                saved, cfg, state_shapes, f"the checkpoint at step {step} in {checkpoints.directory}"), say)
+        def stored_as(saved: dict, step: int):  # see Checkpoints.restore_newest_good
+            where = f"the checkpoint at step {step} in {checkpoints.directory}"
+            if saved.get("scan_layers", cfg.scan_layers) == cfg.scan_layers:
+                return check_same_model(saved, cfg, state_shapes, where)
+            return scan_layers_changed(cfg, saved, where, make_model, layout, trainable, abstract, shardings, say)
+
+        state, latest = checkpoints.restore_newest_good(saved_part(cfg, abstract), stored_as, say)
         if latest is not None:
             say(f"resumed from {checkpoints.directory} at step {latest}")
             if saved_part(cfg, abstract) is not abstract:  # the checkpoint holds the trained parts: add the base
@@ -456,6 +460,32 @@ def state_shapes(cfg):
 
 def _partial(cfg) -> bool:
     return cfg.peft is not None and cfg.peft_settings["checkpoint"] == "trainable"
+
+
+def scan_layers_changed(cfg, saved: dict, where: str, make_model, layout, trainable, abstract, shardings, say):
+    """A checkpoint written with the other ``scan_layers``: its optimizer state is stored per layer where this
+    run stores it stacked, or the other way round. (The abstract state as stored, a jitted function moving the
+    restored state to this run's storage and shardings); any other difference is the usual one-line error."""
+    import jax
+
+    from parallel.state import abstract_train_state
+    from training.checkpoint import check_same_model
+    from training.layer_stack import convert_opt_state
+    from training.optimizer import make_optimizer
+
+    as_saved = cfg.replace(scan_layers=saved["scan_layers"])
+    check_same_model(saved, as_saved, state_shapes, where)
+    stored = saved_part(cfg, abstract_train_state(make_model, make_optimizer(as_saved), layout, trainable)[1])
+    convert = jax.jit(lambda state: state.replace(opt_state=convert_opt_state(state.opt_state, abstract.opt_state)),
+                      out_shardings=saved_part(cfg, shardings))
+
+    def converted(state):
+        say(f"note: {where} stored the optimizer state {'stacked' if as_saved.scan_layers else 'per layer'} "
+            f"(scan_layers={str(as_saved.scan_layers).lower()}); moved to this run's scan_layers="
+            f"{str(cfg.scan_layers).lower()}")
+        return convert(state)
+
+    return stored, converted
 
 
 def saved_part(cfg, state):

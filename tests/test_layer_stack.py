@@ -13,7 +13,7 @@ from parallel.mesh import make_mesh
 from parallel.state import abstract_model, abstract_train_state, create_train_state
 from tests.common import tiny_config
 from training.checkpoint import Checkpoints
-from training.layer_stack import layer_plan, optimizer_step, stack_layers, unstack_layers
+from training.layer_stack import convert_opt_state, layer_plan, optimizer_step, stack_layers, unstack_layers
 from training.optimizer import bad_step_counts, make_optimizer
 
 # 128 wide: Adafactor factors the matrices (its minimum is 128), its block RMS and AdamW's decay mask both act.
@@ -111,3 +111,50 @@ def test_a_stacked_sharded_state_goes_through_a_checkpoint(tmp_path):
         restored = checkpoints.restore(abstract, 1)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), restored, state)
     assert jax.tree.map(lambda a: a.sharding, restored) == shardings
+
+
+@pytest.mark.parametrize("opt", [dict(opt_name="adamw", weight_decay=0.1, gradient_clipping=0.5),
+                                 dict(opt_name="adafactor", weight_decay=None, beta1=0.9, gradient_clipping=1.0)])
+def test_the_optimizer_state_moves_between_per_layer_and_stacked_storage(opt):
+    cfg = tiny_config(**WIDE, **opt)
+    params = random_params(cfg)
+    per_layer, stacked = make_optimizer(cfg), make_optimizer(cfg.replace(scan_layers=True))
+    step = {tx: jax.jit(lambda g, s, p, tx=tx: optimizer_step(tx, g, s, p)) for tx in (per_layer, stacked)}
+    state = per_layer.init(params)
+    for seed in (1, 2):  # moments and counts that are not the init's
+        params, state, _ = step[per_layer](random_params(cfg, seed=seed), state, params)
+    moved = jax.jit(convert_opt_state)(state, jax.eval_shape(stacked.init, params))
+    assert jax.tree.structure(moved) == jax.tree.structure(jax.eval_shape(stacked.init, params))
+    back = jax.jit(convert_opt_state)(moved, jax.eval_shape(per_layer.init, params))
+    jax.tree.map(np.testing.assert_array_equal, back, state)
+    grads = random_params(cfg, seed=9)  # the next step is the same from either storage
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
+                 step[stacked](grads, moved, params)[0], step[per_layer](grads, state, params)[0])
+
+
+@pytest.mark.e2e
+def test_a_run_resumes_with_scan_layers_flipped(tmp_path, capsys):
+    import json
+
+    import train
+
+    tiny = {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_ctx": 16, "attention_types": [[["global", "local"], 1]],
+            "train_batch_size": 8, "eval_steps": 0, "sample_tokens": 0, "n_vocab": 257, "warmup_steps": 1,
+            "datasets": [["embedded", None, None, None]], "lr_decay_end": 4, "steps_per_checkpoint": 2}
+
+    def run(path, steps, scan):
+        args = ["--config", "configs/quickstart.json", "--model-path", str(path), "--no-progress"]
+        for key, value in {**tiny, "train_steps": steps, "scan_layers": scan}.items():
+            args += ["--set", f"{key}={json.dumps(value)}"]
+        assert train.main(args) == 0, capsys.readouterr().err
+
+    def losses(path):
+        rows = [json.loads(line) for line in open(path / "metrics.jsonl")]
+        return [r["loss"] for r in rows if r["kind"] == "train"]
+
+    run(tmp_path / "straight", 4, False)
+    run(tmp_path / "flipped", 2, True)
+    run(tmp_path / "flipped", 4, False)
+    assert "stored the optimizer state stacked (scan_layers=true); moved to this run's scan_layers=false" in \
+        capsys.readouterr().out
+    np.testing.assert_allclose(losses(tmp_path / "flipped"), losses(tmp_path / "straight"), rtol=0, atol=1e-5)

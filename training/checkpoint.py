@@ -250,15 +250,18 @@ class Checkpoints:
         """(state, step) of the newest checkpoint that restores intact, or (None, None) if there is none at all.
 
         ``check_config(saved_config, step)`` raises a one-line error when the checkpoint's model differs from the
-        current one (that is no damage: nothing is moved). A damaged checkpoint is reported with ``say`` in one
-        line and moved to ``<model_path>/damaged_checkpoints/`` so the run can save that step again."""
+        current one (that is no damage: nothing is moved); it returns None when the checkpoint stores the state as
+        ``abstract_state`` does, or (the abstract state as stored, a function to the current storage). A damaged
+        checkpoint is reported with ``say`` in one line and moved to ``<model_path>/damaged_checkpoints/`` so the
+        run can save that step again."""
         steps = sorted(self.manager.all_steps(), reverse=True)
         if not steps:
             return None, None
         for step in steps:
             try:
-                check_config(self.config(step), step)
-                state = self.restore_verified(abstract_state, step)
+                stored = check_config(self.config(step), step)
+                state = self.restore_verified(abstract_state if stored is None else stored[0], step)
+                state = state if stored is None else stored[1](state)
             except DamagedCheckpoint as e:
                 moved = self.move_aside(step)
                 older = [s for s in steps if s < step]
@@ -335,14 +338,9 @@ def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
     checkpoint's (``where`` names the checkpoint)."""
     key = first_changed_key(saved, cfg, state_shapes)
     if key is not None:
-        what = STATE_LAYOUT_KEYS.get(key, "the model's shape differs")
         raise ConfigError(f"{key}: {where} was trained with {key}={json.dumps(saved.get(key))}, the config has "
-                          f"{json.dumps(getattr(cfg, key))}; {what} (set it back, or --new for a fresh run)")
-
-
-# Keys that change how the train state is stored, not the model: what the error says instead of "shape".
-STATE_LAYOUT_KEYS = {"scan_layers": "the optimizer state is stored stacked over the layers with scan_layers and "
-                                    "per layer without"}
+                          f"{json.dumps(getattr(cfg, key))}; the model's shape differs (set it back, or --new "
+                          "for a fresh run)")
 
 
 def input_position_item(data: dict | None) -> dict:

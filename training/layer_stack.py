@@ -161,3 +161,66 @@ def per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
                                                                         stacks=tuple(s for _, s in stacked))
 
     return optax.GradientTransformation(init, update)
+
+
+
+_REST, _STACKS, _LAYERS = (jax.tree_util.GetAttrKey(name) for name in ("rest", "stacks", "layers"))
+
+
+def _position(path: tuple, key) -> int | None:
+    return next((i for i, k in enumerate(path) if k == key), None)
+
+
+def _periods(paths) -> dict[tuple, int]:
+    """{path up to a stack's "layers": its period} for the paths of a stacked optimizer state."""
+    periods: dict[tuple, int] = {}
+    for path in paths:
+        at = _position(path, _LAYERS)
+        if at is not None:
+            periods[path[:at]] = max(periods.get(path[:at], 0), path[at + 1].idx + 1)
+    return periods
+
+
+def _per_layer_paths(path: tuple, periods: dict, groups: int) -> tuple[tuple, list[tuple] | None]:
+    """For a leaf of either storage: (its path per layer, or that of its shared value, and for a stacked slot the
+    per-layer paths of its rows, else None)."""
+    at = _position(path, _REST)
+    if at is not None:
+        return path[:at] + path[at + 1:], None
+    at = _position(path, _STACKS)
+    if at is None:
+        return path, None
+    plain = path[:at] + path[at + 2:]  # without stacks[i]
+    layers = _position(path, _LAYERS)
+    if layers is None:  # a step count kept per layer: all layers share the one count
+        return plain, None
+    period, p = periods[path[:layers]], path[layers + 1].idx
+    before, after = path[:at] + path[at + 2:layers], path[layers + 2:]
+    rows = [before + (jax.tree_util.DictKey(g * period + p),) + after for g in range(groups)]
+    return rows[0], rows
+
+
+def convert_opt_state(source: Any, target: Any) -> Any:
+    """An optimizer state of ``make_optimizer`` moved between its storages per layer (scan_layers false) and
+    stacked (true); ``target`` is the abstract state of the storage wanted (``jax.eval_shape`` of its init).
+    Slots move between per-layer paths (``mu/blocks/3/attn/...``) and stacked ones (row 1 of
+    ``mu/blocks/layers/1/attn/...`` with a period of 2); per-layer step counts take the shared count. Traceable:
+    jit it to place the result."""
+    flat = jax.tree_util.tree_flatten_with_path(source)[0]
+    periods = _periods(path for path, _ in flat)
+    per_layer = {}
+    for path, leaf in flat:
+        shared, rows = _per_layer_paths(tuple(path), periods, jnp.shape(leaf)[0] if jnp.ndim(leaf) else 0)
+        if rows is None:
+            per_layer.setdefault(shared, leaf[0] if _position(path, _STACKS) is not None else leaf)
+        else:
+            per_layer.update({row: leaf[g] for g, row in enumerate(rows)})
+    target_periods = _periods(path for path, _ in jax.tree_util.tree_flatten_with_path(target)[0])
+
+    def value(path, wanted):
+        shared, rows = _per_layer_paths(tuple(path), target_periods, wanted.shape[0] if wanted.ndim else 0)
+        if rows is not None:
+            return jnp.stack([per_layer[row] for row in rows])
+        return jnp.broadcast_to(per_layer[shared], wanted.shape).astype(wanted.dtype)
+
+    return jax.tree_util.tree_map_with_path(value, target)

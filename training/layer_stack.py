@@ -1,8 +1,9 @@
-"""The optimizer run on each stack's layers stacked, for scan_layers: compile time that does not grow with depth.
+"""The optimizer run on each stack's layers stacked, for scan_layers.
 
 With scan_layers the forward and backward passes run a stack's repeating group of layers as one ``lax.scan``,
 but an optimizer applied leaf by leaf would still compile its update (and the clipping norm and the bad-step
-guard) once per layer. ``stacked_layers(tx)`` hands ``tx`` one array per weight with a leading layers axis:
+guard) once per layer: the bulk of a deep model's compile time. ``stacked_layers(tx)`` hands ``tx`` one array
+per weight with a leading layers axis:
 
     {"blocks": {0: {...}, 1: {...}, ..., 11: {...}}}  ->  {"blocks": Stacked(layers=(group_0, group_1))}
 
@@ -10,7 +11,8 @@ where ``group_p`` holds layers p, p + period, p + 2 period, ... (the period of G
 2). Parameters keep their per-layer paths (checkpoints, export and peft filters see no change); the optimizer
 state holds each weight's slots stacked. ``per_layer(tx)`` keeps an optimizer's per-weight meaning on stacked
 weights by vmapping it over the layers axis: AdamW's decay mask by a layer weight's rank, Adafactor's factored and
-block-RMS statistics per layer, exactly as unstacked.
+block-RMS statistics per layer, exactly as unstacked. ``convert_opt_state`` moves a state between the two
+storages (a run resumed with scan_layers flipped).
 """
 
 from __future__ import annotations

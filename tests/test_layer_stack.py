@@ -116,8 +116,9 @@ def test_a_stacked_sharded_state_goes_through_a_checkpoint(tmp_path):
 @pytest.mark.parametrize("opt", [dict(opt_name="adamw", weight_decay=0.1, gradient_clipping=0.5),
                                  dict(opt_name="adafactor", weight_decay=None, beta1=0.9, gradient_clipping=1.0)])
 def test_the_optimizer_state_moves_between_per_layer_and_stacked_storage(opt):
-    cfg = tiny_config(**WIDE, **opt)
+    cfg = tiny_config(**WIDE, num_mem_kv=2, **opt)  # memory slots in global layers only: a period of 2
     params = random_params(cfg)
+    assert layer_plan(params) == {("blocks",): 2}
     per_layer, stacked = make_optimizer(cfg), make_optimizer(cfg.replace(scan_layers=True))
     step = {tx: jax.jit(lambda g, s, p, tx=tx: optimizer_step(tx, g, s, p)) for tx in (per_layer, stacked)}
     state = per_layer.init(params)

@@ -263,7 +263,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
                               f"{checkpoints.directory}")
         else:
             graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params,
-                                                            trainable=trainable)
+                                                            trainable=trainable,
+                                                            abstract=(graphdef, abstract, shardings))
             if cfg.init_from:
                 from parallel.state import match_params
 

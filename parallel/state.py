@@ -136,12 +136,15 @@ def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax
 
 def create_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
                        layout: Layout, seed: int, params: Params | None = None,
-                       trainable: Callable[[str], bool] | None = None) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+                       trainable: Callable[[str], bool] | None = None,
+                       abstract: tuple[nnx.GraphDef, TrainState, TrainState] | None = None
+                       ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
     """Initialises a sharded ``TrainState``, from ``params`` (imported weights, fresh optimizer state) if given;
     returns (graphdef, state, state shardings). Parameters the weights lack (a task head a checkpoint does not
     have) start from their init, as transformers does; ``match_params`` names them. Only the parameters
-    ``trainable`` accepts get optimizer state."""
-    graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout, trainable)
+    ``trainable`` accepts get optimizer state. ``abstract``: what ``abstract_train_state`` returned for the same
+    arguments, when the caller has it (building it again takes a second for a 1.3B model)."""
+    graphdef, abstract, shardings = abstract or abstract_train_state(make_model, tx, layout, trainable)
     if params is not None:
         params = place_params(params, abstract.params, lambda: init_params(make_model, seed, shardings.params))
     init = jax.jit(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p,

@@ -202,7 +202,12 @@ def test_iterator_state_is_tensorflows_own_format_both_ways():
     def stream(prefetch):
         docs = tf.data.Dataset.range(200).map(lambda i: tf.range(i % 7 + 1))  # ragged documents, as a corpus's
         batches = docs.shuffle(64, seed=3).padded_batch(4)
-        return (batches.prefetch(2) if prefetch else batches).as_numpy_iterator()
+        if prefetch:
+            return batches.prefetch(2).as_numpy_iterator()
+        options = tf.data.Options()  # no background thread at all: tf.data injects a prefetch by default
+        options.experimental_optimization.apply_default_optimizations = False
+        options.autotune.enabled = False
+        return batches.with_options(options).as_numpy_iterator()
 
     def rest(iterator):
         return [x.tolist() for x in iterator]

@@ -153,12 +153,16 @@ def run_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Arra
     return x, (tuple(updated) if caches is not None else None)
 
 
+def repeat_period(items: list) -> int:
+    """The least p dividing ``len(items)`` such that every item equals the one p before it."""
+    n = len(items)
+    return next(p for p in range(1, n + 1) if n % p == 0 and all(items[i] == items[i % p] for i in range(n)))
+
+
 def layer_period(blocks) -> int:
-    """The length of a stack's repeating group: the least p dividing the depth such that every block has the
-    structure (parameter shapes and spec) of the block p before it. GPT-Neo's global/local pattern has p = 2."""
-    graphdefs = [nnx.graphdef(block) for block in blocks]
-    n = len(blocks)
-    return next(p for p in range(1, n + 1) if n % p == 0 and all(graphdefs[i] == graphdefs[i % p] for i in range(n)))
+    """The length of a stack's repeating group: its blocks' ``repeat_period`` by structure (parameter shapes and
+    spec). GPT-Neo's global/local pattern has p = 2."""
+    return repeat_period([nnx.graphdef(block) for block in blocks])
 
 
 def scanned_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from models.block import repeat_period
+
 
 @flax.struct.dataclass
 class Stacked:
@@ -42,9 +44,7 @@ def _period(node: dict) -> int | None:
     n = len(node)
     if n < 2 or set(node) != set(range(n)):
         return None
-    signatures = [_signature(node[i]) for i in range(n)]
-    period = next(p for p in range(1, n + 1) if n % p == 0 and all(signatures[i] == signatures[i % p]
-                                                                   for i in range(n)))
+    period = repeat_period([_signature(node[i]) for i in range(n)])
     return period if period < n else None
 
 
@@ -163,7 +163,6 @@ def per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
                                                                         stacks=tuple(s for _, s in stacked))
 
     return optax.GradientTransformation(init, update)
-
 
 
 _REST, _STACKS, _LAYERS = (jax.tree_util.GetAttrKey(name) for name in ("rest", "stacks", "layers"))

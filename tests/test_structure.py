@@ -1,9 +1,12 @@
 """The layout contract, checked on the source: models/ depends on neither parallel/ nor training/, model code
-speaks logical dimension names only (mesh axes appear in the layout alone), and TensorFlow stays inside data/."""
+speaks logical dimension names only (mesh axes appear in the layout alone), and TensorFlow stays inside data/
+(and starts without loading Keras)."""
 
 import ast
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -43,3 +46,14 @@ def test_model_code_names_no_mesh_axis():
 def test_tensorflow_is_imported_only_by_data(folder):
     for path in python_files(folder):
         assert not [m for m in imported_modules(path) if m.split(".")[0] == "tensorflow"], path
+
+
+def test_tensorflow_starts_without_keras_and_tf_keras_still_works():
+    """data/tf_import skips TensorFlow's eager Keras load (seconds of every run's start-up); tf.keras still loads."""
+    code = ("import os, sys; from data.tf_import import tensorflow; tf = tensorflow(); "
+            "print('keras' in sys.modules, 'TF_USE_LEGACY_KERAS' in os.environ, "
+            "int(tf.data.Dataset.range(4).reduce(tf.constant(0, tf.int64), lambda a, b: a + b)), "
+            "tf.keras.layers.Dense.__module__)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"})
+    assert result.stdout.split() == ["False", "False", "6", "keras.src.layers.core.dense"], result.stderr[-2000:]

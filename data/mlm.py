@@ -11,6 +11,7 @@ masked the same way in every run and on resume.
 from __future__ import annotations
 
 from config import Config
+from data.pipeline import as_written
 
 
 def mlm_example(tf, window, index, cfg: Config, seed: int) -> dict:
@@ -43,5 +44,5 @@ def mlm_example(tf, window, index, cfg: Config, seed: int) -> dict:
 
 def mlm_stage(tf, windows, cfg: Config, seed: int):
     """Maps a stream of int32[n_ctx+1] windows to masked-LM examples (see ``mlm_example``)."""
-    return windows.enumerate().map(lambda i, w: mlm_example(tf, w, i, cfg, seed),
-                                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    example = as_written(tf, lambda i, w: mlm_example(tf, w, i, cfg, seed))
+    return windows.enumerate().map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

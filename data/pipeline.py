@@ -17,6 +17,9 @@ Sampling modes (GPT-Neo's ``[id, stitch, sampling_mode, weight]``):
 * ``documents_random``: the same groups, and a window at a random offset inside each.
 
 Short documents are joined with the next ones, never dropped or padded.
+
+The functions the stages map are plain TensorFlow (no Python ``if``/``for`` over tensors), so they reach tf.data
+``as_written``: AutoGraph's rewrite of them cost half a second of every shard pipeline's start.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ from config import ConfigError
 
 MODES = ("chunks", "documents_fixed", "documents_random")
 READ_CYCLE = 4  # files read in parallel (GPT-Neo's cycle_length)
+
+
+def as_written(tf, fn):
+    """``fn`` for a tf.data stage, traced as written (not rewritten by AutoGraph: see the module docstring)."""
+    return tf.autograph.experimental.do_not_convert(fn)
 
 
 def check_mode(entry: list, where: str) -> tuple[str, int]:
@@ -53,10 +61,10 @@ def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, see
         records = tf.data.TFRecordDataset(path).enumerate()
         if record_shard is not None:
             k, count = record_shard
-            records = records.filter(lambda i, r: i % count == k)
-        return records.map(lambda i, r: (path, i, r))
+            records = records.filter(as_written(tf, lambda i, r: i % count == k))
+        return records.map(as_written(tf, lambda i, r: (path, i, r)))
 
-    records = paths.interleave(read, cycle_length=min(READ_CYCLE, len(files)), block_length=1,
+    records = paths.interleave(as_written(tf, read), cycle_length=min(READ_CYCLE, len(files)), block_length=1,
                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     # Repeated after reading, not before: an epoch reads every file once, and a shard without a single record
     # ends (repeat stops on an empty first pass) instead of cycling through its files forever.
@@ -75,7 +83,7 @@ def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, see
 
         return tf.cond(ok, lambda: ids, fail)
 
-    docs = records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    docs = records.map(as_written(tf, parse), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if shuffle:
         docs = docs.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
     return docs
@@ -109,7 +117,7 @@ def pack(tf, docs, n_ctx: int):
         index = tf.range(n)[:, None] * n_ctx + tf.range(n_ctx + 1, dtype=tf.int64)[None, :]  # (n, n_ctx+1)
         return buf[n * n_ctx:], tf.gather(buf, index)
 
-    return docs.scan(tf.zeros([0], tf.int64), step).unbatch()
+    return docs.scan(tf.zeros([0], tf.int64), as_written(tf, step)).unbatch()
 
 
 def groups(tf, docs, n_ctx: int, stitch: int):
@@ -128,7 +136,7 @@ def groups(tf, docs, n_ctx: int, stitch: int):
         return buf
 
     start = (tf.zeros([0], tf.int64), tf.constant(0, tf.int64))
-    return docs.scan(start, step).filter(is_ready).map(tokens)
+    return docs.scan(start, as_written(tf, step)).filter(as_written(tf, is_ready)).map(as_written(tf, tokens))
 
 
 def windows(tf, docs, n_ctx: int, mode: str, stitch: int, *, shuffle: bool, seed: int, shuffle_buffer: int):
@@ -138,7 +146,7 @@ def windows(tf, docs, n_ctx: int, mode: str, stitch: int, *, shuffle: bool, seed
         if shuffle:  # neighbouring windows come from the same document
             out = out.shuffle(shuffle_buffer, seed=seed + 2, reshuffle_each_iteration=True)
     elif mode == "documents_fixed":
-        out = groups(tf, docs, n_ctx, stitch).map(lambda buf: buf[:n_ctx + 1])
+        out = groups(tf, docs, n_ctx, stitch).map(as_written(tf, lambda buf: buf[:n_ctx + 1]))
     else:
         offsets = tf.data.Dataset.random(seed=seed + 3)
 
@@ -146,8 +154,8 @@ def windows(tf, docs, n_ctx: int, mode: str, stitch: int, *, shuffle: bool, seed
             start = tf.math.floormod(r, tf.size(buf, tf.int64) - n_ctx)  # any of the len - n_ctx starts
             return buf[start:start + n_ctx + 1]
 
-        out = tf.data.Dataset.zip(groups(tf, docs, n_ctx, stitch), offsets).map(sample)
-    return out.map(lambda w: tf.ensure_shape(tf.cast(w, tf.int32), [n_ctx + 1]))
+        out = tf.data.Dataset.zip(groups(tf, docs, n_ctx, stitch), offsets).map(as_written(tf, sample))
+    return out.map(as_written(tf, lambda w: tf.ensure_shape(tf.cast(w, tf.int32), [n_ctx + 1])))
 
 
 def mix(tf, streams: list, weights: list[float], seed: int):

@@ -17,6 +17,8 @@ number of random non-empty spans, which alternate starting with non-noise. The r
 
 from __future__ import annotations
 
+from data.pipeline import as_written
+
 
 def noise_plan(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int]:
     """(noise tokens, noise spans) of a ``length``-token window; never degenerate: at least one noise and one
@@ -98,7 +100,8 @@ def span_stage(tf, windows, cfg, sentinels: list[int], eos_id: int, pad_id: int,
                             noise_density=cfg.span_noise_density, mean_span_length=cfg.span_mean_length,
                             sentinels=sentinels, eos_id=eos_id, pad_id=pad_id, seed=seed)
 
-    return windows.enumerate().map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return windows.enumerate().map(as_written(tf, example), num_parallel_calls=tf.data.AUTOTUNE,
+                                   deterministic=True)
 
 
 SENTINEL = "<extra_id_{}>"

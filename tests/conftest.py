@@ -2,9 +2,10 @@
 
 The suite compiles hundreds of tiny programs and runs each a few times, so compile time is what it spends:
 ``JAX_DISABLE_MOST_OPTIMIZATIONS`` skips XLA's optimisation passes (numerics are unchanged, programs are just not
-fused as hard), and one persistent compilation cache per session lets identical programs (the same tiny model in
-several tests, every train.py a test starts) compile once. Both reach the subprocesses tests start through the
-environment; either may be set by the caller to override.
+fused as hard), the CPU backend's compile-time extras are off (``tests/xla_test_flags.py``), and one persistent
+compilation cache per session lets identical programs (the same tiny model in several tests, every train.py a
+test starts) compile once. All of it reaches the subprocesses tests start through the environment (xdist's
+workers too: they inherit the flags and add none twice); the JAX_* settings may be set by the caller to override.
 """
 
 import atexit
@@ -13,7 +14,12 @@ import shutil
 import sys
 import tempfile
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tests.xla_test_flags import xla_flags_for  # noqa: E402  (jax-free)
+
+_given = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = " ".join([_given, *(f for f in xla_flags_for(8).split() if f not in _given.split())]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest-xdist workers inherit the controller's
@@ -22,5 +28,3 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest-xdist workers inheri
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)

@@ -29,6 +29,7 @@ import train
 from convert.__main__ import main as convert_main
 from pretrained import load_run
 from tests.common import ROOT
+from tests.xla_test_flags import xla_flags_for
 from training.checkpoint import Checkpoints
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +45,7 @@ TIMEOUT = 240
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """One CPU device (fast to compile) and a compilation cache shared by every launch of this module."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags_for(1), JAX_PLATFORMS="cpu",
                PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     return env

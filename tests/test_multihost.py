@@ -1,15 +1,16 @@
 """train.py under jax.distributed: 2 processes x 4 CPU devices against 1 process x 8 CPU devices.
 
-The main test launches ``train.py`` as subprocesses (the test process itself never initializes jax.distributed):
+The main test runs ``train.py`` three times (the test process itself never initializes jax.distributed):
 
-* a reference run, one process with 8 simulated devices, for ``STEPS + 1`` steps;
-* a two-process run (4 simulated devices each, gloo collectives, started with the environment SLURM's srun gives
-  its tasks, on a data x FSDP x tensor layout whose parameter shards span both processes) for
+* a reference run, one process with 8 simulated devices (this test's own process, as ``tests.common.run_command``
+  runs commands), for ``STEPS + 1`` steps;
+* a two-process run (subprocesses, 4 simulated devices each, gloo collectives, started with the environment
+  SLURM's srun gives its tasks, on a data x FSDP x tensor layout whose parameter shards span both processes) for
   ``STEPS`` steps, which must log the same per-step train and eval losses and leave a complete checkpoint at
   step ``STEPS``;
-* a single-process 8-device ``--resume`` of that checkpoint to ``STEPS + 1`` steps, which must match the
-  reference's last step: its train loss is computed from the restored parameters, its eval loss after the
-  update from the restored optimizer state and step.
+* a single-process 8-device ``--resume`` of that checkpoint (in this test's process again) to ``STEPS + 1``
+  steps, which must match the reference's last step: its train loss is computed from the restored parameters,
+  its eval loss after the update from the restored optimizer state and step.
 
 The learning-rate schedule is pinned (``warmup_steps=1``, ``lr_decay_end``) so that it does not depend on
 ``train_steps`` and the runs of different lengths follow the same trajectory. The explicit ``--coordinator``
@@ -28,6 +29,8 @@ import threading
 import time
 
 import pytest
+
+from tests.xla_test_flags import xla_flags_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300  # seconds per train.py launch
@@ -64,7 +67,7 @@ def train_command(model_path: str, mesh_shape: str, layout: str, steps: int, *ex
 
 def environment(devices: int) -> dict[str, str]:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"  # replaces conftest's 8
+    env["XLA_FLAGS"] = xla_flags_for(devices)  # replaces conftest's 8
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -114,6 +117,16 @@ def launch(commands: list[list[str]], devices: int, envs: list[dict] | None = No
     return results
 
 
+def in_this_process(command: list[str]) -> str:
+    """Runs a one-process ``train_command`` in this test process (8 simulated devices, like conftest's): the same
+    ``main(argv)``, without a second interpreter start and compile. Returns its stdout."""
+    from tests.common import run_command
+
+    result = run_command(*command[1:])
+    assert result.returncode == 0, f"$ {' '.join(command)}\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+    return result.stdout
+
+
 def read_metrics(model_path: str) -> tuple[dict[int, float], dict[int, float]]:
     """{step: loss} for the train rows and for the eval rows of model_path/metrics.jsonl."""
     train, evals = {}, {}
@@ -137,7 +150,7 @@ def test_two_processes_match_one_and_checkpoint_together(tmp_path):
     losses of 1 process x 8 devices, write one checkpoint together, and one process resumes it."""
     mesh_shape, layout = MESH_SHAPE, LAYOUT
     reference = str(tmp_path / "one-process")
-    launch([train_command(reference, mesh_shape, layout, STEPS + 1, "--new")], devices=8)
+    in_this_process(train_command(reference, mesh_shape, layout, STEPS + 1, "--new"))
     ref_train, ref_eval = read_metrics(reference)
     assert sorted(ref_train) == list(range(1, STEPS + 2)), ref_train
     assert len(set(ref_train.values())) > 1, f"the loss should move over the steps: {ref_train}"
@@ -167,7 +180,7 @@ def test_two_processes_match_one_and_checkpoint_together(tmp_path):
     # One process with 8 devices resumes the two-process checkpoint where the one-process reference went: its
     # first train loss is computed from the restored parameters, its eval after the update from the restored
     # optimizer state and step.
-    [(_, out, _)] = launch([train_command(multi, mesh_shape, layout, STEPS + 1, "--resume")], devices=8)
+    out = in_this_process(train_command(multi, mesh_shape, layout, STEPS + 1, "--resume"))
     assert f"at step {STEPS}" in out, out
     train, evals = read_metrics(multi)
     assert sorted(train) == list(range(1, STEPS + 2)), train

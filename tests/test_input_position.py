@@ -237,7 +237,7 @@ def test_the_in_memory_source_needs_no_position():
 def test_a_shard_without_data_is_an_error(datasets, tmp_path, monkeypatch):
     write_tf_records(str(tmp_path / "tiny_0.tfrecords"), synthetic_docs([40, 40, 40]))
     use_dataset_configs(monkeypatch, tmp_path / "dc2", tiny={"path": str(tmp_path / "tiny_*.tfrecords"),
-                                                              "tokenizer_path": "bytes"})
+                                                              "tokenizer_path": "bytes", "shuffle_buffer": 8})
     source = make_source(config([["tiny", None, None, None]], N_CTX, data_shards=4), "train")
     with pytest.raises(DataError, match=r"^data_shards: shard 3 of 4 holds no data"):
         source.batch(0, B)

@@ -11,6 +11,15 @@ import numpy as np
 
 from tests.common import tiny_config
 
+def tensorflow_datasets():
+    """``tensorflow_datasets``, imported after TensorFlow is, the data code's way (``data/tf_import.py``)."""
+    from data.tf_import import tensorflow
+
+    tensorflow()
+    import tensorflow_datasets as tfds
+    return tfds
+
+
 EOS = 1  # synthetic documents: document d is (d+1)*1000 + [0, 1, ..., len-1], then EOS
 
 
@@ -20,7 +29,8 @@ def synthetic_docs(lengths, first: int = 0) -> list[list[int]]:
 
 def write_tf_records(path: str, records: list[list[int]]) -> str:
     """GPT-Neo's format, written by TensorFlow itself: a tf.train.Example per record, int64 list "text"."""
-    import tensorflow as tf
+    from data.tf_import import tensorflow
+    tf = tensorflow()
     with tf.io.TFRecordWriter(path) as writer:
         for ids in records:
             feature = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
@@ -54,7 +64,7 @@ _TINY_TFDS: dict = {}  # the builder class, defined once: TFDS registers builder
 def prepare_tiny_tfds(data_dir: str, texts: list[str]) -> None:
     """A prepared TFDS text dataset ``neomesh_tiny_text`` (train: texts[:15], validation: the rest) in
     ``data_dir``, as ``tfds build`` would leave it; train.py reads it by name from the files alone."""
-    import tensorflow_datasets as tfds
+    tfds = tensorflow_datasets()
 
     if "builder" not in _TINY_TFDS:
         class NeomeshTinyText(tfds.core.GeneratorBasedBuilder):
@@ -90,7 +100,7 @@ def prepare_tiny_glue(data_dir: str, pairs: list[tuple[str, str, int]]) -> None:
 @functools.cache
 def _tiny_glue_builder():
     """The builder class, defined once: TFDS registers a dataset name when its class is defined."""
-    import tensorflow_datasets as tfds
+    tfds = tensorflow_datasets()
 
     class NeomeshTinyGlue(tfds.core.GeneratorBasedBuilder):
         VERSION = tfds.core.Version("1.0.0")
@@ -118,7 +128,7 @@ def _tiny_glue_builder():
 def _tiny_images_builder():
     """A TFDS image dataset ``neomesh_tiny_mnist`` shaped like MNIST (28x28x1 uint8 ``image``, 10-class
     ``label``; train and test), defined once (TFDS registers the name when the class is defined)."""
-    import tensorflow_datasets as tfds
+    tfds = tensorflow_datasets()
 
     class NeomeshTinyMnist(tfds.core.GeneratorBasedBuilder):
         VERSION = tfds.core.Version("1.0.0")

@@ -8,14 +8,16 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tensorflow as tf
 import torch
 from flax import nnx
 
 from convert import gpt_neo_mtf
+from data.tf_import import tensorflow
 from models.rotary import apply_rotary
 from tests import hf_fixtures
 from pretrained import load_run
+
+tf = tensorflow()  # as the data code imports it (quiet, without Keras)
 
 N_EMBD, N_HEAD, N_LAYER, N_CTX, WINDOW = 32, 4, 4, 32, 8
 GPT_NEO_CONFIG = {  # as a GPT-Neo release's config.json: GPT-Neo's keys, TPU keys and all

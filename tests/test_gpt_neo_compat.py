@@ -11,17 +11,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import train
 from config import ConfigError, from_dict, model_config_path
 from data.source import NoEvalSet, make_source
+from data.tf_import import tensorflow
 from models.layers import ACTIVATIONS
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 from tests.common import ROOT, TINY
 from tests.data_common import config, use_dataset_configs, write_tf_records
 from training.optimizer import learning_rate_schedule, make_optimizer
+
+tf = tensorflow()  # as the data code imports it (quiet, without Keras)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,12 +7,14 @@ import re
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from config import ConfigError
 from data.source import make_source
+from data.tf_import import tensorflow
 from data.tfrecords import DataError
 from tests.data_common import config, synthetic_docs, use_dataset_configs, write_tf_records
+
+tf = tensorflow()  # as the data code imports it (quiet, without Keras)
 
 N_CTX = 16
 B = 8

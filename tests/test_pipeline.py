@@ -5,13 +5,15 @@ import glob
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from config import ConfigError
 from data.source import make_source
+from data.tf_import import tensorflow
 from tests.common import run_cli
 from tests.data_common import (EOS, config, prepare_tiny_tfds, synthetic_docs, take, use_dataset_configs,
                                write_tf_records)
+
+tf = tensorflow()  # as the data code imports it (quiet, without Keras)
 
 N_CTX = 16
 LENGTHS = [3, 40, 7, 2, 25, 11, 60, 5, 1, 30, 9, 4, 18, 6, 2, 33]  # many shorter than a window

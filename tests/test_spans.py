@@ -3,9 +3,11 @@ sentinel replacement, fed the same random draws; T5's lengths; exact replay by e
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from data.spans import SENTINEL, corrupted_lengths, noise_plan, sentinel_ids, span_corruption_lengths, span_example
+from data.tf_import import tensorflow
+
+tf = tensorflow()  # as the data code imports it (quiet, without Keras)
 
 
 def reference_example(window, noise_draws, nonnoise_draws, *, n_ctx, n_targets, noise_density, mean_span_length,

@@ -5,12 +5,14 @@ import json
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from data.source import make_source
+from data.tf_import import tensorflow
 from data.tokenizer import load_tokenizer, train_bpe
 from tests.common import run_cli, run_command
 from tests.data_common import config, synthetic_docs, take, use_dataset_configs, write_tf_records
+
+tf = tensorflow()  # as the data code imports it (quiet, without Keras)
 
 DOCS = {  # short, empty and long documents: none may be dropped
     "a.jsonl": ["short", "", "x" * 3, "def long():\n    return 'a much longer document' * 3\n" * 4],

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from models import registry
 from parallel.layout import Layout
@@ -53,6 +54,9 @@ def test_parameters_are_created_sharded():
     assert fc.addressable_shards[0].data.shape == (32, 256)
     mu = optax.tree.get(state.opt_state, "mu")["blocks"][0]["attn"]["q"]["kernel"]  # Adam moment follows q
     assert mu.sharding.spec == q.sharding.spec
+    # parallel.state's own rng streams (fast under a trace) give what flax's nnx.Rngs(params=seed) gives, bit for bit.
+    flax_streams = jax.jit(lambda: nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(params=0)), nnx.Param)))()
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), state.params, flax_streams)
 
 
 def test_gradient_accumulation_equals_one_big_batch():

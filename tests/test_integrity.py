@@ -129,3 +129,27 @@ def test_the_first_key_that_changes_the_state_shape_is_named():
     assert first_changed_key({**cfg.to_dict(), "opt_name": "adafactor"}, cfg, train.state_shapes) == "opt_name"
     resharded = {**cfg.to_dict(), "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}  # restore reshards
     assert first_changed_key(resharded, cfg, train.state_shapes) is None
+
+
+def test_unretrieved_orbax_read_failures_are_not_logged():
+    """The other failed reads of a damaged checkpoint do not reach stderr as tracebacks; other asyncio errors do."""
+    import logging
+
+    import training.checkpoint  # noqa: F401  (installs the filter)
+
+    def failure(filename):
+        namespace = {}
+        exec(compile("def read():\n    raise ValueError('bad chunk')\n", filename, "exec"), namespace)
+        try:
+            namespace["read"]()
+        except ValueError as e:
+            return type(e), e, e.__traceback__
+
+    def record(exc_info, message="Task exception was never retrieved\nfuture: <Task finished>"):
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None, exc_info)
+
+    asyncio_logger = logging.getLogger("asyncio")
+    orbax_read = failure("/site-packages/orbax/checkpoint/_src/serialization/serialization.py")
+    assert not asyncio_logger.filter(record(orbax_read))
+    assert asyncio_logger.filter(record(failure("/home/user/job.py")))
+    assert asyncio_logger.filter(record(orbax_read, "Exception in callback"))

@@ -15,8 +15,10 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import time
+import traceback
 
 import jax
 import numpy as np
@@ -28,6 +30,21 @@ from training.input_checkpoint import ITEM as INPUT_ITEM
 from training.input_checkpoint import InputStateHandler, InputStateRestore, InputStateSave
 
 INTEGRITY = "integrity"  # the checkpoint item holding the checksums (training/integrity.py)
+
+
+class _UnretrievedReadFailures(logging.Filter):
+    """A damaged checkpoint fails several of orbax's concurrent array reads: orbax raises the first (reported in
+    one line, see ``restore_verified``) and asyncio later logs each other one, never retrieved, with its
+    traceback. Those records are dropped; any other asyncio record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        frames = traceback.extract_tb(error.__traceback__) if error is not None else []
+        return not ("exception was never retrieved" in record.getMessage().split("\n", 1)[0]  # a task or future
+                    and any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in frames))
+
+
+logging.getLogger("asyncio").addFilter(_UnretrievedReadFailures())
 
 
 class DamagedCheckpoint(ConfigError):

@@ -73,10 +73,9 @@ def digits(split: str) -> tuple[np.ndarray, np.ndarray, float]:
 def tfds_images(name: str, data_dir: str | None, split: str) -> tuple[np.ndarray, np.ndarray, float]:
     """A prepared TFDS image dataset's ``train`` (or ``test``, for eval) split: (uint8 images, labels, 1/255)."""
     from data.pipeline import open_tfds
-    from data.tf_import import tensorflow
-    import tensorflow_datasets as tfds
+    from data.tf_import import tensorflow_datasets
 
-    tensorflow()  # quiet, and off accelerators
+    tfds = tensorflow_datasets()
     tfds_split = "train" if split == "train" else "test"
     builder = open_tfds(name, data_dir, tfds_split, "label")
     if "image" not in builder.info.features:

@@ -108,10 +108,9 @@ def read_tfds(name: str, data_dir: str | None, split: str, keys: tuple[str | Non
               ) -> tuple[Examples, list[str]]:
     """The examples of a prepared TFDS split, in order, and the names of its ClassLabel feature."""
     from data.pipeline import open_tfds
-    from data.tf_import import tensorflow
-    import tensorflow_datasets as tfds
+    from data.tf_import import tensorflow_datasets
 
-    tensorflow()  # quiet, and off accelerators
+    tfds = tensorflow_datasets()
     text_key, pair_key, label_key = keys
     builder = open_tfds(name, data_dir, split, label_key)
     features = builder.info.features

@@ -91,7 +91,9 @@ def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, see
 
 def open_tfds(name: str, data_dir: str | None, split: str, text_key: str):
     """The TFDS builder of a dataset prepared in ``data_dir`` (read from its files; nothing is downloaded)."""
-    import tensorflow_datasets as tfds
+    from data.tf_import import tensorflow_datasets
+
+    tfds = tensorflow_datasets()
 
     try:
         builder = tfds.builder(name, data_dir=data_dir)

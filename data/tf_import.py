@@ -1,4 +1,5 @@
-"""The one place TensorFlow is imported: lazily, and only by the data paths that read or write TFRecords/TFDS."""
+"""The one place TensorFlow (and TFDS) is imported: lazily, and only by the data paths that read or write
+TFRecords/TFDS."""
 
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ def tensorflow():
         pass  # already initialised, or no such device type
     return tf
 
+
+def tensorflow_datasets():
+    """``tensorflow_datasets``, with TensorFlow imported by ``tensorflow()`` first: TFDS imports TensorFlow on
+    first use, and bare (with Keras, without the settings above) if nothing did before."""
+    tensorflow()
+    import tensorflow_datasets as tfds
+    return tfds
 
 
 @contextlib.contextmanager

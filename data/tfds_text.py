@@ -47,9 +47,10 @@ def tokenized_split(builder, name: str, split: str, text_key: str, tokenizer, to
     target = os.path.join(home, leaf)
 
     def build(directory: str) -> None:
-        import tensorflow_datasets as tfds
-
         from data.create_tfrecords import write_file, write_index
+        from data.tf_import import tensorflow_datasets
+
+        tfds = tensorflow_datasets()
 
         os.makedirs(directory)
         texts = (row[text_key].decode("utf-8") for row in

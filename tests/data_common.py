@@ -11,15 +11,6 @@ import numpy as np
 
 from tests.common import tiny_config
 
-def tensorflow_datasets():
-    """``tensorflow_datasets``, imported after TensorFlow is, the data code's way (``data/tf_import.py``)."""
-    from data.tf_import import tensorflow
-
-    tensorflow()
-    import tensorflow_datasets as tfds
-    return tfds
-
-
 EOS = 1  # synthetic documents: document d is (d+1)*1000 + [0, 1, ..., len-1], then EOS
 
 
@@ -64,6 +55,8 @@ _TINY_TFDS: dict = {}  # the builder class, defined once: TFDS registers builder
 def prepare_tiny_tfds(data_dir: str, texts: list[str]) -> None:
     """A prepared TFDS text dataset ``neomesh_tiny_text`` (train: texts[:15], validation: the rest) in
     ``data_dir``, as ``tfds build`` would leave it; train.py reads it by name from the files alone."""
+    from data.tf_import import tensorflow_datasets
+
     tfds = tensorflow_datasets()
 
     if "builder" not in _TINY_TFDS:
@@ -100,6 +93,8 @@ def prepare_tiny_glue(data_dir: str, pairs: list[tuple[str, str, int]]) -> None:
 @functools.cache
 def _tiny_glue_builder():
     """The builder class, defined once: TFDS registers a dataset name when its class is defined."""
+    from data.tf_import import tensorflow_datasets
+
     tfds = tensorflow_datasets()
 
     class NeomeshTinyGlue(tfds.core.GeneratorBasedBuilder):
@@ -128,6 +123,8 @@ def _tiny_glue_builder():
 def _tiny_images_builder():
     """A TFDS image dataset ``neomesh_tiny_mnist`` shaped like MNIST (28x28x1 uint8 ``image``, 10-class
     ``label``; train and test), defined once (TFDS registers the name when the class is defined)."""
+    from data.tf_import import tensorflow_datasets
+
     tfds = tensorflow_datasets()
 
     class NeomeshTinyMnist(tfds.core.GeneratorBasedBuilder):

@@ -49,8 +49,10 @@ def test_tensorflow_is_imported_only_by_data(folder):
 
 
 def test_tensorflow_starts_without_keras_and_tf_keras_still_works():
-    """data/tf_import skips TensorFlow's eager Keras load (seconds of every run's start-up); tf.keras still loads."""
-    code = ("import os, sys; from data.tf_import import tensorflow; tf = tensorflow(); "
+    """data/tf_import skips TensorFlow's eager Keras load (seconds of every run's start-up), TFDS included;
+    tf.keras still loads."""
+    code = ("import os, sys; from data.tf_import import tensorflow, tensorflow_datasets; tensorflow_datasets(); "
+            "tf = tensorflow(); "
             "print('keras' in sys.modules, 'TF_USE_LEGACY_KERAS' in os.environ, "
             "int(tf.data.Dataset.range(4).reduce(tf.constant(0, tf.int64), lambda a, b: a + b)), "
             "tf.keras.layers.Dense.__module__)")

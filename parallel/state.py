@@ -69,7 +69,7 @@ class _TracedStream(nnx.RngStream):
     """flax's RngStream, drawing the same keys (``fold_in(key, count)``, then ``count + 1``) with a whole-value
     count update: flax's indexed one (``count[...] += 1``) asks the traced count for its sharding, and the
     tracer's error message walks the whole trace so far, so building a model under a trace took time quadratic in
-    its size (1.3B: 1.15 s -> 0.28 s to build abstractly, 13B: 2.72 s -> 0.56 s)."""
+    its size (1.3B: 1.15 s -> 0.28 s to build abstractly, 13B: 2.72 s -> 0.71 s)."""
 
     def __call__(self) -> jax.Array:
         self.count._check_can_update()

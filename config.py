@@ -216,9 +216,10 @@ class Config:
         False, "rematerialise blocks in the backward pass: 'full' (true: keep only each block's input), "
         "'dots_saveable' (keep matmul outputs, recompute the elementwise rest), 'none' (false)")
     scan_layers: bool = _key(False, "run each stack as a loop over its repeating group of layers (GPT-Neo's "
-                                    "global/local pair) and the optimizer on the layers stacked: compile time "
-                                    "grows far less with depth; parameters and results unchanged, a run may "
-                                    "resume with it flipped; not with moe_layers")
+                                    "global/local pair), its layers stored stacked in the train state: compile "
+                                    "time does not grow with depth; results unchanged, generation and export "
+                                    "see per-layer parameters, a run may resume with it flipped; not with "
+                                    "moe_layers")
     tokens_per_mb_per_replica: Optional[int] = _key(
         None, "tokens per microbatch per data-parallel replica: gradient accumulation", minimum=1)
     seed: int = _key(1234, "seed for init, data order and dropout")

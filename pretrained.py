@@ -39,17 +39,21 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
     """(config, graphdef, parameters) of the latest checkpoint in ``model_path``, on ``layout`` (default: one
     device). The checkpoint may have been written on any mesh. A damaged checkpoint (its checksums differ) or one
     holding NaN or infinity is a one-line error."""
-    from parallel.state import sharded_abstract_params, split_params
+    from parallel.state import per_layer_params, sharded_abstract_params, split_params
     from training.checkpoint import Checkpoints
+    from training.layer_stack import layer_plan, stack_abstract
     from training.peft import build_model, trainable_filter
 
     with Checkpoints(model_path, keep=1, read_only=True) as checkpoints:
         step = checkpoints.latest_step()
-        cfg, _ = from_dict(checkpoints.located_config(step), source=f"{model_path} checkpoint config",
-                           overrides=overrides)
+        saved = checkpoints.located_config(step)
+        cfg, _ = from_dict(saved, source=f"{model_path} checkpoint config", overrides=overrides)
         make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
         graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
         peft = cfg.peft_settings
+        if peft is None and saved.get("scan_layers"):  # the run stored its layers stacked (training/layer_stack.py)
+            stacked = stack_abstract(abstract, layer_plan(abstract))
+            return cfg, graphdef, per_layer_params(checkpoints.restore_params_verified(stacked, step), stacked)
         if peft is None or peft["checkpoint"] == "all":
             return cfg, graphdef, checkpoints.restore_params_verified(abstract, step)  # damaged or NaN: refused
         # The checkpoint holds the trained parts only: the base comes from init_from, or the run's seeded init.

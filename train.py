@@ -186,7 +186,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from models.generate import complete
     from parallel import distributed
     from parallel.auto import resolve
-    from parallel.state import abstract_train_state, create_train_state, path_name
+    from parallel.state import abstract_train_state, create_train_state, path_name, per_layer_params
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
     from training.checkpoint import Checkpoints, check_same_model
@@ -267,8 +267,9 @@ def run_training(args, cfg, notes, signals, run) -> int:
                                                             abstract=(graphdef, abstract, shardings))
             if cfg.init_from:
                 from parallel.state import match_params
+                from training.layer_stack import unstack_abstract
 
-                _, missing, unused = match_params(params, state.params)
+                _, missing, unused = match_params(params, unstack_abstract(abstract.params))
                 say(f"initialised from {cfg.init_from}" + (f"; fresh (not in it): {summary(missing)}" if missing
                                                            else "")
                     + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
@@ -293,7 +294,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
         eval_step = make_eval_step(graphdef, objective, layout, shardings.params, eval_sharding,
                                    precision=cfg.precision)
 
-        scorer = task_scorer(cfg, graphdef, state.params, train_data, layout)
+        layers_of = lambda params: per_layer_params(params, abstract.params)  # noqa: E731 - generation's storage
+        scorer = task_scorer(cfg, graphdef, layers_of(state.params) if cfg.eval_tasks else None, train_data, layout)
 
         def evaluate(params) -> dict:
             result = {}
@@ -306,7 +308,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
             if scorer is not None:  # eval_tasks: LAMBADA, multiple choice
                 from evaluation.tasks import run_config_tasks
 
-                scorer.params = params
+                scorer.params = layers_of(params)
                 result.update(run_config_tasks(scorer, cfg))
             return result
 
@@ -390,8 +392,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
         return signals.exit_code
     if cfg.sample_tokens and cfg.task == "causal_lm":  # every process takes part: the parameters are spread
         with layout.active():
-            text = complete(graphdef, state.params, train_data.tokenizer, cfg.sample_prompt, cfg.sample_tokens,
-                            cfg.n_ctx, seed=cfg.seed, entmax=cfg.entmax_loss)
+            text = complete(graphdef, layers_of(state.params), train_data.tokenizer, cfg.sample_prompt,
+                            cfg.sample_tokens, cfg.n_ctx, seed=cfg.seed, entmax=cfg.entmax_loss)
         say(f"sample:\n{cfg.sample_prompt}{text}")
     checkpoint = os.path.join(cfg.model_path, "checkpoints", str(saved_step)) if saved_step is not None else None
     for line in progress.summary(steps_done, last_eval, last_eval_step, checkpoint, cfg.model_path):
@@ -450,13 +452,17 @@ def state_shapes(cfg):
     import jax
 
     from parallel.state import abstract_model, split_params
+    from training.layer_stack import layer_plan, stack_abstract, stores_params_stacked
     from training.optimizer import make_optimizer
     from training.peft import build_model, trainable_filter
 
     _, params, _ = abstract_model(lambda rngs: build_model(cfg, rngs))
-    trained = split_params(params, trainable_filter(cfg.peft_settings))[0]
+    tx, trainable = make_optimizer(cfg), trainable_filter(cfg.peft_settings)
+    if stores_params_stacked(tx, trainable):
+        params = stack_abstract(params, layer_plan(params))
+    trained = split_params(params, trainable)[0]
     saved = trained if _partial(cfg) else params
-    return {"params": saved, "opt_state": jax.eval_shape(make_optimizer(cfg).init, trained)}
+    return {"params": saved, "opt_state": jax.eval_shape(tx.init, trained)}
 
 
 def _partial(cfg) -> bool:
@@ -464,24 +470,26 @@ def _partial(cfg) -> bool:
 
 
 def scan_layers_changed(cfg, saved: dict, where: str, make_model, layout, trainable, abstract, shardings, say):
-    """A checkpoint written with the other ``scan_layers``: its optimizer state is stored per layer where this
-    run stores it stacked, or the other way round. (The abstract state as stored, a jitted function moving the
-    restored state to this run's storage and shardings); any other difference is the usual one-line error."""
+    """A checkpoint written with the other ``scan_layers``: its layers (parameters and optimizer state) are stored
+    per layer where this run stores them stacked, or the other way round (training/layer_stack.py). (The abstract
+    state as stored, a jitted function moving the restored state to this run's storage and shardings); any other
+    difference is the usual one-line error."""
     import jax
 
     from parallel.state import abstract_train_state
     from training.checkpoint import check_same_model
-    from training.layer_stack import convert_opt_state
+    from training.layer_stack import as_stored, convert_opt_state, unstack_layers
     from training.optimizer import make_optimizer
 
     as_saved = cfg.replace(scan_layers=saved["scan_layers"])
     check_same_model(saved, as_saved, state_shapes, where)
     stored = saved_part(cfg, abstract_train_state(make_model, make_optimizer(as_saved), layout, trainable)[1])
-    convert = jax.jit(lambda state: state.replace(opt_state=convert_opt_state(state.opt_state, abstract.opt_state)),
+    convert = jax.jit(lambda state: state.replace(params=as_stored(unstack_layers(state.params), abstract.params),
+                                                  opt_state=convert_opt_state(state.opt_state, abstract.opt_state)),
                       out_shardings=saved_part(cfg, shardings))
 
     def converted(state):
-        say(f"note: {where} stored the optimizer state {'stacked' if as_saved.scan_layers else 'per layer'} "
+        say(f"note: {where} stored the layers {'stacked' if as_saved.scan_layers else 'one by one'} "
             f"(scan_layers={str(as_saved.scan_layers).lower()}); moved to this run's scan_layers="
             f"{str(cfg.scan_layers).lower()}")
         return convert(state)

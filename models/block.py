@@ -18,7 +18,9 @@ scope (models/layers.py), from which such parts draw their dropout keys.
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import contextvars
+from typing import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -165,26 +167,60 @@ def layer_period(blocks) -> int:
     return repeat_period([nnx.graphdef(block) for block in blocks])
 
 
+# Stacks whose parameters a forward pass receives stacked already: {id of the stack's blocks: its states by
+# storage group}. Set by ``prestacked`` around one forward pass.
+_PRESTACKED: contextvars.ContextVar[dict] = contextvars.ContextVar("prestacked", default={})
+
+
+@contextlib.contextmanager
+def prestacked(stacks: Iterable[tuple]):
+    """Within, ``scanned_blocks`` of the stacks in ``stacks`` ((the stack's blocks, its states by storage group))
+    scans the given arrays in place of stacking its blocks' own parameters. Storage group q (a pure dict, one of s)
+    holds layers q, q + s, q + 2 s, ... along its leaves' first axis; s divides the stack's period. The train state
+    stores a scanned stack so (training/layer_stack.py): its model is merged from slices of the stored arrays,
+    which the scan then leaves unused (XLA drops them), and the gradients come out stacked as stored."""
+    token = _PRESTACKED.set({**_PRESTACKED.get(), **{id(blocks): tuple(groups) for blocks, groups in stacks}})
+    try:
+        yield
+    finally:
+        _PRESTACKED.reset(token)
+
+
 def scanned_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
                    dropout_key: jax.Array | None, remat: str, **context) -> jax.Array:
     """``run_blocks`` without caches as a ``lax.scan`` over the stack's repeating group of layers: XLA compiles
-    one group, so compile time does not grow with depth. Parameters keep their per-layer paths (``blocks/3/attn``,
-    loadable as ever); each forward pass stacks the group's layers into scan inputs, and gradients flow back to
-    the per-layer parameters. Dropout keys are the unrolled loop's, layer for layer, so results are the same."""
+    one group. The scan reads the stack's parameters stacked as the train state stores them (``prestacked``), or
+    else stacks its layers' own (per-layer storage: peft, a forward pass outside training) on every call. Dropout
+    keys are the unrolled loop's, layer for layer, so results are the same."""
     period = layer_period(blocks)
     groups = len(blocks) // period
     graphdefs = [nnx.graphdef(blocks[p]) for p in range(period)]
-    stacked = [jax.tree.map(lambda *layers: jnp.stack(layers), *[nnx.state(blocks[g * period + p])
-                                                                for g in range(groups)]) for p in range(period)]
+    stored = _PRESTACKED.get().get(id(blocks))
+    if stored is None:
+        stored = tuple(jax.tree.map(lambda *layers: jnp.stack(layers), *[nnx.state(blocks[g * period + p])
+                                                                         for g in range(groups)])
+                       for p in range(period))
+    else:  # pure dicts -> the blocks' own state structure, holding the stacked arrays
+        stored = tuple(_holding(nnx.state(blocks[q]), group) for q, group in enumerate(stored))
+    s = len(stored)
+    if period % s:
+        raise ValueError(f"layers stored with a period of {s} do not fit a stack repeating every {period} layers")
+    # row (g, j) of storage group q, reshaped to (groups, period / s, ...), is layer g * period + j * s + q
+    inputs = tuple(jax.tree.map(lambda a: a.reshape(groups, period // s, *a.shape[1:]), group) for group in stored)
     keys = None if dropout_key is None else jax.random.split(dropout_key, len(blocks)).reshape(groups, period)
 
-    def group(x, inputs):
-        states, group_keys = inputs
+    def group(x, step_inputs):
+        states, group_keys = step_inputs
         for p in range(period):
-            block = nnx.merge(graphdefs[p], states[p])
+            block = nnx.merge(graphdefs[p], jax.tree.map(lambda a: a[p // s], states[p % s]))
             x, _ = block(x, positions, segment_ids, None, None if group_keys is None else group_keys[p], **context)
         return x, None
 
     if remat != "none":
         group = jax.checkpoint(group, policy=REMAT_POLICIES[remat], prevent_cse=False)  # no CSE across a scan
-    return jax.lax.scan(group, x, (stacked, keys))[0]
+    return jax.lax.scan(group, x, (inputs, keys))[0]
+
+
+def _holding(state: nnx.State, values: dict) -> nnx.State:
+    nnx.replace_by_pure_dict(state, values)  # new variables in ``state``, a fresh container: nothing shared changes
+    return state

@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from config import ConfigError
 from parallel.layout import Layout, replicated
-from training.layer_stack import layer_plan, stack_layers
+from training.layer_stack import (as_stored, layer_plan, stack_abstract, stacked_plan, stores_params_stacked,
+                                   unstack_abstract, unstack_layers)
 
 Params = dict  # nested {name: {...: jax.Array}}: the pure-dict form of the model's nnx.Param state
 
@@ -110,11 +110,8 @@ def shardings_like(tree: Any, params: Params, shardings: Params, layout: Layout)
     """Shardings for a tree of optimizer slots: each leaf whose path ends with a parameter's path and has its
     shape takes that parameter's sharding, a slot of stacked layers (training/layer_stack.py) the sharding of
     its layers' parameter with the layers axis whole; everything else is replicated."""
-    plan = layer_plan(params)
-    stacked_params = stack_layers(params, plan, lambda *layers: jax.ShapeDtypeStruct(
-        (len(layers), *layers[0].shape), layers[0].dtype))
-    stacked_shardings = stack_layers(shardings, plan, lambda *layers: NamedSharding(
-        layers[0].mesh, PartitionSpec(None, *layers[0].spec)))
+    plan = layer_plan(params)  # per-layer parameters (peft): the optimizer's slots are stacked all the same
+    stacked_params, stacked_shardings = stack_abstract(params, plan), stack_abstract(shardings, plan)
     by_path = {}
     for tree_of_params, tree_of_shardings in ((params, shardings), (stacked_params, stacked_shardings)):
         by_path.update({path: (leaf.shape, sh) for (path, leaf), sh in zip(
@@ -142,9 +139,13 @@ def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax
                          layout: Layout, trainable: Callable[[str], bool] | None = None
                          ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
     """(graphdef, abstract state, state shardings) with nothing allocated: the init and restore target. The
-    optimizer state covers only the parameters ``trainable`` accepts (all when None): frozen ones have none."""
+    optimizer state covers only the parameters ``trainable`` accepts (all when None): frozen ones have none. With
+    scan_layers the parameters are stored stacked (``stores_params_stacked``, training/layer_stack.py)."""
     graphdef, abstract_params, logical = abstract_model(make_model)
     p_shardings = param_shardings(layout, abstract_params, logical)
+    if stores_params_stacked(tx, trainable):
+        plan = layer_plan(abstract_params)
+        abstract_params, p_shardings = stack_abstract(abstract_params, plan), stack_abstract(p_shardings, plan)
     trained = split_params(abstract_params, trainable)[0]
     abstract_opt = jax.eval_shape(tx.init, trained)
     opt_shardings = shardings_like(abstract_opt, trained, split_params(p_shardings, trainable)[0], layout)
@@ -159,25 +160,39 @@ def create_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.G
                        trainable: Callable[[str], bool] | None = None,
                        abstract: tuple[nnx.GraphDef, TrainState, TrainState] | None = None
                        ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
-    """Initialises a sharded ``TrainState``, from ``params`` (imported weights, fresh optimizer state) if given;
-    returns (graphdef, state, state shardings). Parameters the weights lack (a task head a checkpoint does not
-    have) start from their init, as transformers does; ``match_params`` names them. Only the parameters
+    """Initialises a sharded ``TrainState``, from ``params`` (imported weights, per layer; fresh optimizer state) if
+    given; returns (graphdef, state, state shardings). Parameters the weights lack (a task head a checkpoint does
+    not have) start from their init, as transformers does; ``match_params`` names them. Only the parameters
     ``trainable`` accepts get optimizer state. ``abstract``: what ``abstract_train_state`` returned for the same
     arguments, when the caller has it (building it again takes a second for a 1.3B model)."""
     graphdef, abstract, shardings = abstract or abstract_train_state(make_model, tx, layout, trainable)
-    if params is not None:
-        params = place_params(params, abstract.params, lambda: init_params(make_model, seed, shardings.params))
+    if params is None:
+        params = init_params(make_model, seed, shardings.params)
+    else:
+        per_layer = unstack_abstract(abstract.params)
+        params = place_params(params, per_layer, lambda: init_params(
+            make_model, seed, jax.tree.map(lambda a: a.sharding, per_layer)))
+        params = jax.jit(lambda p: as_stored(p, shardings.params), out_shardings=shardings.params)(params)
     init = jax.jit(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p,
                                         opt_state=tx.init(split_params(p, trainable)[0])),
                    in_shardings=(shardings.params,), out_shardings=shardings)
-    return graphdef, init(params if params is not None else init_params(make_model, seed, shardings.params)), \
-        shardings
+    return graphdef, init(params), shardings
+
+
+def per_layer_params(params: Params, abstract_params: Params) -> Params:
+    """Parameters in the storage of ``abstract_params`` (a train state's) cut back into layers, placed like per-layer
+    parameters: what generation and scoring read. Per-layer storage is returned as it is."""
+    if not stacked_plan(abstract_params):
+        return params
+    shardings = jax.tree.map(lambda a: a.sharding, unstack_abstract(abstract_params))
+    return jax.jit(unstack_layers, out_shardings=shardings)(params)
 
 
 def init_params(make_model: Callable[[nnx.Rngs], nnx.Module], seed: int, shardings: Params) -> Params:
-    """Freshly initialised parameters, each born on its devices."""
-    return jax.jit(lambda: nnx.to_pure_dict(nnx.state(make_model(traced_rngs(seed)), nnx.Param)),
-                   out_shardings=shardings)()
+    """Freshly initialised parameters, each born on its devices, in the storage of ``shardings`` (per layer, or
+    stacked where the shardings are: ``as_stored``)."""
+    return jax.jit(lambda: as_stored(nnx.to_pure_dict(nnx.state(make_model(traced_rngs(seed)), nnx.Param)),
+                                     shardings), out_shardings=shardings)()
 
 
 def match_params(given: Params, abstract: Params) -> tuple[dict, list[str], list[str]]:

@@ -17,9 +17,10 @@ from flax import nnx
 from config import ConfigError
 from models import aux_losses
 from models.axes import constrain
+from models.block import prestacked
 from parallel.layout import Layout, replicated
 from parallel.state import Params, TrainState, join_params, split_params
-from training.layer_stack import optimizer_step
+from training.layer_stack import optimizer_step, stored_stacks, unstack_layers
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -61,8 +62,11 @@ def objective_sums(graphdef: nnx.GraphDef, objective, params: Params, batch: Bat
     sown penalty, sown metrics). Compute runs in ``compute_dtype`` on a cast copy of the float32 master
     parameters, so gradients land on the masters."""
     params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
-    model = nnx.merge(graphdef, nnx.State(params))
-    (losses, metrics), sown = nnx.capture(objective.compute, nnx.Intermediate)(model, batch, dropout_key)
+    # Stacks stored stacked (scan_layers) run from the stored arrays; the per-layer slices the model is merged
+    # from go unused there (XLA drops them).
+    model = nnx.merge(graphdef, nnx.State(unstack_layers(params)))
+    with prestacked(stored_stacks(model, params)):
+        (losses, metrics), sown = nnx.capture(objective.compute, nnx.Intermediate)(model, batch, dropout_key)
     weights = objective.weights(batch)
     penalty, aux = aux_losses.collect(sown)
     sums = {"loss": jnp.sum(losses * weights), "weight": jnp.sum(weights)}

@@ -5,15 +5,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec
 
 from models import registry
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 from parallel.state import abstract_model, abstract_train_state, create_train_state
+from pretrained import load_run
 from tests.common import tiny_config
 from training.checkpoint import Checkpoints
-from training.layer_stack import convert_opt_state, layer_plan, optimizer_step, stack_layers, unstack_layers
+from training.layer_stack import as_stored, convert_opt_state, layer_plan, optimizer_step, stack_layers, unstack_layers
 from training.optimizer import bad_step_counts, make_optimizer
 
 # 128 wide: Adafactor factors the matrices (its minimum is 128), its block RMS and AdamW's decay mask both act.
@@ -84,15 +84,16 @@ def test_stacked_state_does_not_grow_with_depth_and_is_sharded_like_its_weight()
                           scan_layers=scan)
         return abstract_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), layout)
 
-    leaves = {(n, scan): len(jax.tree.leaves(state_of(n, scan)[1].opt_state)) for n in (2, 8) for scan in (False, True)}
-    assert leaves[(2, True)] == leaves[(8, True)] < leaves[(8, False)]
+    leaves = {(n, scan): len(jax.tree.leaves(state_of(n, scan)[1])) for n in (2, 8) for scan in (False, True)}
+    assert leaves[(2, True)] == leaves[(8, True)] < leaves[(8, False)]  # parameters and optimizer state
     _, abstract, shardings = state_of(8, True)
-    q = shardings.params["blocks"][3]["attn"]["q"]["kernel"].spec
-    assert "y" in tuple(q)  # the weight itself is split over y
+    q = shardings.params["blocks"].layers[0]["attn"]["q"]["kernel"].spec
+    assert abstract.params["blocks"].layers[0]["attn"]["q"]["kernel"].shape == (8, 128, 4, 32)
+    assert q[0] is None and "y" in tuple(q)  # the layers axis whole, the weight itself split over y
     mu = jax.tree_util.tree_flatten_with_path(shardings.opt_state)[0]
     stacked_q = [sh.spec for path, sh in mu if "layers" in jax.tree_util.keystr(path)
                  and jax.tree_util.keystr(path).endswith("['attn']['q']['kernel']")]
-    assert stacked_q and all(spec == PartitionSpec(None, *q) for spec in stacked_q)
+    assert stacked_q and all(spec == q for spec in stacked_q)
 
 
 def test_a_stacked_sharded_state_goes_through_a_checkpoint(tmp_path):
@@ -101,7 +102,7 @@ def test_a_stacked_sharded_state_goes_through_a_checkpoint(tmp_path):
     make = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
     tx = make_optimizer(cfg)
     _, state, shardings = create_train_state(make, tx, layout, 0)
-    grads = jax.tree.map(lambda x: 0.01 * x, random_params(cfg, seed=5))
+    grads = as_stored(jax.tree.map(lambda x: 0.01 * x, random_params(cfg, seed=5)), state.params)
     params, opt_state, _ = jax.jit(lambda g, s, p: optimizer_step(tx, g, s, p))(grads, state.opt_state, state.params)
     state = state.replace(params=params, opt_state=opt_state)
     with Checkpoints(str(tmp_path), keep=1) as checkpoints:
@@ -111,6 +112,10 @@ def test_a_stacked_sharded_state_goes_through_a_checkpoint(tmp_path):
         restored = checkpoints.restore(abstract, 1)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), restored, state)
     assert jax.tree.map(lambda a: a.sharding, restored) == shardings
+    # what generation and export load: the layers one by one, as the model's own parameters
+    _, graphdef, loaded = load_run(str(tmp_path))
+    assert jax.tree.structure(loaded) == jax.tree.structure(random_params(cfg))
+    jax.tree.map(np.testing.assert_array_equal, loaded, unstack_layers(jax.device_get(state.params)))
 
 
 @pytest.mark.parametrize("opt", [dict(opt_name="adamw", weight_decay=0.1, gradient_clipping=0.5),
@@ -156,6 +161,6 @@ def test_a_run_resumes_with_scan_layers_flipped(tmp_path, capsys):
     run(tmp_path / "straight", 4, False)
     run(tmp_path / "flipped", 2, True)
     run(tmp_path / "flipped", 4, False)
-    assert "stored the optimizer state stacked (scan_layers=true); moved to this run's scan_layers=false" in \
+    assert "stored the layers stacked (scan_layers=true); moved to this run's scan_layers=false" in \
         capsys.readouterr().out
     np.testing.assert_allclose(losses(tmp_path / "flipped"), losses(tmp_path / "straight"), rtol=0, atol=1e-5)

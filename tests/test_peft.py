@@ -316,3 +316,15 @@ def test_lora_dropout_draws_from_the_block_scope_and_only_in_training():
     with dropout_scope(jax.random.key(4)):
         other = np.asarray(lora(x))
     assert not np.allclose(first, plain) and np.array_equal(first, again) and not np.allclose(first, other)
+
+
+def test_lora_with_scan_layers_keeps_parameters_per_layer_and_trains_as_unrolled():
+    cfg = tiny_config(warmup_steps=0, lr=1e-2, n_layer=2, attention_types=[[["global", "local"], 1]],
+                      peft={"lora": {"targets": ["q", "v"], "rank": 4}})
+    batches = random_batches(cfg, 2)
+    _, unrolled, losses = train(cfg, batches, "x:1", "batch:x", jax.devices()[:1])
+    _, scanned, scanned_losses = train(cfg.replace(scan_layers=True), batches, "x:1", "batch:x", jax.devices()[:1])
+    np.testing.assert_allclose(scanned_losses, losses, rtol=0, atol=1e-5)
+    assert jax.tree.structure(scanned.params) == jax.tree.structure(unrolled.params)  # a filter may pick one layer
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=2e-5), jax.device_get(scanned.params),
+                 jax.device_get(unrolled.params))

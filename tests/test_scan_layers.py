@@ -1,5 +1,8 @@
 """scan_layers: a stack run as a lax.scan over its repeating group of layers computes what the unrolled stack
-computes (losses and gradients, dropout included), keeps the parameter paths, and does so sharded."""
+computes (losses and gradients, dropout included), keeps the parameter paths, does so sharded, and hands XLA the
+same program at any depth."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +13,13 @@ from flax import nnx
 from config import ConfigError
 from models import registry
 from models.block import layer_period
-from parallel.steps import objective_sums
+from parallel.layout import Layout
+from parallel.mesh import make_mesh
+from parallel.state import abstract_train_state
+from parallel.steps import batch_shapes, batch_shardings, make_train_step, objective_sums
 from tests.common import random_batches, tiny_config, train_losses
 from training.objectives import objective_for
+from training.optimizer import learning_rate_schedule, make_optimizer
 
 GPT_NEO = dict(n_layer=4, attention_types=[[["global", "local"], 2]], res_dropout=0.1, attn_dropout=0.1)
 
@@ -57,6 +64,25 @@ def test_scanned_training_on_8_devices_matches_one_device():
     single = train_losses(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
     scanned = train_losses(cfg.replace(scan_layers=True), batches, "x:4,y:2", "batch:x,heads:y,embd:y")
     np.testing.assert_allclose(scanned, single, rtol=0, atol=1e-5)
+
+
+def test_the_scanned_train_step_is_the_same_program_at_any_depth():
+    """Parameters and optimizer state stored stacked: nothing in the step runs once per layer, so the program JAX
+    hands XLA differs between 4 and 8 layers only in the numbers (the layers axis), and its compile time cannot
+    grow with depth. Unrolled, the program grows with every layer."""
+    def program(n_layer, scan):
+        cfg = tiny_config(n_layer=n_layer, attention_types=[[["global", "local"], n_layer // 2]], scan_layers=scan)
+        layout = Layout.from_config(make_mesh("x:2", jax.devices()[:2]), "batch:x")
+        tx, objective = make_optimizer(cfg), objective_for(cfg)
+        graphdef, abstract, shardings = abstract_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout)
+        shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
+        data = batch_shardings(layout, objective, shapes)
+        step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data)
+        batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data[name]) for name, shape in shapes.items()}
+        return re.sub(r"\d+", "N", step.lower(abstract, batch).as_text())
+
+    assert program(4, True) == program(8, True)
+    assert program(2, False) != program(4, False)
 
 
 def test_layer_period_and_the_moe_error():

@@ -1,18 +1,22 @@
-"""The optimizer run on each stack's layers stacked, for scan_layers.
+"""Layers stacked, for scan_layers: the train state's storage and the optimizer run on it.
 
-With scan_layers the forward and backward passes run a stack's repeating group of layers as one ``lax.scan``,
-but an optimizer applied leaf by leaf would still compile its update (and the clipping norm and the bad-step
-guard) once per layer: the bulk of a deep model's compile time. ``stacked_layers(tx)`` hands ``tx`` one array
-per weight with a leading layers axis:
+With scan_layers the forward and backward passes run a stack's repeating group of layers as one ``lax.scan``;
+anything that still touched the layers one by one (the optimizer's update, the clipping norm, the bad-step guard,
+cutting the stack's weights out of per-layer arrays and back) would compile once per layer, growing with depth.
+So the train state stores every dict of repeating layers stacked, one array per weight with a leading layers axis:
 
     {"blocks": {0: {...}, 1: {...}, ..., 11: {...}}}  ->  {"blocks": Stacked(layers=(group_0, group_1))}
 
-where ``group_p`` holds layers p, p + period, p + 2 period, ... (the period of GPT-Neo's global/local pattern is
-2). Parameters keep their per-layer paths (checkpoints, export and peft filters see no change); the optimizer
-state holds each weight's slots stacked. ``per_layer(tx)`` keeps an optimizer's per-weight meaning on stacked
-weights by vmapping it over the layers axis: AdamW's decay mask by a layer weight's rank, Adafactor's factored and
-block-RMS statistics per layer, exactly as unstacked. ``convert_opt_state`` moves a state between the two
-storages (a run resumed with scan_layers flipped).
+where ``group_p`` holds layers p, p + period, p + 2 period, ... (a period of 1 when the layers' weights all have
+the same shapes, as GPT-Neo's global and local layers do). The parameters, their gradients and the optimizer
+state all live stacked in the step (the scan reads them in place: ``models.block.prestacked``), and only the
+storage differs: per-layer paths stay what every reader sees (``unstack_layers``: generation, export, a loaded
+checkpoint), and ``as_stored`` / ``unstack_layers`` move parameters between the two. With peft the parameters stay
+per layer (a trainable filter may pick single layers) and the optimizer alone runs stacked (``stacked_layers``).
+``per_layer(tx)`` keeps an optimizer's per-weight meaning on stacked weights by vmapping it over the layers axis:
+AdamW's decay mask by a layer weight's rank, Adafactor's factored and block-RMS statistics per layer, exactly as
+unstacked. ``convert_opt_state`` moves an optimizer state between the two storages (a run resumed with
+scan_layers flipped).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from models.block import repeat_period
 
@@ -74,15 +79,80 @@ def stack_layers(tree: Any, plan: dict[tuple, int], combine: Callable = lambda *
     return {key: stack_layers(value, plan, combine, prefix + (key,)) for key, value in tree.items()}
 
 
-def unstack_layers(tree: Any) -> Any:
-    """The inverse of ``stack_layers``: every ``Stacked`` back to its dict of layers."""
+def unstack_layers(tree: Any, take: Callable = lambda x, g: x[g]) -> Any:
+    """The inverse of ``stack_layers``: every ``Stacked`` back to its dict of layers (``take(leaf, g)``: row g of
+    a stacked leaf; abstract trees have their own)."""
     if isinstance(tree, Stacked):
         period, groups = len(tree.layers), jax.tree.leaves(tree.layers)[0].shape[0]
-        return {g * period + p: jax.tree.map(lambda x: x[g], tree.layers[p])
+        return {g * period + p: jax.tree.map(lambda x: take(x, g), tree.layers[p])
                 for g in range(groups) for p in range(period)}
     if not isinstance(tree, dict):
         return tree
-    return {key: unstack_layers(value) for key, value in tree.items()}
+    return {key: unstack_layers(value, take) for key, value in tree.items()}
+
+
+def stacked_plan(tree: Any, prefix: tuple = ()) -> dict[tuple, int]:
+    """{path of a ``Stacked`` node: its period} in a tree of the stored form (``layer_plan`` of what it stores)."""
+    if isinstance(tree, Stacked):
+        return {prefix: len(tree.layers)}
+    if not isinstance(tree, dict):
+        return {}
+    plan = {}
+    for key, value in tree.items():
+        plan.update(stacked_plan(value, prefix + (key,)))
+    return plan
+
+
+def as_stored(params: Any, like: Any) -> Any:
+    """Per-layer ``params`` in the storage of ``like`` (any tree of it: abstract parameters, shardings): stacked
+    where ``like`` holds ``Stacked`` nodes, unchanged where it holds none."""
+    return stack_layers(params, stacked_plan(like))
+
+
+def stored_stacks(model, params: Any) -> list[tuple]:
+    """(the module holding a stack's layers, such as ``model.blocks``, its ``Stacked`` groups) for every stack that
+    ``params`` stores stacked: what ``models.block.prestacked`` takes for a model merged from ``params``."""
+    stacks = []
+    for path in stacked_plan(params):
+        node, stored = model, params
+        for key in path:
+            node, stored = node[key] if isinstance(key, int) else getattr(node, key), stored[key]
+        stacks.append((node, stored.layers))
+    return stacks
+
+
+def stores_params_stacked(tx: optax.GradientTransformation, trainable: Callable | None) -> bool:
+    """Whether a train state keeps its parameters stacked: with scan_layers (the optimizer runs stacked) unless
+    a peft filter chooses what trains (it may pick single layers: those parameters stay per layer)."""
+    return isinstance(tx, StackedLayers) and trainable is None
+
+
+def _stacked_sharding(*layers):
+    first = layers[0]
+    return NamedSharding(first.mesh, PartitionSpec(None, *first.spec))  # the layers axis whole on every device
+
+
+def stack_abstract(tree: Any, plan: dict[tuple, int]) -> Any:
+    """``stack_layers`` for a tree of ShapeDtypeStructs (with or without shardings) or of NamedShardings."""
+    def combine(*layers):
+        first = layers[0]
+        if isinstance(first, NamedSharding):
+            return _stacked_sharding(*layers)
+        sharding = None if first.sharding is None else _stacked_sharding(first.sharding)
+        return jax.ShapeDtypeStruct((len(layers), *first.shape), first.dtype, sharding=sharding)
+
+    return stack_layers(tree, plan, combine)
+
+
+def unstack_abstract(tree: Any) -> Any:
+    """``unstack_layers`` for a tree of ShapeDtypeStructs (shardings follow: the layers axis dropped)."""
+    def take(leaf, _):
+        sharding = leaf.sharding
+        if sharding is not None:
+            sharding = NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
+        return jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype, sharding=sharding)
+
+    return unstack_layers(tree, take)
 
 
 class StackedLayers(NamedTuple):
@@ -110,15 +180,16 @@ def stacked_layers(tx: optax.GradientTransformation) -> StackedLayers:
 
 def optimizer_step(tx, grads, opt_state, params) -> tuple[Any, Any, jax.Array]:
     """(updated parameters, optimizer state, gradient norm) of one step of ``tx``. For ``StackedLayers`` the update
-    runs on the stacked trees and the parameters are cut back into layers once, after it: nothing in the step
-    runs per layer weight but that cut."""
+    runs on the stacked trees: parameters stored stacked are updated in place; per-layer ones (peft) are stacked
+    and cut back into layers once, after the update."""
     if not isinstance(tx, StackedLayers):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, optax.tree.norm(grads)
-    plan = layer_plan(grads)
+    plan = layer_plan(grads)  # empty when the parameters are stored stacked
     grads, params = stack_layers(grads, plan), stack_layers(params, plan)
     updates, opt_state = tx.inner.update(grads, opt_state, params)
-    return unstack_layers(optax.apply_updates(params, updates)), opt_state, optax.tree.norm(grads)
+    params = optax.apply_updates(params, updates)
+    return (unstack_layers(params) if plan else params), opt_state, optax.tree.norm(grads)
 
 
 def _is_stacked(x) -> bool:

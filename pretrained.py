@@ -40,7 +40,7 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
     device). The checkpoint may have been written on any mesh. A damaged checkpoint (its checksums differ) or one
     holding NaN or infinity is a one-line error."""
     from parallel.state import per_layer_params, sharded_abstract_params, split_params
-    from training.checkpoint import Checkpoints
+    from training.checkpoint import Checkpoints, DamagedCheckpoint
     from training.layer_stack import layer_plan, stack_abstract
     from training.peft import build_model, trainable_filter
 
@@ -51,7 +51,11 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
         make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
         graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
         peft = cfg.peft_settings
-        if peft is None and saved.get("scan_layers"):  # the run stored its layers stacked (training/layer_stack.py)
+        try:
+            stacked_layers = checkpoints.holds_stacked_layers(step)  # a scan_layers run's (training/layer_stack.py)
+        except DamagedCheckpoint as e:
+            raise ConfigError(f"checkpoint {checkpoints.directory}/{step} is damaged: {e}") from None
+        if stacked_layers:
             stacked = stack_abstract(abstract, layer_plan(abstract))
             return cfg, graphdef, per_layer_params(checkpoints.restore_params_verified(stacked, step), stacked)
         if peft is None or peft["checkpoint"] == "all":

@@ -190,6 +190,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
     from training.checkpoint import Checkpoints, check_same_model
+    from training.layer_stack import stacked_plan
     from training.flops import peak_flops_per_second, train_flops_per_token
     from training.metrics import MetricsWriter
     from training.objectives import objective_for, report
@@ -245,9 +246,12 @@ def run_training(args, cfg, notes, signals, run) -> int:
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
         def stored_as(saved: dict, step: int):  # see Checkpoints.restore_newest_good
             where = f"the checkpoint at step {step} in {checkpoints.directory}"
-            if saved.get("scan_layers", cfg.scan_layers) == cfg.scan_layers:
+            params_stacked = checkpoints.holds_stacked_layers(step)
+            if saved.get("scan_layers", False) == cfg.scan_layers and params_stacked == bool(
+                    stacked_plan(abstract.params)):
                 return check_same_model(saved, cfg, state_shapes, where)
-            return scan_layers_changed(cfg, saved, where, make_model, layout, trainable, abstract, shardings, say)
+            return storage_changed(cfg, saved, params_stacked, where, make_model, layout, trainable, abstract,
+                                   shardings, say)
 
         state, latest = checkpoints.restore_newest_good(saved_part(cfg, abstract), stored_as, say)
         if latest is not None:
@@ -469,29 +473,36 @@ def _partial(cfg) -> bool:
     return cfg.peft is not None and cfg.peft_settings["checkpoint"] == "trainable"
 
 
-def scan_layers_changed(cfg, saved: dict, where: str, make_model, layout, trainable, abstract, shardings, say):
-    """A checkpoint written with the other ``scan_layers``: its layers (parameters and optimizer state) are stored
-    per layer where this run stores them stacked, or the other way round (training/layer_stack.py). (The abstract
-    state as stored, a jitted function moving the restored state to this run's storage and shardings); any other
+def storage_changed(cfg, saved: dict, params_stacked: bool, where: str, make_model, layout, trainable, abstract,
+                    shardings, say):
+    """A checkpoint storing the layers otherwise than this run does (training/layer_stack.py): written with the
+    other ``scan_layers`` (optimizer state and parameters stacked or per layer), or by a scan_layers run from
+    before the train state stored its parameters stacked (``params_stacked`` False). (The abstract state as
+    stored, a jitted function moving the restored state to this run's storage and shardings); any other
     difference is the usual one-line error."""
     import jax
 
     from parallel.state import abstract_train_state
     from training.checkpoint import check_same_model
-    from training.layer_stack import as_stored, convert_opt_state, unstack_layers
+    from training.layer_stack import (as_stored, convert_opt_state, layer_plan, stack_abstract, unstack_abstract,
+                                      unstack_layers)
     from training.optimizer import make_optimizer
 
-    as_saved = cfg.replace(scan_layers=saved["scan_layers"])
+    as_saved = cfg.replace(scan_layers=saved.get("scan_layers", False))
     check_same_model(saved, as_saved, state_shapes, where)
-    stored = saved_part(cfg, abstract_train_state(make_model, make_optimizer(as_saved), layout, trainable)[1])
+    stored = abstract_train_state(make_model, make_optimizer(as_saved), layout, trainable)[1]
+    per_layer = unstack_abstract(stored.params)
+    stored = saved_part(cfg, stored.replace(
+        params=stack_abstract(per_layer, layer_plan(per_layer)) if params_stacked else per_layer))
     convert = jax.jit(lambda state: state.replace(params=as_stored(unstack_layers(state.params), abstract.params),
                                                   opt_state=convert_opt_state(state.opt_state, abstract.opt_state)),
                       out_shardings=saved_part(cfg, shardings))
 
     def converted(state):
-        say(f"note: {where} stored the layers {'stacked' if as_saved.scan_layers else 'one by one'} "
-            f"(scan_layers={str(as_saved.scan_layers).lower()}); moved to this run's scan_layers="
-            f"{str(cfg.scan_layers).lower()}")
+        say(f"note: {where} stored the parameters {'stacked' if params_stacked else 'per layer'} and the optimizer "
+            f"state {'stacked' if as_saved.scan_layers else 'per layer'} (scan_layers="
+            f"{str(as_saved.scan_layers).lower()}); moved to this run's storage (scan_layers="
+            f"{str(cfg.scan_layers).lower()})")
         return convert(state)
 
     return stored, converted

@@ -139,10 +139,14 @@ def test_the_optimizer_state_moves_between_per_layer_and_stacked_storage(opt):
 
 
 @pytest.mark.e2e
-def test_a_run_resumes_with_scan_layers_flipped(tmp_path, capsys):
+def test_a_run_resumes_with_scan_layers_flipped_or_its_parameters_stored_per_layer(tmp_path, capsys, monkeypatch):
+    """Resumed with scan_layers flipped, and from a scan_layers checkpoint of the code before the train state stored
+    the parameters stacked (per-layer parameters beside a stacked optimizer state): the same losses."""
     import json
 
+    import parallel.state
     import train
+    import training.layer_stack
 
     tiny = {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_ctx": 16, "attention_types": [[["global", "local"], 1]],
             "train_batch_size": 8, "eval_steps": 0, "sample_tokens": 0, "n_vocab": 257, "warmup_steps": 1,
@@ -161,6 +165,14 @@ def test_a_run_resumes_with_scan_layers_flipped(tmp_path, capsys):
     run(tmp_path / "straight", 4, False)
     run(tmp_path / "flipped", 2, True)
     run(tmp_path / "flipped", 4, False)
-    assert "stored the layers stacked (scan_layers=true); moved to this run's scan_layers=false" in \
-        capsys.readouterr().out
+    assert "stored the parameters stacked and the optimizer state stacked (scan_layers=true); moved to this run's " \
+        "storage (scan_layers=false)" in capsys.readouterr().out
     np.testing.assert_allclose(losses(tmp_path / "flipped"), losses(tmp_path / "straight"), rtol=0, atol=1e-5)
+    with monkeypatch.context() as patch:  # the earlier storage: parameters per layer, the step stacking them
+        for module in (parallel.state, training.layer_stack):
+            patch.setattr(module, "stores_params_stacked", lambda tx, trainable: False)
+        run(tmp_path / "earlier", 2, True)
+    run(tmp_path / "earlier", 4, True)
+    assert "stored the parameters per layer and the optimizer state stacked (scan_layers=true); moved to this " \
+        "run's storage (scan_layers=true)" in capsys.readouterr().out
+    np.testing.assert_allclose(losses(tmp_path / "earlier"), losses(tmp_path / "straight"), rtol=0, atol=1e-5)

@@ -239,6 +239,24 @@ class Checkpoints:
     # -----------------------------------------------------------------------------------------------------------
     # Verified restore with fallback (training/integrity.py).
 
+    def holds_stacked_layers(self, step: int) -> bool:
+        """Whether the checkpoint's parameters hold a stack's layers stacked (training/layer_stack.py: a
+        scan_layers run's since the train state stores them so; before, and without scan_layers, they are per
+        layer), read from the arrays' metadata."""
+        from etils import epath
+
+        try:
+            tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(self.directory) / str(step) / "state").tree
+        except Exception as e:  # noqa: BLE001 - any failure to read it means the checkpoint is damaged
+            raise DamagedCheckpoint(f"its array metadata is unreadable ({_reason(e)})") from None
+
+        def stacked(node) -> bool:  # a Stacked node is saved as {"layers": [group, ...]}
+            if not isinstance(node, dict):
+                return False
+            return (set(node) == {"layers"} and isinstance(node["layers"], list)) or any(map(stacked, node.values()))
+
+        return stacked(tree.get("params", {}))
+
     def saved_integrity(self, step: int) -> dict | None:
         """The integrity record saved with ``step``; None for a checkpoint written without one."""
         if not os.path.isdir(os.path.join(self.directory, str(step), INTEGRITY)):

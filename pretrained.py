@@ -41,7 +41,7 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
     holding NaN or infinity is a one-line error."""
     from parallel.state import per_layer_params, sharded_abstract_params, split_params
     from training.checkpoint import Checkpoints, DamagedCheckpoint
-    from training.layer_stack import layer_plan, stack_abstract
+    from training.layer_stack import stack_abstract
     from training.peft import build_model, trainable_filter
 
     with Checkpoints(model_path, keep=1, read_only=True) as checkpoints:
@@ -52,11 +52,11 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
         graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
         peft = cfg.peft_settings
         try:
-            stacked_layers = checkpoints.holds_stacked_layers(step)  # a scan_layers run's (training/layer_stack.py)
+            stacking = checkpoints.stacked_layers(step)  # a scan_layers run's (training/layer_stack.py)
         except DamagedCheckpoint as e:
             raise ConfigError(f"checkpoint {checkpoints.directory}/{step} is damaged: {e}") from None
-        if stacked_layers:
-            stacked = stack_abstract(abstract, layer_plan(abstract))
+        if stacking:
+            stacked = stack_abstract(abstract, stacking)
             return cfg, graphdef, per_layer_params(checkpoints.restore_params_verified(stacked, step), stacked)
         if peft is None or peft["checkpoint"] == "all":
             return cfg, graphdef, checkpoints.restore_params_verified(abstract, step)  # damaged or NaN: refused

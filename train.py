@@ -246,12 +246,11 @@ def run_training(args, cfg, notes, signals, run) -> int:
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
         def stored_as(saved: dict, step: int):  # see Checkpoints.restore_newest_good
             where = f"the checkpoint at step {step} in {checkpoints.directory}"
-            params_stacked = checkpoints.holds_stacked_layers(step)
-            if saved.get("scan_layers", False) == cfg.scan_layers and params_stacked == bool(
-                    stacked_plan(abstract.params)):
+            stacking = checkpoints.stacked_layers(step)
+            if saved.get("scan_layers", False) == cfg.scan_layers and stacking == stacked_plan(abstract.params):
                 return check_same_model(saved, cfg, state_shapes, where)
-            return storage_changed(cfg, saved, params_stacked, where, make_model, layout, trainable, abstract,
-                                   shardings, say)
+            return storage_changed(cfg, saved, stacking, where, make_model, layout, trainable, abstract, shardings,
+                                   say)
 
         state, latest = checkpoints.restore_newest_good(saved_part(cfg, abstract), stored_as, say)
         if latest is not None:
@@ -456,14 +455,14 @@ def state_shapes(cfg):
     import jax
 
     from parallel.state import abstract_model, split_params
-    from training.layer_stack import layer_plan, stack_abstract, stores_params_stacked
+    from training.layer_stack import stack_abstract, storage_plan, stores_params_stacked
     from training.optimizer import make_optimizer
     from training.peft import build_model, trainable_filter
 
-    _, params, _ = abstract_model(lambda rngs: build_model(cfg, rngs))
+    graphdef, params, _ = abstract_model(lambda rngs: build_model(cfg, rngs))
     tx, trainable = make_optimizer(cfg), trainable_filter(cfg.peft_settings)
     if stores_params_stacked(tx, trainable):
-        params = stack_abstract(params, layer_plan(params))
+        params = stack_abstract(params, storage_plan(graphdef, params))
     trained = split_params(params, trainable)[0]
     saved = trained if _partial(cfg) else params
     return {"params": saved, "opt_state": jax.eval_shape(tx.init, trained)}
@@ -473,30 +472,28 @@ def _partial(cfg) -> bool:
     return cfg.peft is not None and cfg.peft_settings["checkpoint"] == "trainable"
 
 
-def storage_changed(cfg, saved: dict, params_stacked: bool, where: str, make_model, layout, trainable, abstract,
-                    shardings, say):
+def storage_changed(cfg, saved: dict, stacking: dict, where: str, make_model, layout, trainable, abstract, shardings,
+                    say):
     """A checkpoint storing the layers otherwise than this run does (training/layer_stack.py): written with the
-    other ``scan_layers`` (optimizer state and parameters stacked or per layer), or by a scan_layers run from
-    before the train state stored its parameters stacked (``params_stacked`` False). (The abstract state as
-    stored, a jitted function moving the restored state to this run's storage and shardings); any other
-    difference is the usual one-line error."""
+    other ``scan_layers`` (optimizer state and parameters stacked or per layer), or by a scan_layers run of an
+    earlier storage (parameters per layer, or stacked with another period). ``stacking``: the checkpoint's
+    stacked parameters ({} per layer). (The abstract state as stored, a jitted function moving the restored state
+    to this run's storage and shardings); any other difference is the usual one-line error."""
     import jax
 
     from parallel.state import abstract_train_state
     from training.checkpoint import check_same_model
-    from training.layer_stack import (as_stored, convert_opt_state, layer_plan, stack_abstract, unstack_abstract,
-                                      unstack_layers)
+    from training.layer_stack import as_stored, convert_opt_state, unstack_layers
     from training.optimizer import make_optimizer
 
     as_saved = cfg.replace(scan_layers=saved.get("scan_layers", False))
     check_same_model(saved, as_saved, state_shapes, where)
-    stored = abstract_train_state(make_model, make_optimizer(as_saved), layout, trainable)[1]
-    per_layer = unstack_abstract(stored.params)
-    stored = saved_part(cfg, stored.replace(
-        params=stack_abstract(per_layer, layer_plan(per_layer)) if params_stacked else per_layer))
+    stored = saved_part(cfg, abstract_train_state(make_model, make_optimizer(as_saved), layout, trainable,
+                                                  stacking=stacking)[1])
     convert = jax.jit(lambda state: state.replace(params=as_stored(unstack_layers(state.params), abstract.params),
                                                   opt_state=convert_opt_state(state.opt_state, abstract.opt_state)),
                       out_shardings=saved_part(cfg, shardings))
+    params_stacked = bool(stacking)
 
     def converted(state):
         say(f"note: {where} stored the parameters {'stacked' if params_stacked else 'per layer'} and the optimizer "

@@ -175,8 +175,8 @@ _PRESTACKED: contextvars.ContextVar[dict] = contextvars.ContextVar("prestacked",
 @contextlib.contextmanager
 def prestacked(stacks: Iterable[tuple]):
     """Within, ``scanned_blocks`` of the stacks in ``stacks`` ((the stack's blocks, its states by storage group))
-    scans the given arrays in place of stacking its blocks' own parameters. Storage group q (a pure dict, one of s)
-    holds layers q, q + s, q + 2 s, ... along its leaves' first axis; s divides the stack's period. The train state
+    scans the given arrays in place of stacking its blocks' own parameters. Storage group p (a pure dict, one per
+    layer of the stack's period) holds layers p, p + period, ... along its leaves' first axis. The train state
     stores a scanned stack so (training/layer_stack.py): its model is merged from slices of the stored arrays,
     which the scan then leaves unused (XLA drops them), and the gradients come out stacked as stored."""
     token = _PRESTACKED.set({**_PRESTACKED.get(), **{id(blocks): tuple(groups) for blocks, groups in stacks}})
@@ -202,23 +202,20 @@ def scanned_blocks(blocks, x: jax.Array, positions: jax.Array, segment_ids: jax.
                        for p in range(period))
     else:  # pure dicts -> the blocks' own state structure, holding the stacked arrays
         stored = tuple(_holding(nnx.state(blocks[q]), group) for q, group in enumerate(stored))
-    s = len(stored)
-    if period % s:
-        raise ValueError(f"layers stored with a period of {s} do not fit a stack repeating every {period} layers")
-    # row (g, j) of storage group q, reshaped to (groups, period / s, ...), is layer g * period + j * s + q
-    inputs = tuple(jax.tree.map(lambda a: a.reshape(groups, period // s, *a.shape[1:]), group) for group in stored)
+    if len(stored) != period:
+        raise ValueError(f"layers stored in {len(stored)} groups for a stack repeating every {period} layers")
     keys = None if dropout_key is None else jax.random.split(dropout_key, len(blocks)).reshape(groups, period)
 
-    def group(x, step_inputs):
+    def group(x, step_inputs):  # the scan's inputs are the layers' weights themselves: it saves no copy of them
         states, group_keys = step_inputs
         for p in range(period):
-            block = nnx.merge(graphdefs[p], jax.tree.map(lambda a: a[p // s], states[p % s]))
+            block = nnx.merge(graphdefs[p], states[p])
             x, _ = block(x, positions, segment_ids, None, None if group_keys is None else group_keys[p], **context)
         return x, None
 
     if remat != "none":
         group = jax.checkpoint(group, policy=REMAT_POLICIES[remat], prevent_cse=False)  # no CSE across a scan
-    return jax.lax.scan(group, x, (inputs, keys))[0]
+    return jax.lax.scan(group, x, (stored, keys))[0]
 
 
 def _holding(state: nnx.State, values: dict) -> nnx.State:

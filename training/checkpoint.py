@@ -239,10 +239,10 @@ class Checkpoints:
     # -----------------------------------------------------------------------------------------------------------
     # Verified restore with fallback (training/integrity.py).
 
-    def holds_stacked_layers(self, step: int) -> bool:
-        """Whether the checkpoint's parameters hold a stack's layers stacked (training/layer_stack.py: a
-        scan_layers run's since the train state stores them so; before, and without scan_layers, they are per
-        layer), read from the arrays' metadata."""
+    def stacked_layers(self, step: int) -> dict[tuple, int]:
+        """{path of a stack: its period} for each stack whose layers the checkpoint's parameters hold stacked
+        (training/layer_stack.py: a scan_layers run's since the train state stores them so; empty when they are
+        per layer), read from the arrays' metadata."""
         from etils import epath
 
         try:
@@ -250,12 +250,14 @@ class Checkpoints:
         except Exception as e:  # noqa: BLE001 - any failure to read it means the checkpoint is damaged
             raise DamagedCheckpoint(f"its array metadata is unreadable ({_reason(e)})") from None
 
-        def stacked(node) -> bool:  # a Stacked node is saved as {"layers": [group, ...]}
+        def stacks(node, path: tuple) -> dict:  # a Stacked node is saved as {"layers": [group, ...]}
             if not isinstance(node, dict):
-                return False
-            return (set(node) == {"layers"} and isinstance(node["layers"], list)) or any(map(stacked, node.values()))
+                return {}
+            if set(node) == {"layers"} and isinstance(node["layers"], list):
+                return {path: len(node["layers"])}
+            return {k: v for key, child in node.items() for k, v in stacks(child, path + (key,)).items()}
 
-        return stacked(tree.get("params", {}))
+        return stacks(tree.get("params", {}), ())
 
     def saved_integrity(self, step: int) -> dict | None:
         """The integrity record saved with ``step``; None for a checkpoint written without one."""

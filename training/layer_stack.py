@@ -7,12 +7,14 @@ So the train state stores every dict of repeating layers stacked, one array per 
 
     {"blocks": {0: {...}, 1: {...}, ..., 11: {...}}}  ->  {"blocks": Stacked(layers=(group_0, group_1))}
 
-where ``group_p`` holds layers p, p + period, p + 2 period, ... (a period of 1 when the layers' weights all have
-the same shapes, as GPT-Neo's global and local layers do). The parameters, their gradients and the optimizer
-state all live stacked in the step (the scan reads them in place: ``models.block.prestacked``), and only the
-storage differs: per-layer paths stay what every reader sees (``unstack_layers``: generation, export, a loaded
-checkpoint), and ``as_stored`` / ``unstack_layers`` move parameters between the two. With peft the parameters stay
-per layer (a trainable filter may pick single layers) and the optimizer alone runs stacked (``stacked_layers``).
+where ``group_p`` holds layers p, p + period, p + 2 period, ... The period is the stack's own (``storage_plan``:
+2 for GPT-Neo's global/local pair), so the scan takes each layer's weights straight from its inputs; the
+optimizer alone, stacking per-layer weights (peft), uses the period of the weights' shapes (``layer_plan``: 1 for
+GPT-Neo). The parameters, their gradients and the optimizer state all live stacked in the step (the scan reads
+them in place: ``models.block.prestacked``). Readers of the model's parameters (generation, export, a loaded
+checkpoint) see them per layer under their usual paths (``unstack_layers``), and ``as_stored`` / ``unstack_layers``
+move parameters between the two storages. With peft the parameters stay per layer (a trainable filter may pick
+single layers) and the optimizer alone runs stacked (``stacked_layers``).
 ``per_layer(tx)`` keeps an optimizer's per-weight meaning on stacked weights by vmapping it over the layers axis:
 AdamW's decay mask by a layer weight's rank, Adafactor's factored and block-RMS statistics per layer, exactly as
 unstacked. ``convert_opt_state`` moves an optimizer state between the two storages (a run resumed with
@@ -21,15 +23,17 @@ scan_layers flipped).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from models.block import repeat_period
+from models.block import layer_period, repeat_period
 
 
 @flax.struct.dataclass
@@ -89,6 +93,24 @@ def unstack_layers(tree: Any, take: Callable = lambda x, g: x[g]) -> Any:
     if not isinstance(tree, dict):
         return tree
     return {key: unstack_layers(value, take) for key, value in tree.items()}
+
+
+def storage_plan(graphdef, params: Any) -> dict[tuple, int]:
+    """How the train state stacks ``params`` (per layer, abstract or not) of the model ``graphdef``: every stack of
+    ``layer_plan``, its layers grouped by the period of the stack's own layers (``models.block.layer_period``: 2
+    for GPT-Neo's global/local pair, whose weights' shapes repeat every layer), so the scan takes each layer's
+    weights straight from its inputs and saves no copy of them for the backward pass."""
+    plan = layer_plan(params)
+    if not plan:
+        return plan
+    model = nnx.merge(graphdef, nnx.State(params))
+    for path, period in plan.items():
+        node = model
+        for key in path:
+            node = node[key] if isinstance(key, int) else getattr(node, key)
+        if isinstance(node, nnx.List):
+            plan[path] = math.lcm(period, layer_period(node))
+    return plan
 
 
 def stacked_plan(tree: Any, prefix: tuple = ()) -> dict[tuple, int]:

@@ -173,7 +173,8 @@ def create_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.G
         per_layer = unstack_abstract(abstract.params)
         params = place_params(params, per_layer, lambda: init_params(
             make_model, seed, jax.tree.map(lambda a: a.sharding, per_layer)))
-        params = jax.jit(lambda p: as_stored(p, shardings.params), out_shardings=shardings.params)(params)
+        if stacked_plan(shardings.params):
+            params = jax.jit(lambda p: as_stored(p, shardings.params), out_shardings=shardings.params)(params)
     init = jax.jit(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p,
                                         opt_state=tx.init(split_params(p, trainable)[0])),
                    in_shardings=(shardings.params,), out_shardings=shardings)

@@ -36,11 +36,12 @@ def test_summary_names_losses_time_and_where_things_are():
     progress, _ = run_steps(0, 10, log_every=50)
     progress.compile_seconds = 5.0  # the first step compiled: left out of the rate
     progress.train_seconds = 5.0 + 9 * 0.1
-    lines = progress.summary(10, {"loss": 2.5, "perplexity": 12.18}, 10, "runs/x/checkpoints/10", "runs/x")
+    lines = progress.summary(10, {"loss": 2.5, "perplexity": 12.18, "lambada_examples": 330}, 10,
+                             "runs/x/checkpoints/10", "runs/x")
     text = "\n".join(lines)
     assert lines[0].startswith("done: 10 steps (1..10) in ") and "1,000 tokens/s while training" in lines[0]
     assert "train loss 9.0000 -> 0.0000 over steps 1..10" in text
-    assert "eval at step 10: loss 2.5000  perplexity 12.1800" in text
+    assert "eval at step 10: loss 2.5000  perplexity 12.1800  lambada_examples 330\n" in text
     assert "checkpoint: runs/x/checkpoints/10" in text
     assert "runs/x/metrics.jsonl" in text and "tensorboard --logdir runs/x" in text
 

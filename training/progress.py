@@ -79,7 +79,8 @@ class Progress:
             lines.append(f"train loss {self.first_loss:.4f} -> {self.last_loss:.4f} over steps "
                          f"{self.start + 1}..{self.start + steps_done}")
         if eval_result:
-            lines.append(f"eval at step {eval_step}: " + "  ".join(f"{k} {v:.4f}" for k, v in eval_result.items()))
+            lines.append(f"eval at step {eval_step}: " + "  ".join(  # counts as counts, the rest to 4 decimals
+                f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in eval_result.items()))
         if checkpoint:
             lines.append(f"checkpoint: {checkpoint}")
         lines.append(f"metrics: {model_path}/metrics.jsonl; loss curves: tensorboard --logdir {model_path}")

@@ -149,9 +149,8 @@ def stores_params_stacked(tx: optax.GradientTransformation, trainable: Callable 
     return isinstance(tx, StackedLayers) and trainable is None
 
 
-def _stacked_sharding(*layers):
-    first = layers[0]
-    return NamedSharding(first.mesh, PartitionSpec(None, *first.spec))  # the layers axis whole on every device
+def _stacked_sharding(layer: NamedSharding) -> NamedSharding:
+    return NamedSharding(layer.mesh, PartitionSpec(None, *layer.spec))  # the layers axis whole on every device
 
 
 def stack_abstract(tree: Any, plan: dict[tuple, int]) -> Any:
@@ -159,7 +158,7 @@ def stack_abstract(tree: Any, plan: dict[tuple, int]) -> Any:
     def combine(*layers):
         first = layers[0]
         if isinstance(first, NamedSharding):
-            return _stacked_sharding(*layers)
+            return _stacked_sharding(first)
         sharding = None if first.sharding is None else _stacked_sharding(first.sharding)
         return jax.ShapeDtypeStruct((len(layers), *first.shape), first.dtype, sharding=sharding)
 

@@ -46,8 +46,8 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
 
     with Checkpoints(model_path, keep=1, read_only=True) as checkpoints:
         step = checkpoints.latest_step()
-        saved = checkpoints.located_config(step)
-        cfg, _ = from_dict(saved, source=f"{model_path} checkpoint config", overrides=overrides)
+        cfg, _ = from_dict(checkpoints.located_config(step), source=f"{model_path} checkpoint config",
+                           overrides=overrides)
         make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
         graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
         peft = cfg.peft_settings

@@ -455,14 +455,13 @@ def state_shapes(cfg):
     import jax
 
     from parallel.state import abstract_model, split_params
-    from training.layer_stack import stack_abstract, storage_plan, stores_params_stacked
+    from training.layer_stack import stack_abstract, storage_plan
     from training.optimizer import make_optimizer
     from training.peft import build_model, trainable_filter
 
     graphdef, params, _ = abstract_model(lambda rngs: build_model(cfg, rngs))
     tx, trainable = make_optimizer(cfg), trainable_filter(cfg.peft_settings)
-    if stores_params_stacked(tx, trainable):
-        params = stack_abstract(params, storage_plan(graphdef, params))
+    params = stack_abstract(params, storage_plan(graphdef, params, tx, trainable))
     trained = split_params(params, trainable)[0]
     saved = trained if _partial(cfg) else params
     return {"params": saved, "opt_state": jax.eval_shape(tx.init, trained)}

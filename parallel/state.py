@@ -21,7 +21,7 @@ from flax import nnx
 from config import ConfigError
 from parallel.layout import Layout, replicated
 from training.layer_stack import (as_stored, layer_plan, stack_abstract, stacked_plan, storage_plan,
-                                   stores_params_stacked, unstack_abstract, unstack_layers)
+                                   unstack_abstract, unstack_layers)
 
 Params = dict  # nested {name: {...: jax.Array}}: the pure-dict form of the model's nnx.Param state
 
@@ -140,12 +140,12 @@ def abstract_train_state(make_model: Callable[[nnx.Rngs], nnx.Module], tx: optax
                          stacking: dict[tuple, int] | None = None) -> tuple[nnx.GraphDef, TrainState, TrainState]:
     """(graphdef, abstract state, state shardings) with nothing allocated: the init and restore target. The
     optimizer state covers only the parameters ``trainable`` accepts (all when None): frozen ones have none. With
-    scan_layers the parameters are stored stacked (``stores_params_stacked``, training/layer_stack.py) as
-    ``storage_plan`` says, or as ``stacking`` says when given (a checkpoint's own: ``{}`` per layer)."""
+    scan_layers the parameters are stored stacked as ``storage_plan`` says (training/layer_stack.py), or as
+    ``stacking`` says when given (a checkpoint's own: ``{}`` per layer)."""
     graphdef, abstract_params, logical = abstract_model(make_model)
     p_shardings = param_shardings(layout, abstract_params, logical)
     if stacking is None:
-        stacking = storage_plan(graphdef, abstract_params) if stores_params_stacked(tx, trainable) else {}
+        stacking = storage_plan(graphdef, abstract_params, tx, trainable)
     abstract_params, p_shardings = stack_abstract(abstract_params, stacking), stack_abstract(p_shardings, stacking)
     trained = split_params(abstract_params, trainable)[0]
     abstract_opt = jax.eval_shape(tx.init, trained)

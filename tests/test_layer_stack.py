@@ -147,7 +147,6 @@ def test_a_run_resumes_with_scan_layers_flipped_or_its_parameters_stored_per_lay
     that was never interrupted."""
     import json
 
-    import parallel.state
     import train
     import training.layer_stack
 
@@ -167,8 +166,7 @@ def test_a_run_resumes_with_scan_layers_flipped_or_its_parameters_stored_per_lay
 
     run(tmp_path / "straight", 4, False)
     with monkeypatch.context() as patch:  # the earlier storage: parameters per layer, the step stacking them
-        for module in (parallel.state, training.layer_stack):
-            patch.setattr(module, "stores_params_stacked", lambda tx, trainable: False)
+        patch.setattr(training.layer_stack, "stores_params_stacked", lambda tx, trainable: False)
         run(tmp_path / "earlier", 2, True)
     run(tmp_path / "earlier", 3, True)
     assert "stored the parameters per layer and the optimizer state stacked (scan_layers=true); moved to this " \

@@ -95,22 +95,29 @@ def unstack_layers(tree: Any, take: Callable = lambda x, g: x[g]) -> Any:
     return {key: unstack_layers(value, take) for key, value in tree.items()}
 
 
-def storage_plan(graphdef, params: Any) -> dict[tuple, int]:
-    """How the train state stacks ``params`` (per layer, abstract or not) of the model ``graphdef``: every stack of
-    ``layer_plan``, its layers grouped by the period of the stack's own layers (``models.block.layer_period``: 2
-    for GPT-Neo's global/local pair, whose weights' shapes repeat every layer), so the scan takes each layer's
-    weights straight from its inputs and saves no copy of them for the backward pass."""
-    plan = layer_plan(params)
+def storage_plan(graphdef, params: Any, tx: optax.GradientTransformation,
+                 trainable: Callable | None) -> dict[tuple, int]:
+    """How a train state of ``tx`` stores ``params`` (per layer, abstract or not) of the model ``graphdef``: per
+    layer ({}) unless ``stores_params_stacked``; else every stack of ``layer_plan``, its layers grouped by the
+    period of the stack's own layers (``models.block.layer_period``: 2 for GPT-Neo's global/local pair, whose
+    weights' shapes repeat every layer), so the scan takes each layer's weights straight from its inputs and saves
+    no copy of them for the backward pass."""
+    plan = layer_plan(params) if stores_params_stacked(tx, trainable) else {}
     if not plan:
         return plan
     model = nnx.merge(graphdef, nnx.State(params))
     for path, period in plan.items():
-        node = model
-        for key in path:
-            node = node[key] if isinstance(key, int) else getattr(node, key)
+        node = _module_at(model, path)
         if isinstance(node, nnx.List):
             plan[path] = math.lcm(period, layer_period(node))
     return plan
+
+
+def _module_at(model, path: tuple):
+    """The submodule at a parameter path's prefix (``("encoder", "blocks")`` -> ``model.encoder.blocks``)."""
+    for key in path:
+        model = model[key] if isinstance(key, int) else getattr(model, key)
+    return model
 
 
 def stacked_plan(tree: Any, prefix: tuple = ()) -> dict[tuple, int]:
@@ -136,10 +143,10 @@ def stored_stacks(model, params: Any) -> list[tuple]:
     ``params`` stores stacked: what ``models.block.prestacked`` takes for a model merged from ``params``."""
     stacks = []
     for path in stacked_plan(params):
-        node, stored = model, params
+        stored = params
         for key in path:
-            node, stored = node[key] if isinstance(key, int) else getattr(node, key), stored[key]
-        stacks.append((node, stored.layers))
+            stored = stored[key]
+        stacks.append((_module_at(model, path), stored.layers))
     return stacks
 
 

@@ -59,9 +59,16 @@ def train_metrics(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None
     return rows
 
 
-def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Runs ``python <args>`` from the repository root as a user would."""
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def run_cli(*args: str, timeout: int = 600, as_shipped: bool = False) -> subprocess.CompletedProcess:
+    """Runs ``python <args>`` from the repository root as a user would. ``as_shipped``: without the suite's
+    settings (conftest's simulated devices, XLA flags and compilation cache), as on a user's machine."""
+    env = None
+    if as_shipped:
+        suite_only = ("XLA_FLAGS", "JAX_DISABLE_MOST_OPTIMIZATIONS", "JAX_COMPILATION_CACHE_DIR",
+                      "JAX_PERSISTENT_CACHE_")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(suite_only)}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=env)
 
 
 def run_command(*args: str) -> subprocess.CompletedProcess:

@@ -2,19 +2,19 @@
 
 The main test runs ``train.py`` three times (the test process itself never initializes jax.distributed):
 
-* a reference run, one process with 8 simulated devices (this test's own process, as ``tests.common.run_command``
-  runs commands), for ``STEPS + 1`` steps;
 * a two-process run (subprocesses, 4 simulated devices each, gloo collectives, started with the environment
-  SLURM's srun gives its tasks, on a data x FSDP x tensor layout whose parameter shards span both processes) for
-  ``STEPS`` steps, which must log the same per-step train and eval losses and leave a complete checkpoint at
-  step ``STEPS``;
-* a single-process 8-device ``--resume`` of that checkpoint (in this test's process again) to ``STEPS + 1``
-  steps, which must match the reference's last step: its train loss is computed from the restored parameters,
-  its eval loss after the update from the restored optimizer state and step.
+  SLURM's srun gives its tasks, on a data x FSDP x tensor layout whose parameter shards span both processes),
+  stopped by a SIGTERM to one process after ``STEPS`` steps: both must stop at the same step, save it together
+  and exit 0;
+* a reference run, one process with 8 simulated devices (this test's own process, as ``tests.common.run_command``
+  runs commands), one step further: the two-process run must have logged the same per-step train and eval losses;
+* a single-process 8-device ``--resume`` of the two-process checkpoint (in this test's process again), which must
+  match the reference's last step: its train loss is computed from the restored parameters, its eval loss after
+  the update from the restored optimizer state and step.
 
 The learning-rate schedule is pinned (``warmup_steps=1``, ``lr_decay_end``) so that it does not depend on
 ``train_steps`` and the runs of different lengths follow the same trajectory. The explicit ``--coordinator``
-flags are exercised by the per-host input and the SIGTERM tests.
+flags are exercised by the per-host input test.
 """
 
 from __future__ import annotations
@@ -144,49 +144,74 @@ def assert_close(got: dict[int, float], want: dict[int, float], what: str) -> No
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_and_checkpoint_together(tmp_path):
+def test_two_processes_match_one_stop_together_on_sigterm_and_one_resumes(tmp_path):
     """The README's SLURM recipe (``srun python train.py ... --distributed``) with the environment srun gives each
     task, on one machine: jax finds the coordinator, process count and id itself; 2 processes x 4 devices log the
-    losses of 1 process x 8 devices, write one checkpoint together, and one process resumes it."""
+    losses of 1 process x 8 devices; a preemption notice (SIGTERM) to one of them stops both at the step JAX's
+    preemption service agrees on, where they write one checkpoint together and exit 0; one process resumes it."""
     mesh_shape, layout = MESH_SHAPE, LAYOUT
-    reference = str(tmp_path / "one-process")
-    in_this_process(train_command(reference, mesh_shape, layout, STEPS + 1, "--new"))
-    ref_train, ref_eval = read_metrics(reference)
-    assert sorted(ref_train) == list(range(1, STEPS + 2)), ref_train
-    assert len(set(ref_train.values())) > 1, f"the loss should move over the steps: {ref_train}"
-
-    # Two processes, 4 devices each, one global mesh of 8.
     multi = str(tmp_path / "two-processes")
     job = str(slurm_job_id_with_free_port())
     tasks = [{"SLURM_JOB_ID": job, "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "2",
               "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "SLURM_STEP_NUM_NODES": "1"} for i in range(2)]
-    results = launch([train_command(multi, mesh_shape, layout, STEPS, "--new", "--distributed")] * 2,
-                     devices=4, envs=tasks)
-    assert "over 8 cpu devices (2 processes)" in results[0][1], results[0][1]
-    assert "note: data_shards 1 is not a multiple of the 2 processes" in results[0][1]  # both read everything
+    command = train_command(multi, mesh_shape, layout, 100_000, "--new", "--distributed")
+    (out0, _), _ = preempted([command] * 2, tasks, os.path.join(multi, "metrics.jsonl"), tmp_path)
+    assert "over 8 cpu devices (2 processes)" in out0, out0
+    assert "note: data_shards 1 is not a multiple of the 2 processes" in out0  # both read everything
     train, evals = read_metrics(multi)  # written by process 0 only
-    assert sorted(train) == list(range(1, STEPS + 1)), train
-    assert sorted(evals) == list(range(1, STEPS + 1)), evals
+    last = max(train)
+    assert sorted(train) == list(range(1, last + 1)) and last >= STEPS, train
+    assert f"saved the checkpoint of step {last}" in out0, out0
+    # orbax finalizes (renames) a step directory only after every process has written its shards: one directory,
+    # the step both stopped at, means both saved it.
+    checkpoints = os.path.join(multi, "checkpoints")
+    assert os.listdir(checkpoints) == [str(last)], f"unfinished or extra saves: {os.listdir(checkpoints)}"
+
+    # The reference, one process with 8 devices (this test's own), one step further.
+    reference = str(tmp_path / "one-process")
+    in_this_process(train_command(reference, mesh_shape, layout, last + 1, "--new"))
+    ref_train, ref_eval = read_metrics(reference)
+    assert len(set(ref_train.values())) > 1, f"the loss should move over the steps: {ref_train}"
     assert_close(train, {s: ref_train[s] for s in train}, "train loss, 2x4 vs 1x8 devices")
     assert_close(evals, {s: ref_eval[s] for s in evals}, "eval loss, 2x4 vs 1x8 devices")
-
-    # The final save was committed: orbax finalizes (renames) a step directory only after every process has
-    # written its shards, so a process that skipped the save would have hung or failed the run above.
-    checkpoints = os.path.join(multi, "checkpoints")
-    final = os.path.join(checkpoints, str(STEPS))
-    assert os.path.isdir(final), f"no checkpoint at {final}: {os.listdir(checkpoints)}"
-    assert os.listdir(checkpoints) == [str(STEPS)], f"unfinished or extra saves: {os.listdir(checkpoints)}"
 
     # One process with 8 devices resumes the two-process checkpoint where the one-process reference went: its
     # first train loss is computed from the restored parameters, its eval after the update from the restored
     # optimizer state and step.
-    out = in_this_process(train_command(multi, mesh_shape, layout, STEPS + 1, "--resume"))
-    assert f"at step {STEPS}" in out, out
+    out = in_this_process(train_command(multi, mesh_shape, layout, last + 1, "--resume"))
+    assert f"at step {last}" in out, out
     train, evals = read_metrics(multi)
-    assert sorted(train) == list(range(1, STEPS + 2)), train
+    assert sorted(train) == list(range(1, last + 2)), train
     assert_close(train, ref_train, "train loss after a one-process resume of the two-process run")
     assert_close(evals, ref_eval, "eval loss after a one-process resume of the two-process run")
-    assert os.path.isdir(os.path.join(checkpoints, str(STEPS + 1)))
+    assert os.path.isdir(os.path.join(checkpoints, str(last + 1)))
+
+
+def preempted(commands: list[list[str]], envs: list[dict], metrics: str, logs_dir) -> list[tuple[str, str]]:
+    """Starts ``commands`` (4 devices each), sends SIGTERM to the last one once ``STEPS`` steps (and their evals)
+    are in ``metrics``, and returns every process's (stdout, stderr) after all exited 0."""
+    logs = [(open(logs_dir / f"out{i}.txt", "w+"), open(logs_dir / f"err{i}.txt", "w+")) for i in range(len(commands))]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env={**environment(4), **extra}, stdout=out, stderr=err, text=True)
+             for cmd, extra, (out, err) in zip(commands, envs, logs)]
+
+    def texts():
+        for out, err in logs:
+            out.seek(0), err.seek(0)
+        return [(out.read(), err.read()) for out, err in logs]
+
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 2 * STEPS):
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, texts()
+            time.sleep(0.1)
+        procs[-1].send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0] * len(procs), texts()
+    return texts()
 
 
 def slurm_job_id_with_free_port() -> int:
@@ -235,38 +260,3 @@ def test_two_processes_read_disjoint_files_and_assemble_the_one_process_batches(
     assert np.array_equal(one, two)
     assert "input: continues at step 2" in out and "replayed 0" in out, out
     assert np.array_equal(np.load(single / "resumed.npy"), one[2:])
-
-
-@pytest.mark.slow
-def test_sigterm_to_one_process_checkpoints_the_same_step_on_all(tmp_path):
-    """A preemption notice (SIGTERM) reaching one process of a 2-process run: both finish the step JAX's
-    preemption service agrees on, save that step together and exit 0."""
-    model_path = str(tmp_path / "run")
-    port = free_port()
-    commands = [train_command(model_path, "x:8", "batch:x", 100_000, "--coordinator", f"127.0.0.1:{port}",
-                              "--num-processes", "2", "--process-id", str(i)) for i in range(2)]
-    logs = [(open(tmp_path / f"out{i}.txt", "w+"), open(tmp_path / f"err{i}.txt", "w+")) for i in range(2)]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=environment(4), stdout=out, stderr=err, text=True)
-             for cmd, (out, err) in zip(commands, logs)]
-    metrics = os.path.join(model_path, "metrics.jsonl")
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 4):  # 2 steps (+ their evals)
-            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "the run did not start"
-            time.sleep(0.1)
-        procs[1].send_signal(signal.SIGTERM)
-        codes = [p.wait(timeout=TIMEOUT) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    texts = []
-    for out, err in logs:
-        out.seek(0)
-        err.seek(0)
-        texts.append((out.read(), err.read()))
-    assert codes == [0, 0], texts
-    train, _ = read_metrics(model_path)
-    last = max(train)
-    assert f"saved the checkpoint of step {last}" in texts[0][0], texts[0]
-    assert os.listdir(os.path.join(model_path, "checkpoints")) == [str(last)]

@@ -303,8 +303,8 @@ def test_predict_writes_what_transformers_generates(directories):
                      "--max-new-tokens", "16")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == tokenizer.decode(want) + "\n"  # the output text alone, not the prompt
-    two = run_cli("predict.py", "--hf-model", path, "--prompt", PROMPT, "--prompt", "import os", "--temperature",
-                  "0", "--max-new-tokens", "16", "--num-beams", "2")
+    two = run_command("predict.py", "--hf-model", path, "--prompt", PROMPT, "--prompt", "import os", "--temperature",
+                      "0", "--max-new-tokens", "16", "--num-beams", "2")  # in-process: a clean stdout is checked above
     assert two.returncode == 0 and two.stdout.count("=== output ===") == 2, two.stderr[-2000:]
     config = json.loads(open(f"{path}/config.json").read())
     assert config["architectures"] == ["T5ForConditionalGeneration"]

@@ -40,6 +40,6 @@ def pytest_runtest_teardown(item, nextitem):
     holds a million long-lived objects (TensorFlow, torch, jax's caches), and each of Python's full collections
     walked them all: 20-30 s per worker over the suite; frozen, a full pass walks only what came after."""
     yield
-    if nextitem is None or nextitem.module is not item.module:
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
         gc.collect()
         gc.freeze()

@@ -96,6 +96,16 @@ def run_command(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(args), code or 0, out.getvalue(), err.getvalue())
 
 
+def metrics_lines(model_path) -> int:
+    """How many complete lines ``model_path/metrics.jsonl`` holds (0 before it exists): a running train.py's
+    progress, read from outside."""
+    try:
+        with open(os.path.join(model_path, "metrics.jsonl")) as f:
+            return sum(1 for line in f if line.endswith("\n"))
+    except FileNotFoundError:
+        return 0
+
+
 def metrics_rows(model_path: str, kind: str = "train") -> list[dict]:
     with open(os.path.join(model_path, "metrics.jsonl")) as f:
         return [row for row in map(json.loads, f) if row["kind"] == kind]

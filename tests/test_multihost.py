@@ -155,7 +155,7 @@ def test_two_processes_match_one_stop_together_on_sigterm_and_one_resumes(tmp_pa
     tasks = [{"SLURM_JOB_ID": job, "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "2",
               "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "SLURM_STEP_NUM_NODES": "1"} for i in range(2)]
     command = train_command(multi, mesh_shape, layout, 100_000, "--new", "--distributed")
-    (out0, _), _ = preempted([command] * 2, tasks, os.path.join(multi, "metrics.jsonl"), tmp_path)
+    (out0, _), _ = preempted([command] * 2, tasks, multi, tmp_path)
     assert "over 8 cpu devices (2 processes)" in out0, out0
     assert "note: data_shards 1 is not a multiple of the 2 processes" in out0  # both read everything
     train, evals = read_metrics(multi)  # written by process 0 only
@@ -187,9 +187,11 @@ def test_two_processes_match_one_stop_together_on_sigterm_and_one_resumes(tmp_pa
     assert os.path.isdir(os.path.join(checkpoints, str(last + 1)))
 
 
-def preempted(commands: list[list[str]], envs: list[dict], metrics: str, logs_dir) -> list[tuple[str, str]]:
+def preempted(commands: list[list[str]], envs: list[dict], model_path: str, logs_dir) -> list[tuple[str, str]]:
     """Starts ``commands`` (4 devices each), sends SIGTERM to the last one once ``STEPS`` steps (and their evals)
-    are in ``metrics``, and returns every process's (stdout, stderr) after all exited 0."""
+    are in ``model_path``'s metrics, and returns every process's (stdout, stderr) after all exited 0."""
+    from tests.common import metrics_lines
+
     logs = [(open(logs_dir / f"out{i}.txt", "w+"), open(logs_dir / f"err{i}.txt", "w+")) for i in range(len(commands))]
     procs = [subprocess.Popen(cmd, cwd=ROOT, env={**environment(4), **extra}, stdout=out, stderr=err, text=True)
              for cmd, extra, (out, err) in zip(commands, envs, logs)]
@@ -201,7 +203,7 @@ def preempted(commands: list[list[str]], envs: list[dict], metrics: str, logs_di
 
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 2 * STEPS):
+        while metrics_lines(model_path) < 2 * STEPS:
             assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, texts()
             time.sleep(0.1)
         procs[-1].send_signal(signal.SIGTERM)
@@ -210,8 +212,11 @@ def preempted(commands: list[list[str]], envs: list[dict], metrics: str, logs_di
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert codes == [0] * len(procs), texts()
-    return texts()
+    outputs = texts()
+    for out, err in logs:
+        out.close(), err.close()
+    assert codes == [0] * len(procs), outputs
+    return outputs
 
 
 def slurm_job_id_with_free_port() -> int:

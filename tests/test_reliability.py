@@ -28,7 +28,7 @@ import predict
 import train
 from convert.__main__ import main as convert_main
 from pretrained import load_run
-from tests.common import ROOT
+from tests.common import ROOT, metrics_lines
 from tests.xla_test_flags import xla_flags_for
 from training.checkpoint import Checkpoints
 
@@ -97,14 +97,6 @@ def wait_for(condition, proc, what: str, timeout: float = TIMEOUT) -> None:
             proc.kill()
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.005)
-
-
-def metrics_lines(model_path) -> int:
-    try:
-        with open(os.path.join(model_path, "metrics.jsonl")) as f:
-            return sum(1 for line in f if line.endswith("\n"))
-    except FileNotFoundError:
-        return 0
 
 
 @pytest.fixture(scope="module")

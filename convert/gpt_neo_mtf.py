@@ -88,7 +88,8 @@ def config_from_gpt_neo(raw: dict, source: str) -> Config:
                           "converted")
     if cfg.moe_layers:
         raise ConfigError(f"{source}: moe_layers: mesh-tensorflow's mixture-of-experts weights are not converted")
-    options = [key for key in ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb", "share_parameters") if getattr(cfg, key)]
+    options = [key for key in ("mlp_glu", "scalenorm", "rezero", "macaron", "axial_pos_emb", "share_parameters")
+               if getattr(cfg, key)]
     if options:
         raise ConfigError(f"{source}: {options[0]}: checkpoints with GPT-Neo's block options are not converted yet")
     if cfg.rotary_emb and cfg.rotary_dim != cfg.head_dim:

@@ -7,9 +7,12 @@ activations; the state is parameters + gradients + optimizer state, in bytes fro
 |---|---|
 | the state fits the budget on every device and the batch splits over all devices | data parallel: ``batch:data`` |
 | the state does not fit whole but fits split over all devices | FSDP (ZeRO-3): ``batch:data,embd:data`` |
-| the batch does not split over all devices | + tensor parallelism (Megatron) over the fewest devices of one host that make it split and divide the heads: ``heads:tensor,intermediate_expanded:tensor`` with the residual stream whole (``activation_embd:none``) |
+| the batch does not split over all devices | + tensor parallelism (Megatron), as below |
 | the model has experts | + expert parallelism over the data axis (``experts:data``) when num_experts divides it |
 | the state does not fit even split over all devices | a one-line error with the numbers |
+
+Tensor parallelism runs over the fewest devices of one host that make the batch split and divide the heads:
+``heads:tensor,intermediate_expanded:tensor`` with the residual stream whole (``activation_embd:none``).
 
 With ``layout: "auto"`` on a given ``mesh_shape`` (GPT-Neo's ``auto_layout``) the same rules run on its axes: the
 batch goes over every axis it divides (``batch:x+y``), FSDP over those axes, and the last axis becomes the tensor
@@ -58,7 +61,8 @@ def _gb(n: float) -> str:
 def _experts_rule(job: Job, axes: dict[str, int], data_axes: list[str]) -> tuple[str, str]:
     ways = math.prod(axes[a] for a in data_axes)
     if job.experts and data_axes and job.experts % ways == 0:
-        return f",experts:{'+'.join(data_axes)}", f"; experts over {'+'.join(data_axes)} ({job.experts // ways} per device)"
+        over = "+".join(data_axes)
+        return f",experts:{over}", f"; experts over {over} ({job.experts // ways} per device)"
     return "", ""
 
 

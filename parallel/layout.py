@@ -2,9 +2,9 @@
 
 This file is the one place where tensor dimension names meet mesh axes. Model code annotates every parameter
 (``logical_axes`` metadata) and key activation (``constrain``) with GPT-Neo's dimension names (models/axes.py);
-the layout decides which mesh axes, if any, each name is split over. Data parallelism is ``batch:x``; Megatron-style tensor
-parallelism adds ``heads:y`` (and ``intermediate_expanded:y``); FSDP/ZeRO-3 shards parameters over the data axis
-too (``embd:x``); expert parallelism is ``experts:x``.
+the layout decides which mesh axes, if any, each name is split over. Data parallelism is ``batch:x``;
+Megatron-style tensor parallelism adds ``heads:y`` (and ``intermediate_expanded:y``); FSDP/ZeRO-3 shards
+parameters over the data axis too (``embd:x``); expert parallelism is ``experts:x``.
 
 Syntax (GPT-Neo's, extended so that old layouts keep their meaning):
 

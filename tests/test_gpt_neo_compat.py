@@ -306,7 +306,8 @@ def test_predict_prompt_files_output_and_predict_max_steps(tmp_path, capsys, mon
             "--temperature", "0"]
     assert predict.main(argv) == 0, capsys.readouterr().err
     written = (tmp_path / "out.txt").read_text()
-    assert written.startswith("=== prompt 1 ===\ndef add(a, b):\n    return") and "=== prompt 2 ===\nclass A:\n" in written
+    assert written.startswith("=== prompt 1 ===\ndef add(a, b):\n    return")
+    assert "=== prompt 2 ===\nclass A:\n" in written
     assert written.strip() in capsys.readouterr().out
     explicit = argv[:6] + ["--output", str(tmp_path / "explicit.txt"), "--temperature", "0"]
     assert predict.main(explicit + ["--max-new-tokens", "3"]) == 0  # predict_max_steps: the default

@@ -27,7 +27,8 @@ def shipped(name: str) -> dict:
 
 
 def test_all_twelve_are_here():
-    assert len(CONFIGS) == 12 and {"colab_GPT3_XL", "readme_GPT3_XL", "gpt2_small", "gpt3_PAR_small_256"} <= set(CONFIGS)
+    assert len(CONFIGS) == 12
+    assert {"colab_GPT3_XL", "readme_GPT3_XL", "gpt2_small", "gpt3_PAR_small_256"} <= set(CONFIGS)
 
 
 @pytest.mark.parametrize("name", CONFIGS)

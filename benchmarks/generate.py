@@ -37,7 +37,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     from parallel.xla_flags import apply_defaults
 
-    apply_defaults()  # as train.py runs
+    apply_defaults(compilation_cache=False)  # as train.py runs, but every compile timed cold
 
     import jax
     import jax.numpy as jnp

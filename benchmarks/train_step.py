@@ -196,7 +196,7 @@ def main(argv=None) -> None:
     ARGS = args = p.parse_args(argv)
     from parallel.xla_flags import apply_defaults
 
-    apply_defaults()  # as train.py runs
+    apply_defaults(compilation_cache=False)  # as train.py runs, but every compile timed cold
     if args.hf_flax and not os.path.isdir(os.path.join(args.hf_flax, "transformers")):
         from benchmarks.hf_flax_peer import INSTALL
         raise SystemExit(f"error: --hf-flax: {args.hf_flax} holds no transformers; "

@@ -1,21 +1,32 @@
-"""XLA flags NeoMesh sets by default, before jax starts (train.py, predict.py, the benchmarks).
+"""Process defaults NeoMesh sets before jax starts (train.py, predict.py, eval.py): XLA flags and a persistent
+compilation cache.
 
-They matter on GPUs and are inert elsewhere (XLA accepts every backend's flags on every backend). A flag the user
-already gives in ``XLA_FLAGS`` keeps the user's value; ``NEOMESH_XLA_DEFAULTS=0`` turns the defaults off.
+The flags matter on GPUs and are inert elsewhere (XLA accepts every backend's flags on every backend). A flag the
+user already gives in ``XLA_FLAGS`` keeps the user's value; ``NEOMESH_XLA_DEFAULTS=0`` turns the defaults off.
 
     --xla_gpu_enable_latency_hiding_scheduler=true   schedule collectives (FSDP all-gathers, gradient
                                                      reduce-scatters) to overlap with compute
     --xla_gpu_enable_while_loop_double_buffering=true  overlap a scanned loop's next-iteration collectives
+
+Compiled programs are kept between runs in ``$XDG_CACHE_HOME/neomesh/jax`` (``~/.cache/neomesh/jax``, at most
+``CACHE_MAX_BYTES``, least recently used out first): a resumed run or a second run of a config skips XLA's
+compile of the programs that took it over a second (jax's threshold). ``JAX_COMPILATION_CACHE_DIR`` chooses
+another directory; ``NEOMESH_COMPILATION_CACHE=0`` turns it off. The benchmarks, which time compiles, run without
+it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 DEFAULT_XLA_FLAGS = {
     "xla_gpu_enable_latency_hiding_scheduler": "true",
     "xla_gpu_enable_while_loop_double_buffering": "true",
 }
+
+CACHE_MAX_BYTES = 4 * 2**30
 
 
 def with_defaults(flags: str) -> str:
@@ -25,7 +36,25 @@ def with_defaults(flags: str) -> str:
     return " ".join([flags.strip(), *extra]).strip()
 
 
-def apply_defaults(environ=os.environ) -> None:
-    """Adds the defaults to ``environ["XLA_FLAGS"]``; only effective before jax initialises its backends."""
+def compilation_cache_dir(environ=os.environ) -> str:
+    """Where compiled programs are kept between runs unless ``JAX_COMPILATION_CACHE_DIR`` says otherwise."""
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "neomesh", "jax")
+
+
+def apply_defaults(environ=os.environ, compilation_cache: bool = True) -> None:
+    """Adds the default flags to ``environ["XLA_FLAGS"]`` (only effective before jax initialises its backends)
+    and, with ``compilation_cache``, points jax's persistent compilation cache at ``compilation_cache_dir``."""
     if environ.get("NEOMESH_XLA_DEFAULTS", "1") != "0":
         environ["XLA_FLAGS"] = with_defaults(environ.get("XLA_FLAGS", ""))
+    if (not compilation_cache or "JAX_COMPILATION_CACHE_DIR" in environ
+            or environ.get("NEOMESH_COMPILATION_CACHE", "1") == "0"):
+        return
+    environ["JAX_COMPILATION_CACHE_DIR"] = compilation_cache_dir(environ)
+    if importlib.util.find_spec("filelock"):  # jax bounds the cache only with it (a requirement; a bare jax lacks it)
+        environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))
+    if environ is os.environ and "jax" in sys.modules:  # a notebook: jax read its environment at import already
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", environ["JAX_COMPILATION_CACHE_DIR"])
+        jax.config.update("jax_compilation_cache_max_size", int(environ.get("JAX_COMPILATION_CACHE_MAX_SIZE", -1)))

@@ -59,14 +59,19 @@ def train_metrics(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None
     return rows
 
 
-def run_cli(*args: str, timeout: int = 600, as_shipped: bool = False) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: int = 600, as_shipped: bool = False, cache_home: str | None = None
+            ) -> subprocess.CompletedProcess:
     """Runs ``python <args>`` from the repository root as a user would. ``as_shipped``: without the suite's
-    settings (conftest's simulated devices, XLA flags and compilation cache), as on a user's machine."""
+    settings (conftest's simulated devices, XLA flags and compilation cache), as on a user's machine whose
+    ``XDG_CACHE_HOME`` is ``cache_home`` (where NeoMesh keeps compiled programs)."""
     env = None
     if as_shipped:
         suite_only = ("XLA_FLAGS", "JAX_DISABLE_MOST_OPTIMIZATIONS", "JAX_COMPILATION_CACHE_DIR",
-                      "JAX_PERSISTENT_CACHE_")
+                      "JAX_PERSISTENT_CACHE_", "XDG_CACHE_HOME")
         env = {k: v for k, v in os.environ.items() if not k.startswith(suite_only)}
+        if cache_home is None:
+            raise ValueError("as_shipped runs need a cache_home: a user's run writes its compiled programs there")
+        env["XDG_CACHE_HOME"] = cache_home
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=env)
 

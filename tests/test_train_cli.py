@@ -35,9 +35,11 @@ def test_quickstart_shortened(tmp_path):
     model_path = tmp_path / "quickstart"
     result = run_cli("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path),
                      "--no-progress", "--set", "train_steps=12", "--set", "warmup_steps=3", "--set", "eval_steps=2",
-                     "--set", "sample_tokens=24", as_shipped=True)
+                     "--set", "sample_tokens=24", as_shipped=True, cache_home=str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "over 1 cpu devices" in result.stdout, result.stdout
+    # the train step, compiled for over a second, is kept for the next run
+    assert any("train_step" in name for name in os.listdir(tmp_path / "cache" / "neomesh" / "jax"))
     first, last = map(float, re.search(r"train loss ([\d.]+) -> ([\d.]+)", result.stdout).groups())
     assert last < first - 0.5, result.stdout
     assert "sample:\ndef " in result.stdout

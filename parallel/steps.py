@@ -66,7 +66,7 @@ def objective_sums(graphdef: nnx.GraphDef, objective, params: Params, batch: Bat
     # from go unused there (XLA drops them).
     model = nnx.merge(graphdef, nnx.State(unstack_layers(params)))
     with prestacked(stored_stacks(model, params)):
-        (losses, metrics), sown = nnx.capture(objective.compute, nnx.Intermediate)(model, batch, dropout_key)
+        (losses, metrics), sown = aux_losses.captured(objective.compute)(model, batch, dropout_key)
     weights = objective.weights(batch)
     penalty, aux = aux_losses.collect(sown)
     sums = {"loss": jnp.sum(losses * weights), "weight": jnp.sum(weights)}

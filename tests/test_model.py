@@ -132,7 +132,7 @@ def random_params(cfg, seed=3):
 
 def logits_of(cfg, params, tokens):
     graphdef, _ = abstract(cfg)
-    forward = jax.jit(lambda p, t: nnx.capture(nnx.merge(graphdef, nnx.State(p)), nnx.Intermediate)(t)[0][0])
+    forward = jax.jit(lambda p, t: nnx.merge(graphdef, nnx.State(p))(t)[0])
     return np.asarray(forward(params, jnp.asarray(tokens)))
 
 

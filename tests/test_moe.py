@@ -1,6 +1,8 @@
 """Mixture of experts against plain numpy: slot assignment, outputs with and without dropped tokens, the dense MLP
 as the one-expert case, no tokens x experts x capacity tensor, and expert-parallel training equal to one device."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -82,7 +84,7 @@ def run(module, x):
     graphdef, state = nnx.split(module)
 
     def call(state, x):
-        out, sown = nnx.capture(nnx.merge(graphdef, state), nnx.Intermediate)(x)
+        out, sown = aux_losses.captured(nnx.merge(graphdef, state))(x)
         return out, aux_losses.collect(sown)
 
     out, (penalty, metrics) = jax.jit(call)(state, x)
@@ -123,6 +125,23 @@ def test_nothing_dropped_equals_per_token_loop(top_k):
     np.testing.assert_allclose(penalty, 0.5 * load_balance + 0.25 * z_loss, rtol=1e-5)
 
 
+def test_outside_a_capture_nothing_is_sown_and_the_module_is_unchanged():
+    """Generation and scoring run the model without collecting its losses: the layer sows nothing there (a flax
+    module sowing outside nnx.capture would keep the values on itself, and flax deprecates it), and the same
+    call under ``captured`` still collects them."""
+    moe = randomized(MoeMlp(moe_spec(num_experts=4, top_k=2), rngs=nnx.Rngs(0)))
+    before = nnx.state(moe)
+    x = jnp.ones((2, 8, 16), jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = moe(x)
+    assert jax.tree.structure(nnx.state(moe)) == jax.tree.structure(before)
+    assert not nnx.state(moe, nnx.Intermediate)
+    captured_out, sown = aux_losses.captured(moe)(x)
+    np.testing.assert_array_equal(captured_out, out)
+    assert float(aux_losses.collect(sown)[0]) > 0
+
+
 def test_dropped_tokens_are_counted_and_pass_through_as_zero():
     spec = moe_spec(num_experts=4, top_k=1, capacity_factor=0.5)  # 2 slots per expert for 16 tokens
     moe = randomized(MoeMlp(spec, rngs=nnx.Rngs(0)), seed=2)
@@ -154,7 +173,7 @@ def test_dispatch_builds_no_tokens_by_experts_by_capacity_tensor():
     spec = moe_spec(num_experts=e, top_k=2, capacity_factor=1.25)
     c = expert_capacity(t, 2, e, 1.25)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: MoeMlp(spec, rngs=nnx.Rngs(0))))
-    jaxpr = jax.make_jaxpr(lambda s, x: nnx.capture(nnx.merge(graphdef, s), nnx.Intermediate)(x))(
+    jaxpr = jax.make_jaxpr(lambda s, x: aux_losses.captured(nnx.merge(graphdef, s))(x))(
         state, jnp.zeros((1, t, 16)))
 
     def sizes(jaxpr):
@@ -199,7 +218,7 @@ def test_expert_parallel_moves_tokens_by_all_to_all_only():
 
     def forward(state, x):
         with layout.active():
-            return nnx.capture(nnx.merge(graphdef, state), nnx.Intermediate)(x)[0]
+            return aux_losses.captured(nnx.merge(graphdef, state))(x)[0]
 
     x = sharded(jax.ShapeDtypeStruct((8, 32, 16), jnp.float32), ("batch", None, None))
     hlo = jax.jit(forward).lower(state, x).compile().as_text()

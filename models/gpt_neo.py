@@ -18,7 +18,7 @@ from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks, share_parameters
 from models.generate import seen_tokens
 from models.heads import ClassificationHead, TokenClassificationHead
-from models.layers import dropout, dropout_keys, norm
+from models.layers import dropout, dropout_keys, norm, over_flat_positions
 from models.spec import block_spec, gpt_neo_attention_init, gpt_neo_mlp_init
 
 
@@ -59,7 +59,7 @@ class GPTNeo(nnx.Module):
         if cfg.share_parameters:
             share_parameters(self.blocks)
         self.ln_f = norm("layernorm", cfg.n_embd, cfg.layer_norm_epsilon, rngs)  # GPT-Neo's ln_f is always a LayerNorm
-        self.lm_head = nnx.Einsum("BTD,DV->BTV", (cfg.n_embd, cfg.n_vocab), kernel_init=init(0.02),
+        self.lm_head = nnx.Einsum("ND,DV->NV", (cfg.n_embd, cfg.n_vocab), kernel_init=init(0.02),
                                   kernel_metadata=axes("embd", "vocab"), rngs=rngs) if cfg.no_weight_tie else None
         self.score = ClassificationHead(cfg.n_embd, cfg.num_labels, pool="last", pooler=False, bias=False,
                                         dropout_rate=0.0, rngs=rngs, hidden=cfg.head_hidden,
@@ -116,7 +116,7 @@ class GPTNeo(nnx.Module):
 
     def logits(self, x: jax.Array) -> jax.Array:
         """Output projection of final hidden states: (B, T, D) -> (B, T, V)."""
-        return self.lm_head(x) if self.lm_head is not None else self.wte.attend(x)
+        return over_flat_positions(self.lm_head if self.lm_head is not None else self.wte.attend, x)
 
     def prefill(self, prompts: jax.Array, pad: jax.Array, max_new_tokens: int, dtype
                 ) -> tuple[jax.Array, kv_cache.DecodeState, jax.Array]:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.axes import axes
-from models.layers import ACTIVATIONS, BASE_STDDEV, dropout, norm, projection
+from models.layers import ACTIVATIONS, BASE_STDDEV, dropout, norm, over_flat_positions, projection
 
 
 class MlmHead(nnx.Module):
@@ -28,7 +28,7 @@ class MlmHead(nnx.Module):
 
     def __call__(self, x: jax.Array, embedding: nnx.Embed) -> jax.Array:
         h = self.layer_norm(self.activation(self.dense(x)))  # (B, T, D)
-        return embedding.attend(h) + self.bias[...].astype(h.dtype)  # (B, T, V)
+        return over_flat_positions(embedding.attend, h) + self.bias[...].astype(h.dtype)  # (B, T, V)
 
 
 class MlpHead(nnx.Module):

@@ -27,7 +27,7 @@ from models import kv_cache
 from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks
 from models.generate import seen_tokens
-from models.layers import dropout, dropout_keys, norm, projection
+from models.layers import dropout, dropout_keys, norm, over_flat_positions, projection
 from models.relative_position import RelativePositionBias
 from models.spec import block_spec, gpt_neo_attention_init
 
@@ -90,7 +90,7 @@ class T5(nnx.Module):
                              embedding_metadata=axes("vocab", "embd"), rngs=rngs)  # T5's "shared"
         self.encoder = T5Stack(cfg, cfg.n_layer, decoder=False, rngs=rngs)
         self.decoder = T5Stack(cfg, cfg.decoder_layers, decoder=True, rngs=rngs) if cfg.decoder_layers else None
-        self.lm_head = projection("BTD,DV->BTV", (d, cfg.n_vocab), ("embd", "vocab"), d ** -0.5, rngs) \
+        self.lm_head = projection("ND,DV->NV", (d, cfg.n_vocab), ("embd", "vocab"), d ** -0.5, rngs) \
             if cfg.no_weight_tie and self.decoder is not None else None
         self.embed_dropout, self.n_embd = cfg.embed_dropout, d
         self.decoder_start_token_id = cfg.decoder_start_token_id
@@ -141,8 +141,8 @@ class T5(nnx.Module):
     def logits(self, x: jax.Array) -> jax.Array:
         """Decoder output (B, T, D) -> (B, T, V): the tied embedding on x * n_embd**-0.5, or the untied head."""
         if self.lm_head is not None:
-            return self.lm_head(x)
-        return self.wte.attend(x * self.n_embd ** -0.5)
+            return over_flat_positions(self.lm_head, x)
+        return over_flat_positions(self.wte.attend, x * self.n_embd ** -0.5)
 
     def prefill(self, prompts: jax.Array, pad: jax.Array, max_new_tokens: int, dtype
                 ) -> tuple[jax.Array, kv_cache.DecodeState, jax.Array]:

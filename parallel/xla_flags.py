@@ -50,7 +50,14 @@ def apply_defaults(environ=os.environ, compilation_cache: bool = True) -> None:
     if (not compilation_cache or "JAX_COMPILATION_CACHE_DIR" in environ
             or environ.get("NEOMESH_COMPILATION_CACHE", "1") == "0"):
         return
-    environ["JAX_COMPILATION_CACHE_DIR"] = compilation_cache_dir(environ)
+    directory = compilation_cache_dir(environ)
+    try:  # a home that cannot be written (a read-only cluster home) means no cache, not a warning per compile
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return
+    if not os.access(directory, os.W_OK):
+        return
+    environ["JAX_COMPILATION_CACHE_DIR"] = directory
     if importlib.util.find_spec("filelock"):  # jax bounds the cache only with it (a requirement; a bare jax lacks it)
         environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))
     if environ is os.environ and "jax" in sys.modules:  # a notebook: jax read its environment at import already

@@ -19,18 +19,24 @@ def test_xla_flag_defaults_keep_the_users_values():
     assert sorted(f.split("=")[0].lstrip("-") for f in environ["XLA_FLAGS"].split()) == sorted(DEFAULT_XLA_FLAGS)
 
 
-def test_the_compilation_cache_defaults_to_the_users_cache_directory_unless_chosen_or_off():
-    environ = {"XDG_CACHE_HOME": "/somewhere"}
+def test_the_compilation_cache_defaults_to_the_users_cache_directory_unless_chosen_or_off(tmp_path, monkeypatch):
+    environ = {"XDG_CACHE_HOME": str(tmp_path)}
     apply_defaults(environ)
-    assert environ["JAX_COMPILATION_CACHE_DIR"] == os.path.join("/somewhere", "neomesh", "jax")
+    assert environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "neomesh" / "jax")
+    assert os.path.isdir(tmp_path / "neomesh" / "jax")
     assert environ["JAX_COMPILATION_CACHE_MAX_SIZE"] == str(CACHE_MAX_BYTES)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no XDG_CACHE_HOME: ~/.cache
     environ = {}
     apply_defaults(environ)
-    assert environ["JAX_COMPILATION_CACHE_DIR"] == os.path.join(os.path.expanduser("~"), ".cache", "neomesh", "jax")
+    assert environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "home" / ".cache" / "neomesh" / "jax")
     for given in ({"JAX_COMPILATION_CACHE_DIR": "/mine"}, {"NEOMESH_COMPILATION_CACHE": "0"}):
         environ = dict(given)
         apply_defaults(environ)
         assert environ.get("JAX_COMPILATION_CACHE_DIR") == given.get("JAX_COMPILATION_CACHE_DIR")
+    (tmp_path / "file").write_text("")  # a cache home that cannot hold the directory: no cache, no warnings
+    environ = {"XDG_CACHE_HOME": str(tmp_path / "file")}
+    apply_defaults(environ)
+    assert "JAX_COMPILATION_CACHE_DIR" not in environ
     environ = {}
     apply_defaults(environ, compilation_cache=False)  # the benchmarks: every compile timed cold
     assert "JAX_COMPILATION_CACHE_DIR" not in environ and "XLA_FLAGS" in environ

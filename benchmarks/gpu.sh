@@ -8,6 +8,11 @@
 #     bash benchmarks/gpu.sh 2>&1 | tee gpu_table.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
+backend=$(python -c 'import jax; print(jax.default_backend())' 2>/dev/null) || backend="no working jax"
+if [[ "$backend" != "gpu" ]]; then
+    echo "error: benchmarks/gpu.sh fills the GPU table and needs a GPU; jax here runs on: $backend" >&2
+    exit 2
+fi
 failed=()
 run() {
     "$@" || { echo "FAILED (exit $?): $*"; failed+=("$*"); }

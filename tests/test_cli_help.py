@@ -151,3 +151,14 @@ def test_generate_benchmark_without_torch_says_what_to_install_and_times_neomesh
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines
             if line.startswith(("| NeoMesh", "| transformers"))]  # | implementation | batch | tokens/s | ms/token |
     assert [row[:2] for row in rows] == [["NeoMesh (JAX)", "1"]] and float(rows[0][2].replace(",", "")) > 0
+
+
+def test_the_gpu_table_script_says_in_one_line_that_it_needs_a_gpu():
+    import jax
+
+    if jax.default_backend() == "gpu":
+        pytest.skip("a GPU is here: the script would run the whole table")  # tests/test_attention_gpu.py's machine
+    result = subprocess.run(["bash", "benchmarks/gpu.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (f"error: benchmarks/gpu.sh fills the GPU table and needs a GPU; jax here runs on: "
+                             f"{jax.default_backend()}\n")

@@ -40,3 +40,24 @@ def test_the_compilation_cache_defaults_to_the_users_cache_directory_unless_chos
     environ = {}
     apply_defaults(environ, compilation_cache=False)  # the benchmarks: every compile timed cold
     assert "JAX_COMPILATION_CACHE_DIR" not in environ and "XLA_FLAGS" in environ
+
+
+def test_with_jax_already_imported_the_cache_goes_through_jax_config(tmp_path):
+    """A notebook imports jax before train.main: jax read its environment then, so the default reaches jax's
+    config directly."""
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size
+    saved = dict(os.environ)
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE", "NEOMESH_COMPILATION_CACHE"):
+        os.environ.pop(name, None)
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path)
+    try:
+        apply_defaults()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "neomesh" / "jax")
+        assert jax.config.jax_compilation_cache_max_size == CACHE_MAX_BYTES
+    finally:  # this process's environment and jax config as they were (the suite's own cache)
+        os.environ.clear()
+        os.environ.update(saved)
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_compilation_cache_max_size", before[1])

@@ -99,6 +99,15 @@ def neomesh(cfg, tokens) -> dict:
         state, metrics = compiled(state, batch)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
+    if ARGS.profile:
+        from benchmarks.xla_profile import print_profile, profile
+
+        def run():
+            nonlocal state
+            state, metrics = compiled(state, batch)
+            jax.block_until_ready(metrics)
+
+        print_profile(profile(run, compiled.as_text(), ARGS.profile), ARGS.profile)
     stats = device.memory_stats() or {}
     peak = stats.get("peak_bytes_in_use", compiled_bytes)  # CPUs keep no allocator statistics: the program's
     return {"seconds": statistics.median(times), "compile": compile_seconds, "peak": peak}
@@ -188,6 +197,8 @@ def main(argv=None) -> None:
     p.add_argument("--scan", action="store_true", help="NeoMesh's scan_layers")
     p.add_argument("--compile-only", action="store_true", help="NeoMesh alone, compiled but not run (compile "
                    "seconds and the program's memory; any shape compiles on a CPU)")
+    p.add_argument("--profile", metavar="DIR", help="after timing, trace two NeoMesh steps with jax.profiler "
+                   "into DIR and print the XLA ops that took longest (benchmarks/xla_profile.py)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per implementation (median reported)")
     p.add_argument("--no-peer", action="store_true", help="NeoMesh alone")
     p.add_argument("--torch-compile", action="store_true", help="torch.compile the PyTorch model")
@@ -197,6 +208,10 @@ def main(argv=None) -> None:
     from parallel.xla_flags import apply_defaults
 
     apply_defaults(compilation_cache=False)  # as train.py runs, but every compile timed cold
+    if args.profile:
+        from benchmarks.xla_profile import CPU_FLAG
+
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_FLAG}".strip()  # inert elsewhere
     if args.hf_flax and not os.path.isdir(os.path.join(args.hf_flax, "transformers")):
         from benchmarks.hf_flax_peer import INSTALL
         raise SystemExit(f"error: --hf-flax: {args.hf_flax} holds no transformers; "

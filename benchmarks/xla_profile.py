@@ -1,0 +1,61 @@
+"""Where a compiled step's time goes, by XLA op: ``python benchmarks/train_step.py --profile DIR``.
+
+Runs the step under ``jax.profiler`` (a Perfetto trace written to DIR, for ui.perfetto.dev) and prints the ops
+whose summed durations are largest, each with the model operation it came from (the HLO's ``op_name`` metadata,
+such as ``transpose(jvp(BTD,DF->BTF))/dot_general``: the MLP's first matmul in the backward pass). On CPUs XLA
+traces its ops only with ``--xla_cpu_enable_xprof_traceme=true`` in ``XLA_FLAGS`` (``CPU_FLAG``, set before jax
+starts). XLA:CPU runs independent ops side by side, so durations of ops that overlapped add up to more than the
+wall time.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+from typing import Callable
+
+CPU_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+
+
+def op_names(hlo_text: str) -> dict[str, str]:
+    """{instruction name: the jax operation it came from} for the instructions of a compiled module's text."""
+    names = {}
+    for line in hlo_text.splitlines():
+        match = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = .*?op_name=\"([^\"]*)\"", line)
+        if match:
+            names[match.group(1)] = re.sub(r"^jit\([^)]*\)/", "", match.group(2))
+    return names
+
+
+def profile(run: Callable[[], None], hlo_text: str, directory: str, runs: int = 2, top: int = 15) -> list[tuple]:
+    """Calls ``run`` (one step, blocking until done) ``runs`` times under the profiler and returns the ``top``
+    (operation, instruction kind, milliseconds per run) rows by summed duration."""
+    import jax
+
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        for _ in range(runs):
+            run()
+    (trace,) = glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True)[-1:]
+    with gzip.open(trace) as f:
+        events = json.load(f)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    names = op_names(hlo_text)
+    totals = collections.Counter()
+    for event in events:
+        name = event.get("name")
+        if event.get("ph") == "X" and name in names:
+            kind = re.sub(r"[.][0-9]+$", "", name)  # ynn_fusion.152 -> ynn_fusion
+            totals[(names[name], kind)] += event.get("dur", 0)
+    return [(op, kind, micros / 1e3 / runs) for (op, kind), micros in totals.most_common(top)]
+
+
+def print_profile(rows: list[tuple], directory: str) -> None:
+    print(f"\nXLA ops by summed duration per step (trace: {directory}; overlapping ops add up):")
+    print("| ms per step | operation | XLA op |")
+    print("|---:|---|---|")
+    for op, kind, millis in rows:
+        print(f"| {millis:,.1f} | {op} | {kind} |")

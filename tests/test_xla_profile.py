@@ -1,0 +1,35 @@
+"""benchmarks/xla_profile.py: the XLA ops of a profiled step, named by the jax operations they came from."""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.xla_profile import op_names
+from tests.common import ROOT
+
+
+def test_op_names_map_compiled_instructions_to_their_jax_operations():
+    compiled = jax.jit(lambda x, w: jnp.tanh(jnp.einsum("BTD,DF->BTF", x, w))).lower(
+        jnp.ones((2, 8, 16)), jnp.ones((16, 32))).compile()
+    names = op_names(compiled.as_text())
+    assert "BTD,DF->BTF/dot_general" in names.values() and "tanh" in names.values()
+    assert all(not name.startswith("jit(") for name in names.values())
+
+
+def test_a_profiled_function_lists_its_matmul_first():
+    code = """
+import os
+from benchmarks.xla_profile import CPU_FLAG, profile
+os.environ["XLA_FLAGS"] = CPU_FLAG
+import jax, jax.numpy as jnp, tempfile
+f = jax.jit(lambda x: jnp.tanh(jnp.einsum("ND,DF->NF", x, x)))
+x = jnp.ones((1024, 1024))
+compiled = f.lower(x).compile()
+rows = profile(lambda: jax.block_until_ready(compiled(x)), compiled.as_text(), tempfile.mkdtemp())
+print(rows[0][0], rows[0][2] > 0)
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["ND,DF->NF/dot_general", "True"]

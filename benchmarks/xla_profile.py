@@ -5,7 +5,8 @@ whose summed durations are largest, each with the model operation it came from (
 such as ``transpose(jvp(BTD,DF->BTF))/dot_general``: the MLP's first matmul in the backward pass). On CPUs XLA
 traces its ops only with ``--xla_cpu_enable_xprof_traceme=true`` in ``XLA_FLAGS`` (``CPU_FLAG``, set before jax
 starts). XLA:CPU runs independent ops side by side, so durations of ops that overlapped add up to more than the
-wall time.
+wall time. Made for XLA:CPU: whether a GPU trace's kernel names match the HLO's instruction names is not tried
+yet (the Perfetto trace is written either way).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from flax import nnx
 from config import ConfigError
 from models.axes import HEADS, axes, constrain
 from models.kv_cache import CrossCache, LayerCache, LinearCache
-from models.layers import dropout, projection
+from models.layers import dropout, over_flat_positions, projection
 from models.linear_attention import bidirectional_linear_attention, causal_linear_attention
 from models.rotary import apply_rotary
 from models.spec import AttentionSpec
@@ -230,10 +230,11 @@ class Attention(nnx.Module):
         qkv_axes = ("embd", "heads", "features_per_head")
         bias = qkv_axes[1:] if spec.qkv_bias else None
         q_std, k_std, v_std, out_std = spec.init
-        self.q = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, q_std, rngs, bias=bias)
-        self.k = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, k_std, rngs, bias=bias)
-        self.v = projection("BTD,DNH->BTNH", (d, n, h), qkv_axes, v_std, rngs, bias=bias)
-        self.out = projection("BTNH,NHD->BTD", (n, h, d), ("heads", "features_per_head", "embd"), out_std, rngs,
+        # Einsums over flattened positions P (models/layers.over_flat_positions).
+        self.q = projection("PD,DNH->PNH", (d, n, h), qkv_axes, q_std, rngs, bias=bias)
+        self.k = projection("PD,DNH->PNH", (d, n, h), qkv_axes, k_std, rngs, bias=bias)
+        self.v = projection("PD,DNH->PNH", (d, n, h), qkv_axes, v_std, rngs, bias=bias)
+        self.out = projection("PNH,NHD->PD", (n, h, d), ("heads", "features_per_head", "embd"), out_std, rngs,
                               bias=("embd",) if spec.out_bias else None)
         if spec.num_mem_kv:
             # GPT-Neo's memory_key_values: learned slots shared by the whole batch, never rotated (no position).
@@ -262,8 +263,8 @@ class Attention(nnx.Module):
     def cross_cache(self, context: jax.Array, context_segment_ids: jax.Array) -> CrossCache:
         """The keys and values of an encoder output (B, S, D) with its (B, S) segment ids, for decoding: computed
         once, then every decoding step's cross-attention reads them."""
-        k = constrain(self.k(context), KEY_VALUE)  # (B, S, N, H)
-        v = constrain(self.v(context), KEY_VALUE)  # (B, S, N, H)
+        k = constrain(over_flat_positions(self.k, context), KEY_VALUE)  # (B, S, N, H)
+        v = constrain(over_flat_positions(self.v, context), KEY_VALUE)  # (B, S, N, H)
         return CrossCache(k=k, v=v, segment_ids=context_segment_ids.astype(jnp.int32))
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
@@ -279,13 +280,13 @@ class Attention(nnx.Module):
         or a global layer's whole cache buffer when decoding)."""
         s = self.spec
         cross = context is not None or isinstance(cache, CrossCache)
-        q = constrain(self.q(x), HEADS)  # (B, T, N, H)
+        q = constrain(over_flat_positions(self.q, x), HEADS)  # (B, T, N, H)
         if isinstance(cache, CrossCache):
             k, v, context_segment_ids = cache.k, cache.v, cache.segment_ids  # (B, S, N, H) x2, (B, S)
         else:
             source = x if context is None else context
-            k = constrain(self.k(source), KEY_VALUE)  # (B, S, N, H)
-            v = constrain(self.v(source), KEY_VALUE)  # (B, S, N, H)
+            k = constrain(over_flat_positions(self.k, source), KEY_VALUE)  # (B, S, N, H)
+            v = constrain(over_flat_positions(self.v, source), KEY_VALUE)  # (B, S, N, H)
         if not cross:
             q, k = (apply_rotary(t, positions, s.rotary_dim, s.rotary_style) for t in (q, k))
         if s.kind == "linear":
@@ -306,7 +307,7 @@ class Attention(nnx.Module):
                 mask = visible(query_index, key_index, s.causal, s.window)[None] & same_segment(segment_ids,
                                                                                                key_segments)
             a = self._softmax(q, k, v, mask, segment_ids, dropout_key, bias=bias)
-        return self.out(constrain(a, HEADS)), cache  # (B, T, D)
+        return over_flat_positions(self.out, constrain(a, HEADS), feature_dims=2), cache  # (B, T, D)
 
     def memory(self) -> tuple[jax.Array, jax.Array] | None:
         """The (S, N, H) keys and values every query sees before the sequence's own: the memory slots, then a

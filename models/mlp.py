@@ -7,7 +7,7 @@ import jax
 from flax import nnx
 
 from models.axes import constrain
-from models.layers import ACTIVATIONS, projection
+from models.layers import ACTIVATIONS, over_flat_positions, projection
 from models.spec import MlpSpec
 
 INTERMEDIATE = ("batch", "sequence", "intermediate_expanded")  # (B, T, F)
@@ -18,20 +18,20 @@ class Mlp(nnx.Module):
         d, f = spec.n_embd, spec.d_ff
         fc_std, proj_std = spec.init
         bias = ("intermediate_expanded",) if spec.bias else None
-        self.c_fc = projection("BTD,DF->BTF", (d, f), ("embd", "intermediate_expanded"), fc_std, rngs, bias=bias)
+        self.c_fc = projection("PD,DF->PF", (d, f), ("embd", "intermediate_expanded"), fc_std, rngs, bias=bias)
         # GPT-Neo's mlp_glu splits one (D, 2F) projection into the value half and the gate half; two (D, F)
         # projections are the same map and keep every kernel's dimensions nameable.
-        self.c_gate = projection("BTD,DF->BTF", (d, f), ("embd", "intermediate_expanded"), fc_std, rngs,
+        self.c_gate = projection("PD,DF->PF", (d, f), ("embd", "intermediate_expanded"), fc_std, rngs,
                                  bias=bias) if spec.kind == "glu" else None
-        self.c_proj = projection("BTF,FD->BTD", (f, d), ("intermediate_expanded", "embd"), proj_std, rngs,
+        self.c_proj = projection("PF,FD->PD", (f, d), ("intermediate_expanded", "embd"), proj_std, rngs,
                                  bias=("embd",) if spec.bias else None)
         self.activation = ACTIVATIONS[spec.activation]
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """(B, T, D) -> (B, T, D)."""
         if self.c_gate is None:
-            h = self.activation(self.c_fc(x))
+            h = self.activation(over_flat_positions(self.c_fc, x))
         else:
-            h = self.activation(self.c_gate(x)) * self.c_fc(x)
-        return self.c_proj(constrain(h, INTERMEDIATE))  # (B, T, D)
+            h = self.activation(over_flat_positions(self.c_gate, x)) * over_flat_positions(self.c_fc, x)
+        return over_flat_positions(self.c_proj, constrain(h, INTERMEDIATE))  # (B, T, D)
 

@@ -10,6 +10,7 @@ from flax import nnx
 from config import ConfigError, from_dict
 from models import registry
 from models.attention import Attention
+from models.layers import over_flat_positions
 from models.spec import AttentionSpec
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
@@ -213,14 +214,14 @@ def test_custom_attention_hook_adds_exactly_the_alibi_bias():
     set_attention_fn(attn, alibi_attention)
     hooked = np.asarray(attn(x, positions)[0])
     # Reference in numpy: softmax(scale q.k - slope_h (i - j)) v over the causal keys, then the output projection.
-    q, k, v = (np.asarray(p(x)) for p in (attn.q, attn.k, attn.v))  # (B, T, N, H)
+    q, k, v = (np.asarray(over_flat_positions(p, x)) for p in (attn.q, attn.k, attn.v))  # (B, T, N, H)
     slopes = 2.0 ** (-8.0 * np.arange(1, 5) / 4)
     i, j = np.arange(12)[:, None], np.arange(12)[None, :]
     logits = np.einsum("btnh,bsnh->bnts", q, k) * 8 ** -0.5 - slopes[:, None, None] * (i - j)
     logits = np.where(j <= i, logits, -np.inf)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    expected = np.asarray(attn.out(jnp.asarray(np.einsum("bnts,bsnh->btnh", probs, v))))
+    expected = np.asarray(over_flat_positions(attn.out, jnp.asarray(np.einsum("bnts,bsnh->btnh", probs, v)), 2))
     np.testing.assert_allclose(hooked, expected, atol=2e-5, rtol=0)
     assert np.abs(hooked - plain).max() > 1e-3
 

@@ -40,7 +40,9 @@ def profile(run: Callable[[], None], hlo_text: str, directory: str, runs: int = 
     with jax.profiler.trace(directory, create_perfetto_trace=True):
         for _ in range(runs):
             run()
-    (trace,) = glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True)[-1:]
+    # this run's trace: a reused DIR holds earlier ones too (glob's order is arbitrary)
+    trace = max(glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True),
+                key=os.path.getmtime)
     with gzip.open(trace) as f:
         events = json.load(f)
     events = events["traceEvents"] if isinstance(events, dict) else events

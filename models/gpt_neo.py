@@ -59,7 +59,7 @@ class GPTNeo(nnx.Module):
         if cfg.share_parameters:
             share_parameters(self.blocks)
         self.ln_f = norm("layernorm", cfg.n_embd, cfg.layer_norm_epsilon, rngs)  # GPT-Neo's ln_f is always a LayerNorm
-        self.lm_head = nnx.Einsum("ND,DV->NV", (cfg.n_embd, cfg.n_vocab), kernel_init=init(0.02),
+        self.lm_head = nnx.Einsum("PD,DV->PV", (cfg.n_embd, cfg.n_vocab), kernel_init=init(0.02),
                                   kernel_metadata=axes("embd", "vocab"), rngs=rngs) if cfg.no_weight_tie else None
         self.score = ClassificationHead(cfg.n_embd, cfg.num_labels, pool="last", pooler=False, bias=False,
                                         dropout_rate=0.0, rngs=rngs, hidden=cfg.head_hidden,

@@ -90,7 +90,7 @@ class T5(nnx.Module):
                              embedding_metadata=axes("vocab", "embd"), rngs=rngs)  # T5's "shared"
         self.encoder = T5Stack(cfg, cfg.n_layer, decoder=False, rngs=rngs)
         self.decoder = T5Stack(cfg, cfg.decoder_layers, decoder=True, rngs=rngs) if cfg.decoder_layers else None
-        self.lm_head = projection("ND,DV->NV", (d, cfg.n_vocab), ("embd", "vocab"), d ** -0.5, rngs) \
+        self.lm_head = projection("PD,DV->PV", (d, cfg.n_vocab), ("embd", "vocab"), d ** -0.5, rngs) \
             if cfg.no_weight_tie and self.decoder is not None else None
         self.embed_dropout, self.n_embd = cfg.embed_dropout, d
         self.decoder_start_token_id = cfg.decoder_start_token_id

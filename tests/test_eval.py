@@ -1,6 +1,7 @@
 """Evaluation: the scorer against a direct computation, LAMBADA on a model forced to know (or miss) the word,
 multiple-choice metrics, eval.py, the config keys, and train.py running eval_tasks."""
 
+import functools
 import json
 
 import jax
@@ -48,11 +49,18 @@ def forced_model(successor: dict[str, str], n_layer: int = 1):
     return cfg, graphdef, params
 
 
+@functools.cache
+def _logits_of(graphdef):
+    return jax.jit(lambda params, ids: nnx.merge(graphdef, nnx.State(params))(ids)[0])
+
+
 def direct_logprobs(cfg, graphdef, params, ids: list[int], greedy: bool = False):
-    """log p(ids[i+1] | ids[:i+1]) for every i, from one unpadded forward pass and numpy (and, with ``greedy``,
-    whether argmax picks ids[i+1])."""
-    model = nnx.merge(graphdef, nnx.State(jax.tree.map(np.asarray, params)))
-    logits = np.asarray(model(np.asarray([ids[:-1]], np.int32))[0][0], np.float64)  # (T, V)
+    """log p(ids[i+1] | ids[:i+1]) for every i, from one forward pass and numpy (and, with ``greedy``, whether
+    argmax picks ids[i+1]). The inputs are right-padded to n_ctx, which no causal position reads: one program
+    serves every length."""
+    inputs = np.zeros((1, cfg.n_ctx), np.int32)
+    inputs[0, :len(ids) - 1] = ids[:-1]
+    logits = np.asarray(_logits_of(graphdef)(params, inputs)[0, :len(ids) - 1], np.float64)  # (T, V)
     top = logits.max(-1, keepdims=True)
     logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
     picked = logp[np.arange(len(ids) - 1), ids[1:]]

@@ -35,12 +35,14 @@ def corpus_dir(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("mode", ["chunks", "documents"])
-def test_create_tfrecords_keeps_every_token_and_writes_the_index(corpus_dir, tmp_path, mode):
+@pytest.mark.parametrize("mode, workers", [("chunks", 2), ("documents", 1)])
+def test_create_tfrecords_keeps_every_token_and_writes_the_index(corpus_dir, tmp_path, mode, workers):
+    """With 2 workers the command runs as a user starts it (its worker processes); with 1, in this process."""
     out = tmp_path / "out"
-    result = run_cli("data/create_tfrecords.py", "--input", str(corpus_dir / "*.jsonl"), "--output-dir", str(out),
-                     "--name", "tiny", "--tokenizer", str(corpus_dir / "tokenizer.json"), "--mode", mode,
-                     "--chunk-size", "7", "--workers", "2")
+    run, command = (run_cli, "data/create_tfrecords.py") if workers > 1 else (run_command, "data.create_tfrecords")
+    result = run(*(["-m"] if workers == 1 else []), command, "--input", str(corpus_dir / "*.jsonl"), "--output-dir",
+                 str(out), "--name", "tiny", "--tokenizer", str(corpus_dir / "tokenizer.json"), "--mode", mode,
+                 "--chunk-size", "7", "--workers", str(workers))
     assert result.returncode == 0, result.stderr
     tok = load_tokenizer(str(corpus_dir / "tokenizer.json"))
     index = json.loads((out / "tiny.index").read_text())

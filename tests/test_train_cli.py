@@ -30,12 +30,12 @@ def checkpoint_steps(model_path):
 
 
 def test_quickstart_shortened(tmp_path):
-    """The README's first command, 12 steps long, in the environment a user has (one CPU device, XLA's default
+    """The README's first command, 6 steps long, in the environment a user has (one CPU device, XLA's default
     optimisations: the suite's compile-light settings would run its 2,048-token steps 3.5x slower)."""
     model_path = tmp_path / "quickstart"
     result = run_cli("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path),
-                     "--no-progress", "--set", "train_steps=12", "--set", "warmup_steps=3", "--set", "eval_steps=2",
-                     "--set", "sample_tokens=24", as_shipped=True, cache_home=str(tmp_path / "cache"))
+                     "--no-progress", "--set", "train_steps=6", "--set", "warmup_steps=2", "--set", "eval_steps=1",
+                     "--set", "sample_tokens=12", as_shipped=True, cache_home=str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "over 1 cpu devices" in result.stdout, result.stdout
     # the train step, compiled for over a second, is kept for the next run
@@ -44,13 +44,13 @@ def test_quickstart_shortened(tmp_path):
     assert last < first - 0.5, result.stdout
     assert "sample:\ndef " in result.stdout
     rows = metrics_rows(model_path)
-    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert [r["step"] for r in rows] == list(range(1, 7))
     assert {"loss", "lr", "grad_norm", "tokens_per_sec", "mfu"} <= set(rows[0])
-    assert rows[0]["lr"] == 0.0 and rows[3]["lr"] == pytest.approx(0.003)  # warmup from 0 to lr
+    assert rows[0]["lr"] == 0.0 and rows[2]["lr"] == pytest.approx(0.003)  # warmup from 0 to lr
     (evaluation,) = metrics_rows(model_path, "eval")
-    assert evaluation["step"] == 12 and evaluation["perplexity"] == pytest.approx(2.718281828 ** evaluation["loss"])
+    assert evaluation["step"] == 6 and evaluation["perplexity"] == pytest.approx(2.718281828 ** evaluation["loss"])
     assert 0 < evaluation["bits_per_byte"] < 9
-    assert checkpoint_steps(model_path) == [12]
+    assert checkpoint_steps(model_path) == [6]
     assert glob.glob(str(model_path / "tensorboard" / "events.out.tfevents.*"))
 
 

@@ -168,8 +168,11 @@ def test_chunked_loss_equals_the_whole_logits_loss_with_its_gradients(lm, chunk)
         sums, penalty, metrics = objective_sums(graphdef, objective_for(cfg), params, batch, jnp.float32)
         return sums["loss"] / sums["weight"] + penalty, metrics
 
-    (whole, whole_metrics), whole_grads = jax.value_and_grad(loss, has_aux=True)(params, cfg)
-    (chunked, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params, cfg.replace(loss_chunk=chunk))
+    def loss_and_grads(cfg):
+        return jax.jit(jax.value_and_grad(lambda params: loss(params, cfg), has_aux=True))(params)
+
+    (whole, whole_metrics), whole_grads = loss_and_grads(cfg)
+    (chunked, metrics), grads = loss_and_grads(cfg.replace(loss_chunk=chunk))
     np.testing.assert_allclose(float(chunked), float(whole), rtol=1e-6)
     np.testing.assert_allclose(float(metrics["logits_z_loss"]), float(whole_metrics["logits_z_loss"]), rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, whole_grads)

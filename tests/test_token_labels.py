@@ -64,8 +64,8 @@ def test_bad_lines_name_the_file_and_line(tmp_path, row, message):
 def test_code_tags_config_learns_token_categories(tmp_path):
     model_path = tmp_path / "tags"
     result = run_command("train.py", "--config", "configs/bert_code_tags.json", "--model-path", str(model_path),
-                         "--no-progress", "--set", "train_steps=60", "--set", "eval_every=0", "--set", "n_layer=1",
-                         "--set", "train_batch_size=16", "--set", "warmup_steps=10", "--set", "eval_steps=2")
+                         "--no-progress", "--set", "train_steps=40", "--set", "eval_every=0", "--set", "n_layer=1",
+                         "--set", "train_batch_size=16", "--set", "warmup_steps=6", "--set", "eval_steps=2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "data train: configs/dataset_configs/code_tags.json: 6,000 sentences" in result.stdout and \
         "labelled words; per label: builtin" in result.stdout

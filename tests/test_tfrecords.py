@@ -39,10 +39,11 @@ def corpus_dir(tmp_path_factory):
 def test_create_tfrecords_keeps_every_token_and_writes_the_index(corpus_dir, tmp_path, mode, workers):
     """With 2 workers the command runs as a user starts it (its worker processes); with 1, in this process."""
     out = tmp_path / "out"
-    run, command = (run_cli, "data/create_tfrecords.py") if workers > 1 else (run_command, "data.create_tfrecords")
-    result = run(*(["-m"] if workers == 1 else []), command, "--input", str(corpus_dir / "*.jsonl"), "--output-dir",
-                 str(out), "--name", "tiny", "--tokenizer", str(corpus_dir / "tokenizer.json"), "--mode", mode,
-                 "--chunk-size", "7", "--workers", str(workers))
+    run, command = ((run_cli, ["data/create_tfrecords.py"]) if workers > 1 else
+                    (run_command, ["-m", "data.create_tfrecords"]))
+    result = run(*command, "--input", str(corpus_dir / "*.jsonl"), "--output-dir", str(out), "--name", "tiny",
+                 "--tokenizer", str(corpus_dir / "tokenizer.json"), "--mode", mode, "--chunk-size", "7",
+                 "--workers", str(workers))
     assert result.returncode == 0, result.stderr
     tok = load_tokenizer(str(corpus_dir / "tokenizer.json"))
     index = json.loads((out / "tiny.index").read_text())

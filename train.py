@@ -58,8 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                                "parameters, FLOPs, memory per device, collectives and step-time estimates, exit")
     dry.add_argument("--dry-run", action="store_true", help="compile for the configured mesh, report, exit")
     dry.add_argument("--devices", type=int, metavar="N", help="simulated devices (default: what mesh_shape fixes)")
-    dry.add_argument("--accelerator", default="h100", choices=("h100", "tpu-v4", "tpu-v5e"),
-                     help="whose memory per device an 'auto' mesh or layout is chosen for")
+    dry.add_argument("--accelerator", choices=("h100", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"),
+                     help="whose memory per device an 'auto' mesh or layout is chosen for (default h100)")
+    dry.add_argument("--topology", metavar="SLICE", help="compile for this TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x2) "
+                     "with the TPU compiler instead, no TPU needed (needs libtpu: pip install \"jax[tpu]==0.10.2\")")
     return p
 
 
@@ -68,6 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.help_config and not args.config and not args.model and not args.data:
         p.error("--config (or --model NAME, or --data) is required")
+    dry_only = [flag for flag, value in (("--devices", args.devices), ("--topology", args.topology),
+                                         ("--accelerator", args.accelerator)) if value is not None]
+    if dry_only and not args.dry_run:
+        p.error(f"{dry_only[0]}: only with --dry-run")
     return args
 
 
@@ -75,7 +81,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from parallel.xla_flags import apply_defaults
 
-    apply_defaults()  # before jax starts
+    apply_defaults(compilation_cache=not args.dry_run)  # before jax starts; a dry run reports its compile
     from config import describe_keys, load_config, model_config_path
     from neomesh.errors import EXIT_ERROR, run_main
     from training.stop_signals import StopNow
@@ -123,7 +129,7 @@ def dry_run(args, cfg, notes: list[str]) -> int:
     for note in notes:
         print(f"note: {note}")
     print(f"dry run: {args.config or args.model}")
-    print(run_dry_run(cfg, args.devices, args.accelerator))
+    print(run_dry_run(cfg, args.devices, args.accelerator or "h100", args.topology))
     return 0
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from config import ConfigError
-from models.axes import HEADS, axes, constrain
+from models.axes import HEADS, axes, constrain, target_platform
 from models.kv_cache import CrossCache, LayerCache, LinearCache
 from models.layers import dropout, over_flat_positions, projection
 from models.linear_attention import bidirectional_linear_attention, causal_linear_attention
@@ -249,7 +249,7 @@ class Attention(nnx.Module):
         self.spec = spec
         self.kernel = "xla"
         if spec.kind != "linear":  # a forced kernel that cannot run is an error at start-up, not mid-run
-            self.kernel = choose_kernel(spec.kernel, jax.default_backend(), COMPUTE_DTYPES[spec.precision], h,
+            self.kernel = choose_kernel(spec.kernel, target_platform(), COMPUTE_DTYPES[spec.precision], h,
                                         spec.num_mem_kv > 0)
 
     def init_cache(self, batch: int, length: int, dtype) -> LayerCache | LinearCache:

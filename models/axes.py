@@ -54,6 +54,16 @@ def placing(placer: Placer) -> Iterator[None]:
         _active.placer = previous
 
 
+def target_platform() -> str:
+    """The platform the code being traced or built runs on: the active layout's devices, else jax's default
+    backend. They differ in a dry run compiled for a TPU slice this process does not drive (parallel/dry_run.py),
+    where the kernels must still be the TPU's."""
+    placer = getattr(_active, "placer", None)
+    if placer is None:
+        return jax.default_backend()
+    return next(iter(placer((), ()).device_set)).platform
+
+
 def per_device(f: Callable, in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None],
                whole: Sequence[str] = ()) -> Callable:
     """``f`` run on each device's share under ``shard_map``, its inputs and output split as the active layout

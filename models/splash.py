@@ -14,7 +14,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from models.axes import HEADS, per_device
+from models.axes import HEADS, per_device, target_platform
 
 BLOCK = 512  # the kernel's query and key block: the largest that divides the sequence, down to MIN_BLOCK
 MIN_BLOCK = 128
@@ -51,7 +51,7 @@ def _kernel(t: int, heads: int, causal: bool, window: int | None, interpret: boo
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, window: int | None,
                      scale: float = 1.0, segment_ids: jax.Array | None = None) -> jax.Array:
     """(B, T, N, H) queries, keys, values -> (B, T, N, H); ``segment_ids`` (B, T): packed sequences (0 padding)."""
-    interpret = jax.default_backend() != "tpu"
+    interpret = target_platform() != "tpu"
     segments = jnp.ones(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
 
     def local(q, k, v, segments):  # one device's share: (b, T, n, H)

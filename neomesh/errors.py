@@ -23,6 +23,9 @@ from config import ConfigError
 
 EXIT_ERROR = 2
 _DISK_FULL = re.compile(r"No space left on device|os_error_code='28'|RESOURCE_EXHAUSTED")
+# XLA's RESOURCE_EXHAUSTED for device memory (an allocation at run time, a TPU program's plan at compile time),
+# which is not a full disk.
+_DEVICE_MEMORY = re.compile(r"RESOURCE_EXHAUSTED: ([^\n]*(?:[Oo]ut of memory|memory required|allocat)[^\n]*)")
 _FAILED_PATH = re.compile(r'(?:Failed writing:|local file) "([^"]+)"')  # TensorStore names the file so
 
 
@@ -40,6 +43,10 @@ def one_line(e: BaseException) -> str | None:
         if getattr(e, "filename2", None) is not None:
             where = f"{where} -> {e.filename2}"
         return f"{where}: {what}" if where is not None else what
+    memory = _DEVICE_MEMORY.search(str(e)) if not isinstance(e, ConfigError) else None
+    if memory:
+        return (f"out of device memory: {memory.group(1).strip()[:300]} (a smaller batch, recompute_grad, "
+                "scan_layers or more devices need less)")
     if disk_full(e):
         path = _FAILED_PATH.search(str(e))
         return f"{path.group(1)}: No space left on device" if path else "No space left on device"
@@ -51,7 +58,7 @@ def disk_full(e: BaseException) -> bool:
     while e is not None:
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             return True
-        if not isinstance(e, ConfigError) and _DISK_FULL.search(str(e)):
+        if not isinstance(e, ConfigError) and _DISK_FULL.search(str(e)) and not _DEVICE_MEMORY.search(str(e)):
             return True
         e = e.__cause__ or e.__context__
     return False

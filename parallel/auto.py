@@ -164,7 +164,7 @@ def resolve(cfg, make_model, tx, devices=None, memory: float | None = None):
     if cfg.layout != AUTO:
         return Layout.from_config(make_mesh(cfg.mesh_shape, devices), cfg.layout), None
     job = job_for(cfg, abstract_model(make_model)[1], tx, len(devices), memory or device_memory(devices[0]),
-                  min(jax.local_device_count(), MAX_TENSOR))
+                  min(sum(d.process_index == devices[0].process_index for d in devices), MAX_TENSOR))
     given = None if cfg.mesh_shape == AUTO else parse_mesh_shape(cfg.mesh_shape, len(devices))
     choice = choose(job, given)
     layout = Layout.from_config(make_mesh(choice.mesh_shape, devices), choice.layout)

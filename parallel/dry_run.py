@@ -6,15 +6,21 @@ parameters, FLOPs per step, bytes per device (parameters and optimizer state fro
 from the compiled program's ``memory_analysis()``), the collectives of the step and their bytes (read off the
 compiled HLO), and an estimated step time on H100, TPU v4 and TPU v5e (``parallel/estimate.py`` states the model).
 
-The devices are simulated CPU devices (``--xla_force_host_platform_device_count``): XLA's SPMD partitioner runs
-as it would for accelerators, so the per-device shapes, the memory of parameters and optimizer state, the FLOPs
-and the collectives are the partitioned program's own (the CPU pipeline's all-reduce + slice of FSDP gradients is
-counted as the reduce-scatter GPUs and TPUs run). GPT-Neo's 13B on 256 devices compiles in 2 to 3.5 minutes on a
-loaded 2-core machine in 1.4 GB. An abstract mesh (``jax.sharding.AbstractMesh``) is enough to lower but not to
-compile, and compiling is what gives the per-device program. Temporaries are the CPU compiler's figure, with its
-memory-minimising scheduler: an upper one, since the CPU has no flash attention, holds FSDP gradients whole
-before slicing them (reported) and keeps gathered weights alive longer than a memory-limited accelerator
-schedule would. Nothing is timed: the step time is a stated model (``parallel/estimate.py``).
+``--topology v5e:4x4`` compiles for a TPU slice instead, with the TPU compiler, on a machine without TPUs:
+libtpu describes the slice's devices (``jax.experimental.topologies``) and compiles for them ahead of time, as
+MaxText's ``train_compile`` does. Then every figure is the TPU program's own: its memory plan, its Pallas
+kernels (splash attention, chosen because the layout's devices are TPUs: ``models.axes.target_platform``), its
+FLOPs and collectives, and the estimate is for that TPU alone.
+
+Without it, the devices are simulated CPU devices (``--xla_force_host_platform_device_count``): XLA's SPMD
+partitioner runs as it would for accelerators, so the per-device shapes, the memory of parameters and optimizer
+state, the FLOPs and the collectives are the partitioned program's own (the CPU pipeline's all-reduce + slice of
+FSDP gradients is counted as the reduce-scatter GPUs and TPUs run). GPT-Neo's 13B on 256 devices compiles in 2 to
+3.5 minutes on a loaded 2-core machine in 1.4 GB. An abstract mesh (``jax.sharding.AbstractMesh``) is enough to
+lower but not to compile, and compiling is what gives the per-device program. Temporaries are the CPU compiler's
+figure, with its memory-minimising scheduler: an upper one, since the CPU has no flash attention, holds FSDP
+gradients whole before slicing them (reported) and keeps gathered weights alive longer than a memory-limited
+accelerator schedule would. Nothing is timed: the step time is a stated model (``parallel/estimate.py``).
 """
 
 from __future__ import annotations
@@ -31,12 +37,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from config import ConfigError
-from parallel.estimate import ACCELERATORS, UTILISATION, StepEstimate, estimate
+from parallel.estimate import ACCELERATORS, TPU_KINDS, UTILISATION, StepEstimate, estimate
 from parallel.hlo_stats import HloStats, parse_hlo
 from parallel.layout import Layout
 from parallel.state import abstract_train_state
 from parallel.steps import batch_shapes, batch_shardings, make_train_step, microbatch_count
-from training.flops import train_flops_per_token
+from training.flops import attention_flops_per_token, train_flops_per_token
 from training.objectives import objective_for
 from training.optimizer import learning_rate_schedule, make_optimizer
 
@@ -78,6 +84,7 @@ class DryRun:
     compile_seconds: float
     hlo: HloStats
     estimates: tuple[StepEstimate, ...]
+    kernel_flops: float = 0.0  # per device: attention inside Pallas kernels, at the model's count
 
     @property
     def peak_bytes(self) -> int:
@@ -90,13 +97,19 @@ def shard_bytes(tree) -> int:
     return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
-def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module]) -> DryRun:
-    """Compiles ``cfg``'s train step for ``layout``'s mesh without allocating the model and reports it."""
+def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
+            accelerators: tuple[str, ...] = tuple(ACCELERATORS)) -> DryRun:
+    """Compiles ``cfg``'s train step for ``layout``'s mesh without allocating the model and reports it, with a
+    step-time estimate for each of ``accelerators``."""
     tx, schedule, objective = make_optimizer(cfg), learning_rate_schedule(cfg), objective_for(cfg)
     from training.peft import trainable_filter
 
+    def make_for_mesh(rngs):  # built for the mesh's devices: their kernels, even where this process runs none
+        with layout.active():
+            return make_model(rngs)
+
     trainable = trainable_filter(cfg.peft_settings)  # frozen parameters have no optimizer state
-    graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout, trainable)
+    graphdef, abstract, shardings = abstract_train_state(make_for_mesh, tx, layout, trainable)
     shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
     data = batch_shardings(layout, objective, shapes)
     microbatches = microbatch_count(cfg, layout)
@@ -110,6 +123,9 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module]) -
     devices = layout.mesh.size
     hlo = parse_hlo(compiled.as_text(), devices)
     model_flops = train_flops_per_token(cfg) * cfg.train_batch_size * cfg.n_ctx
+    # Splash attention's FLOPs are inside its Pallas kernels, out of the HLO's sight: the model's count stands in.
+    kernel_flops = (attention_flops_per_token(cfg) * cfg.train_batch_size * cfg.n_ctx / devices
+                    if hlo.tpu_kernel_calls else 0.0)
     live = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
     return DryRun(
         parameters=sum(math.prod(p.shape) for p in jax.tree.leaves(abstract.params)),
@@ -117,34 +133,49 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module]) -
         batch_bytes=shard_bytes(batch), argument_bytes=memory.argument_size_in_bytes,
         output_bytes=memory.output_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
         temp_bytes=memory.temp_size_in_bytes, model_flops=model_flops, microbatches=microbatches,
-        compile_seconds=seconds, hlo=hlo,
-        estimates=tuple(estimate(hlo, live, model_flops, devices, a) for a in ACCELERATORS.values()))
+        compile_seconds=seconds, hlo=hlo, kernel_flops=kernel_flops,
+        estimates=tuple(estimate(hlo, live, model_flops, devices, ACCELERATORS[a], kernel_flops)
+                        for a in accelerators))
 
 
 def report(run: DryRun, cfg, layout: Layout) -> str:
     """The dry run as Markdown tables (they read in a terminal and paste into a README)."""
     devices = layout.mesh.size
+    device = layout.mesh.devices.flat[0]
+    tpu = device.platform == "tpu"
+    compiler = f"{device.device_kind} compiler" if tpu else "CPU compiler"
     tokens = cfg.train_batch_size * cfg.n_ctx
     remat = f", recompute_grad {cfg.remat_policy}" if cfg.remat_policy != "none" else ""
+    plural = "s" if devices > 1 else ""
+    where = (f"{devices} {device.device_kind} device{plural}, compiled for without them" if tpu
+             else f"{devices} simulated device{plural}")
+    kernels = (f"; attention in {run.hlo.tpu_kernel_calls} Pallas kernel calls, counted as the model's "
+               f"{run.kernel_flops:.3g} per device" if run.hlo.tpu_kernel_calls else "")
     lines = [
-        f"mesh {dict(layout.mesh.shape)} ({devices} simulated devices), layout {layout.text}",
+        f"mesh {dict(layout.mesh.shape)} ({where}), layout {layout.text}",
         f"{human_count(run.parameters)} parameters; batch {cfg.train_batch_size} x {cfg.n_ctx} tokens"
         f"{f' in {run.microbatches} microbatches' if run.microbatches > 1 else ''}; {cfg.precision}"
         f"{remat}; compiled in {run.compile_seconds:.0f} s",
         f"FLOPs per step: model {run.model_flops:.3g} (6N + attention, {run.model_flops / tokens:.3g} per token); "
         f"compiled matmuls {run.hlo.matmul_flops * devices:.3g} ({run.hlo.matmul_flops:.3g} per device"
-        f"{', recomputation included' if cfg.remat_policy != 'none' else ''})",
+        f"{', recomputation included' if cfg.remat_policy != 'none' else ''}"
+        f"{kernels})",
         "",
         "| memory per device | bytes |",
         "|---|---|",
         f"| parameters | {human_bytes(run.parameter_bytes)} |",
         f"| optimizer state | {human_bytes(run.optimizer_bytes)} |",
         f"| batch | {human_bytes(run.batch_bytes)} |",
-        f"| temporaries: activations, gradients, workspace (CPU compiler) | {human_bytes(run.temp_bytes)} |",
-        f"| of them at most: whole gradients the CPU program all-reduces before slicing (GPUs and TPUs "
-        f"reduce-scatter) | {human_bytes(run.hlo.whole_before_scatter)} |",
-        f"| peak: arguments + temporaries + outputs not written in place | {human_bytes(run.peak_bytes)} |",
-        f"| peak without those whole gradients | {human_bytes(run.peak_bytes - run.hlo.whole_before_scatter)} |",
+        f"| temporaries: activations, gradients, workspace ({compiler}) | {human_bytes(run.temp_bytes)} |",
+    ]
+    if not tpu:
+        lines.append(f"| of them at most: whole gradients the CPU program all-reduces before slicing (GPUs and TPUs "
+                     f"reduce-scatter) | {human_bytes(run.hlo.whole_before_scatter)} |")
+    lines.append(f"| peak: arguments + temporaries + outputs not written in place | {human_bytes(run.peak_bytes)} |")
+    if not tpu:
+        lines.append(f"| peak without those whole gradients | "
+                     f"{human_bytes(run.peak_bytes - run.hlo.whole_before_scatter)} |")
+    lines += [
         "",
         "| collective | ops | runs per step | data per device per step | sent per device per step |",
         "|---|---|---|---|---|",
@@ -164,10 +195,11 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
         lines.append(f"| {e.accelerator.name} | {human_seconds(e.compute_s)} | {human_seconds(e.memory_s)} | "
                      f"{human_seconds(e.collectives_s)} | {human_seconds(e.step_s)} "
                      f"({human_seconds(e.overlapped_s)}) | {e.mfu:.0%} | {fits} |")
-    lines.append(f"step time model: compute at {UTILISATION:.0%} of bf16 peak on the compiled matmul FLOPs; memory: "
-                 f"every live byte once at HBM bandwidth; collectives: ring wire bytes over NVLink (8 per node) / "
-                 f"network, or one ICI torus axis; step = max(compute, memory) + collectives, (overlapped) = max of "
-                 f"all three")
+    links = "one ICI torus axis" if tpu else "NVLink (8 per node) / network, or one ICI torus axis"
+    lines.append(f"step time model: compute at {UTILISATION:.0%} of bf16 peak on the compiled matmul FLOPs"
+                 f"{' and the kernels' if run.kernel_flops else ''}; memory: every live byte once at HBM bandwidth; "
+                 f"collectives: ring wire bytes over {links}; step = max(compute, memory) + collectives, "
+                 f"(overlapped) = max of all three")
     return "\n".join(lines)
 
 
@@ -181,20 +213,66 @@ def simulate_devices(count: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100") -> str:
+LIBTPU = 'pip install "jax[tpu]==0.10.2"'
+
+
+def tpu_topology(name: str) -> list:
+    """The devices of the TPU slice ``name`` ("v5e:2x2", "v4:2x2x1", "v5p:2x2x2"), as libtpu describes them to
+    compile for: no TPU needs to be attached."""
+    if not re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)*", name):
+        raise ConfigError(f"--topology: '{name}' is not a TPU slice such as v5e:2x2, v4:2x2x1 or v5p:2x2x2")
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--topology: compiling for TPUs needs libtpu ({LIBTPU}); it is not installed") from None
+    # libtpu looks for the TPU VM it runs on unless told, and takes a machine-wide lock that would make two dry
+    # runs exclude each other; this process drives no TPU, it only compiles for one.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    chips = [int(n) for n in name.split(":")[1].split("x")]
+    options = {}
+    if math.prod(chips) < 4:  # below libtpu's default host of 2x2x1 chips: one host of the slice's own size
+        options["chips_per_host_bounds"] = tuple(chips + [1] * (3 - len(chips)))
+    if name.startswith("v4:"):
+        options["chip_config_name"] = "megacore"  # one device per chip, as jax runs a TPU v4 VM (not per core)
+    try:
+        return list(topologies.get_topology_desc(topology_name=name, platform="tpu", **options).devices)
+    except Exception as e:  # libtpu's message names what it did not accept
+        raise ConfigError(f"--topology: libtpu cannot describe '{name}': {str(e).splitlines()[0]}") from None
+
+
+def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100", topology: str | None = None) -> str:
     """``train.py --dry-run``: the report for ``cfg`` on ``device_count`` simulated devices (default: the count
-    ``mesh_shape`` fixes); an ``auto`` mesh or layout is chosen for ``accelerator``'s memory."""
+    ``mesh_shape`` fixes), or compiled for the TPU slice ``topology``; an ``auto`` mesh or layout is chosen for
+    ``accelerator``'s memory (the slice's own TPU with ``topology``)."""
     from parallel.auto import resolve
     from training.peft import build_model
     from parallel.mesh import fixed_device_count
 
-    count = device_count or fixed_device_count(cfg.mesh_shape)
-    if count is None:
-        raise ConfigError(f"--dry-run: mesh_shape '{cfg.mesh_shape}' leaves the device count open; give --devices N")
-    simulate_devices(count)
-    if jax.device_count() != count:  # a backend started before us (e.g. inside a test process)
-        raise ConfigError(f"--devices: jax already runs with {jax.device_count()} devices, not {count}")
+    if topology:
+        if device_count:
+            raise ConfigError("--devices: not with --topology, whose slice fixes the device count")
+        os.environ["JAX_PLATFORMS"] = "cpu"  # the host's own backend; the TPU program is only compiled
+        devices = tpu_topology(topology)
+        kind = devices[0].device_kind
+        if kind not in TPU_KINDS:
+            raise ConfigError(f"--topology: '{topology}' is a {kind}, whose peak and memory this estimate does "
+                              f"not know (it knows {', '.join(sorted(TPU_KINDS))})")
+        accelerators = (TPU_KINDS[kind],)
+    else:
+        count = device_count or fixed_device_count(cfg.mesh_shape)
+        if count is None:
+            raise ConfigError(f"--dry-run: mesh_shape '{cfg.mesh_shape}' leaves the device count open; "
+                              "give --devices N")
+        simulate_devices(count)
+        if jax.device_count() != count:  # a backend started before us (e.g. inside a test process)
+            raise ConfigError(f"--devices: jax already runs with {jax.device_count()} devices, not {count}")
+        devices, accelerators = jax.devices(), tuple(ACCELERATORS)
     make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
-    layout, note = resolve(cfg, make_model, make_optimizer(cfg), memory=ACCELERATORS[accelerator].memory)
-    run = dry_run(cfg, layout, make_model)
+    memory = ACCELERATORS[accelerators[0] if topology else accelerator].memory
+    layout, note = resolve(cfg, make_model, make_optimizer(cfg), devices=devices, memory=memory)
+    run = dry_run(cfg, layout, make_model, accelerators)
     return (f"{note}\n" if note else "") + report(run, cfg, layout)

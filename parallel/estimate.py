@@ -40,7 +40,15 @@ ACCELERATORS = {
     "tpu-v4": Accelerator("TPU v4", 275e12, 32 * 2**30, 1.2e12, 100e9),
     # TPU v5e: 197 TFLOP/s, 16 GB HBM2 at 819 GB/s; 2-D torus, 400 GB/s bidirectional ICI over 4 ports.
     "tpu-v5e": Accelerator("TPU v5e", 197e12, 16e9, 819e9, 100e9),
+    # TPU v5p: 459 TFLOP/s, 95 GiB HBM2e at 2.765 TB/s; 3-D torus, 1,200 GB/s bidirectional ICI over 6 ports.
+    "tpu-v5p": Accelerator("TPU v5p", 459e12, 95 * 2**30, 2.765e12, 200e9),
+    # TPU v6e (Trillium): 918 TFLOP/s, 32 GB HBM at 1.638 TB/s; 2-D torus, 800 GB/s bidirectional ICI over 4 ports.
+    "tpu-v6e": Accelerator("TPU v6e", 918e12, 32e9, 1.638e12, 200e9),
 }
+
+# What jax calls each TPU (``device.device_kind``) -> its entry above.
+TPU_KINDS = {"TPU v4": "tpu-v4", "TPU v5 lite": "tpu-v5e", "TPU v5": "tpu-v5p", "TPU v5p": "tpu-v5p",
+             "TPU v6 lite": "tpu-v6e", "TPU v6e": "tpu-v6e"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,9 +84,11 @@ def collective_seconds(stats: HloStats, accelerator: Accelerator) -> float:
 
 
 def estimate(stats: HloStats, live_bytes: float, model_flops: float, devices: int,
-             accelerator: Accelerator) -> StepEstimate:
-    """The step time of a compiled step (its HLO stats and live bytes per device) on ``accelerator``."""
-    return StepEstimate(accelerator, compute_s=stats.matmul_flops / (accelerator.peak_flops * UTILISATION),
+             accelerator: Accelerator, kernel_flops: float = 0.0) -> StepEstimate:
+    """The step time of a compiled step (its HLO stats and live bytes per device) on ``accelerator``;
+    ``kernel_flops`` per device: what runs inside kernels the HLO does not show (Pallas attention)."""
+    flops = stats.matmul_flops + kernel_flops
+    return StepEstimate(accelerator, compute_s=flops / (accelerator.peak_flops * UTILISATION),
                         memory_s=live_bytes / accelerator.memory_bandwidth,
                         collectives_s=collective_seconds(stats, accelerator), model_flops=model_flops,
                         devices=devices)

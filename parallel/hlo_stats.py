@@ -60,7 +60,10 @@ class Collective:
 class HloStats:
     collectives: tuple[Collective, ...]
     matmul_flops: float  # per device per step: 2 x output elements x contracted elements of every dot
+    # and convolution (the TPU compiler's dots)
     whole_before_scatter: int = 0  # bytes the CPU program holds whole before slicing (see _scattered_bytes)
+    tpu_kernel_calls: int = 0  # per step: Pallas kernels compiled for TPUs (splash attention), whose FLOPs are not
+    # in matmul_flops
 
     def by_kind(self) -> dict[str, dict]:
         """{kind: {"ops", "executions", "bytes", "wire_bytes"}} summed over the step, per device."""
@@ -163,6 +166,73 @@ def _scattered_bytes(result: str, shape: str, users: dict, n: int) -> int:
     return total
 
 
+def _window_pairs(in_size: int, out_size: int, size: int, stride: int, pad_low: int, lhs_dilation: int,
+                  rhs_dilation: int) -> int:
+    """How many (output position, window position) pairs of one spatial dimension read an input element rather
+    than padding or a hole of the dilated input."""
+    at = (np.arange(out_size)[:, None] * stride + np.arange(size)[None, :] * rhs_dilation - pad_low)
+    return int(((at >= 0) & (at <= (in_size - 1) * lhs_dilation) & (at % lhs_dilation == 0)).sum())
+
+
+def convolution_flops(shape: str, lhs: str, attrs: str) -> float:
+    """2 x the multiply-adds of an HLO ``convolution`` that read real inputs. The TPU compiler writes every dot as
+    a convolution, some with a padded window standing in for a contracted or batch dimension (``PD,DNH->PNH``
+    becomes a window of 12 over a padded axis of 1), so only valid window positions count, as XLA's own cost
+    analysis counts them."""
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", attrs)
+    if labels is None:
+        return 0.0
+    lhs_labels, _, out_labels = labels.groups()
+    lhs_dims, out_dims = _dims(lhs), _dims(shape)
+    window = dict(re.findall(r"(\w+)=([\dx_\-]+)", (re.search(r"window=\{([^}]*)\}", attrs) or [None, ""])[1]))
+    per_dim = lambda key, default: ([int(v) for v in window[key].split("x")] if key in window  # noqa: E731
+                                    else [default] * 8)
+    sizes, strides = per_dim("size", 1), per_dim("stride", 1)
+    lhs_dilations, rhs_dilations = per_dim("lhs_dilate", 1), per_dim("rhs_dilate", 1)
+    pads = [int(p.split("_")[0]) for p in window["pad"].split("x")] if "pad" in window else [0] * 8
+    groups = int((re.search(r"feature_group_count=(\d+)", attrs) or [None, 1])[1])
+    macs = out_dims[out_labels.index("b")] * out_dims[out_labels.index("f")] * lhs_dims[lhs_labels.index("f")]
+    macs //= groups
+    spatial = sorted(c for c in lhs_labels if c.isdigit())
+    for d, c in enumerate(spatial):
+        macs *= _window_pairs(lhs_dims[lhs_labels.index(c)], out_dims[out_labels.index(c)], sizes[d], strides[d],
+                              pads[d], lhs_dilations[d], rhs_dilations[d])
+    return 2.0 * macs
+
+
+def _s32_constants(lines: list[str]) -> dict[str, int]:
+    """{instruction name: value} of a computation's scalar int32 constants."""
+    return {name: int(value) for name, value in
+            re.findall(r"%([\w.\-]+) = s32\[\]\S* constant\((-?\d+)\)", "\n".join(lines))}
+
+
+def _counted_trips(line: str, caller: list[str], computations: dict[str, list[str]]) -> int:
+    """The trip count of a ``while`` whose HLO does not state it (the TPU compiler's), read off its condition
+    ``counter < N`` and the counter's initial constant (0 if it is not a constant: jax's loops count from 0 in
+    steps of 1); 1 for a loop of any other form."""
+    condition = re.search(r" while\(%([\w.\-]+)\).*\bcondition=%([\w.\-]+)", line)
+    if condition is None:
+        return 1
+    initial, cond = condition.group(1), computations.get(condition.group(2), [])
+    root = next((c for c in cond if c.lstrip().startswith("ROOT ")), "")
+    bound = re.search(r" compare\(%([\w.\-]+), %([\w.\-]+)\), direction=LT", root)
+    if bound is None or bound.group(2) not in _s32_constants(cond):
+        return 1
+    counter = re.search(rf"%{re.escape(bound.group(1))} = \S+ get-tuple-element\(\S+\), index=(\d+)",
+                        "\n".join(cond))
+    if counter is None:
+        return 1
+    start = 0
+    for c in caller:  # the loop's initial tuple: the counter's starting value, if a constant
+        match = _INSTRUCTION.match(c)
+        if match and match.group(1) == initial and " tuple(" in match.group(2):
+            elements = _arguments(_split_shape(match.group(2))[1])[0]
+            index = int(counter.group(1))
+            if index < len(elements):
+                start = _s32_constants(caller).get(_operand(elements[index]), 0)
+    return max(_s32_constants(cond)[bound.group(2)] - start, 0)
+
+
 def parse_hlo(text: str, device_count: int) -> HloStats:
     """Collectives and matmul FLOPs of an optimized HLO module (``compiled.as_text()``), per device per step."""
     computations: dict[str, list[str]] = {}
@@ -188,9 +258,10 @@ def parse_hlo(text: str, device_count: int) -> HloStats:
     for name, lines in computations.items():
         for line in lines:
             trips = _TRIP_COUNT.search(line)
+            count = int(trips.group(1)) if trips else _counted_trips(line, lines, computations)
             for callee in _CALLED.findall(line):
                 is_body = f"body=%{callee}" in line
-                calls[name].append((callee, int(trips.group(1)) if is_body and trips else 1))
+                calls[name].append((callee, count if is_body else 1))
             for branches in _BRANCHES.findall(line):
                 calls[name] += [(b.strip().lstrip("%"), 1) for b in branches.split(",") if b.strip()]
     runs: dict[str, int] = collections.defaultdict(int)
@@ -204,6 +275,7 @@ def parse_hlo(text: str, device_count: int) -> HloStats:
 
     found: list[Collective] = []
     flops = 0.0
+    kernel_calls = 0
     scattered_once = 0
     for name, lines in computations.items():
         if not runs[name]:
@@ -237,4 +309,8 @@ def parse_hlo(text: str, device_count: int) -> HloStats:
                 contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
                 inner = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d) if contracting else 1
                 flops += 2.0 * math.prod(_dims(shape)) * inner * runs[name]
-    return HloStats(tuple(found), flops, scattered_once)
+            elif op == "convolution":
+                flops += convolution_flops(shape, shapes.get(_operand(args[0]), args[0]), attrs) * runs[name]
+            elif op == "custom-call" and 'custom_call_target="tpu_custom_call"' in attrs:
+                kernel_calls += runs[name]
+    return HloStats(tuple(found), flops, scattered_once, kernel_calls)

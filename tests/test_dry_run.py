@@ -1,15 +1,19 @@
 """Dry run: the HLO reader on a program whose collectives and FLOPs are known, the dry run's memory figures
 against the live buffers of a real step, and ``train.py --dry-run`` on a device count of its own."""
 
+import importlib.util
 import math
+import re
+import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from config import ConfigError, load_config
 from models import registry
-from parallel.dry_run import dry_run, report
+from parallel.dry_run import dry_run, report, run_dry_run, tpu_topology
 from parallel.estimate import ACCELERATORS, collective_seconds
 from parallel.hlo_stats import parse_hlo, replica_groups
 from parallel.layout import Layout
@@ -42,6 +46,59 @@ def test_hlo_reader_counts_loop_trips_groups_and_flops():
     assert stats.matmul_flops == TRIPS * 2 * 2 * 8 * 8
     # all-reduce over 4: 2 * 3/4 of 64 bytes sent per trip, inside one node of 8 on NVLink
     assert collective_seconds(stats, ACCELERATORS["h100"]) == pytest.approx(TRIPS * 1.5 * 64 / 450e9)
+
+
+@pytest.mark.parametrize("lhs, rhs, strides, padding, lhs_dilation, rhs_dilation, groups", [
+    ((4, 8, 16, 16), (6, 8, 3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1), (1, 1), 1),
+    ((2, 8, 15, 9), (4, 4, 3, 2), (2, 1), ((0, 2), (3, 1)), (1, 2), (2, 1), 2),
+    # the TPU compiler's spelling of PD,DNH->PNH: a window of 12 over a padded axis of 1, one valid tap each
+    ((3, 16, 1, 5), (12, 16, 12, 1), (1, 1), ((11, 11), (0, 0)), (1, 1), (1, 1), 1),
+], ids=["padded", "strided-dilated-grouped", "dot-as-window"])
+def test_hlo_reader_counts_convolutions_as_xla_does(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation, groups):
+    """The TPU compiler writes every dot as a convolution: their FLOPs are the valid window taps, as XLA's own
+    cost analysis counts them."""
+    f = jax.jit(lambda a, b: jax.lax.conv_general_dilated(a, b, strides, padding, lhs_dilation, rhs_dilation,
+                                                          feature_group_count=groups))
+    compiled = f.lower(jnp.zeros(lhs), jnp.zeros(rhs)).compile()
+    assert " convolution(" in compiled.as_text()
+    assert parse_hlo(compiled.as_text(), 1).matmul_flops == compiled.cost_analysis()["flops"] > 0
+
+
+LOOP_HLO = """HloModule loop
+
+%body (p: (s32[], f32[2,8], f32[8,8])) -> (s32[], f32[2,8], f32[8,8]) {
+  %p = (s32[], f32[2,8]{1,0}, f32[8,8]{1,0}) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%p), index=0
+  %one = s32[]{:T(128)} constant(1)
+  %next = s32[]{:T(128)} add(%i, %one)
+  %c = f32[2,8]{1,0} get-tuple-element(%p), index=1
+  %w = f32[8,8]{1,0} get-tuple-element(%p), index=2
+  %d = f32[2,8]{1,0} dot(%c, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (s32[], f32[2,8]{1,0}, f32[8,8]{1,0}) tuple(%next, %d, %w)
+}
+
+%cond (q: (s32[], f32[2,8], f32[8,8])) -> pred[] {
+  %limit = s32[]{:T(128)} constant(7)
+  %q = (s32[], f32[2,8]{1,0}, f32[8,8]{1,0}) parameter(0)
+  %n = s32[]{:T(128)} get-tuple-element(%q), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%n, %limit), direction=LT
+}
+
+ENTRY %main (a: f32[2,8], w: f32[8,8], s: s32[]) -> f32[2,8] {
+  %a = f32[2,8]{1,0} parameter(0)
+  %w = f32[8,8]{1,0} parameter(1)
+  %start = s32[]{:T(128)} START
+  %init = (s32[], f32[2,8]{1,0}, f32[8,8]{1,0}) tuple(%start, %a, %w)
+  %loop = (s32[], f32[2,8]{1,0}, f32[8,8]{1,0}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[2,8]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+@pytest.mark.parametrize("start, trips", [("constant(2)", 5), ("constant(0)", 7), ("parameter(2)", 7)])
+def test_hlo_reader_reads_a_loops_trips_off_its_condition(start, trips):
+    """The TPU compiler's loops state no known_trip_count: counter < limit, from the counter's initial constant."""
+    assert parse_hlo(LOOP_HLO.replace("START", start), 1).matmul_flops == trips * 2 * 2 * 8 * 8
 
 
 def test_replica_group_spellings():
@@ -92,3 +149,33 @@ def test_dry_run_command_simulates_its_own_devices():
     result = run_cli("train.py", "--config", "configs/gpt_neo_13B.json", "--dry-run", "--devices", "8")
     assert result.returncode == 2 and "needs 256 devices but 8 are available" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_tpu_slice_mistakes_are_one_line(monkeypatch):
+    with pytest.raises(ConfigError, match="--topology: 'tpu7:2x2' is not a TPU slice such as v5e:2x2"):
+        tpu_topology("tpu7:2x2")
+    monkeypatch.setitem(sys.modules, "libtpu", None)  # as where it is not installed
+    with pytest.raises(ConfigError, match=r'--topology: compiling for TPUs needs libtpu \(pip install "jax\[tpu\]'):
+        tpu_topology("v5e:2x2")
+    cfg, _ = load_config("quickstart", ())
+    with pytest.raises(ConfigError, match="--devices: not with --topology"):
+        run_dry_run(cfg, 4, topology="v5e:2x2")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason='compiling for TPUs needs libtpu: pip install '
+                    '"jax[tpu]==0.10.2" (CI has none: the checks above cover the reader and the kernel choice)')
+def test_dry_run_compiles_for_a_tpu_slice_without_one():
+    """The TPU compiler's own program for a v5e slice of 4 chips, on this CPU machine: splash attention's Pallas
+    kernels compiled for global and local layers (forward, dq and dk/dv per layer), the TPU's memory plan, and an
+    estimate for that TPU alone."""
+    result = run_cli("train.py", "--config", "configs/quickstart.json", "--dry-run", "--topology", "v5e:2x2",
+                     "--set", "mesh_shape=x:4", "--set", "layout=batch:x", "--set", "n_layer=2",
+                     "--set", 'attention_types=[[["global","local"],1]]', timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "mesh {'x': 4} (4 TPU v5 lite devices, compiled for without them)" in out
+    assert "attention in 6 Pallas kernel calls, counted as the model" in out
+    assert "(TPU v5 lite compiler)" in out and "| TPU v5e |" in out and "H100" not in out
+    model, compiled = (float(x) for x in re.search(r"model ([\d.e+]+) .*compiled matmuls ([\d.e+]+)", out).groups())
+    assert 0.5 * model < compiled < model  # the head and projections, read off convolutions; attention not

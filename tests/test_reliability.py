@@ -225,6 +225,22 @@ def test_a_full_disk_is_one_line(tmp_path, env):
     assert lines[0].startswith("error: ") and lines[0].endswith("No space left on device"), lines[0]
 
 
+def test_device_memory_running_out_is_not_a_full_disk():
+    """XLA says RESOURCE_EXHAUSTED for device memory as TensorStore does for a full disk: one line each, each
+    named for what it is."""
+    from neomesh.errors import one_line
+
+    for xla in ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12.50GiB.",
+                "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+                "(49.97G) exceeds available HBM (15.75G)."):
+        line = one_line(RuntimeError(f"{xla}\nmore lines of the compiler's report"))
+        assert line.startswith(f"out of device memory: {xla[len('RESOURCE_EXHAUSTED: '):]}"), line
+        assert "scan_layers" in line and "\n" not in line
+    disk = RuntimeError('RESOURCE_EXHAUSTED: Failed writing: "/run/checkpoints/5/x" [OS error: No space left on '
+                        'device]')
+    assert one_line(disk) == "/run/checkpoints/5/x: No space left on device"
+
+
 def test_resume_mistakes_and_finished_runs_say_so_in_one_line(reference, tmp_path, capsys):
     path = copy_of(reference, tmp_path)
     for changes, expected in [(dict(n_embd=64), "error: n_embd: the checkpoint at step 6"),

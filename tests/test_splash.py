@@ -6,9 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from config import ConfigError
-from models.attention import choose_kernel, softmax_attention
+from models.attention import Attention, choose_kernel, softmax_attention
+from models.axes import placing, target_platform
+from models.spec import AttentionSpec
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 
@@ -61,3 +64,24 @@ def test_kernel_choice_on_tpus():
     assert choose_kernel("xla", "tpu", jnp.bfloat16, 64) == "xla"
     with pytest.raises(ConfigError, match="attention_kernel: 'splash' cannot run here .the platform is cpu"):
         choose_kernel("splash", "cpu", jnp.float32, 64)
+
+
+class _Tpu:
+    platform = "tpu"
+
+
+class _TpuSharding:  # what a layout over TPU devices answers; here without any TPU
+    device_set = {_Tpu()}
+
+
+def test_the_kernel_is_chosen_for_the_layouts_devices():
+    """A dry run compiles for TPUs from a CPU process (parallel/dry_run.py --topology): built under a layout over
+    TPU devices, a layer takes the TPU's kernel, whatever jax's default backend is."""
+    spec = AttentionSpec(kind="local", causal=True, n_embd=64, n_head=4, head_dim=16, window=32)
+    assert target_platform() == jax.default_backend() == "cpu"
+    assert Attention(spec, rngs=nnx.Rngs(0)).kernel == "xla"
+    with placing(lambda names, prefer: _TpuSharding()):
+        assert target_platform() == "tpu"
+        assert Attention(spec, rngs=nnx.Rngs(0)).kernel == "splash"
+    with Layout.from_config(make_mesh("x:-1"), "batch:x").active():
+        assert target_platform() == "cpu"

@@ -28,16 +28,20 @@ def train_flops_per_token(cfg: Config) -> float:
     d, f, v = cfg.n_embd, 4 * cfg.n_embd, cfg.n_vocab
     moe_layers = set(cfg.moe_layers or ())
     matmul_params = d * v
-    attention = 0
     for layer, kind in enumerate(cfg.attention_layers):
         if kind != "none":
             matmul_params += 4 * d * d
         mlp = 2 * d * f
         matmul_params += mlp * cfg.moe["top_k"] + d * cfg.moe["num_experts"] if layer in moe_layers else mlp
-        span = {"global": cfg.n_ctx + cfg.num_mem_kv, "local": min(cfg.n_ctx, cfg.local_attention_radius),
-                "linear": cfg.head_dim, "none": 0}[kind]
-        attention += 12 * d * span
-    return 6 * matmul_params + attention
+    return 6 * matmul_params + attention_flops_per_token(cfg)
+
+
+def attention_flops_per_token(cfg: Config) -> float:
+    """The attention score/value part of ``train_flops_per_token`` (a decoder stack): 12 x n_embd x the span a
+    layer's queries see, summed over the layers."""
+    span = {"global": cfg.n_ctx + cfg.num_mem_kv, "local": min(cfg.n_ctx, cfg.local_attention_radius),
+            "linear": cfg.head_dim, "none": 0}
+    return sum(12 * cfg.n_embd * span[kind] for kind in cfg.attention_layers)
 
 
 def t5_flops_per_token(cfg: Config) -> float:

@@ -45,8 +45,8 @@ def one_line(e: BaseException) -> str | None:
         return f"{where}: {what}" if where is not None else what
     memory = _DEVICE_MEMORY.search(str(e)) if not isinstance(e, ConfigError) else None
     if memory:
-        return (f"out of device memory: {memory.group(1).strip()[:300]} (a smaller batch, recompute_grad, "
-                "scan_layers or more devices need less)")
+        return (f"out of device memory: {memory.group(1).strip()[:300].rstrip('.')}; a smaller batch, "
+                "recompute_grad, scan_layers or more devices need less")
     if disk_full(e):
         path = _FAILED_PATH.search(str(e))
         return f"{path.group(1)}: No space left on device" if path else "No space left on device"

@@ -200,37 +200,61 @@ def convolution_flops(shape: str, lhs: str, attrs: str) -> float:
     return 2.0 * macs
 
 
-def _s32_constants(lines: list[str]) -> dict[str, int]:
-    """{instruction name: value} of a computation's scalar int32 constants."""
+def _int_constants(lines: list[str]) -> dict[str, int]:
+    """{instruction name: value} of a computation's scalar integer constants (jax's loops count in s32, XLA's
+    windowed collective matmuls in u32)."""
     return {name: int(value) for name, value in
-            re.findall(r"%([\w.\-]+) = s32\[\]\S* constant\((-?\d+)\)", "\n".join(lines))}
+            re.findall(r"%([\w.\-]+) = [su](?:32|64)\[\]\S* constant\((-?\d+)\)", "\n".join(lines))}
+
+
+def _tuple_elements(lines: list[str], name: str | None = None) -> list[str] | None:
+    """The operand names of the ``tuple`` instruction ``name`` (default: the computation's ROOT)."""
+    for line in lines:
+        match = _INSTRUCTION.match(line)
+        if match and (match.group(1) == name if name else line.lstrip().startswith("ROOT ")):
+            shape, call = _split_shape(match.group(2))
+            return [_operand(a) for a in _arguments(call)[0]] if call.startswith("tuple(") else None
+    return None
+
+
+def _counter_step(body: list[str], index: int) -> int:
+    """How much a loop body adds to the counter at tuple ``index``: jax's loops 1, a loop XLA unrolled twice
+    (its ``wide.`` bodies) 2; 1 if the update is not ``counter + constant``."""
+    elements = _tuple_elements(body)
+    if not elements or index >= len(elements):
+        return 1
+    text = "\n".join(body)
+    update = re.search(rf"%{re.escape(elements[index])} = \S+ add\(%([\w.\-]+), %([\w.\-]+)\)", text)
+    constants = _int_constants(body)
+    if update is None:
+        return 1
+    for counter, step in (update.groups(), update.groups()[::-1]):
+        if step in constants and re.search(rf"%{re.escape(counter)} = \S+ get-tuple-element\(\S+\), "
+                                           rf"index={index}\b", text):
+            return max(constants[step], 1)
+    return 1
 
 
 def _counted_trips(line: str, caller: list[str], computations: dict[str, list[str]]) -> int:
     """The trip count of a ``while`` whose HLO does not state it (the TPU compiler's), read off its condition
-    ``counter < N`` and the counter's initial constant (0 if it is not a constant: jax's loops count from 0 in
-    steps of 1); 1 for a loop of any other form."""
-    condition = re.search(r" while\(%([\w.\-]+)\).*\bcondition=%([\w.\-]+)", line)
-    if condition is None:
+    ``counter < N``, the counter's initial constant (0 if it is not a constant: jax's loops count from 0) and its
+    step in the body (``_counter_step``); 1 for a loop of any other form."""
+    loop = re.search(r" while\(%([\w.\-]+)\).*\bcondition=%([\w.\-]+), body=%([\w.\-]+)", line)
+    if loop is None:
         return 1
-    initial, cond = condition.group(1), computations.get(condition.group(2), [])
+    initial, cond, body = loop.group(1), computations.get(loop.group(2), []), computations.get(loop.group(3), [])
     root = next((c for c in cond if c.lstrip().startswith("ROOT ")), "")
     bound = re.search(r" compare\(%([\w.\-]+), %([\w.\-]+)\), direction=LT", root)
-    if bound is None or bound.group(2) not in _s32_constants(cond):
+    if bound is None or bound.group(2) not in _int_constants(cond):
         return 1
     counter = re.search(rf"%{re.escape(bound.group(1))} = \S+ get-tuple-element\(\S+\), index=(\d+)",
                         "\n".join(cond))
     if counter is None:
         return 1
-    start = 0
-    for c in caller:  # the loop's initial tuple: the counter's starting value, if a constant
-        match = _INSTRUCTION.match(c)
-        if match and match.group(1) == initial and " tuple(" in match.group(2):
-            elements = _arguments(_split_shape(match.group(2))[1])[0]
-            index = int(counter.group(1))
-            if index < len(elements):
-                start = _s32_constants(caller).get(_operand(elements[index]), 0)
-    return max(_s32_constants(cond)[bound.group(2)] - start, 0)
+    index = int(counter.group(1))
+    elements = _tuple_elements(caller, initial) or []
+    start = _int_constants(caller).get(elements[index], 0) if index < len(elements) else 0
+    return max(-(-(_int_constants(cond)[bound.group(2)] - start) // _counter_step(body, index)), 0)
 
 
 def parse_hlo(text: str, device_count: int) -> HloStats:

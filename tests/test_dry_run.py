@@ -69,8 +69,8 @@ LOOP_HLO = """HloModule loop
 %body (p: (s32[], f32[2,8], f32[8,8])) -> (s32[], f32[2,8], f32[8,8]) {
   %p = (s32[], f32[2,8]{1,0}, f32[8,8]{1,0}) parameter(0)
   %i = s32[]{:T(128)} get-tuple-element(%p), index=0
-  %one = s32[]{:T(128)} constant(1)
-  %next = s32[]{:T(128)} add(%i, %one)
+  %step = s32[]{:T(128)} constant(STEP)
+  %next = s32[]{:T(128)} add(%i, %step)
   %c = f32[2,8]{1,0} get-tuple-element(%p), index=1
   %w = f32[8,8]{1,0} get-tuple-element(%p), index=2
   %d = f32[2,8]{1,0} dot(%c, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
@@ -95,10 +95,13 @@ ENTRY %main (a: f32[2,8], w: f32[8,8], s: s32[]) -> f32[2,8] {
 """
 
 
-@pytest.mark.parametrize("start, trips", [("constant(2)", 5), ("constant(0)", 7), ("parameter(2)", 7)])
-def test_hlo_reader_reads_a_loops_trips_off_its_condition(start, trips):
-    """The TPU compiler's loops state no known_trip_count: counter < limit, from the counter's initial constant."""
-    assert parse_hlo(LOOP_HLO.replace("START", start), 1).matmul_flops == trips * 2 * 2 * 8 * 8
+@pytest.mark.parametrize("start, step, trips", [("constant(2)", 1, 5), ("constant(0)", 1, 7), ("parameter(2)", 1, 7),
+                                               ("constant(0)", 2, 4)])
+def test_hlo_reader_reads_a_loops_trips_off_its_condition(start, step, trips):
+    """The TPU compiler's loops state no known_trip_count: counter < limit, from the counter's initial constant,
+    in the body's steps (2 in a loop XLA unrolled twice)."""
+    hlo = LOOP_HLO.replace("START", start).replace("STEP", str(step))
+    assert parse_hlo(hlo, 1).matmul_flops == trips * 2 * 2 * 8 * 8
 
 
 def test_replica_group_spellings():

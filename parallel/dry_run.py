@@ -4,7 +4,8 @@
 and compiles the real train step (``make_train_step`` on ``abstract_train_state``) for the mesh, and prints:
 parameters, FLOPs per step, bytes per device (parameters and optimizer state from their shardings; temporaries
 from the compiled program's ``memory_analysis()``), the collectives of the step and their bytes (read off the
-compiled HLO), and an estimated step time on H100, TPU v4 and TPU v5e (``parallel/estimate.py`` states the model).
+compiled HLO), and an estimated step time on H100 and TPU v4, v5e, v5p and v6e (``parallel/estimate.py`` states
+the model).
 
 ``--topology v5e:4x4`` compiles for a TPU slice instead, with the TPU compiler, on a machine without TPUs:
 libtpu describes the slice's devices (``jax.experimental.topologies``) and compiles for them ahead of time, as

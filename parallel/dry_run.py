@@ -184,6 +184,9 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
     kinds = run.hlo.by_kind()
     lines += [f"| {kind} | {row['ops']} | {row['executions']} | {human_bytes(row['bytes'])} | "
               f"{human_bytes(row['wire_bytes'])} |" for kind, row in sorted(kinds.items())] or ["| (none) | | | | |"]
+    if not run.estimates:
+        return "\n".join(lines + ["", f"(no step-time estimate: no datasheet figures for a {device.device_kind} "
+                                       "here; the compiler's plan above fits its memory)"])
     lines += [
         "",
         "| accelerator | compute | memory | collectives | step (overlapped) | MFU | fits in memory |",
@@ -249,7 +252,7 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100", topolo
     """``train.py --dry-run``: the report for ``cfg`` on ``device_count`` simulated devices (default: the count
     ``mesh_shape`` fixes), or compiled for the TPU slice ``topology``; an ``auto`` mesh or layout is chosen for
     ``accelerator``'s memory (the slice's own TPU with ``topology``)."""
-    from parallel.auto import resolve
+    from parallel.auto import AUTO, resolve
     from training.peft import build_model
     from parallel.mesh import fixed_device_count
 
@@ -259,10 +262,10 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100", topolo
         os.environ["JAX_PLATFORMS"] = "cpu"  # the host's own backend; the TPU program is only compiled
         devices = tpu_topology(topology)
         kind = devices[0].device_kind
-        if kind not in TPU_KINDS:
-            raise ConfigError(f"--topology: '{topology}' is a {kind}, whose peak and memory this estimate does "
-                              f"not know (it knows {', '.join(sorted(TPU_KINDS))})")
-        accelerators = (TPU_KINDS[kind],)
+        accelerators = (TPU_KINDS[kind],) if kind in TPU_KINDS else ()  # the plan still comes from the compiler
+        if not accelerators and AUTO in (cfg.mesh_shape, cfg.layout):
+            raise ConfigError(f"--topology: an 'auto' mesh or layout is chosen for the TPU's memory, and this "
+                              f"estimate knows no datasheet for a {kind}; give mesh_shape and layout")
     else:
         count = device_count or fixed_device_count(cfg.mesh_shape)
         if count is None:
@@ -273,7 +276,7 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100", topolo
             raise ConfigError(f"--devices: jax already runs with {jax.device_count()} devices, not {count}")
         devices, accelerators = jax.devices(), tuple(ACCELERATORS)
     make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
-    memory = ACCELERATORS[accelerators[0] if topology else accelerator].memory
+    memory = ACCELERATORS[accelerators[0] if topology and accelerators else accelerator].memory
     layout, note = resolve(cfg, make_model, make_optimizer(cfg), devices=devices, memory=memory)
     run = dry_run(cfg, layout, make_model, accelerators)
     return (f"{note}\n" if note else "") + report(run, cfg, layout)

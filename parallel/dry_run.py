@@ -148,7 +148,7 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
     tokens = cfg.train_batch_size * cfg.n_ctx
     remat = f", recompute_grad {cfg.remat_policy}" if cfg.remat_policy != "none" else ""
     plural = "s" if devices > 1 else ""
-    where = (f"{devices} {device.device_kind} device{plural}, compiled for without them" if tpu
+    where = (f"{devices} {device.device_kind} device{plural}, compiled ahead of time, none attached" if tpu
              else f"{devices} simulated device{plural}")
     kernels = (f"; attention in {run.hlo.tpu_kernel_calls} Pallas kernel calls, counted as the model's "
                f"{run.kernel_flops:.3g} per device" if run.hlo.tpu_kernel_calls else "")

@@ -177,7 +177,7 @@ def test_dry_run_compiles_for_a_tpu_slice_without_one():
                      "--set", 'attention_types=[[["global","local"],1]]', timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    assert "mesh {'x': 4} (4 TPU v5 lite devices, compiled for without them)" in out
+    assert "mesh {'x': 4} (4 TPU v5 lite devices, compiled ahead of time, none attached)" in out
     assert "attention in 6 Pallas kernel calls, counted as the model" in out
     assert "(TPU v5 lite compiler)" in out and "| TPU v5e |" in out and "H100" not in out
     model, compiled = (float(x) for x in re.search(r"model ([\d.e+]+) .*compiled matmuls ([\d.e+]+)", out).groups())

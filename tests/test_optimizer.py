@@ -1,13 +1,15 @@
 """Schedule, weight-decay mask and both optimizers."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from models import registry
 from parallel.state import abstract_model
 from tests.common import random_batches, tiny_config, train_losses
-from training.optimizer import decay_mask, learning_rate_schedule
+from training.optimizer import decay_mask, learning_rate_schedule, skip_if_not_finite
 
 
 @pytest.mark.parametrize("kind", ["cosine", "linear"])
@@ -42,3 +44,25 @@ def test_adafactor_trains_and_is_sharding_invariant():
     sharded = train_losses(cfg, batches, "x:4,y:2", "batch:x,heads:y,intermediate_expanded:y")
     assert single[-1] < single[0]
     np.testing.assert_allclose(sharded, single, atol=1e-5)
+
+
+def test_the_bad_step_guard_is_optax_apply_if_finite_without_its_cond():
+    """Same state structure (checkpoints keep theirs), same updates and counts step by step: finite steps,
+    rejected ones, and the one accepted after max_consecutive_errors in a row."""
+    params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
+    inner = optax.adamw(0.1, weight_decay=0.01)
+    ours, theirs = skip_if_not_finite(inner, 2), optax.apply_if_finite(inner, 2)
+    state_ours, state_theirs = ours.init(params), theirs.init(params)
+    assert jax.tree.structure(state_ours) == jax.tree.structure(state_theirs)
+    rng = np.random.default_rng(0)
+    for step, bad in enumerate([False, True, False, True, True, True, False]):
+        grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+        if bad:
+            grads["w"] = grads["w"].at[0, 1].set(jnp.nan)
+        updates_ours, state_ours = jax.jit(ours.update)(grads, state_ours, params)
+        updates_theirs, state_theirs = theirs.update(grads, state_theirs, params)
+        for got, want in zip(jax.tree.leaves((updates_ours, state_ours)), jax.tree.leaves((updates_theirs,
+                                                                                            state_theirs))):
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"step {step}")
+        params = optax.apply_updates(params, updates_ours)
+    assert int(state_ours.total_notfinite) == 4 and int(state_ours.notfinite_count) == 0

@@ -75,8 +75,37 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
         opt = optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping), opt)
     # The guard is there for every config, so the optimizer state (and the checkpoint) has one structure
     # whatever max_bad_steps and grad_spike_factor are: both may change on resume.
-    opt = optax.chain(spike_to_nan(cfg.grad_spike_factor), optax.apply_if_finite(opt, cfg.max_bad_steps))
+    opt = optax.chain(spike_to_nan(cfg.grad_spike_factor), skip_if_not_finite(opt, cfg.max_bad_steps))
     return stacked_layers(opt) if cfg.scan_layers else opt
+
+
+def skip_if_not_finite(inner: optax.GradientTransformation, max_consecutive_errors: int
+                       ) -> optax.GradientTransformation:
+    """``optax.apply_if_finite`` (the same state, the same updates and counts), choosing with ``jnp.where``
+    instead of ``lax.cond``. A cond's outputs are buffers of their own, so the chosen updates existed whole, a
+    float32 copy of every parameter, before being added to them (GPT-Neo 2.7B's width, 8 layers, on the TPU
+    compiler's plan: 2.0 GB of 7.1 GB of temporaries); elementwise, the update fuses into the parameters' in-place
+    add. A rejected step still computes its update, which is then dropped: the inner state stays as it was."""
+
+    def init(params):
+        return optax.ApplyIfFiniteState(notfinite_count=jnp.zeros([], jnp.int32),
+                                        last_finite=jnp.array(True, jnp.bool_),
+                                        total_notfinite=jnp.zeros([], jnp.int32), inner_state=inner.init(params))
+
+    def update(updates, state, params=None):
+        isfinite = jnp.all(jnp.array([jnp.all(jnp.isfinite(u)) for u in jax.tree.leaves(updates)]))
+        notfinite_count = jnp.where(isfinite, 0, optax.safe_increment(state.notfinite_count))
+        apply = isfinite | (notfinite_count > max_consecutive_errors)
+        new_updates, new_inner = inner.update(updates, state.inner_state, params)
+        return (jax.tree.map(lambda u: jnp.where(apply, u, jnp.zeros_like(u)), new_updates),
+                optax.ApplyIfFiniteState(
+                    notfinite_count=notfinite_count, last_finite=isfinite,
+                    total_notfinite=jnp.where(isfinite, state.total_notfinite,
+                                              optax.safe_increment(state.total_notfinite)),
+                    inner_state=jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_inner,
+                                             state.inner_state)))
+
+    return optax.GradientTransformation(init, update)
 
 
 def bad_step_counts(opt_state) -> tuple[jax.Array, jax.Array]:

@@ -9,7 +9,7 @@ import pytest
 from models import registry
 from parallel.state import abstract_model
 from tests.common import random_batches, tiny_config, train_losses
-from training.optimizer import decay_mask, learning_rate_schedule, skip_if_not_finite
+from training.optimizer import decay_mask, guarded, learning_rate_schedule, spike_to_nan
 
 
 @pytest.mark.parametrize("kind", ["cosine", "linear"])
@@ -46,23 +46,25 @@ def test_adafactor_trains_and_is_sharding_invariant():
     np.testing.assert_allclose(sharded, single, atol=1e-5)
 
 
-def test_the_bad_step_guard_is_optax_apply_if_finite_without_its_cond():
-    """Same state structure (checkpoints keep theirs), same updates and counts step by step: finite steps,
-    rejected ones, and the one accepted after max_consecutive_errors in a row."""
+def test_the_bad_step_guard_applies_optax_apply_if_finite_in_place():
+    """The train step's guarded update (the choice made around the update and the add) against optax's chain and
+    apply_updates: same state structure (checkpoints keep theirs), same parameters and state step by step over
+    finite steps, rejected ones, and the one accepted after max_bad_steps in a row."""
     params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
-    inner = optax.adamw(0.1, weight_decay=0.01)
-    ours, theirs = skip_if_not_finite(inner, 2), optax.apply_if_finite(inner, 2)
+    ours = guarded(spike_to_nan(0.0), optax.adamw(0.1, weight_decay=0.01), 2)
+    theirs = optax.chain(spike_to_nan(0.0), optax.apply_if_finite(optax.adamw(0.1, weight_decay=0.01), 2))
     state_ours, state_theirs = ours.init(params), theirs.init(params)
     assert jax.tree.structure(state_ours) == jax.tree.structure(state_theirs)
+    params_ours = params_theirs = params
     rng = np.random.default_rng(0)
     for step, bad in enumerate([False, True, False, True, True, True, False]):
         grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
         if bad:
             grads["w"] = grads["w"].at[0, 1].set(jnp.nan)
-        updates_ours, state_ours = jax.jit(ours.update)(grads, state_ours, params)
-        updates_theirs, state_theirs = theirs.update(grads, state_theirs, params)
-        for got, want in zip(jax.tree.leaves((updates_ours, state_ours)), jax.tree.leaves((updates_theirs,
-                                                                                            state_theirs))):
+        params_ours, state_ours = jax.jit(ours.update_and_apply)(grads, state_ours, params_ours)
+        updates, state_theirs = theirs.update(grads, state_theirs, params_theirs)
+        params_theirs = optax.apply_updates(params_theirs, updates)
+        for got, want in zip(jax.tree.leaves((params_ours, state_ours)), jax.tree.leaves((params_theirs,
+                                                                                          state_theirs))):
             np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"step {step}")
-        params = optax.apply_updates(params, updates_ours)
-    assert int(state_ours.total_notfinite) == 4 and int(state_ours.notfinite_count) == 0
+    assert int(state_ours[1].total_notfinite) == 4 and int(state_ours[1].notfinite_count) == 0

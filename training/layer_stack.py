@@ -211,13 +211,20 @@ def optimizer_step(tx, grads, opt_state, params) -> tuple[Any, Any, jax.Array]:
     runs on the stacked trees: parameters stored stacked are updated in place; per-layer ones (peft) are stacked
     and cut back into layers once, after the update."""
     if not isinstance(tx, StackedLayers):
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, optax.tree.norm(grads)
+        return *_update_and_apply(tx, grads, opt_state, params), optax.tree.norm(grads)
     plan = layer_plan(grads)  # empty when the parameters are stored stacked
     grads, params = stack_layers(grads, plan), stack_layers(params, plan)
-    updates, opt_state = tx.inner.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+    params, opt_state = _update_and_apply(tx.inner, grads, opt_state, params)
     return (unstack_layers(params) if plan else params), opt_state, optax.tree.norm(grads)
+
+
+def _update_and_apply(tx, grads, opt_state, params) -> tuple[Any, Any]:
+    """(new parameters, new state): ``tx``'s own ``update_and_apply`` where it has one (the bad-step guard's,
+    training/optimizer.py), else its update added to the parameters."""
+    if hasattr(tx, "update_and_apply"):
+        return tx.update_and_apply(grads, opt_state, params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
 
 
 def _is_stacked(x) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,38 +75,46 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
         opt = optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping), opt)
     # The guard is there for every config, so the optimizer state (and the checkpoint) has one structure
     # whatever max_bad_steps and grad_spike_factor are: both may change on resume.
-    opt = optax.chain(spike_to_nan(cfg.grad_spike_factor), skip_if_not_finite(opt, cfg.max_bad_steps))
+    opt = guarded(spike_to_nan(cfg.grad_spike_factor), opt, cfg.max_bad_steps)
     return stacked_layers(opt) if cfg.scan_layers else opt
 
 
-def skip_if_not_finite(inner: optax.GradientTransformation, max_consecutive_errors: int
-                       ) -> optax.GradientTransformation:
-    """``optax.apply_if_finite`` (the same state, the same updates and counts), choosing with ``jnp.where``
-    instead of ``lax.cond``. A cond's outputs are buffers of their own, so the chosen updates existed whole, a
-    float32 copy of every parameter, before being added to them (GPT-Neo 2.7B, bfloat16, one v5p chip, on the TPU
-    compiler's plan: 22.0 GB of temporaries with the cond, 9.5 GB without); elementwise, the update fuses into the
-    parameters' in-place add. A rejected step still computes its update, which is then dropped: the inner state
-    stays as it was."""
+class GuardedOptimizer(NamedTuple):
+    """``optax.chain(spike, optax.apply_if_finite(inner, max_bad_steps))`` (its ``init`` and ``update``, so its
+    state and checkpoints are that chain's) with ``update_and_apply``: the same step, applied to the parameters
+    inside the guard's choice. optax's guard chooses the update with ``lax.cond``, whose outputs are buffers of
+    their own, so the chosen update existed whole, a float32 copy of every parameter, before it was added; made
+    around the update and the add, the choice takes the parameters and the optimizer state in place (the reject
+    branch passes them through), and the update fuses into the add. GPT-Neo 2.7B, bfloat16, one v5p chip, on
+    the TPU compiler's plan: 22.0 GB of temporaries with optax's cond, 9.5 GB so."""
 
-    def init(params):
-        return optax.ApplyIfFiniteState(notfinite_count=jnp.zeros([], jnp.int32),
-                                        last_finite=jnp.array(True, jnp.bool_),
-                                        total_notfinite=jnp.zeros([], jnp.int32), inner_state=inner.init(params))
+    init: Callable
+    update: Callable
+    update_and_apply: Callable  # (grads, state, params) -> (new params, new state)
 
-    def update(updates, state, params=None):
-        isfinite = jnp.all(jnp.array([jnp.all(jnp.isfinite(u)) for u in jax.tree.leaves(updates)]))
-        notfinite_count = jnp.where(isfinite, 0, optax.safe_increment(state.notfinite_count))
-        apply = isfinite | (notfinite_count > max_consecutive_errors)
-        new_updates, new_inner = inner.update(updates, state.inner_state, params)
-        return (jax.tree.map(lambda u: jnp.where(apply, u, jnp.zeros_like(u)), new_updates),
-                optax.ApplyIfFiniteState(
-                    notfinite_count=notfinite_count, last_finite=isfinite,
-                    total_notfinite=jnp.where(isfinite, state.total_notfinite,
-                                              optax.safe_increment(state.total_notfinite)),
-                    inner_state=jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_inner,
-                                             state.inner_state)))
 
-    return optax.GradientTransformation(init, update)
+def guarded(spike: optax.GradientTransformation, inner: optax.GradientTransformation, max_bad_steps: int
+            ) -> GuardedOptimizer:
+    chain = optax.chain(spike, optax.apply_if_finite(inner, max_bad_steps))
+
+    def update_and_apply(grads, state, params):
+        spike_state, guard = state
+        grads, spike_state = spike.update(grads, spike_state, params)
+        finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+        in_a_row = jnp.where(finite, 0, optax.safe_increment(guard.notfinite_count))
+
+        def accept(operands):
+            params, inner_state = operands
+            updates, inner_state = inner.update(grads, inner_state, params)
+            return optax.apply_updates(params, updates), inner_state
+
+        params, inner_state = jax.lax.cond(finite | (in_a_row > max_bad_steps), accept, lambda operands: operands,
+                                           (params, guard.inner_state))
+        total = jnp.where(finite, guard.total_notfinite, optax.safe_increment(guard.total_notfinite))
+        return params, (spike_state, optax.ApplyIfFiniteState(notfinite_count=in_a_row, last_finite=finite,
+                                                              total_notfinite=total, inner_state=inner_state))
+
+    return GuardedOptimizer(chain.init, chain.update, update_and_apply)
 
 
 def bad_step_counts(opt_state) -> tuple[jax.Array, jax.Array]:

@@ -86,7 +86,8 @@ class GuardedOptimizer(NamedTuple):
     their own, so the chosen update existed whole, a float32 copy of every parameter, before it was added; made
     around the update and the add, the choice takes the parameters and the optimizer state in place (the reject
     branch passes them through), and the update fuses into the add. GPT-Neo 2.7B, bfloat16, one v5p chip, on
-    the TPU compiler's plan: 22.0 GB of temporaries with optax's cond, 9.5 GB so."""
+    the TPU compiler's plan: 22.0 GB of temporaries with optax's cond, 12.5 GB so; at 8 of its layers in float32
+    this guard plans what no guard does (5.07 GB)."""
 
     init: Callable
     update: Callable

@@ -185,11 +185,12 @@ def convolution_flops(shape: str, lhs: str, attrs: str) -> float:
     lhs_labels, _, out_labels = labels.groups()
     lhs_dims, out_dims = _dims(lhs), _dims(shape)
     window = dict(re.findall(r"(\w+)=([\dx_\-]+)", (re.search(r"window=\{([^}]*)\}", attrs) or [None, ""])[1]))
-    per_dim = lambda key, default: ([int(v) for v in window[key].split("x")] if key in window  # noqa: E731
-                                    else [default] * 8)
-    sizes, strides = per_dim("size", 1), per_dim("stride", 1)
+
+    def per_dim(key: str, default: int) -> list[int]:  # "size=1x12" -> [1, 12]; "pad=0_0x11_11" -> low pads
+        return [int(v.split("_")[0]) for v in window[key].split("x")] if key in window else [default] * 8
+
+    sizes, strides, pads = per_dim("size", 1), per_dim("stride", 1), per_dim("pad", 0)
     lhs_dilations, rhs_dilations = per_dim("lhs_dilate", 1), per_dim("rhs_dilate", 1)
-    pads = [int(p.split("_")[0]) for p in window["pad"].split("x")] if "pad" in window else [0] * 8
     groups = int((re.search(r"feature_group_count=(\d+)", attrs) or [None, 1])[1])
     macs = out_dims[out_labels.index("b")] * out_dims[out_labels.index("f")] * lhs_dims[lhs_labels.index("f")]
     macs //= groups

@@ -20,6 +20,7 @@ METRICS_FETCH_EVERY = 10
 
 def build_parser() -> argparse.ArgumentParser:
     from neomesh.help import HelpFormatter
+    from parallel.estimate import ACCELERATORS  # no jax: the parser stays fast
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     which = p.add_mutually_exclusive_group()
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "parameters, FLOPs, memory per device, collectives and step-time estimates, exit")
     dry.add_argument("--dry-run", action="store_true", help="compile for the configured mesh, report, exit")
     dry.add_argument("--devices", type=int, metavar="N", help="simulated devices (default: what mesh_shape fixes)")
-    dry.add_argument("--accelerator", choices=("h100", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"),
+    dry.add_argument("--accelerator", choices=tuple(ACCELERATORS),
                      help="whose memory per device an 'auto' mesh or layout is chosen for (default h100)")
     dry.add_argument("--topology", metavar="SLICE", help="compile for this TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x2) "
                      "with the TPU compiler instead, no TPU needed (needs libtpu: pip install \"jax[tpu]==0.10.2\")")
@@ -129,7 +130,7 @@ def dry_run(args, cfg, notes: list[str]) -> int:
     for note in notes:
         print(f"note: {note}")
     print(f"dry run: {args.config or args.model}")
-    print(run_dry_run(cfg, args.devices, args.accelerator or "h100", args.topology))
+    print(run_dry_run(cfg, args.devices, args.accelerator, args.topology))
     return 0
 
 

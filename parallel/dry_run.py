@@ -248,10 +248,10 @@ def tpu_topology(name: str) -> list:
         raise ConfigError(f"--topology: libtpu cannot describe '{name}': {str(e).splitlines()[0]}") from None
 
 
-def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100", topology: str | None = None) -> str:
+def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, topology: str | None = None) -> str:
     """``train.py --dry-run``: the report for ``cfg`` on ``device_count`` simulated devices (default: the count
     ``mesh_shape`` fixes), or compiled for the TPU slice ``topology``; an ``auto`` mesh or layout is chosen for
-    ``accelerator``'s memory (the slice's own TPU with ``topology``)."""
+    ``accelerator``'s memory (default H100's; with ``topology`` the slice's own TPU's)."""
     from parallel.auto import AUTO, resolve
     from training.peft import build_model
     from parallel.mesh import fixed_device_count
@@ -259,6 +259,8 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100", topolo
     if topology:
         if device_count:
             raise ConfigError("--devices: not with --topology, whose slice fixes the device count")
+        if accelerator:
+            raise ConfigError("--accelerator: not with --topology, whose slice's TPU is the accelerator")
         os.environ["JAX_PLATFORMS"] = "cpu"  # the host's own backend; the TPU program is only compiled
         devices = tpu_topology(topology)
         kind = devices[0].device_kind
@@ -266,6 +268,7 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100", topolo
         if not accelerators and AUTO in (cfg.mesh_shape, cfg.layout):
             raise ConfigError(f"--topology: an 'auto' mesh or layout is chosen for the TPU's memory, and this "
                               f"estimate knows no datasheet for a {kind}; give mesh_shape and layout")
+        memory = ACCELERATORS[accelerators[0]].memory if accelerators else None
     else:
         count = device_count or fixed_device_count(cfg.mesh_shape)
         if count is None:
@@ -275,8 +278,8 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str = "h100", topolo
         if jax.device_count() != count:  # a backend started before us (e.g. inside a test process)
             raise ConfigError(f"--devices: jax already runs with {jax.device_count()} devices, not {count}")
         devices, accelerators = jax.devices(), tuple(ACCELERATORS)
+        memory = ACCELERATORS[accelerator or "h100"].memory
     make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
-    memory = ACCELERATORS[accelerators[0] if topology and accelerators else accelerator].memory
     layout, note = resolve(cfg, make_model, make_optimizer(cfg), devices=devices, memory=memory)
     run = dry_run(cfg, layout, make_model, accelerators)
     return (f"{note}\n" if note else "") + report(run, cfg, layout)

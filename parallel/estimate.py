@@ -46,9 +46,8 @@ ACCELERATORS = {
     "tpu-v6e": Accelerator("TPU v6e", 918e12, 32e9, 1.638e12, 200e9),
 }
 
-# What jax calls each TPU (``device.device_kind``) -> its entry above.
-TPU_KINDS = {"TPU v4": "tpu-v4", "TPU v5 lite": "tpu-v5e", "TPU v5": "tpu-v5p", "TPU v5p": "tpu-v5p",
-             "TPU v6 lite": "tpu-v6e", "TPU v6e": "tpu-v6e"}
+# What jax calls each TPU (``device.device_kind``, as libtpu describes them) -> its entry above.
+TPU_KINDS = {"TPU v4": "tpu-v4", "TPU v5 lite": "tpu-v5e", "TPU v5": "tpu-v5p", "TPU v6 lite": "tpu-v6e"}
 
 
 @dataclasses.dataclass(frozen=True)

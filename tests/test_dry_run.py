@@ -163,6 +163,8 @@ def test_tpu_slice_mistakes_are_one_line(monkeypatch):
     cfg, _ = load_config("quickstart", ())
     with pytest.raises(ConfigError, match="--devices: not with --topology"):
         run_dry_run(cfg, 4, topology="v5e:2x2")
+    with pytest.raises(ConfigError, match="--accelerator: not with --topology"):
+        run_dry_run(cfg, None, "tpu-v4", topology="v5e:2x2")
 
 
 @pytest.mark.slow

@@ -136,13 +136,34 @@ def self_attention_mask(t: int, causal: bool, window: int | None, segment_ids: j
     return mask if segment_ids is None else mask[None] & same_segment(segment_ids, segment_ids)
 
 
+@jax.custom_vjp
+def attention_logits(q: jax.Array, k: jax.Array) -> jax.Array:
+    """(..., T, N, H) x (..., S, N, H) -> (..., N, T, S) logits accumulated in float32. Their gradient is
+    rounded to the inputs' dtype before its two matmuls, as flash kernels do: autodiff alone would run them
+    with a float32 operand, in float32, on bfloat16 inputs."""
+    return jnp.einsum("...TNH,...SNH->...NTS", q, k, preferred_element_type=jnp.float32)
+
+
+def _attention_logits_forward(q, k):
+    return attention_logits(q, k), (q, k)
+
+
+def _attention_logits_backward(residuals, grad):
+    q, k = residuals
+    grad = grad.astype(q.dtype)
+    return (jnp.einsum("...NTS,...SNH->...TNH", grad, k), jnp.einsum("...NTS,...TNH->...SNH", grad, q))
+
+
+attention_logits.defvjp(_attention_logits_forward, _attention_logits_backward)
+
+
 def masked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float = 1.0,
                              dropout_rate: float = 0.0, dropout_key: jax.Array | None = None,
                              bias: jax.Array | None = None) -> jax.Array:
     """Attention with the probabilities materialised (so they can be dropped out).
     (..., T, N, H) x (..., S, N, H) x (..., S, N, H), mask and ``bias`` broadcastable to (..., N, T, S)
     -> (..., T, N, H)."""
-    logits = scale * jnp.einsum("...TNH,...SNH->...NTS", q, k, preferred_element_type=jnp.float32)
+    logits = scale * attention_logits(q, k)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
     probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)

@@ -16,7 +16,7 @@ from config import Config
 from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks, share_parameters
 from models.heads import ClassificationHead, MlmHead, TokenClassificationHead
-from models.layers import BASE_STDDEV, dropout, dropout_keys, norm
+from models.layers import BASE_STDDEV, Embed, dropout, dropout_keys, norm
 from models.spec import block_spec
 
 BERT_INIT = (BASE_STDDEV,) * 4, (BASE_STDDEV,) * 2  # transformers' initializer_range for every projection
@@ -26,11 +26,11 @@ class Bert(nnx.Module):
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
         init = jax.nn.initializers.normal(BASE_STDDEV)
         d = cfg.n_embd
-        self.wte = nnx.Embed(cfg.n_vocab, d, embedding_init=init, embedding_metadata=axes("vocab", "embd"),
+        self.wte = Embed(cfg.n_vocab, d, embedding_init=init, embedding_metadata=axes("vocab", "embd"),
                              rngs=rngs)
-        self.wpe = nnx.Embed(cfg.n_ctx + cfg.position_offset, d, embedding_init=init,
+        self.wpe = Embed(cfg.n_ctx + cfg.position_offset, d, embedding_init=init,
                              embedding_metadata=axes(None, "embd"), rngs=rngs)
-        self.wtt = nnx.Embed(cfg.n_token_types, d, embedding_init=init, embedding_metadata=axes(None, "embd"),
+        self.wtt = Embed(cfg.n_token_types, d, embedding_init=init, embedding_metadata=axes(None, "embd"),
                              rngs=rngs) if cfg.n_token_types else None
         self.ln_embed = norm("layernorm", d, cfg.layer_norm_epsilon, rngs)
         self.blocks = nnx.List([Block(block_spec(cfg, layer, *BERT_INIT), rngs=rngs) for layer in range(cfg.n_layer)])

@@ -18,7 +18,7 @@ from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks, share_parameters
 from models.generate import seen_tokens
 from models.heads import ClassificationHead, TokenClassificationHead
-from models.layers import dropout, dropout_keys, norm, over_flat_positions
+from models.layers import Embed, dropout, dropout_keys, norm, over_flat_positions
 from models.spec import block_spec, gpt_neo_attention_init, gpt_neo_mlp_init
 
 
@@ -47,10 +47,10 @@ class GPTNeo(nnx.Module):
         init = jax.nn.initializers.normal
         attention_init, mlp_init = (_gpt2_init(cfg) if cfg.model == "gpt2" else
                                     (gpt_neo_attention_init(cfg), gpt_neo_mlp_init(cfg)))
-        self.wte = nnx.Embed(cfg.n_vocab, cfg.n_embd, embedding_init=init(0.02),
+        self.wte = Embed(cfg.n_vocab, cfg.n_embd, embedding_init=init(0.02),
                              embedding_metadata=axes("vocab", "embd"), rngs=rngs)
         # Positions: a learned table, GPT-Neo's axial table, or none (rotary puts positions into q and k).
-        self.wpe = nnx.Embed(cfg.n_ctx + cfg.position_offset, cfg.n_embd, embedding_init=init(0.01),
+        self.wpe = Embed(cfg.n_ctx + cfg.position_offset, cfg.n_embd, embedding_init=init(0.01),
                              embedding_metadata=axes(None, "embd"), rngs=rngs) if not (
             cfg.rotary_emb or cfg.axial_pos_emb) else None
         self.axial_wpe = AxialPositions(cfg.axial_pos_emb, cfg.n_embd, rngs) if cfg.axial_pos_emb else None

@@ -88,6 +88,16 @@ def projection(einsum: str, shape: Sequence[int], logical: Sequence[str | None],
                       kernel_metadata=axes(*logical), bias_metadata=axes(*bias) if bias else {}, rngs=rngs)
 
 
+class Embed(nnx.Embed):
+    """``nnx.Embed`` computing in its table's dtype. flax fixes an Embed's compute dtype at the table's dtype when
+    created (float32), so the train step's bfloat16 copy of the table would come out as float32 activations and
+    promote every matmul after it (and the tied logits) back to float32."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dtype = None  # follow the table: promote_dtype then keeps the inputs' common dtype
+
+
 class ScaleNorm(nnx.Module):
     """GPT-Neo's ``scalenorm``: x normalised to zero mean and unit variance over ``embd``, times one learned scalar
     ``g`` (init 1). Statistics in float32."""

@@ -27,7 +27,7 @@ from models import kv_cache
 from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks
 from models.generate import seen_tokens
-from models.layers import dropout, dropout_keys, norm, over_flat_positions, projection
+from models.layers import Embed, dropout, dropout_keys, norm, over_flat_positions, projection
 from models.relative_position import RelativePositionBias
 from models.spec import block_spec, gpt_neo_attention_init
 
@@ -86,7 +86,7 @@ class T5Stack(nnx.Module):
 class T5(nnx.Module):
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
         d = cfg.n_embd
-        self.wte = nnx.Embed(cfg.n_vocab, d, embedding_init=jax.nn.initializers.normal(1.0),
+        self.wte = Embed(cfg.n_vocab, d, embedding_init=jax.nn.initializers.normal(1.0),
                              embedding_metadata=axes("vocab", "embd"), rngs=rngs)  # T5's "shared"
         self.encoder = T5Stack(cfg, cfg.n_layer, decoder=False, rngs=rngs)
         self.decoder = T5Stack(cfg, cfg.decoder_layers, decoder=True, rngs=rngs) if cfg.decoder_layers else None

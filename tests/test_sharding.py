@@ -87,6 +87,48 @@ def test_bfloat16_compute_keeps_float32_masters():
     assert not np.allclose(losses, reference, rtol=0, atol=1e-6)  # and it really ran in bf16
 
 
+def matmul_operand_dtypes(jaxpr) -> set[str]:
+    """The dtypes of every dot_general's operands in ``jaxpr`` and the jaxprs nested in it (scans, remat, vjps)."""
+    found = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found |= {v.aval.dtype.name for v in eqn.invars}
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else [value]:
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    found |= matmul_operand_dtypes(inner)
+    return found
+
+
+@pytest.mark.parametrize("family", [
+    dict(),  # GPT-Neo: global and local layers, tied logits
+    dict(model="bert", task="masked_lm", attention_types=None),
+    dict(model="t5", task="seq2seq", attention_types=None, n_decoder_layer=1),
+    dict(model="vit", task="image_classification", image_size=8, patch_size=4, num_channels=1, num_labels=3),
+], ids=["gpt_neo", "bert", "t5", "vit"])
+def test_bfloat16_precision_runs_every_matmul_in_bfloat16(family):
+    """precision bfloat16 casts the parameters for the forward pass: every matmul of the train step's loss and
+    gradients then takes bfloat16 operands (an embedding computing in the float32 it was created in would
+    promote every activation after it back to float32)."""
+    from parallel.steps import batch_shapes, objective_sums
+    from training.objectives import objective_for
+
+    from config import from_dict
+
+    cfg = (from_dict({**family, "precision": "bfloat16"})[0] if family.get("model") == "vit"
+           else tiny_config(precision="bfloat16", **family))
+    graphdef, params = nnx.split(registry.build(cfg, nnx.Rngs(0)), nnx.Param)
+    objective = objective_for(cfg)
+    batch = {name: jax.numpy.zeros(shape, jax.numpy.int32)
+             for name, shape in batch_shapes(objective, cfg, 2).items()}
+
+    def loss(params):
+        return objective_sums(graphdef, objective, params, batch, jax.numpy.bfloat16)[0]["loss"]
+
+    assert matmul_operand_dtypes(jax.make_jaxpr(jax.grad(loss))(params).jaxpr) == {"bfloat16"}
+
+
 @pytest.mark.parametrize("policy", [True, "dots_saveable"])
 def test_remat_gives_the_same_losses(policy):
     """GPT-Neo's recompute_grad true (everything recomputed) and the policy keeping matmul outputs train as

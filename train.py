@@ -61,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     dry.add_argument("--devices", type=int, metavar="N", help="simulated devices (default: what mesh_shape fixes)")
     dry.add_argument("--accelerator", choices=tuple(ACCELERATORS),
                      help="whose memory per device an 'auto' mesh or layout is chosen for (default h100)")
-    dry.add_argument("--topology", metavar="SLICE", help="compile for this TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x2) "
-                     "with the TPU compiler instead, no TPU needed (needs libtpu: pip install \"jax[tpu]==0.10.2\")")
+    dry.add_argument("--topology", metavar="DEVICES", help="compile with the accelerator's own compiler instead, none "
+                     "needed: a TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x2; needs libtpu: pip install "
+                     "\"jax[tpu]==0.10.2\") or GPUs (h100, h100:8, h200:2x8 = hosts x GPUs; needs pip install "
+                     "\"jax[cuda12-local]==0.10.2\" \"nvidia-cudnn-cu12>=9.8,<10\")")
     return p
 
 

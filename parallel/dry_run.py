@@ -38,10 +38,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from config import ConfigError
-from parallel.estimate import ACCELERATORS, TPU_KINDS, UTILISATION, StepEstimate, estimate
+from parallel.estimate import ACCELERATORS, DEVICE_KINDS, UTILISATION, StepEstimate, estimate
 from parallel.hlo_stats import HloStats, parse_hlo
 from parallel.layout import Layout
 from parallel.state import abstract_train_state
+from parallel.topologies import topology_devices
 from parallel.steps import batch_shapes, batch_shardings, make_train_step, microbatch_count
 from training.flops import attention_flops_per_token, train_flops_per_token
 from training.objectives import objective_for
@@ -124,9 +125,10 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
     devices = layout.mesh.size
     hlo = parse_hlo(compiled.as_text(), devices)
     model_flops = train_flops_per_token(cfg) * cfg.train_batch_size * cfg.n_ctx
-    # Splash attention's FLOPs are inside its Pallas kernels, out of the HLO's sight: the model's count stands in.
+    # Attention kernels' FLOPs (splash's Pallas kernels, cuDNN's) are out of the HLO's sight: the model's count
+    # stands in.
     kernel_flops = (attention_flops_per_token(cfg) * cfg.train_batch_size * cfg.n_ctx / devices
-                    if hlo.tpu_kernel_calls else 0.0)
+                    if hlo.attention_kernel_calls else 0.0)
     live = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
     return DryRun(
         parameters=sum(math.prod(p.shape) for p in jax.tree.leaves(abstract.params)),
@@ -143,15 +145,16 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
     """The dry run as Markdown tables (they read in a terminal and paste into a README)."""
     devices = layout.mesh.size
     device = layout.mesh.devices.flat[0]
-    tpu = device.platform == "tpu"
-    compiler = f"{device.device_kind} compiler" if tpu else "CPU compiler"
+    platform = device.platform  # "cpu": simulated devices; "tpu", "gpu": compiled for, none attached
+    compiler = "CPU compiler" if platform == "cpu" else f"{device.device_kind} compiler"
     tokens = cfg.train_batch_size * cfg.n_ctx
     remat = f", recompute_grad {cfg.remat_policy}" if cfg.remat_policy != "none" else ""
     plural = "s" if devices > 1 else ""
-    where = (f"{devices} {device.device_kind} device{plural}, compiled ahead of time, none attached" if tpu
-             else f"{devices} simulated device{plural}")
-    kernels = (f"; attention in {run.hlo.tpu_kernel_calls} Pallas kernel calls, counted as the model's "
-               f"{run.kernel_flops:.3g} per device" if run.hlo.tpu_kernel_calls else "")
+    where = (f"{devices} simulated device{plural}" if platform == "cpu"
+             else f"{devices} {device.device_kind} device{plural}, compiled ahead of time, none attached")
+    kernel = "Pallas" if platform == "tpu" else "cuDNN flash attention"
+    kernels = (f"; attention in {run.hlo.attention_kernel_calls} {kernel} kernel calls, counted as the model's "
+               f"{run.kernel_flops:.3g} per device" if run.hlo.attention_kernel_calls else "")
     lines = [
         f"mesh {dict(layout.mesh.shape)} ({where}), layout {layout.text}",
         f"{human_count(run.parameters)} parameters; batch {cfg.train_batch_size} x {cfg.n_ctx} tokens"
@@ -169,11 +172,11 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
         f"| batch | {human_bytes(run.batch_bytes)} |",
         f"| temporaries: activations, gradients, workspace ({compiler}) | {human_bytes(run.temp_bytes)} |",
     ]
-    if not tpu:
+    if platform == "cpu":
         lines.append(f"| of them at most: whole gradients the CPU program all-reduces before slicing (GPUs and TPUs "
                      f"reduce-scatter) | {human_bytes(run.hlo.whole_before_scatter)} |")
     lines.append(f"| peak: arguments + temporaries + outputs not written in place | {human_bytes(run.peak_bytes)} |")
-    if not tpu:
+    if platform == "cpu":
         lines.append(f"| peak without those whole gradients | "
                      f"{human_bytes(run.peak_bytes - run.hlo.whole_before_scatter)} |")
     lines += [
@@ -199,7 +202,8 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
         lines.append(f"| {e.accelerator.name} | {human_seconds(e.compute_s)} | {human_seconds(e.memory_s)} | "
                      f"{human_seconds(e.collectives_s)} | {human_seconds(e.step_s)} "
                      f"({human_seconds(e.overlapped_s)}) | {e.mfu:.0%} | {fits} |")
-    links = "one ICI torus axis" if tpu else "NVLink (8 per node) / network, or one ICI torus axis"
+    links = {"tpu": "one ICI torus axis", "gpu": "NVLink (8 per node) / network"}.get(
+        platform, "NVLink (8 per node) / network, or one ICI torus axis")
     lines.append(f"step time model: compute at {UTILISATION:.0%} of bf16 peak on the compiled matmul FLOPs"
                  f"{' and the kernels' if run.kernel_flops else ''}; memory: every live byte once at HBM bandwidth; "
                  f"collectives: ring wire bytes over {links}; step = max(compute, memory) + collectives, "
@@ -217,56 +221,27 @@ def simulate_devices(count: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-LIBTPU = 'pip install "jax[tpu]==0.10.2"'
-
-
-def tpu_topology(name: str) -> list:
-    """The devices of the TPU slice ``name`` ("v5e:2x2", "v4:2x2x1", "v5p:2x2x2"), as libtpu describes them to
-    compile for: no TPU needs to be attached."""
-    if not re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)*", name):
-        raise ConfigError(f"--topology: '{name}' is not a TPU slice such as v5e:2x2, v4:2x2x1 or v5p:2x2x2")
-    try:
-        import libtpu  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"--topology: compiling for TPUs needs libtpu ({LIBTPU}); it is not installed") from None
-    # libtpu looks for the TPU VM it runs on unless told, and takes a machine-wide lock that would make two dry
-    # runs exclude each other; this process drives no TPU, it only compiles for one.
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from jax.experimental import topologies
-
-    chips = [int(n) for n in name.split(":")[1].split("x")]
-    options = {}
-    if math.prod(chips) < 4:  # below libtpu's default host of 2x2x1 chips: one host of the slice's own size
-        options["chips_per_host_bounds"] = tuple(chips + [1] * (3 - len(chips)))
-    if name.startswith("v4:"):
-        options["chip_config_name"] = "megacore"  # one device per chip, as jax runs a TPU v4 VM (not per core)
-    try:
-        return list(topologies.get_topology_desc(topology_name=name, platform="tpu", **options).devices)
-    except Exception as e:  # libtpu's message names what it did not accept
-        raise ConfigError(f"--topology: libtpu cannot describe '{name}': {str(e).splitlines()[0]}") from None
-
-
 def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, topology: str | None = None) -> str:
     """``train.py --dry-run``: the report for ``cfg`` on ``device_count`` simulated devices (default: the count
-    ``mesh_shape`` fixes), or compiled for the TPU slice ``topology``; an ``auto`` mesh or layout is chosen for
-    ``accelerator``'s memory (default H100's; with ``topology`` the slice's own TPU's)."""
+    ``mesh_shape`` fixes), or compiled for ``topology``, a TPU slice or a GPU node; an ``auto`` mesh or layout is
+    chosen for ``accelerator``'s memory (default H100's; with ``topology`` its own accelerator's)."""
     from parallel.auto import AUTO, resolve
     from training.peft import build_model
     from parallel.mesh import fixed_device_count
 
     if topology:
         if device_count:
-            raise ConfigError("--devices: not with --topology, whose slice fixes the device count")
+            raise ConfigError("--devices: not with --topology, which fixes the device count")
         if accelerator:
-            raise ConfigError("--accelerator: not with --topology, whose slice's TPU is the accelerator")
-        os.environ["JAX_PLATFORMS"] = "cpu"  # the host's own backend; the TPU program is only compiled
-        devices = tpu_topology(topology)
+            raise ConfigError("--accelerator: not with --topology, whose devices are the accelerator")
+        # The host's own backend (jax read JAX_PLATFORMS at import): the accelerator's program is only compiled,
+        # and its plugin then neither looks for the device nor checks the libraries that would drive one.
+        jax.config.update("jax_platforms", "cpu")
+        devices = topology_devices(topology)
         kind = devices[0].device_kind
-        accelerators = (TPU_KINDS[kind],) if kind in TPU_KINDS else ()  # the plan still comes from the compiler
+        accelerators = (DEVICE_KINDS[kind],) if kind in DEVICE_KINDS else ()  # the plan is the compiler's anyway
         if not accelerators and AUTO in (cfg.mesh_shape, cfg.layout):
-            raise ConfigError(f"--topology: an 'auto' mesh or layout is chosen for the TPU's memory, and this "
+            raise ConfigError(f"--topology: an 'auto' mesh or layout is chosen for the device's memory, and this "
                               f"estimate knows no datasheet for a {kind}; give mesh_shape and layout")
         memory = ACCELERATORS[accelerators[0]].memory if accelerators else None
     else:

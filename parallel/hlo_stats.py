@@ -62,8 +62,8 @@ class HloStats:
     matmul_flops: float  # per device per step: 2 x output elements x contracted elements of every dot
     # and convolution (the TPU compiler's dots)
     whole_before_scatter: int = 0  # bytes the CPU program holds whole before slicing (see _scattered_bytes)
-    tpu_kernel_calls: int = 0  # per step: Pallas kernels compiled for TPUs (splash attention), whose FLOPs are not
-    # in matmul_flops
+    attention_kernel_calls: int = 0  # per step: attention kernels whose FLOPs are not in matmul_flops (splash's
+    # Pallas kernels on TPUs, cuDNN's flash attention on GPUs)
 
     def by_kind(self) -> dict[str, dict]:
         """{kind: {"ops", "executions", "bytes", "wire_bytes"}} summed over the step, per device."""
@@ -336,6 +336,6 @@ def parse_hlo(text: str, device_count: int) -> HloStats:
                 flops += 2.0 * math.prod(_dims(shape)) * inner * runs[name]
             elif op == "convolution":
                 flops += convolution_flops(shape, shapes.get(_operand(args[0]), args[0]), attrs) * runs[name]
-            elif op == "custom-call" and 'custom_call_target="tpu_custom_call"' in attrs:
+            elif op == "custom-call" and re.search(r'custom_call_target="(tpu_custom_call|__cudnn\$fmha)', attrs):
                 kernel_calls += runs[name]
     return HloStats(tuple(found), flops, scattered_once, kernel_calls)

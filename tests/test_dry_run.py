@@ -13,7 +13,8 @@ from jax.sharding import PartitionSpec as P
 
 from config import ConfigError, load_config
 from models import registry
-from parallel.dry_run import dry_run, report, run_dry_run, tpu_topology
+from parallel.dry_run import dry_run, report, run_dry_run
+from parallel.topologies import gpu_topology, topology_devices, tpu_topology
 from parallel.estimate import ACCELERATORS, collective_seconds
 from parallel.hlo_stats import parse_hlo, replica_groups
 from parallel.layout import Layout
@@ -74,6 +75,7 @@ LOOP_HLO = """HloModule loop
   %c = f32[2,8]{1,0} get-tuple-element(%p), index=1
   %w = f32[8,8]{1,0} get-tuple-element(%p), index=2
   %d = f32[2,8]{1,0} dot(%c, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %k = (bf16[2,8]{1,0}, u8[0]{0}) custom-call(%c, %c, %c), custom_call_target="__cudnn$fmhaSoftmax"
   ROOT %t = (s32[], f32[2,8]{1,0}, f32[8,8]{1,0}) tuple(%next, %d, %w)
 }
 
@@ -101,7 +103,9 @@ def test_hlo_reader_reads_a_loops_trips_off_its_condition(start, step, trips):
     """The TPU compiler's loops state no known_trip_count: counter < limit, from the counter's initial constant,
     in the body's steps (2 in a loop XLA unrolled twice)."""
     hlo = LOOP_HLO.replace("START", start).replace("STEP", str(step))
-    assert parse_hlo(hlo, 1).matmul_flops == trips * 2 * 2 * 8 * 8
+    stats = parse_hlo(hlo, 1)
+    assert stats.matmul_flops == trips * 2 * 2 * 8 * 8
+    assert stats.attention_kernel_calls == trips  # cuDNN's flash attention, whose FLOPs the HLO does not show
 
 
 def test_replica_group_spellings():
@@ -154,9 +158,19 @@ def test_dry_run_command_simulates_its_own_devices():
     assert "Traceback" not in result.stderr
 
 
-def test_tpu_slice_mistakes_are_one_line(monkeypatch):
+def test_tpu_slice_and_gpu_node_mistakes_are_one_line(monkeypatch):
     with pytest.raises(ConfigError, match="--topology: 'tpu7:2x2' is not a TPU slice such as v5e:2x2"):
         tpu_topology("tpu7:2x2")
+    with pytest.raises(ConfigError, match="'a100:8' is not a TPU slice .*, nor a GPU node such as h100:8, h200:8"):
+        topology_devices("a100:8")
+    with pytest.raises(ConfigError, match="--topology: 'h100:2x' is not a GPU node such as h100:8"):
+        gpu_topology("h100:2x")
+    with pytest.raises(ConfigError, match="--topology: 'h100:0' names no GPU"):
+        gpu_topology("h100:0")
+    monkeypatch.setitem(sys.modules, "jax_plugins.xla_cuda12", None)  # as where it is not installed
+    with pytest.raises(ConfigError, match=r"compiling for GPUs needs jax's CUDA plugin \(pip install "
+                                          r'"jax\[cuda12-local\]==0.10.2"'):
+        topology_devices("h100:8")
     monkeypatch.setitem(sys.modules, "libtpu", None)  # as where it is not installed
     with pytest.raises(ConfigError, match=r'--topology: compiling for TPUs needs libtpu \(pip install "jax\[tpu\]'):
         tpu_topology("v5e:2x2")
@@ -184,3 +198,32 @@ def test_dry_run_compiles_for_a_tpu_slice_without_one():
     assert "(TPU v5 lite compiler)" in out and "| TPU v5e |" in out and "H100" not in out
     model, compiled = (float(x) for x in re.search(r"model ([\d.e+]+) .*compiled matmuls ([\d.e+]+)", out).groups())
     assert 0.5 * model < compiled < model  # the head and projections, read off convolutions; attention not
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (installed("jax_plugins.xla_cuda12") and installed("nvidia.cudnn")),
+                    reason="compiling for GPUs needs jax's CUDA plugin and cuDNN: pip install "
+                    '"jax[cuda12-local]==0.10.2" "nvidia-cudnn-cu12>=9.8,<10" (CI has neither: the checks above '
+                    "cover the reader and the names)")
+def test_dry_run_compiles_for_gpus_without_one():
+    """XLA's GPU compiler's own program for two H100s, on this CPU machine: cuDNN flash attention for global and
+    local layers (forward and backward per layer), the GPU's memory plan and an estimate for the H100 alone."""
+    result = run_cli("train.py", "--config", "configs/quickstart.json", "--dry-run", "--topology", "h100:2",
+                     "--set", "mesh_shape=x:2", "--set", "layout=batch:x", "--set", "n_layer=2",
+                     "--set", "precision=bfloat16", "--set", 'attention_types=[[["global","local"],1]]',
+                     timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "mesh {'x': 2} (2 NVIDIA H100 80GB HBM3 devices, compiled ahead of time, none attached)" in out
+    assert "attention in 4 cuDNN flash attention kernel calls, counted as the model" in out
+    assert "(NVIDIA H100 80GB HBM3 compiler)" in out and "| H100 |" in out and "TPU" not in out
+    assert "| all-reduce |" in out  # the gradients, over the two GPUs
+    model, compiled = (float(x) for x in re.search(r"model ([\d.e+]+) .*compiled matmuls ([\d.e+]+)", out).groups())
+    assert 0.5 * model < compiled < model  # the head and projections; attention inside cuDNN's kernels

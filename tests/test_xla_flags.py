@@ -2,7 +2,8 @@
 
 import os
 
-from parallel.xla_flags import CACHE_MAX_BYTES, DEFAULT_XLA_FLAGS, apply_defaults, with_defaults
+from parallel.xla_flags import (CACHE_MAX_BYTES, DEFAULT_XLA_FLAGS, GPU_MEMORY_FRACTION, apply_defaults,
+                               with_defaults)
 
 
 def test_xla_flag_defaults_keep_the_users_values():
@@ -13,10 +14,14 @@ def test_xla_flag_defaults_keep_the_users_values():
     assert len(flags) == 2 + len(DEFAULT_XLA_FLAGS) - 1
     environ = {"NEOMESH_XLA_DEFAULTS": "0", "XLA_FLAGS": mine}
     apply_defaults(environ)
-    assert environ["XLA_FLAGS"] == mine
+    assert environ["XLA_FLAGS"] == mine and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in environ
     environ = {}
     apply_defaults(environ)
     assert sorted(f.split("=")[0].lstrip("-") for f in environ["XLA_FLAGS"].split()) == sorted(DEFAULT_XLA_FLAGS)
+    assert float(environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == GPU_MEMORY_FRACTION  # jax's own default is 0.75
+    environ = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
+    apply_defaults(environ)
+    assert environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
 
 
 def test_the_compilation_cache_defaults_to_the_users_cache_directory_unless_chosen_or_off(tmp_path, monkeypatch):

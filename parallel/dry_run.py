@@ -4,14 +4,14 @@
 and compiles the real train step (``make_train_step`` on ``abstract_train_state``) for the mesh, and prints:
 parameters, FLOPs per step, bytes per device (parameters and optimizer state from their shardings; temporaries
 from the compiled program's ``memory_analysis()``), the collectives of the step and their bytes (read off the
-compiled HLO), and an estimated step time on H100 and TPU v4, v5e, v5p and v6e (``parallel/estimate.py`` states
+compiled HLO), and an estimated step time on H100, H200 and TPU v4, v5e, v5p and v6e (``parallel/estimate.py`` states
 the model).
 
-``--topology v5e:4x4`` compiles for a TPU slice instead, with the TPU compiler, on a machine without TPUs:
-libtpu describes the slice's devices (``jax.experimental.topologies``) and compiles for them ahead of time, as
-MaxText's ``train_compile`` does. Then every figure is the TPU program's own: its memory plan, its Pallas
-kernels (splash attention, chosen because the layout's devices are TPUs: ``models.axes.target_platform``), its
-FLOPs and collectives, and the estimate is for that TPU alone.
+``--topology v5e:4x4`` compiles for a TPU slice instead, and ``--topology h100:8`` for GPUs, each with its own
+compiler, on a machine without them (``parallel/topologies.py``). Then every figure is that program's own: its
+memory plan, its attention kernels (splash's Pallas kernels on TPUs, cuDNN's flash attention on GPUs, chosen
+because the layout's devices are those: ``models.axes.target_platform``), its FLOPs and collectives, and the
+estimate is for that accelerator alone.
 
 Without it, the devices are simulated CPU devices (``--xla_force_host_platform_device_count``): XLA's SPMD
 partitioner runs as it would for accelerators, so the per-device shapes, the memory of parameters and optimizer

@@ -9,6 +9,7 @@ import pytest
 from models import registry
 from parallel.state import abstract_model
 from tests.common import random_batches, tiny_config, train_losses
+import training.optimizer
 from training.optimizer import decay_mask, guarded, learning_rate_schedule, spike_to_nan
 
 
@@ -46,10 +47,12 @@ def test_adafactor_trains_and_is_sharding_invariant():
     np.testing.assert_allclose(sharded, single, atol=1e-5)
 
 
-def test_the_bad_step_guard_applies_optax_apply_if_finite_in_place():
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])  # a cond elsewhere, a select on GPUs
+def test_the_bad_step_guard_applies_optax_apply_if_finite_in_place(platform, monkeypatch):
     """The train step's guarded update (the choice made around the update and the add) against optax's chain and
     apply_updates: same state structure (checkpoints keep theirs), same parameters and state step by step over
     finite steps, rejected ones, and the one accepted after max_bad_steps in a row."""
+    monkeypatch.setattr(training.optimizer, "target_platform", lambda: platform)
     params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
     ours = guarded(spike_to_nan(0.0), optax.adamw(0.1, weight_decay=0.01), 2)
     theirs = optax.chain(spike_to_nan(0.0), optax.apply_if_finite(optax.adamw(0.1, weight_decay=0.01), 2))
@@ -68,3 +71,5 @@ def test_the_bad_step_guard_applies_optax_apply_if_finite_in_place():
                                                                                           state_theirs))):
             np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"step {step}")
     assert int(state_ours[1].total_notfinite) == 4 and int(state_ours[1].notfinite_count) == 0
+    primitives = {e.primitive.name for e in jax.make_jaxpr(ours.update_and_apply)(grads, state_ours, params).eqns}
+    assert ("cond" in primitives) == (platform != "gpu")

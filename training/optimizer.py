@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from config import Config
+from models.axes import target_platform
 from training.layer_stack import per_layer, stacked_layers
 
 # GPT-Neo decays to 10% of the peak learning rate.
@@ -81,13 +82,16 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
 
 class GuardedOptimizer(NamedTuple):
     """``optax.chain(spike, optax.apply_if_finite(inner, max_bad_steps))`` (its ``init`` and ``update``, so its
-    state and checkpoints are that chain's) with ``update_and_apply``: the same step, applied to the parameters
-    inside the guard's choice. optax's guard chooses the update with ``lax.cond``, whose outputs are buffers of
-    their own, so the chosen update existed whole, a float32 copy of every parameter, before it was added; made
-    around the update and the add, the choice takes the parameters and the optimizer state in place (the reject
-    branch passes them through), and the update fuses into the add. GPT-Neo 2.7B, bfloat16, one v5p chip, on
-    the TPU compiler's plan: 22.0 GB of temporaries with optax's cond, 12.5 GB so; at 8 of its layers in float32
-    this guard plans what no guard does (5.07 GB)."""
+    state and checkpoints are that chain's) with ``update_and_apply``: the same step, with the guard's choice
+    made around the update and the add, so that the parameters and the optimizer state are updated in place.
+    optax's ``lax.cond`` returns the update as a buffer of its own: the whole update, a float32 copy of every
+    parameter, existed before it was added. How the choice is spelt depends on the compiler: XLA:GPU gives a
+    cond's outputs buffers of their own, but fuses a select into the update; XLA:CPU copies for a select (and
+    runs the small GPT-Neo shape's step 5-9% slower with it) but updates in place through a cond; the TPU
+    compiler does both in place. Temporaries of a donated AdamW step over 4 x 128 MiB of float32 parameters as
+    each compiler plans it (GPU / TPU / CPU): no guard 0 / 0 / 0 MiB; optax's guard 0 / 512 / 512; a cond around
+    the update and the add 1536 / 0 / 128; a select 0 / 0 / 896. GPT-Neo 2.7B, bfloat16, batch 4, scanned with
+    ``full`` recomputation, one H100: 13.3 GB of temporaries with the select, 42.4 GB with the cond."""
 
     init: Callable
     update: Callable
@@ -104,13 +108,18 @@ def guarded(spike: optax.GradientTransformation, inner: optax.GradientTransforma
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
         in_a_row = jnp.where(finite, 0, optax.safe_increment(guard.notfinite_count))
 
-        def accept(operands):
+        accept = finite | (in_a_row > max_bad_steps)
+
+        def step(operands):
             params, inner_state = operands
             updates, inner_state = inner.update(grads, inner_state, params)
             return optax.apply_updates(params, updates), inner_state
 
-        params, inner_state = jax.lax.cond(finite | (in_a_row > max_bad_steps), accept, lambda operands: operands,
-                                           (params, guard.inner_state))
+        operands = (params, guard.inner_state)
+        if target_platform() == "gpu":
+            params, inner_state = jax.tree.map(lambda new, old: jnp.where(accept, new, old), step(operands), operands)
+        else:
+            params, inner_state = jax.lax.cond(accept, step, lambda operands: operands, operands)
         total = jnp.where(finite, guard.total_notfinite, optax.safe_increment(guard.total_notfinite))
         return params, (spike_state, optax.ApplyIfFiniteState(notfinite_count=in_a_row, last_finite=finite,
                                                               total_notfinite=total, inner_state=inner_state))

@@ -54,14 +54,19 @@ def placing(placer: Placer) -> Iterator[None]:
         _active.placer = previous
 
 
-def target_platform() -> str:
-    """The platform the code being traced or built runs on: the active layout's devices, else jax's default
-    backend. They differ in a dry run compiled for a TPU slice this process does not drive (parallel/dry_run.py),
-    where the kernels must still be the TPU's."""
+def target_device() -> jax.Device:
+    """A device the code being traced or built runs on: the active layout's, else jax's default backend's. They
+    differ in a dry run compiled for accelerators this process does not drive (parallel/dry_run.py), where the
+    kernels must still be theirs."""
     placer = getattr(_active, "placer", None)
     if placer is None:
-        return jax.default_backend()
-    return next(iter(placer((), ()).device_set)).platform
+        return jax.devices()[0]
+    return next(iter(placer((), ()).device_set))
+
+
+def target_platform() -> str:
+    """``target_device``'s platform: "cpu", "gpu" or "tpu"."""
+    return target_device().platform
 
 
 def per_device(f: Callable, in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None],

@@ -14,10 +14,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from models.axes import HEADS, per_device, target_platform
+from models.axes import HEADS, per_device, target_device
 
 BLOCK = 512  # the kernel's query and key block: the largest that divides the sequence, down to MIN_BLOCK
 MIN_BLOCK = 128
+FLOAT32_ONLY = ("TPU v2", "TPU v3")  # device kinds whose kernels take float32 operands only
 
 
 def splash_obstacles(t: int, s: int) -> list[str]:
@@ -51,7 +52,11 @@ def _kernel(t: int, heads: int, causal: bool, window: int | None, interpret: boo
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, window: int | None,
                      scale: float = 1.0, segment_ids: jax.Array | None = None) -> jax.Array:
     """(B, T, N, H) queries, keys, values -> (B, T, N, H); ``segment_ids`` (B, T): packed sequences (0 padding)."""
-    interpret = target_platform() != "tpu"
+    device = target_device()
+    interpret = device.platform != "tpu"
+    # The Mosaic compiler of TPU v2 and v3 takes no bfloat16 matmul operands (error E2001): the kernel computes in
+    # float32 there, its inputs cast on the way in.
+    dtype = jnp.float32 if device.device_kind in FLOAT32_ONLY else q.dtype
     segments = jnp.ones(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
 
     def local(q, k, v, segments):  # one device's share: (b, T, n, H)
@@ -60,8 +65,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, 
         from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds
 
         def example(q, k, v, ids):  # (T, n, H) -> (T, n, H); the kernel takes (n, T, H) and does not scale
-            out = kernel((q * scale).swapaxes(0, 1), k.swapaxes(0, 1), v.swapaxes(0, 1),
-                         segment_ids=SegmentIds(q=ids, kv=ids))
+            q, k, v = (x.astype(dtype).swapaxes(0, 1) for x in (q * scale, k, v))
+            out = kernel(q, k, v, segment_ids=SegmentIds(q=ids, kv=ids))
             return out.swapaxes(0, 1)
 
         return jax.vmap(example)(q, k, v, segments).astype(q.dtype)

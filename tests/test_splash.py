@@ -85,3 +85,51 @@ def test_the_kernel_is_chosen_for_the_layouts_devices():
         assert Attention(spec, rngs=nnx.Rngs(0)).kernel == "splash"
     with Layout.from_config(make_mesh("x:-1"), "batch:x").active():
         assert target_platform() == "cpu"
+
+
+class _Device:
+    platform = "tpu"
+
+    def __init__(self, kind: str):
+        self.device_kind = kind
+
+
+class _OneTpu:  # a layout over one TPU of this kind, without any TPU
+    def __init__(self, kind: str):
+        self.device_set = {_Device(kind)}
+        self.mesh = jax.sharding.AbstractMesh((1,), ("x",))
+
+
+def kernel_operand_dtypes(jaxpr) -> set[str]:
+    """The float dtypes going into every Pallas kernel in ``jaxpr`` and the jaxprs nested in it."""
+    found = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found |= {v.aval.dtype.name for v in eqn.invars if jnp.issubdtype(v.aval.dtype, jnp.floating)}
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else [value]:
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    found |= kernel_operand_dtypes(inner)
+    return found
+
+
+@pytest.mark.parametrize("kind, dtype", [("TPU v3", "float32"), ("TPU v5 lite", "bfloat16")])
+def test_splash_computes_in_float32_on_tpus_without_bfloat16_matmuls(kind, dtype):
+    """The Mosaic compiler of TPU v2 and v3 rejects bfloat16 matmul operands inside a kernel (E2001, seen when
+    compiling for Colab's v2-8 and v3-8): there the kernels take float32, forward and backward; elsewhere the
+    inputs' bfloat16. The result keeps the inputs' dtype."""
+    from models.splash import splash_attention
+
+    q = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
+
+    def loss(q):
+        return splash_attention(q, q, q, causal=True, window=None).astype(jnp.float32).sum()
+
+    with placing(lambda names, prefer: _OneTpu(kind)):
+        forward = jax.make_jaxpr(lambda q: splash_attention(q, q, q, causal=True, window=None))(q)
+        backward = jax.make_jaxpr(jax.grad(loss))(q)
+    assert forward.out_avals[0].dtype == jnp.bfloat16
+    assert kernel_operand_dtypes(forward.jaxpr) == {dtype}
+    # the backward kernels also take the forward's float32 log-sum-exp
+    assert ("bfloat16" in kernel_operand_dtypes(backward.jaxpr)) == (dtype == "bfloat16")

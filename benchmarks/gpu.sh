@@ -19,13 +19,11 @@ run() {
 }
 run python benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 --torch-compile
 run python benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 --torch-compile
-# The same 1.3B step scanned (recompute_grad none still recomputes elementwise values there): 64.9 GiB on XLA:CPU's
-# plan against 107.4 unrolled (the TPU compiler plans the other way round: README, Dry run), and whether the scan
-# costs speed on a GPU.
+# The same 1.3B step scanned (recompute_grad none still recomputes elementwise values there): XLA:GPU's plan
+# (train.py --dry-run --topology h100) is 34.1 GB against 35.9 unrolled; whether the scan costs speed on a GPU.
 run python benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 --scan --no-peer
-# 2.7B scanned with full rematerialisation: on XLA:CPU's plan only that fits 80 GB (55.5 GiB; unrolled, remat
-# saves nothing there: 184 GiB), see the README's Speed section; the TPU compiler plans 48.3 GB scanned, 44.3 GB
-# unrolled on one v5p chip.
+# 2.7B scanned with full rematerialisation: XLA:GPU plans 45.1 GB (40.0 GB unrolled; batch 32 still fits, 61.9
+# GB), XLA:CPU 55.3 GiB (unrolled 185 GiB: README, Speed); measured here is what the GPU really holds.
 run python benchmarks/train_step.py --shape 2.7B --seq 2048 --batch 4 --precision bfloat16 --steps 3 \
     --remat full --scan --no-peer
 run python benchmarks/generate.py --config configs/gpt_neo_125M.json --precision bfloat16 --batch-sizes 1,16 \

@@ -105,7 +105,8 @@ def matmul_operand_dtypes(jaxpr) -> set[str]:
     dict(),  # GPT-Neo: global and local layers, tied logits
     dict(model="bert", task="masked_lm", attention_types=None),
     dict(model="t5", task="seq2seq", attention_types=None, n_decoder_layer=1),
-    dict(model="vit", task="image_classification", image_size=8, patch_size=4, num_channels=1, num_labels=3),
+    dict(model="vit", task="image_classification", image_size=8, patch_size=4, num_channels=1, num_labels=3,
+         n_embd=32, n_head=4, n_layer=2, d_ff=64),
 ], ids=["gpt_neo", "bert", "t5", "vit"])
 def test_bfloat16_precision_runs_every_matmul_in_bfloat16(family):
     """precision bfloat16 casts the parameters for the forward pass: every matmul of the train step's loss and

@@ -225,8 +225,10 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
         if window is not None and causal and kernel == "xla" and bias is None and (
                 blocked if blocked is not None else t >= BLOCKED_MIN_WINDOWS * window):
             return blocked_local_attention(q, k, v, window, segment_ids, scale, dropout_rate, dropout_key)
-        if bias is not None and kernel == "cudnn" and (t % 2 or s % 2):
-            kernel = "xla"  # cuDNN's backward pass with a bias needs even lengths
+        if kernel == "cudnn" and (t % 2 or s % 2):
+            # cuDNN's backward pass with a bias needs even lengths, and jax hands the kernel an empty bias when
+            # there is none, so its check refuses odd lengths always (ViT: 16 patches and the class token).
+            kernel = "xla"
         if kernel == "cudnn" and not dropping and segment_ids is None:
             # No mask materialised: the kernel takes causality and the window as flags (and a bias in its dtype).
             local = None if window is None else (window - 1, 0 if causal else window - 1)

@@ -119,7 +119,17 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
                            microbatches=microbatches, seed=cfg.seed, trainable=trainable)
     batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data[name]) for name, shape in shapes.items()}
     start = time.perf_counter()
-    compiled = step.lower(abstract, batch).compile()
+    try:
+        compiled = step.lower(abstract, batch).compile()
+    except jax.errors.JaxRuntimeError as e:
+        device = layout.mesh.devices.flat[0]
+        if device.platform == "cpu" or "RESOURCE_EXHAUSTED" in str(e):
+            raise  # a bug here; out of memory: the one line of neomesh/errors.py
+        # The accelerator's compiler, run without its device, has failed on a pass of its own: one line.
+        hint = ("; without a GPU XLA cannot autotune its Triton matmuls: XLA_FLAGS=--xla_gpu_enable_triton_gemm=false "
+                "compiles them with cuBLAS" if device.platform == "gpu" and "tile" in str(e) else "")
+        raise ConfigError(f"--topology: the {device.device_kind} compiler could not compile this step: "
+                          f"{str(e).splitlines()[0][:300]}{hint}") from None
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     devices = layout.mesh.size

@@ -30,6 +30,17 @@ def tiny_config(**changes):
     return from_dict({**TINY, **changes})[0]
 
 
+def jaxpr_equations(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs nested in it (scans, conds, remat, custom vjps, kernels)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else [value]:
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    yield from jaxpr_equations(inner)
+
+
 def random_batches(cfg, steps: int, seed: int = 0) -> list[dict]:
     """``steps`` causal-LM batches {"tokens": (B, n_ctx+1)} of random token ids."""
     rng = np.random.default_rng(seed)

@@ -275,3 +275,14 @@ def test_kernel_choice():
     assert attention.choose_kernel("auto", "gpu", bf16, 64, explicit_mask=True, **ampere) == "xla"
     with pytest.raises(ConfigError, match="the platform is cpu, not a CUDA GPU; the compute dtype is float32"):
         Attention(spec(kernel="cudnn"), rngs=nnx.Rngs(0))  # forced where it cannot run: at start-up
+
+
+def test_cudnn_layers_take_the_xla_path_at_odd_lengths():
+    """jax's cuDNN training kernel refuses odd sequence lengths, bias or not (ViT: 16 patches and the class token
+    make 17): a cuDNN layer computes those on the XLA path. Here on a CPU, where a call into cuDNN would fail."""
+    q, k, v = (jax.random.normal(key, (2, 17, 2, 16), jnp.bfloat16) for key in jax.random.split(jax.random.key(0), 3))
+
+    def attend(kernel):
+        return softmax_attention(q, k, v, causal=False, window=None, scale=0.25, kernel=kernel)
+
+    np.testing.assert_array_equal(np.asarray(attend("cudnn"), np.float32), np.asarray(attend("xla"), np.float32))

@@ -3,6 +3,7 @@ against the live buffers of a real step, and ``train.py --dry-run`` on a device 
 
 import importlib.util
 import math
+import os
 import re
 import sys
 
@@ -212,9 +213,11 @@ def installed(module: str) -> bool:
                     reason="compiling for GPUs needs jax's CUDA plugin and cuDNN: pip install "
                     '"jax[cuda12-local]==0.10.2" "nvidia-cudnn-cu12>=9.8,<10" (CI has neither: the checks above '
                     "cover the reader and the names)")
-def test_dry_run_compiles_for_gpus_without_one():
+def test_dry_run_compiles_for_gpus_without_one(monkeypatch):
     """XLA's GPU compiler's own program for two H100s, on this CPU machine: cuDNN flash attention for global and
-    local layers (forward and backward per layer), the GPU's memory plan and an estimate for the H100 alone."""
+    local layers (forward and backward per layer), the GPU's memory plan and an estimate for the H100 alone. A
+    step the compiler cannot compile without its GPU is one line (ViT's small matmuls: XLA does not autotune its
+    Triton tiles without a GPU) and compiles with the workaround the line names."""
     result = run_cli("train.py", "--config", "configs/quickstart.json", "--dry-run", "--topology", "h100:2",
                      "--set", "mesh_shape=x:2", "--set", "layout=batch:x", "--set", "n_layer=2",
                      "--set", "precision=bfloat16", "--set", 'attention_types=[[["global","local"],1]]',
@@ -227,3 +230,11 @@ def test_dry_run_compiles_for_gpus_without_one():
     assert "| all-reduce |" in out  # the gradients, over the two GPUs
     model, compiled = (float(x) for x in re.search(r"model ([\d.e+]+) .*compiled matmuls ([\d.e+]+)", out).groups())
     assert 0.5 * model < compiled < model  # the head and projections; attention inside cuDNN's kernels
+    vit = ("train.py", "--config", "configs/vit_digits.json", "--dry-run", "--topology", "h100", "--set",
+           "mesh_shape=x:1", "--set", "precision=bfloat16")
+    result = run_cli(*vit, timeout=300)
+    assert "Traceback" not in result.stderr and (result.returncode == 0 or "--xla_gpu_enable_triton_gemm=false"
+                                                 in result.stderr), result.stderr[-3000:]
+    monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_triton_gemm=false")
+    result = run_cli(*vit, timeout=300)
+    assert result.returncode == 0 and "| H100 |" in result.stdout, result.stderr[-3000:]

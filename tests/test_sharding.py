@@ -11,7 +11,7 @@ from parallel.layout import Layout
 from parallel.mesh import make_mesh, parse_mesh_shape
 from parallel.state import create_train_state
 from parallel.steps import microbatch_count
-from tests.common import random_batches, tiny_config, train_losses, train_metrics
+from tests.common import jaxpr_equations, random_batches, tiny_config, train_losses, train_metrics
 from training.optimizer import make_optimizer
 
 LAYOUTS = [
@@ -88,17 +88,9 @@ def test_bfloat16_compute_keeps_float32_masters():
 
 
 def matmul_operand_dtypes(jaxpr) -> set[str]:
-    """The dtypes of every dot_general's operands in ``jaxpr`` and the jaxprs nested in it (scans, remat, vjps)."""
-    found = set()
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found |= {v.aval.dtype.name for v in eqn.invars}
-        for value in eqn.params.values():
-            for inner in value if isinstance(value, (tuple, list)) else [value]:
-                inner = getattr(inner, "jaxpr", inner)
-                if hasattr(inner, "eqns"):
-                    found |= matmul_operand_dtypes(inner)
-    return found
+    """The dtypes of every dot_general's operands in ``jaxpr`` and the jaxprs nested in it."""
+    return {v.aval.dtype.name for eqn in jaxpr_equations(jaxpr) if eqn.primitive.name == "dot_general"
+            for v in eqn.invars}
 
 
 @pytest.mark.parametrize("family", [

@@ -14,6 +14,7 @@ from models.axes import placing, target_platform
 from models.spec import AttentionSpec
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
+from tests.common import jaxpr_equations
 
 B, T, N, H = 2, 128, 4, 32
 
@@ -102,16 +103,8 @@ class _OneTpu:  # a layout over one TPU of this kind, without any TPU
 
 def kernel_operand_dtypes(jaxpr) -> set[str]:
     """The float dtypes going into every Pallas kernel in ``jaxpr`` and the jaxprs nested in it."""
-    found = set()
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
-            found |= {v.aval.dtype.name for v in eqn.invars if jnp.issubdtype(v.aval.dtype, jnp.floating)}
-        for value in eqn.params.values():
-            for inner in value if isinstance(value, (tuple, list)) else [value]:
-                inner = getattr(inner, "jaxpr", inner)
-                if hasattr(inner, "eqns"):
-                    found |= kernel_operand_dtypes(inner)
-    return found
+    return {v.aval.dtype.name for eqn in jaxpr_equations(jaxpr) if eqn.primitive.name == "pallas_call"
+            for v in eqn.invars if jnp.issubdtype(v.aval.dtype, jnp.floating)}
 
 
 @pytest.mark.parametrize("kind, dtype", [("TPU v3", "float32"), ("TPU v5 lite", "bfloat16")])

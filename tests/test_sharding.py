@@ -122,6 +122,31 @@ def test_bfloat16_precision_runs_every_matmul_in_bfloat16(family):
     assert matmul_operand_dtypes(jax.make_jaxpr(jax.grad(loss))(params).jaxpr) == {"bfloat16"}
 
 
+class _Tpu:
+    platform = "tpu"
+
+
+class _OnTpus:  # what a layout over TPU devices answers; here without any TPU
+    device_set = {_Tpu()}
+
+
+def test_dropout_keys_come_from_the_tpus_own_generator_on_tpus():
+    """On TPUs the dropout masks come from XLA's RngBitGenerator (threefry's hash compiles slowly there), elsewhere
+    from threefry; either way the key is a function of the seed and the step, which is what a resumed run needs."""
+    from models.axes import placing
+    from parallel.steps import dropout_key
+
+    def impl(key):
+        return str(jax.random.key_impl(key))
+
+    assert impl(dropout_key(0, 3)) == "threefry2x32"
+    with placing(lambda names, prefer: _OnTpus()):
+        assert impl(dropout_key(0, 3)) == "rbg"
+        same, other = dropout_key(0, 3), dropout_key(0, 4)
+        assert (jax.random.key_data(same) == jax.random.key_data(dropout_key(0, 3))).all()
+        assert not (jax.random.key_data(same) == jax.random.key_data(other)).all()
+
+
 @pytest.mark.parametrize("policy", [True, "dots_saveable"])
 def test_remat_gives_the_same_losses(policy):
     """GPT-Neo's recompute_grad true (everything recomputed) and the policy keeping matmul outputs train as

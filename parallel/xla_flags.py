@@ -8,9 +8,9 @@ user already gives in ``XLA_FLAGS`` keeps the user's value; ``NEOMESH_XLA_DEFAUL
                                                      reduce-scatters) to overlap with compute
     --xla_gpu_enable_while_loop_double_buffering=true  overlap a scanned loop's next-iteration collectives
 
-and on GPUs jax's allocator takes ``GPU_MEMORY_FRACTION`` (90%) of the device's memory instead of jax's 75%
-(``XLA_PYTHON_CLIENT_MEM_FRACTION``; the rest is left to CUDA, cuDNN and NCCL outside it): an 80 GB H100 gives a
-job 76 GB rather than 64.
+and on GPUs jax's allocator takes ``GPU_MEMORY_FRACTION`` (90%) of the device's memory instead of XLA's 75%
+(``XLA_CLIENT_MEM_FRACTION``, unless it or its deprecated name ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is set; the
+rest is left to CUDA, cuDNN and NCCL outside it): an 80 GB H100 gives a job 76 GB rather than 64.
 
 Compiled programs are kept between runs in ``$XDG_CACHE_HOME/neomesh/jax`` (``~/.cache/neomesh/jax``, at most
 ``CACHE_MAX_BYTES``, least recently used out first): a resumed run or a second run of a config skips XLA's
@@ -31,6 +31,7 @@ DEFAULT_XLA_FLAGS = {
 }
 
 GPU_MEMORY_FRACTION = 0.9
+MEMORY_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")  # jax's name, its old one
 
 CACHE_MAX_BYTES = 4 * 2**30
 
@@ -54,7 +55,8 @@ def apply_defaults(environ=os.environ, compilation_cache: bool = True) -> None:
     ``compilation_cache_dir``."""
     if environ.get("NEOMESH_XLA_DEFAULTS", "1") != "0":
         environ["XLA_FLAGS"] = with_defaults(environ.get("XLA_FLAGS", ""))
-        environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(GPU_MEMORY_FRACTION))
+        if not any(name in environ for name in MEMORY_FRACTION_VARIABLES):  # jax refuses both names at once
+            environ[MEMORY_FRACTION_VARIABLES[0]] = str(GPU_MEMORY_FRACTION)
     if (not compilation_cache or "JAX_COMPILATION_CACHE_DIR" in environ
             or environ.get("NEOMESH_COMPILATION_CACHE", "1") == "0"):
         return

@@ -14,14 +14,16 @@ def test_xla_flag_defaults_keep_the_users_values():
     assert len(flags) == 2 + len(DEFAULT_XLA_FLAGS) - 1
     environ = {"NEOMESH_XLA_DEFAULTS": "0", "XLA_FLAGS": mine}
     apply_defaults(environ)
-    assert environ["XLA_FLAGS"] == mine and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in environ
+    assert environ["XLA_FLAGS"] == mine and "XLA_CLIENT_MEM_FRACTION" not in environ
     environ = {}
     apply_defaults(environ)
     assert sorted(f.split("=")[0].lstrip("-") for f in environ["XLA_FLAGS"].split()) == sorted(DEFAULT_XLA_FLAGS)
-    assert float(environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == GPU_MEMORY_FRACTION  # jax's own default is 0.75
-    environ = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
-    apply_defaults(environ)
-    assert environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    assert float(environ["XLA_CLIENT_MEM_FRACTION"]) == GPU_MEMORY_FRACTION  # XLA's own default is 0.75
+    names = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+    for given, other in (names, names[::-1]):  # the user's fraction, under either name, and never both (jax refuses)
+        environ = {given: "0.5"}
+        apply_defaults(environ)
+        assert environ[given] == "0.5" and other not in environ
 
 
 def test_the_compilation_cache_defaults_to_the_users_cache_directory_unless_chosen_or_off(tmp_path, monkeypatch):

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from config import ConfigError
-from parallel.estimate import ACCELERATORS, DEVICE_KINDS, UTILISATION, StepEstimate, estimate
+from parallel.estimate import ACCELERATORS, DEVICE_KINDS, UTILISATION, Accelerator, StepEstimate, estimate, on_hosts
 from parallel.hlo_stats import HloStats, parse_hlo
 from parallel.layout import Layout
 from parallel.state import abstract_train_state
@@ -100,7 +100,7 @@ def shard_bytes(tree) -> int:
 
 
 def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
-            accelerators: tuple[str, ...] = tuple(ACCELERATORS)) -> DryRun:
+            accelerators: tuple[Accelerator, ...] = tuple(ACCELERATORS.values())) -> DryRun:
     """Compiles ``cfg``'s train step for ``layout``'s mesh without allocating the model and reports it, with a
     step-time estimate for each of ``accelerators``."""
     tx, schedule, objective = make_optimizer(cfg), learning_rate_schedule(cfg), objective_for(cfg)
@@ -147,8 +147,7 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
         output_bytes=memory.output_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
         temp_bytes=memory.temp_size_in_bytes, model_flops=model_flops, microbatches=microbatches,
         compile_seconds=seconds, hlo=hlo, kernel_flops=kernel_flops,
-        estimates=tuple(estimate(hlo, live, model_flops, devices, ACCELERATORS[a], kernel_flops)
-                        for a in accelerators))
+        estimates=tuple(estimate(hlo, live, model_flops, devices, a, kernel_flops) for a in accelerators))
 
 
 def report(run: DryRun, cfg, layout: Layout) -> str:
@@ -249,11 +248,12 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, t
         jax.config.update("jax_platforms", "cpu")
         devices = topology_devices(topology)
         kind = devices[0].device_kind
-        accelerators = (DEVICE_KINDS[kind],) if kind in DEVICE_KINDS else ()  # the plan is the compiler's anyway
+        # the plan is the compiler's anyway; the estimate needs the accelerator's datasheet
+        accelerators = (on_hosts(ACCELERATORS[DEVICE_KINDS[kind]], devices),) if kind in DEVICE_KINDS else ()
         if not accelerators and AUTO in (cfg.mesh_shape, cfg.layout):
             raise ConfigError(f"--topology: an 'auto' mesh or layout is chosen for the device's memory, and this "
                               f"estimate knows no datasheet for a {kind}; give mesh_shape and layout")
-        memory = ACCELERATORS[accelerators[0]].memory if accelerators else None
+        memory = accelerators[0].memory if accelerators else None
     else:
         count = device_count or fixed_device_count(cfg.mesh_shape)
         if count is None:
@@ -262,7 +262,7 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, t
         simulate_devices(count)
         if jax.device_count() != count:  # a backend started before us (e.g. inside a test process)
             raise ConfigError(f"--devices: jax already runs with {jax.device_count()} devices, not {count}")
-        devices, accelerators = jax.devices(), tuple(ACCELERATORS)
+        devices, accelerators = jax.devices(), tuple(ACCELERATORS.values())
         memory = ACCELERATORS[accelerator or "h100"].memory
     make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
     layout, note = resolve(cfg, make_model, make_optimizer(cfg), devices=devices, memory=memory)

@@ -79,6 +79,15 @@ class StepEstimate:
         return self.model_flops / (self.devices * self.accelerator.peak_flops * self.step_s)
 
 
+def on_hosts(accelerator: Accelerator, devices) -> Accelerator:
+    """``accelerator`` with its fast domain no larger than one host of ``devices`` (NVLink joins one host's GPUs:
+    four hosts of 4 GPUs are not two nodes of 8)."""
+    if accelerator.node_size is None:
+        return accelerator
+    per_host = sum(d.process_index == devices[0].process_index for d in devices)
+    return dataclasses.replace(accelerator, node_size=min(accelerator.node_size, per_host))
+
+
 def collective_seconds(stats: HloStats, accelerator: Accelerator) -> float:
     total = 0.0
     for c in stats.collectives:

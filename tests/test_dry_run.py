@@ -16,8 +16,8 @@ from config import ConfigError, load_config
 from models import registry
 from parallel.dry_run import dry_run, report, run_dry_run
 from parallel.topologies import gpu_topology, topology_devices, tpu_topology
-from parallel.estimate import ACCELERATORS, collective_seconds
-from parallel.hlo_stats import parse_hlo, replica_groups
+from parallel.estimate import ACCELERATORS, collective_seconds, on_hosts
+from parallel.hlo_stats import Collective, HloStats, parse_hlo, replica_groups
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 from parallel.state import create_train_state
@@ -107,6 +107,23 @@ def test_hlo_reader_reads_a_loops_trips_off_its_condition(start, step, trips):
     stats = parse_hlo(hlo, 1)
     assert stats.matmul_flops == trips * 2 * 2 * 8 * 8
     assert stats.attention_kernel_calls == trips  # cuDNN's flash attention, whose FLOPs the HLO does not show
+
+
+def test_a_gpu_node_is_one_host():
+    """The NVLink domain of a GPU topology is one host's GPUs: an all-reduce over 2 hosts x 4 GPUs crosses the
+    network, over one host it stays on NVLink; TPU slices are one ICI domain whatever their hosts."""
+    class Device:
+        def __init__(self, host):
+            self.process_index = host
+
+    two_hosts = [Device(i // 4) for i in range(8)]
+    h100 = on_hosts(ACCELERATORS["h100"], two_hosts)
+    assert h100.node_size == 4 and on_hosts(ACCELERATORS["h100"], [Device(0)] * 8).node_size == 8
+    assert on_hosts(ACCELERATORS["tpu-v5e"], two_hosts).node_size is None
+    stats = HloStats(collectives=(Collective("all-reduce", 1024, 1, (tuple(range(8)),)),), matmul_flops=0.0)
+    wire = 2 * 7 / 8 * 1024
+    assert collective_seconds(stats, h100) == pytest.approx(wire / h100.network_bandwidth)
+    assert collective_seconds(stats, ACCELERATORS["h100"]) == pytest.approx(wire / h100.link_bandwidth)
 
 
 def test_replica_group_spellings():

@@ -27,11 +27,11 @@ class Bert(nnx.Module):
         init = jax.nn.initializers.normal(BASE_STDDEV)
         d = cfg.n_embd
         self.wte = Embed(cfg.n_vocab, d, embedding_init=init, embedding_metadata=axes("vocab", "embd"),
-                             rngs=rngs)
+                         rngs=rngs)
         self.wpe = Embed(cfg.n_ctx + cfg.position_offset, d, embedding_init=init,
-                             embedding_metadata=axes(None, "embd"), rngs=rngs)
+                         embedding_metadata=axes(None, "embd"), rngs=rngs)
         self.wtt = Embed(cfg.n_token_types, d, embedding_init=init, embedding_metadata=axes(None, "embd"),
-                             rngs=rngs) if cfg.n_token_types else None
+                         rngs=rngs) if cfg.n_token_types else None
         self.ln_embed = norm("layernorm", d, cfg.layer_norm_epsilon, rngs)
         self.blocks = nnx.List([Block(block_spec(cfg, layer, *BERT_INIT), rngs=rngs) for layer in range(cfg.n_layer)])
         if cfg.share_parameters:  # ALBERT-style: one block's weights for every layer

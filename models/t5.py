@@ -87,7 +87,7 @@ class T5(nnx.Module):
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
         d = cfg.n_embd
         self.wte = Embed(cfg.n_vocab, d, embedding_init=jax.nn.initializers.normal(1.0),
-                             embedding_metadata=axes("vocab", "embd"), rngs=rngs)  # T5's "shared"
+                         embedding_metadata=axes("vocab", "embd"), rngs=rngs)  # T5's "shared"
         self.encoder = T5Stack(cfg, cfg.n_layer, decoder=False, rngs=rngs)
         self.decoder = T5Stack(cfg, cfg.decoder_layers, decoder=True, rngs=rngs) if cfg.decoder_layers else None
         self.lm_head = projection("PD,DV->PV", (d, cfg.n_vocab), ("embd", "vocab"), d ** -0.5, rngs) \

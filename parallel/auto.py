@@ -157,14 +157,14 @@ def resolve(cfg, make_model, tx, devices=None, memory: float | None = None):
     import jax
 
     from parallel.layout import Layout
-    from parallel.mesh import make_mesh, parse_mesh_shape
+    from parallel.mesh import devices_per_host, make_mesh, parse_mesh_shape
     from parallel.state import abstract_model
 
     devices = jax.devices() if devices is None else list(devices)
     if cfg.layout != AUTO:
         return Layout.from_config(make_mesh(cfg.mesh_shape, devices), cfg.layout), None
     job = job_for(cfg, abstract_model(make_model)[1], tx, len(devices), memory or device_memory(devices[0]),
-                  min(sum(d.process_index == devices[0].process_index for d in devices), MAX_TENSOR))
+                  min(devices_per_host(devices), MAX_TENSOR))
     given = None if cfg.mesh_shape == AUTO else parse_mesh_shape(cfg.mesh_shape, len(devices))
     choice = choose(job, given)
     layout = Layout.from_config(make_mesh(choice.mesh_shape, devices), choice.layout)

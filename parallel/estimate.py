@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 from parallel.hlo_stats import HloStats
+from parallel.mesh import devices_per_host
+from parallel.topologies import GPUS
 from parallel.xla_flags import GPU_MEMORY_FRACTION
 
 UTILISATION = 0.5  # of peak, on the compiled matmul FLOPs (recomputation included)
@@ -37,10 +39,10 @@ ACCELERATORS = {
     # H100 SXM: 989 TFLOP/s bf16 dense, 80 GB HBM3 at 3.35 TB/s; NVLink 4 at 450 GB/s per direction inside a node
     # of 8; between nodes one 400 Gb/s InfiniBand NIC per GPU (50 GB/s). Memory: the share of the 79.1 GiB CUDA
     # reports that jax's allocator takes (GPU_MEMORY_FRACTION, parallel/xla_flags.py).
-    "h100": Accelerator("H100", 989e12, GPU_MEMORY_FRACTION * 84.94e9, 3.35e12, 450e9, node_size=8,
+    "h100": Accelerator("H100", 989e12, GPU_MEMORY_FRACTION * GPUS["h100"].memory, 3.35e12, 450e9, node_size=8,
                         network_bandwidth=50e9),
     # H200 SXM: the H100's compute with 141 GiB of HBM3e at 4.8 TB/s.
-    "h200": Accelerator("H200", 989e12, GPU_MEMORY_FRACTION * 151.4e9, 4.8e12, 450e9, node_size=8,
+    "h200": Accelerator("H200", 989e12, GPU_MEMORY_FRACTION * GPUS["h200"].memory, 4.8e12, 450e9, node_size=8,
                         network_bandwidth=50e9),
     # TPU v4: 275 TFLOP/s, 32 GiB HBM2 at 1.2 TB/s; 3-D torus, ICI links at 50 GB/s per direction.
     "tpu-v4": Accelerator("TPU v4", 275e12, 32 * 2**30, 1.2e12, 100e9),
@@ -54,7 +56,7 @@ ACCELERATORS = {
 
 # What jax calls each device (``device.device_kind``, as libtpu and CUDA describe them) -> its entry above.
 DEVICE_KINDS = {"TPU v4": "tpu-v4", "TPU v5 lite": "tpu-v5e", "TPU v5": "tpu-v5p", "TPU v6 lite": "tpu-v6e",
-                "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200 141GB HBM3e": "h200"}
+                **{gpu.name: name for name, gpu in GPUS.items()}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +86,7 @@ def on_hosts(accelerator: Accelerator, devices) -> Accelerator:
     four hosts of 4 GPUs are not two nodes of 8)."""
     if accelerator.node_size is None:
         return accelerator
-    per_host = sum(d.process_index == devices[0].process_index for d in devices)
-    return dataclasses.replace(accelerator, node_size=min(accelerator.node_size, per_host))
+    return dataclasses.replace(accelerator, node_size=min(accelerator.node_size, devices_per_host(devices)))
 
 
 def collective_seconds(stats: HloStats, accelerator: Accelerator) -> float:

@@ -65,7 +65,8 @@ class Gpu:
     shared_memory_per_block_optin: int = 227 * 2**10
 
 
-# Hopper SXM parts as CUDA describes them (H100 SXM 80 GB: 79.1 GiB reported; H200: 141 GiB).
+# Hopper SXM parts as CUDA describes them (H100 SXM 80 GB: 79.1 GiB reported; H200: 141 GiB), under the names
+# parallel/estimate.ACCELERATORS gives their datasheets.
 GPUS = {
     "h100": Gpu("NVIDIA H100 80GB HBM3", memory=84_942_979_072, memory_bandwidth=3.35e12),
     "h200": Gpu("NVIDIA H200 141GB HBM3e", memory=151_397_597_184, memory_bandwidth=4.8e12),

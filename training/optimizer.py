@@ -107,7 +107,6 @@ def guarded(spike: optax.GradientTransformation, inner: optax.GradientTransforma
         grads, spike_state = spike.update(grads, spike_state, params)
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
         in_a_row = jnp.where(finite, 0, optax.safe_increment(guard.notfinite_count))
-
         accept = finite | (in_a_row > max_bad_steps)
 
         def step(operands):

@@ -41,6 +41,25 @@ def jaxpr_equations(jaxpr):
                     yield from jaxpr_equations(inner)
 
 
+class _FakeTpu:
+    platform = "tpu"
+
+    def __init__(self, kind: str):
+        self.device_kind = kind
+
+
+class _OnOneTpu:  # what a layout over one TPU answers (its devices, its mesh); here without any TPU
+    def __init__(self, kind: str):
+        self.device_set = {_FakeTpu(kind)}
+        self.mesh = jax.sharding.AbstractMesh((1,), ("x",))
+
+
+def on_a_tpu(kind: str = "TPU v5 lite"):
+    """A placer (``models.axes.placing``) for a layout over one TPU of ``kind``, on a machine without TPUs: what
+    makes the code being traced choose the TPU's kernels and generators, as in a dry run compiled for a slice."""
+    return lambda names, prefer: _OnOneTpu(kind)
+
+
 def random_batches(cfg, steps: int, seed: int = 0) -> list[dict]:
     """``steps`` causal-LM batches {"tokens": (B, n_ctx+1)} of random token ids."""
     rng = np.random.default_rng(seed)

@@ -11,7 +11,7 @@ from parallel.layout import Layout
 from parallel.mesh import make_mesh, parse_mesh_shape
 from parallel.state import create_train_state
 from parallel.steps import microbatch_count
-from tests.common import jaxpr_equations, random_batches, tiny_config, train_losses, train_metrics
+from tests.common import jaxpr_equations, on_a_tpu, random_batches, tiny_config, train_losses, train_metrics
 from training.optimizer import make_optimizer
 
 LAYOUTS = [
@@ -122,14 +122,6 @@ def test_bfloat16_precision_runs_every_matmul_in_bfloat16(family):
     assert matmul_operand_dtypes(jax.make_jaxpr(jax.grad(loss))(params).jaxpr) == {"bfloat16"}
 
 
-class _Tpu:
-    platform = "tpu"
-
-
-class _OnTpus:  # what a layout over TPU devices answers; here without any TPU
-    device_set = {_Tpu()}
-
-
 def test_dropout_keys_come_from_the_tpus_own_generator_on_tpus():
     """On TPUs the dropout masks come from XLA's RngBitGenerator (threefry's hash compiles slowly there), elsewhere
     from threefry; either way the key is a function of the seed and the step, which is what a resumed run needs."""
@@ -140,7 +132,7 @@ def test_dropout_keys_come_from_the_tpus_own_generator_on_tpus():
         return str(jax.random.key_impl(key))
 
     assert impl(dropout_key(0, 3)) == "threefry2x32"
-    with placing(lambda names, prefer: _OnTpus()):
+    with placing(on_a_tpu()):
         assert impl(dropout_key(0, 3)) == "rbg"
         same, other = dropout_key(0, 3), dropout_key(0, 4)
         assert (jax.random.key_data(same) == jax.random.key_data(dropout_key(0, 3))).all()

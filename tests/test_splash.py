@@ -14,7 +14,7 @@ from models.axes import placing, target_platform
 from models.spec import AttentionSpec
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
-from tests.common import jaxpr_equations
+from tests.common import jaxpr_equations, on_a_tpu
 
 B, T, N, H = 2, 128, 4, 32
 
@@ -67,38 +67,17 @@ def test_kernel_choice_on_tpus():
         choose_kernel("splash", "cpu", jnp.float32, 64)
 
 
-class _Tpu:
-    platform = "tpu"
-
-
-class _TpuSharding:  # what a layout over TPU devices answers; here without any TPU
-    device_set = {_Tpu()}
-
-
 def test_the_kernel_is_chosen_for_the_layouts_devices():
     """A dry run compiles for TPUs from a CPU process (parallel/dry_run.py --topology): built under a layout over
     TPU devices, a layer takes the TPU's kernel, whatever jax's default backend is."""
     spec = AttentionSpec(kind="local", causal=True, n_embd=64, n_head=4, head_dim=16, window=32)
     assert target_platform() == jax.default_backend() == "cpu"
     assert Attention(spec, rngs=nnx.Rngs(0)).kernel == "xla"
-    with placing(lambda names, prefer: _TpuSharding()):
+    with placing(on_a_tpu()):
         assert target_platform() == "tpu"
         assert Attention(spec, rngs=nnx.Rngs(0)).kernel == "splash"
     with Layout.from_config(make_mesh("x:-1"), "batch:x").active():
         assert target_platform() == "cpu"
-
-
-class _Device:
-    platform = "tpu"
-
-    def __init__(self, kind: str):
-        self.device_kind = kind
-
-
-class _OneTpu:  # a layout over one TPU of this kind, without any TPU
-    def __init__(self, kind: str):
-        self.device_set = {_Device(kind)}
-        self.mesh = jax.sharding.AbstractMesh((1,), ("x",))
 
 
 def kernel_operand_dtypes(jaxpr) -> set[str]:
@@ -119,7 +98,7 @@ def test_splash_computes_in_float32_on_tpus_without_bfloat16_matmuls(kind, dtype
     def loss(q):
         return splash_attention(q, q, q, causal=True, window=None).astype(jnp.float32).sum()
 
-    with placing(lambda names, prefer: _OneTpu(kind)):
+    with placing(on_a_tpu(kind)):
         forward = jax.make_jaxpr(lambda q: splash_attention(q, q, q, causal=True, window=None))(q)
         backward = jax.make_jaxpr(jax.grad(loss))(q)
     assert forward.out_avals[0].dtype == jnp.bfloat16

@@ -157,7 +157,8 @@ def resolve(cfg, make_model, tx, devices=None, memory: float | None = None):
     import jax
 
     from parallel.layout import Layout
-    from parallel.mesh import devices_per_host, make_mesh, parse_mesh_shape
+    from parallel.mesh import make_mesh, parse_mesh_shape
+    from parallel.topologies import devices_per_host
     from parallel.state import abstract_model
 
     devices = jax.devices() if devices is None else list(devices)

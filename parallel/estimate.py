@@ -17,8 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from parallel.hlo_stats import HloStats
-from parallel.mesh import devices_per_host
-from parallel.topologies import GPUS
+from parallel.topologies import GPUS, devices_per_host
 from parallel.xla_flags import GPU_MEMORY_FRACTION
 
 UTILISATION = 0.5  # of peak, on the compiled matmul FLOPs (recomputation included)

@@ -54,11 +54,6 @@ def fixed_device_count(text: str) -> int | None:
     return math.prod(int(s) for s in sizes)
 
 
-def devices_per_host(devices) -> int:
-    """How many of ``devices`` share the first one's host (process)."""
-    return sum(d.process_index == devices[0].process_index for d in devices)
-
-
 def make_mesh(text: str, devices=None) -> Mesh:
     """The device mesh for ``mesh_shape``, over all devices of all processes unless ``devices`` is given."""
     devices = jax.devices() if devices is None else list(devices)

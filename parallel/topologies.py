@@ -21,6 +21,11 @@ LIBTPU = 'pip install "jax[tpu]==0.10.2"'
 CUDA_PLUGIN = 'pip install "jax[cuda12-local]==0.10.2" "nvidia-cudnn-cu12>=9.8,<10"'
 
 
+def devices_per_host(devices) -> int:
+    """How many of ``devices`` share the first one's host (process)."""
+    return sum(d.process_index == devices[0].process_index for d in devices)
+
+
 def tpu_topology(name: str) -> list:
     """The devices of the TPU slice ``name`` ("v5e:2x2", "v4:2x2x1", "v5p:2x2x2"), as libtpu describes them to
     compile for: no TPU needs to be attached."""

@@ -10,7 +10,9 @@ import pytest
 from models import attention
 
 on_gpu = jax.default_backend() == "gpu" and attention.cudnn_head_dim_limit() is not None
-pytestmark = pytest.mark.skipif(not on_gpu, reason="needs a CUDA GPU with cuDNN flash attention")
+pytestmark = pytest.mark.skipif(not on_gpu, reason=f"needs a CUDA GPU with cuDNN flash attention; jax runs on "
+                                f"{jax.default_backend()} (the suite sets JAX_PLATFORMS=cpu unless given: "
+                                "JAX_PLATFORMS=cuda on a GPU)")
 
 
 @pytest.mark.parametrize("window", [None, 64], ids=["global", "local"])

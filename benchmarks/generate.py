@@ -6,6 +6,12 @@ Both sides decode greedily to exactly ``--new-tokens`` tokens (no early eos) fro
 include the prefill and are the median of ``--repeats`` runs after a warm-up (NeoMesh's warm-up compiles).
 The transformers side needs torch and transformers (``pip install -r requirements-test.txt``); without them, or
 with ``--neomesh-only``, NeoMesh runs alone on randomly initialised weights.
+
+``--compile-only`` runs nothing: it compiles NeoMesh's generation program for one device, this machine's or with
+``--topology`` an accelerator this machine does not have (``h100``, ``h200``, ``v5e:1x1``: XLA's own GPU or TPU
+compiler, as ``train.py --dry-run --topology``), and prints its plan per batch size: the bytes of the weights, the
+KV cache and the temporaries and, for a GPU, the kernels the decode loop launches per new token (at batch 1 each
+costs microseconds whatever its size). Nothing is allocated, so any shape compiles.
 """
 
 from __future__ import annotations
@@ -34,10 +40,19 @@ def main(argv=None) -> None:
                    "a compiled forward (its fastest decoding, where the model supports it)")
     p.add_argument("--neomesh-only", action="store_true", help="time NeoMesh alone (random weights), without "
                    "transformers")
+    p.add_argument("--compile-only", action="store_true", help="compile NeoMesh's generation program for one "
+                   "device without running it: memory, and kernels per new token on a GPU (nothing allocated)")
+    p.add_argument("--topology", metavar="NAME", help="with --compile-only: the device to compile for, without "
+                   "it: h100, h200 (jax's CUDA plugin) or a one-chip TPU slice such as v5e:1x1 (libtpu)")
     args = p.parse_args(argv)
     from parallel.xla_flags import apply_defaults
 
     apply_defaults(compilation_cache=False)  # as train.py runs, but every compile timed cold
+    if args.topology and not args.compile_only:
+        from config import ConfigError
+        raise ConfigError("--topology: only with --compile-only (nothing runs on a device this machine lacks)")
+    if args.compile_only:
+        return compile_plan(args)
 
     import jax
     import jax.numpy as jnp
@@ -116,6 +131,65 @@ def main(argv=None) -> None:
     print("|---|---|---|---|")
     for name, batch, tokens_per_second, ms in rows:
         print(f"| {name} | {batch} | {tokens_per_second:,.1f} | {ms:.2f} |")
+
+
+def compile_plan(args) -> None:
+    """``--compile-only``: the generation program's plan per batch size, as XLA compiles it for one device."""
+    import jax
+    import jax.numpy as jnp
+
+    from config import ConfigError, load_config
+    from models import registry
+    from models.generate import Sampling, lower_sample
+    from parallel.dry_run import human_bytes
+    from parallel.hlo_stats import loop_body_kernels
+    from parallel.state import abstract_model
+
+    if args.topology:
+        from parallel.topologies import topology_devices
+
+        jax.config.update("jax_platforms", "cpu")  # this machine only compiles for the accelerator
+        devices = topology_devices(args.topology)
+        if len(devices) != 1:
+            raise ConfigError(f"--topology: '{args.topology}' has {len(devices)} devices; generation is planned "
+                              "for one (h100, v5e:1x1)")
+        where = f"{devices[0].device_kind}, compiled ahead of time, none attached"
+    else:
+        devices = jax.devices()
+        where = f"{devices[0].platform} ({devices[0].device_kind})"
+    on_device = jax.sharding.SingleDeviceSharding(devices[0])
+    cfg, _ = load_config(args.config)
+    graphdef, abstract, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
+    dtype = jnp.bfloat16 if args.precision == "bfloat16" else jnp.float32
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype, sharding=on_device), abstract)
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=on_device)
+    settings = Sampling(max_new_tokens=args.new_tokens, temperature=0, eos_id=None)
+    weights = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
+    rows = []
+    for batch in map(int, args.batch_sizes.split(",")):
+        prompts = jax.ShapeDtypeStruct((batch, args.prompt_tokens), jnp.int32, sharding=on_device)
+        pad = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=on_device)
+
+        def prefill(params, prompts, pad):
+            from flax import nnx
+            return nnx.merge(graphdef, nnx.State(params)).prefill(prompts, pad, args.new_tokens, dtype)[1]
+
+        cache = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(jax.eval_shape(prefill, params, prompts, pad)))
+        start = time.perf_counter()
+        compiled = lower_sample(graphdef, params, prompts, pad, settings, key).compile()
+        seconds = time.perf_counter() - start
+        rows.append((batch, cache, compiled.memory_analysis().temp_size_in_bytes,
+                     loop_body_kernels(compiled.as_text()), seconds))
+    print(f"\n{args.config}: {cfg.n_layer} layers x {cfg.n_embd}, {args.precision}, prompt {args.prompt_tokens} + "
+          f"{args.new_tokens} new tokens, greedy; compiled for {where}; weights {human_bytes(weights)}")
+    # Only a GPU launches each top-level operation of the loop as a kernel of its own; XLA:TPU's count is mostly
+    # scalar and asynchronous-copy instructions, XLA:CPU's runs as threaded loops: no launch cost to compare.
+    on_gpu = devices[0].platform == "gpu"
+    print("| batch | KV cache | temporaries |" + (" kernels per new token |" if on_gpu else "") + " compile s |")
+    print("|---|---|---|" + ("---|" if on_gpu else "") + "---|")
+    for batch, cache, temporaries, kernels, seconds in rows:
+        print(f"| {batch} | {human_bytes(cache)} | {human_bytes(temporaries)} |" + (f" {kernels:.0f} |" if on_gpu
+              else "") + f" {seconds:.1f} |")
 
 
 if __name__ == "__main__":

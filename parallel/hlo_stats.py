@@ -24,6 +24,8 @@ _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \((.*)\) -> .* \{$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
 _CALLED = re.compile(r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "opt-barrier",
+             "partition-id", "replica-id"}
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
@@ -258,8 +260,9 @@ def _counted_trips(line: str, caller: list[str], computations: dict[str, list[st
     return max(-(-(_int_constants(cond)[bound.group(2)] - start) // _counter_step(body, index)), 0)
 
 
-def parse_hlo(text: str, device_count: int) -> HloStats:
-    """Collectives and matmul FLOPs of an optimized HLO module (``compiled.as_text()``), per device per step."""
+def split_computations(text: str) -> tuple[dict[str, list[str]], dict[str, dict[str, str]], str]:
+    """An optimized HLO module's text -> ({computation: its instruction lines}, {computation: {parameter: shape}},
+    the ENTRY computation's name)."""
     computations: dict[str, list[str]] = {}
     params: dict[str, dict[str, str]] = {}
     entry, current = None, None
@@ -277,6 +280,31 @@ def parse_hlo(text: str, device_count: int) -> HloStats:
             computations[current].append(line)
     if entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
+    return computations, params, entry
+
+
+def loop_body_kernels(text: str) -> float:
+    """How many operations one iteration of the module's largest ``while`` loop launches (a decode step of the
+    generation loop): the top-level instructions of its body, less those that launch nothing (parameters, tuples,
+    bitcasts, constants), over the iterations XLA unrolled into one body (GPU double buffering runs two). On a GPU
+    each is a kernel (a fusion, a library call, a copy); 0 without a loop."""
+    computations, _, _ = split_computations(text)
+    counts = [0.0]
+    for lines in computations.values():
+        for line in lines:
+            body = re.search(r"\bbody=%([\w.\-]+)", line)
+            if body and body.group(1) in computations:
+                unrolled = re.search(r'"known_init_step":\{"init":"-?\d+","step":"(\d+)"\}', line)
+                kernels = sum(1 for body_line in computations[body.group(1)]
+                              if (match := _INSTRUCTION.match(body_line))
+                              and _split_shape(match.group(2))[1].split("(", 1)[0] not in NO_KERNEL)
+                counts.append(kernels / int(unrolled.group(1)) if unrolled else kernels)
+    return max(counts)
+
+
+def parse_hlo(text: str, device_count: int) -> HloStats:
+    """Collectives and matmul FLOPs of an optimized HLO module (``compiled.as_text()``), per device per step."""
+    computations, params, entry = split_computations(text)
 
     # How often each computation runs per step: a while body trip-count times per run of its caller.
     calls: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)

@@ -7,6 +7,7 @@ user already gives in ``XLA_FLAGS`` keeps the user's value; ``NEOMESH_XLA_DEFAUL
     --xla_gpu_enable_latency_hiding_scheduler=true   schedule collectives (FSDP all-gathers, gradient
                                                      reduce-scatters) to overlap with compute
     --xla_gpu_enable_while_loop_double_buffering=true  overlap a scanned loop's next-iteration collectives
+                                                     (not the decode loop: models/generate.LOOP_OPTIONS)
 
 and on GPUs jax's allocator takes ``GPU_MEMORY_FRACTION`` (90%) of the device's memory instead of XLA's 75%
 (``XLA_CLIENT_MEM_FRACTION``, unless it or its deprecated name ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is set; the

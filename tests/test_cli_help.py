@@ -153,6 +153,28 @@ def test_generate_benchmark_without_torch_says_what_to_install_and_times_neomesh
     assert [row[:2] for row in rows] == [["NeoMesh (JAX)", "1"]] and float(rows[0][2].replace(",", "")) > 0
 
 
+def test_generate_benchmark_compile_only_plans_one_device_without_running(capsys):
+    import argparse
+
+    from benchmarks import generate
+    from config import ConfigError
+
+    args = argparse.Namespace(config="quickstart", precision="float32", new_tokens=4, prompt_tokens=4,
+                              batch_sizes="1,2", topology=None)
+    generate.compile_plan(args)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("quickstart: 4 layers x 192, float32, prompt 4 + 4 new tokens, greedy; compiled for "
+                               "cpu (cpu); weights 7.99 MB")  # 2.00M parameters in float32
+    assert lines[1] == "| batch | KV cache | temporaries | compile s |"  # kernels per token: GPUs only
+    (one, cache_one, temp_one, _), (two, cache_two, _, _) = ([cell.strip() for cell in line.strip("|").split("|")]
+                                                             for line in lines[3:])
+    size = lambda text: float(text.split()[0]) * {"B": 1, "kB": 1e3, "MB": 1e6}[text.split()[1]]  # noqa: E731
+    assert (one, two) == ("1", "2") and size(cache_two) == pytest.approx(2 * size(cache_one), rel=0.01)
+    assert size(temp_one) > 0
+    with pytest.raises(ConfigError, match="--topology: only with --compile-only"):
+        generate.main(["--config", "quickstart", "--topology", "h100"])
+
+
 def test_the_gpu_table_script_says_in_one_line_that_it_needs_a_gpu():
     import jax
 

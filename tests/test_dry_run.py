@@ -17,7 +17,7 @@ from models import registry
 from parallel.dry_run import dry_run, report, run_dry_run
 from parallel.topologies import gpu_topology, topology_devices, tpu_topology
 from parallel.estimate import ACCELERATORS, collective_seconds, on_hosts
-from parallel.hlo_stats import Collective, HloStats, parse_hlo, replica_groups
+from parallel.hlo_stats import Collective, HloStats, loop_body_kernels, parse_hlo, replica_groups
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 from parallel.state import create_train_state
@@ -107,6 +107,42 @@ def test_hlo_reader_reads_a_loops_trips_off_its_condition(start, step, trips):
     stats = parse_hlo(hlo, 1)
     assert stats.matmul_flops == trips * 2 * 2 * 8 * 8
     assert stats.attention_kernel_calls == trips  # cuDNN's flash attention, whose FLOPs the HLO does not show
+
+
+LOOP_HLO = """HloModule decode
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %a = f32[8]{0} fusion(%x), kind=kLoop, calls=%f
+  %b = f32[8]{0} custom-call(%a), custom_call_target="__cublas$gemm"
+  %c = f32[8]{0} copy(%b)
+  %d = f32[8]{0} fusion(%c), kind=kInput, calls=%f
+  %one = s32[] constant({step})
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[8]) tuple(%next, %d)
+}
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8]) tuple(%zero, %x)
+  %w = (s32[], f32[8]) while(%init), condition=%cond, body=%body{config}
+  ROOT %out = f32[8]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+@pytest.mark.parametrize("step, per_iteration", [(1, 5), (2, 2.5)], ids=["as-written", "double-buffered"])
+def test_the_loop_reader_counts_one_iterations_kernels(step, per_iteration):
+    """Four kernels and the counter's add per iteration; XLA:GPU's double buffering puts two iterations in one
+    body and says so in the loop's config."""
+    config = (', backend_config={"known_trip_count":{"n":"4"},"known_init_step":{"init":"0","step":"2"}}'
+              if step == 2 else "")
+    text = LOOP_HLO.replace("{step}", "1").replace("{config}", config)
+    assert loop_body_kernels(text) == per_iteration
+    assert loop_body_kernels(text.replace("while(", "call(").replace("body=", "to_apply=")) == 0
 
 
 def test_a_gpu_node_is_one_host():
@@ -255,3 +291,22 @@ def test_dry_run_compiles_for_gpus_without_one(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_enable_triton_gemm=false")
     result = run_cli(*vit, timeout=300)
     assert result.returncode == 0 and "| H100 |" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (installed("jax_plugins.xla_cuda12") and installed("nvidia.cudnn")),
+                    reason="compiling for GPUs needs jax's CUDA plugin and cuDNN (see above)")
+def test_generation_compiles_for_an_h100_without_one_and_its_loop_is_not_double_buffered(monkeypatch):
+    """NeoMesh's XLA defaults double-buffer while loops (for scanned train steps); the generation loop opts out,
+    so its kernels per token are those of a compile without the defaults."""
+    command = ("benchmarks/generate.py", "--compile-only", "--topology", "h100", "--config", "quickstart",
+               "--precision", "bfloat16", "--batch-sizes", "1", "--new-tokens", "8", "--prompt-tokens", "4")
+    kernels = []
+    for defaults in ("1", "0"):
+        monkeypatch.setenv("NEOMESH_XLA_DEFAULTS", defaults)
+        result = run_cli(*command, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        header, _, row = result.stdout.strip().splitlines()[-3:]
+        assert header == "| batch | KV cache | temporaries | kernels per new token | compile s |"
+        kernels.append(float(row.strip("|").split("|")[3]))
+    assert kernels[0] == kernels[1] > 0

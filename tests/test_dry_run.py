@@ -109,7 +109,7 @@ def test_hlo_reader_reads_a_loops_trips_off_its_condition(start, step, trips):
     assert stats.attention_kernel_calls == trips  # cuDNN's flash attention, whose FLOPs the HLO does not show
 
 
-LOOP_HLO = """HloModule decode
+DECODE_LOOP_HLO = """HloModule decode
 
 %body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
   %p = (s32[], f32[8]) parameter(0)
@@ -119,7 +119,7 @@ LOOP_HLO = """HloModule decode
   %b = f32[8]{0} custom-call(%a), custom_call_target="__cublas$gemm"
   %c = f32[8]{0} copy(%b)
   %d = f32[8]{0} fusion(%c), kind=kInput, calls=%f
-  %one = s32[] constant({step})
+  %one = s32[] constant(1)
   %next = s32[] add(%i, %one)
   ROOT %t = (s32[], f32[8]) tuple(%next, %d)
 }
@@ -140,7 +140,7 @@ def test_the_loop_reader_counts_one_iterations_kernels(step, per_iteration):
     body and says so in the loop's config."""
     config = (', backend_config={"known_trip_count":{"n":"4"},"known_init_step":{"init":"0","step":"2"}}'
               if step == 2 else "")
-    text = LOOP_HLO.replace("{step}", "1").replace("{config}", config)
+    text = DECODE_LOOP_HLO.replace("{config}", config)
     assert loop_body_kernels(text) == per_iteration
     assert loop_body_kernels(text.replace("while(", "call(").replace("body=", "to_apply=")) == 0
 

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 DEFAULT_NEW_TOKENS = 64
+DEFAULT_LAYOUT = "batch:x"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "for n_ctx instead of stopping with an error")
     p.add_argument("--mesh-shape", metavar="SHAPE", help="run sharded on this mesh, e.g. x:4,y:2 (default: one "
                    "device)")
-    p.add_argument("--layout", default="batch:x", help="layout with --mesh-shape")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the run's "
-                   "config (repeatable)")
+    p.add_argument("--layout", default=DEFAULT_LAYOUT, help="layout with --mesh-shape")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the model's "
+                   "config, a run's or a Hugging Face model's (repeatable; keys that keep its parameters' shapes, "
+                   "such as precision=bfloat16)")
     return p
 
 
@@ -102,6 +104,11 @@ def check_options(args) -> None:
               (args.num_beams == 1 or args.num_samples == 1, "--num-samples > 1 needs sampling, not --num-beams"),
               (args.num_beams == 1 or not args.entmax_sampling, "--entmax-sampling samples; it does not combine "
                                                                 "with --num-beams"),
+              (args.num_beams == 1 or (args.top_k == 0 and args.top_p == 1 and args.temperature in (0, 1)),
+               "--top-k, --top-p and --temperature shape sampling; beam search (--num-beams) does not sample"),
+              (all(args.stop), "--stop: an empty text would end every generation at once"),
+              (args.mesh_shape or args.layout == DEFAULT_LAYOUT, f"--layout {args.layout}: give --mesh-shape too "
+                                                                 "(without it the model runs on one device)"),
               (args.config or args.model or args.model_path or args.hf_model,
                "give --config, --model, --model-path or --hf-model")]
     for ok, message in checks:
@@ -226,6 +233,8 @@ def predict(args) -> None:
     from pretrained import layout_for
 
     prompts = read_prompts(args)
+    if args.output and os.path.isdir(args.output):
+        raise ConfigError(f"--output {args.output}: is a directory; name a file")
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         raise ConfigError(f"--output {args.output}: no such directory")
     layout = layout_for(args.mesh_shape, args.layout)
@@ -234,18 +243,21 @@ def predict(args) -> None:
         args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS
 
     seq2seq = cfg.task == "seq2seq"
+    room = cfg.n_ctx if seq2seq else cfg.n_ctx - args.max_new_tokens  # T5: the prompt fills the encoder
+    if room < 1:
+        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: leaves no room for a prompt in the model's n_ctx "
+                          f"{cfg.n_ctx} (at most {cfg.n_ctx - 1})")
     encoded = []
     for i, text in enumerate(prompts):
         ids = tokenizer.encode(text) or [tokenizer.eos_id]
         if seq2seq and ids[-1] != tokenizer.eos_id:  # T5's encoder inputs end with end-of-text
             ids.append(tokenizer.eos_id)
-        room = cfg.n_ctx if seq2seq else cfg.n_ctx - args.max_new_tokens  # T5: the prompt fills the encoder
         if len(ids) > room:
-            if not args.truncate_prompt or room < 1:
-                limit = f"n_ctx {cfg.n_ctx} (the encoder's)" if seq2seq else \
-                    f"n_ctx {cfg.n_ctx} with --max-new-tokens {args.max_new_tokens}"
-                raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; only {max(room, 0)} fit in {limit} "
-                                  "(shorten it, lower --max-new-tokens, or pass --truncate-prompt)")
+            if not args.truncate_prompt:
+                limit, lower = (f"the encoder's n_ctx {cfg.n_ctx}", "") if seq2seq else \
+                    (f"n_ctx {cfg.n_ctx} with --max-new-tokens {args.max_new_tokens}", ", lower --max-new-tokens")
+                raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; only {room} fit in {limit} (shorten it"
+                                  f"{lower} or pass --truncate-prompt)")
             ids = ids[-room:]
         encoded += [ids] * args.num_samples
     width = max(map(len, encoded))
@@ -285,8 +297,9 @@ def predict(args) -> None:
             blocks.append(f"{header} ===\n{prompts[prompt_index]}{separator}{printer.text(row)}")
             print(blocks[-1])
     if args.output:
-        with open(args.output, "w") as f:
+        with open(args.output + ".tmp", "w") as f:  # whole or not at all
             f.write("\n".join(blocks) + "\n")
+        os.replace(args.output + ".tmp", args.output)
         print(f"wrote {len(blocks)} generation(s) to {args.output}", file=sys.stderr)
 
 

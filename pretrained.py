@@ -46,8 +46,11 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
 
     with Checkpoints(model_path, keep=1, read_only=True) as checkpoints:
         step = checkpoints.latest_step()
-        cfg, _ = from_dict(checkpoints.located_config(step), source=f"{model_path} checkpoint config",
-                           overrides=overrides)
+        saved = checkpoints.located_config(step)
+        cfg, _ = from_dict(saved, source=f"{model_path} checkpoint config", overrides=overrides)
+        if overrides:
+            check_same_shapes(from_dict(saved, source=f"{model_path} checkpoint config")[0], cfg, overrides,
+                              f"checkpoint {checkpoints.directory}/{step}")
         make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
         graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
         peft = cfg.peft_settings
@@ -77,14 +80,39 @@ def _with_base(cfg: Config, make_model, abstract: dict, trained: dict) -> dict:
     return join_params(trained, place_params(load_hf(cfg.init_from)[1], abstract, fresh))
 
 
-def load_hf_model(hf_dir: str, layout=None, notes: list | None = None) -> tuple[Config, object, dict]:
-    """(config, graphdef, parameters) of a Hugging Face model directory, placed on ``layout``. A head the
-    checkpoint lacks (a bare ``BertModel`` loaded for masked LM) starts from its init, and ``notes`` says so."""
+def check_same_shapes(saved: Config, cfg: Config, overrides: tuple[str, ...], weights: str) -> None:
+    """A one-line error naming ``overrides`` where they give the model other parameters than ``weights`` were
+    made for (``--set n_ctx=64`` on a model with 128 learned positions), before any restore is tried."""
+    from parallel.state import abstract_model, path_name
+    from training.peft import build_model
+
+    def shapes(c: Config) -> dict:
+        leaves = jax.tree_util.tree_leaves_with_path(abstract_model(lambda rngs: build_model(c, rngs))[1])
+        return {path_name(path): leaf.shape for path, leaf in leaves}
+
+    theirs, ours = shapes(saved), shapes(cfg)
+    for name in sorted(theirs.keys() | ours.keys()):
+        if theirs.get(name) != ours.get(name):
+            have = lambda shape: "none" if shape is None else str(shape)  # noqa: E731
+            raise ConfigError(f"--set {' '.join(overrides)}: the model would change shape ({name}: "
+                              f"{have(theirs.get(name))} in {weights}, {have(ours.get(name))} with --set); set only "
+                              "keys that keep its parameters")
+
+
+def load_hf_model(hf_dir: str, layout=None, notes: list | None = None, overrides: tuple[str, ...] = ()
+                  ) -> tuple[Config, object, dict]:
+    """(config, graphdef, parameters) of a Hugging Face model directory, placed on ``layout``, its config changed
+    by ``overrides`` (``precision=bfloat16``) where they keep the parameters' shapes. A head the checkpoint lacks
+    (a bare ``BertModel`` loaded for masked LM) starts from its init, and ``notes`` says so."""
     from convert.hf import load_hf
     from parallel.state import init_params, match_params, place_params, sharded_abstract_params
     from training.peft import build_model
 
     cfg, params = load_hf(hf_dir)
+    if overrides:
+        imported = cfg
+        cfg, _ = from_dict(cfg.to_dict(), source=f"{hf_dir}/config.json (imported)", overrides=overrides)
+        check_same_shapes(imported, cfg, overrides, hf_dir)
     make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
     graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
     missing = match_params(params, abstract)[1]
@@ -112,7 +140,7 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
         tokenizer_dir = os.path.join(path, "tokenizer")
         tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else make_tokenizer(cfg)
     elif kind == "hf":
-        cfg, graphdef, params = load_hf_model(path, layout, notes)
+        cfg, graphdef, params = load_hf_model(path, layout, notes, overrides)
         tokenizer = load_tokenizer(path)
     else:
         raise ConfigError(f"{path}: neither a NeoMesh run directory (no checkpoints/) nor a Hugging Face model "

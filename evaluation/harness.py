@@ -26,6 +26,7 @@ from config import ConfigError
 from evaluation.scorer import LENGTH_STEP, Scorer
 
 DEFAULT_MAX_GEN_TOKS = 256
+MODEL_ARGS = ("path", "batch_size", "mesh_shape", "layout", "max_gen_toks")
 
 
 @register_model("neomesh")
@@ -33,7 +34,7 @@ class NeoMeshLM(LM):
     """``loglikelihood``, ``loglikelihood_rolling`` and ``generate_until`` over one loaded NeoMesh model."""
 
     def __init__(self, path: str, batch_size: int | str = 8, mesh_shape: str | None = None,
-                 layout: str = "batch:x", max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, **ignored):
+                 layout: str = "batch:x", max_gen_toks: int = DEFAULT_MAX_GEN_TOKS):
         super().__init__()
         from pretrained import layout_for
 
@@ -45,8 +46,16 @@ class NeoMeshLM(LM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "NeoMeshLM":
-        """The command line's ``--model_args`` win over its general options (``--batch_size`` defaults to 1)."""
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        """The command line's ``--model_args`` (checked: a misspelt ``mesh_shape`` must not run unsharded) win
+        over its general options (``--batch_size`` defaults to 1; those this model has no use for, ``device``,
+        are left out)."""
+        unknown = [key for key in arg_dict if key not in MODEL_ARGS]
+        if unknown:
+            raise ConfigError(f"--model_args {unknown[0]}: not an argument of the neomesh model "
+                              f"({', '.join(MODEL_ARGS)})")
+        if "path" not in arg_dict:
+            raise ConfigError("--model_args: give path=DIR (a NeoMesh run or a Hugging Face model directory)")
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k in MODEL_ARGS}
         return cls(**{**extra, **arg_dict})
 
     @classmethod

@@ -253,15 +253,28 @@ def test_predict_from_a_sharded_checkpoint_on_one_device_and_on_a_mesh(neo_dir, 
 
 def test_predict_errors_are_one_line(neo_dir, tmp_path):
     cases = [
-        (["--hf-model", neo_dir, "--prompt", "x " * 80], "prompt 1 has"),
+        (["--hf-model", neo_dir, "--prompt", "x " * 80], "tokens; only 48 fit in n_ctx 64 with --max-new-tokens 16 "
+         "(shorten it, lower --max-new-tokens or pass --truncate-prompt)"),
+        (["--hf-model", neo_dir, "--prompt", "x", "--max-new-tokens", "64", "--truncate-prompt"],
+         "--max-new-tokens 64: leaves no room for a prompt in the model's n_ctx 64 (at most 63)"),
         (["--model-path", str(tmp_path / "none"), "--prompt", "x"], "no checkpoint in"),
         (["--hf-model", str(tmp_path), "--prompt", "x"], "not a Hugging Face model directory"),
         (["--hf-model", neo_dir, "--prompt", "x", "--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--hf-model", neo_dir, "--prompt", "x", "--stop", ""], "--stop: an empty text would end every generation"),
+        (["--hf-model", neo_dir, "--prompt", "x", "--num-beams", "2", "--top-k", "3"],
+         "beam search (--num-beams) does not sample"),
+        (["--hf-model", neo_dir, "--prompt", "x", "--layout", "heads:x"], "--layout heads:x: give --mesh-shape too"),
+        (["--hf-model", neo_dir, "--prompt", "x", "--output", str(tmp_path)], "is a directory; name a file"),
+        (["--hf-model", neo_dir, "--prompt", "x", "--set", "n_ctxx=32"], "--set n_ctxx=32: unknown key 'n_ctxx'"),
+        (["--hf-model", neo_dir, "--prompt", "x", "--set", "n_ctx=32"], "--set n_ctx=32: the model would change "
+         f"shape (wpe/embedding: (64, 64) in {neo_dir}, (32, 64) with --set)"),
     ]
     for args, message in cases:
-        result = run_command("predict.py", *args)
+        result = run_command("predict.py", "--max-new-tokens", "16", *args)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-        assert message in result.stderr
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    from pretrained import load as load_any  # --set reaches a Hugging Face model's config where shapes stay
+    assert load_any(neo_dir, overrides=("precision=bfloat16",))[0].precision == "bfloat16"
     no_tokenizer = tmp_path / "no_tokenizer"
     hf_fixtures.gpt_neo().save_pretrained(str(no_tokenizer))
     result = run_command("predict.py", "--hf-model", str(no_tokenizer), "--prompt", "x")
@@ -294,3 +307,15 @@ def test_python_api_runs_and_generates_like_transformers(neo_dir):
     greedy = hf_generate(reference, ids, do_sample=False, max_new_tokens=12)
     assert model.generate(PROMPT, max_new_tokens=12, temperature=0) == tokenizer.decode(
         [t for t in greedy if t != 0])
+
+
+def test_a_set_that_changes_the_models_shapes_is_named_before_any_restore():
+    from config import ConfigError, load_config
+    from pretrained import check_same_shapes
+
+    trained = load_config("quickstart")[0]
+    check_same_shapes(trained, load_config("quickstart", ("precision=bfloat16",))[0], ("precision=bfloat16",),
+                      "checkpoint C")  # same parameters: fine
+    with pytest.raises(ConfigError, match=r"^--set n_ctx=64: the model would change shape \(wpe/embedding: "
+                                          r"\(128, 192\) in checkpoint C, \(64, 192\) with --set\)"):
+        check_same_shapes(trained, load_config("quickstart", ("n_ctx=64",))[0], ("n_ctx=64",), "checkpoint C")

@@ -98,3 +98,16 @@ def test_a_local_multiple_choice_task_through_the_harness(tmp_path, hf_dir, lm, 
         results = json.load(f)["results"]["neomesh_tiny_choice"]
     assert results["acc,none"] == pytest.approx(ours["choice_acc"])
     assert results["acc_norm,none"] == pytest.approx(ours["choice_acc_norm"])
+
+
+def test_model_args_are_checked_and_the_command_lines_other_options_left_out(hf_dir):
+    """A misspelt --model_args key (mesh_shape) would otherwise run unsharded without a word."""
+    from config import ConfigError
+
+    with pytest.raises(ConfigError, match="--model_args mesh_shap: not an argument of the neomesh model"):
+        NeoMeshLM.create_from_arg_string(f"path={hf_dir},mesh_shap=x:2")
+    with pytest.raises(ConfigError, match="--model_args: give path=DIR"):
+        NeoMeshLM.create_from_arg_string("batch_size=2")
+    lm = NeoMeshLM.create_from_arg_string(f"path={hf_dir},max_gen_toks=4",
+                                          {"batch_size": 2, "max_batch_size": None, "device": "cuda"})
+    assert lm.max_gen_toks == 4 and lm.scorer.batch_size == 2

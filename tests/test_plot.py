@@ -1,6 +1,7 @@
 """python -m tools.plot: one PNG comparing runs, a curve per run and quantity, read from metrics.jsonl."""
 
 import json
+import os
 
 import pytest
 
@@ -56,3 +57,8 @@ def test_command_line_and_its_mistakes(tmp_path):
     with pytest.raises(SystemExit):
         from tools.plot import main
         main([run, "--names", "a", "b"])
+    for out, message in [(tmp_path / "curves.jpgx", "the picture's type comes from its extension, one of"),
+                         (tmp_path, "is a directory")]:
+        wrong = run_command("-m", "tools.plot", run, "-o", str(out))
+        assert wrong.returncode == 2 and f"error: -o {out}: {message}" in wrong.stderr, wrong.stderr
+    assert sorted(os.listdir(tmp_path)) == ["empty", "out.png", "run"]  # written whole: no temporary left

@@ -41,12 +41,20 @@ def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
+    from config import ConfigError
+
+    kinds = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    picture = os.path.splitext(out)[1].lstrip(".").lower() or "png"  # no extension: a PNG, as matplotlib writes
+    if os.path.isdir(out):
+        raise ConfigError(f"-o {out}: is a directory; name the picture's file")
+    if picture not in kinds:
+        raise ConfigError(f"-o {out}: the picture's type comes from its extension, one of .{', .'.join(sorted(kinds))}")
     names = names or [os.path.basename(os.path.normpath(d)) or d for d in run_dirs]
     runs = [read_run(d) for d in run_dirs]
     panels = [(title, curves) for title, curves in PANELS
               if any(row.get(metric) is not None for run in runs for kind, metric, _, _ in curves for row in run[kind])]
     if not panels:
-        from config import ConfigError
         raise ConfigError(f"{', '.join(run_dirs)}: metrics.jsonl holds no rows yet: nothing to plot")
     columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
@@ -68,7 +76,8 @@ def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     figure.tight_layout()
-    figure.savefig(out, dpi=110)
+    figure.savefig(out + ".tmp", dpi=110, format=picture)  # whole or not at all
+    os.replace(out + ".tmp", out)
     plt.close(figure)
     return figure
 

@@ -22,9 +22,11 @@ SHAPES = {  # (image, patch, channels, width, heads, layers, labels)
 
 
 def hf_vit(image, patch, channels, width, heads, layers, labels, head=True):
+    """A random ViTForImageClassification (or ViTModel); encoder_stride keeps transformers' default 16 whatever the
+    patch size, as every saved ViTConfig does."""
     cfg = transformers.ViTConfig(image_size=image, patch_size=patch, num_channels=channels, hidden_size=width,
                                  num_attention_heads=heads, num_hidden_layers=layers, intermediate_size=2 * width,
-                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, encoder_stride=patch,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                                  id2label={i: str(i) for i in range(labels)})
     torch.manual_seed(0)
     model = (transformers.ViTForImageClassification(cfg) if head else transformers.ViTModel(cfg)).eval()
@@ -72,6 +74,18 @@ def test_vit_model_hidden_states_and_interpolated_positions_match_transformers(t
         np.testing.assert_allclose(np.asarray(hidden_states(model, jnp.asarray(pixels))), want, atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="set interpolate_positions true"):
         registry.build(cfg.replace(interpolate_positions=False), nnx.Rngs(0))(jnp.zeros((1, 24, 24, 3)))
+
+
+def test_only_a_masked_image_modeling_head_needs_encoder_stride_equal_to_patch_size():
+    from convert import vit
+
+    hf = dict(model_type="vit", image_size=16, patch_size=4, encoder_stride=16, hidden_size=32, num_attention_heads=4,
+              intermediate_size=64, num_hidden_layers=2)
+    for architecture in ("ViTForImageClassification", "ViTModel"):
+        assert vit.config_from_hf({**hf, "architectures": [architecture]}).patch_size == 4
+    with pytest.raises(ConfigError, match="config.json: encoder_stride 16 differs from patch_size 4 "
+                                          r"\(ViTForMaskedImageModeling's head\)"):
+        vit.config_from_hf({**hf, "architectures": ["ViTForMaskedImageModeling"]})
 
 
 def test_export_round_trip_loads_in_transformers(tmp_path):

@@ -103,6 +103,32 @@ def test_export_round_trip_loads_in_transformers(tmp_path):
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), params, back)
 
 
+def test_imported_vit_exports_and_predict_and_eval_say_it_reads_images(tmp_path):
+    """A Hugging Face ViT directory has no tokenizer: the import writes no tokenizer folder, the export needs none,
+    and predict.py / eval.py refuse it in one line."""
+    from tests.common import run_command
+
+    hf = hf_vit(16, 4, 3, 32, 4, 2, 3)
+    run, out = tmp_path / "run", tmp_path / "out"
+    result = run_command("-m", "convert", "import", saved(hf, tmp_path / "hf"), str(run))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not (run / "tokenizer").exists()
+    (run / "tokenizer").mkdir()  # an earlier import's empty folder: no use to a ViT, not read
+    result = run_command("-m", "convert", "export", str(run), str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not (out / "tokenizer.json").exists()
+    pixels = torch.from_numpy(images_for(16, 3).transpose(0, 3, 1, 2))
+    with torch.no_grad():
+        want = hf(pixel_values=pixels).logits
+        assert torch.equal(transformers.ViTForImageClassification.from_pretrained(out)(pixel_values=pixels).logits,
+                           want)
+    for command, extra, message in (("predict.py", ["--prompt", "x"], "does not generate text"),
+                                    ("eval.py", [], "does not score text")):
+        result = run_command(command, "--model-path", str(run), *extra)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+        assert f"a vit model trained for image_classification {message}" in result.stderr
+
+
 def test_vit_trains_sharded_as_on_one_device():
     cfg, _ = from_dict(dict(model="vit", image_size=8, patch_size=2, num_channels=1, n_embd=32, n_head=4,
                             n_layer=2, d_ff=64, num_labels=10, train_batch_size=8, warmup_steps=0, lr=1e-3,

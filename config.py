@@ -294,6 +294,11 @@ class Config:
         return None if self.peft is None else check_peft(self.peft)
 
     @property
+    def reads_text(self) -> bool:
+        """Whether the model's inputs are token ids, so a tokenizer goes with it (ViT reads images)."""
+        return self.task != "image_classification"
+
+    @property
     def head_dim(self) -> int:
         return self.d_kv or self.n_embd // self.n_head
 

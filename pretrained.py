@@ -125,7 +125,7 @@ def load_hf_model(hf_dir: str, layout=None, notes: list | None = None, overrides
 def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "auto", notes: list | None = None):
     """(config, graphdef, parameters, tokenizer) of a NeoMesh run directory (``kind`` "run"; it has checkpoints/)
     or a Hugging Face directory ("hf"; it has config.json and weights, or is ORG/NAME in the local Hugging Face
-    cache); "auto" tells them apart."""
+    cache); "auto" tells them apart. A model that reads images (ViT) has no tokenizer: None."""
     from convert.hf_dir import load_tokenizer
     from data.source import make_tokenizer
 
@@ -138,14 +138,17 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
     if kind == "run":
         cfg, graphdef, params = load_run(path, layout, overrides)
         tokenizer_dir = os.path.join(path, "tokenizer")
-        tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else make_tokenizer(cfg)
+        if not cfg.reads_text:
+            tokenizer = None
+        else:
+            tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else make_tokenizer(cfg)
     elif kind == "hf":
         cfg, graphdef, params = load_hf_model(path, layout, notes, overrides)
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(path) if cfg.reads_text else None
     else:
         raise ConfigError(f"{path}: neither a NeoMesh run directory (no checkpoints/) nor a Hugging Face model "
                           "directory (no config.json)")
-    if tokenizer.vocab_size > cfg.n_vocab:
+    if tokenizer is not None and tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens")
     return cfg, graphdef, params, tokenizer
 
@@ -192,6 +195,9 @@ class Pretrained:
         tokenizer's own [CLS] a [SEP] (b [SEP]) template (data/labelled.py); decoders the plain ids."""
         import numpy as np
 
+        if self.tokenizer is None:
+            raise ConfigError(f"tokenize: a {self.config.model} model reads images, not text; pass a batch dict "
+                              "{\"inputs\": (B, H, W, C) images}")
         texts = [texts] if isinstance(texts, str) else list(texts)
         pairs = [pairs] if isinstance(pairs, str) else list(pairs) if pairs is not None else [None] * len(texts)
         cfg = self.config

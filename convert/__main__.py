@@ -33,14 +33,34 @@ def main(argv=None) -> int:
     def run():
         if args.command == "import":
             cfg = import_hf(args.hf_dir, args.model_path)
-            print(f"imported {cfg.model} ({cfg.n_layer} layers x {cfg.n_embd}) into {args.model_path}: generate "
-                  f"with predict.py --model-path {args.model_path}; train on data with its tokenizer with train.py "
-                  f"--config YOUR_CONFIG --model-path {args.model_path}")
+            print("\n".join(imported(cfg, args.hf_dir, args.model_path)))
         else:
             cfg = export_hf(args.model_path, args.hf_dir)
             print(f"exported {args.model_path} ({cfg.model}) to {args.hf_dir}")
 
     return run_main(run)
+
+
+def imported(cfg, source: str, run: str) -> list[str]:
+    """What an import says: a note when a text model came without a tokenizer (predict.py and eval.py read text
+    with it), then what this family's run is good for."""
+    from convert.hf_dir import has_tokenizer
+
+    lines = []
+    if cfg.reads_text and not has_tokenizer(os.path.join(run, "tokenizer")):
+        lines.append(f"note: {source} has no tokenizer (tokenizer.json, vocab.json + merges.txt, vocab.txt or "
+                     f"spiece.model); put the model's files in {run}/tokenizer/ before predict.py or eval.py")
+    uses = []
+    if cfg.task == "causal_lm" or (cfg.task == "seq2seq" and cfg.decoder_layers):
+        uses.append(f"generate with predict.py --model-path {run}")
+    if cfg.task == "causal_lm":
+        uses.append(f"score with eval.py --model-path {run}")
+    data = "on data made with its tokenizer " if cfg.reads_text else ""
+    uses.append(f"fine-tune {data}with train.py --config YOUR_CONFIG --model-path {run} (this run) or --init-from "
+                f"{source} (a new one)")
+    uses.append(f"export with python -m convert export {run} HF_DIR")
+    lines.append(f"imported {cfg.model} ({cfg.n_layer} layers x {cfg.n_embd}) into {run}: " + "; ".join(uses))
+    return lines
 
 
 if __name__ == "__main__":

@@ -59,12 +59,12 @@ def check_finite(params: dict, what: str) -> None:
 
 
 def import_hf(hf_dir: str, model_path: str) -> Config:
-    """Writes MODEL_PATH/config.json, MODEL_PATH/tokenizer/ and a step-0 checkpoint (fresh optimizer state), so
-    predict.py --model-path and train.py (fine-tuning) both start from the imported weights. ``hf_dir`` may be
-    ORG/NAME from the local Hugging Face cache."""
+    """Writes MODEL_PATH/config.json, a step-0 checkpoint (fresh optimizer state) and, when ``hf_dir`` has one,
+    MODEL_PATH/tokenizer/, so predict.py --model-path and train.py (fine-tuning) both start from the imported
+    weights. ``hf_dir`` may be ORG/NAME from the local Hugging Face cache."""
     import jax
 
-    from convert.hf_dir import copy_tokenizer
+    from convert.hf_dir import copy_tokenizer, has_tokenizer
     from models import registry
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
@@ -76,6 +76,11 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     hf_dir = resolve_model(hf_dir, "import")  # a directory, or a name from the local Hugging Face cache
     cfg, params = load_hf(hf_dir)
     cfg = cfg.replace(model_path=model_path)
+    tokenizer = has_tokenizer(hf_dir)
+    if cfg.reads_text and not tokenizer:
+        # The model's tokenizer is hf_dir's, which has none: predict.py says so, rather than reading text with
+        # the default dataset's tokenizer (a run without tokenizer/ falls back to it).
+        cfg = cfg.replace(tokenizer_path=hf_dir)
     existing = os.path.join(model_path, "checkpoints")
     if os.path.isdir(existing) and os.listdir(existing):
         raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")
@@ -84,7 +89,8 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
                                      cfg.seed, params=params)
     with Checkpoints(model_path, cfg.keep_checkpoints) as checkpoints:
         checkpoints.save(0, state, cfg.to_dict())
-    copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
+    if tokenizer:
+        copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
     with open(os.path.join(model_path, "config.json"), "w") as f:
         json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)
     return cfg
@@ -120,6 +126,6 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
         from training.peft.weights import merged_params
 
         params, cfg = merged_params(graphdef, params), cfg.replace(peft=None)
-    tokenizer_dir = os.path.join(model_path, "tokenizer")
-    export_params(cfg, params, hf_dir, tokenizer_dir if os.path.isdir(tokenizer_dir) else None)
+    tokenizer_dir = os.path.join(model_path, "tokenizer")  # not read for a ViT (an older import left it empty)
+    export_params(cfg, params, hf_dir, tokenizer_dir if cfg.reads_text and os.path.isdir(tokenizer_dir) else None)
     return cfg

@@ -18,6 +18,7 @@ from config import ConfigError
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "spiece.model",
                    "tokenizer_config.json", "special_tokens_map.json")
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "spiece.model")  # one of these makes a tokenizer
 
 
 def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
@@ -106,18 +107,24 @@ def load_tokenizer(path: str):
     """The tokenizer of an HF directory: tokenizer.json, GPT-2's vocab.json + merges.txt, or BERT's vocab.txt."""
     from data.tokenizer import load_tokenizer as load
 
-    if not any(os.path.exists(os.path.join(path, name)) for name in ("tokenizer.json", "vocab.json", "vocab.txt",
-                                                                      "spiece.model")):
+    if not has_tokenizer(path):
         raise ConfigError(f"{path}: no tokenizer (tokenizer.json, vocab.json + merges.txt, vocab.txt, or "
                           "spiece.model)")
     return load(path)
 
 
+def has_tokenizer(path: str) -> bool:
+    """Whether directory ``path`` holds a tokenizer's vocabulary (not just tokenizer_config.json)."""
+    return any(os.path.exists(os.path.join(path, name)) for name in VOCABULARY_FILES)
+
+
 def copy_tokenizer(src: str, dst: str) -> None:
-    os.makedirs(dst, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if os.path.exists(os.path.join(src, name)):
-            shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+    """Copies the tokenizer files of ``src`` into ``dst``; ``dst`` is made only when there is one to copy."""
+    names = [name for name in TOKENIZER_FILES if os.path.exists(os.path.join(src, name))]
+    if names:
+        os.makedirs(dst, exist_ok=True)
+    for name in names:
+        shutil.copy(os.path.join(src, name), os.path.join(dst, name))
 
 
 def strip_prefix(tensors: dict, prefixes: tuple[str, ...]) -> dict:

@@ -4,8 +4,10 @@
 torch Linear weights are (out, in); NeoMesh attention kernels are (D, N, H) and (N, H, D). Each stack's relative
 position bias table lives in its first block in transformers (``block.0.layer.0.SelfAttention.
 relative_attention_bias``) and once per stack here. The gated MLP's ``wi_0`` (through the activation) is NeoMesh's
-``c_gate`` and ``wi_1`` its ``c_fc``. Tied checkpoints scale the decoder output by d_model**-0.5 before the shared
-embedding; untied ones (T5 v1.1) carry ``lm_head.weight`` and do not scale.
+``c_gate`` and ``wi_1`` its ``c_fc``. Original T5 scales the decoder output by d_model**-0.5 before the shared
+embedding; T5 v1.1 does not, and carries its own ``lm_head.weight`` (``no_weight_tie`` here). Older transformers
+configs say v1.1 with ``tie_word_embeddings: false``; transformers 5 always writes ``tie_word_embeddings: true``
+and says it with ``scale_decoder_outputs: false`` (the head stays untied when the checkpoint holds one).
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ ACTIVATIONS_FROM_HF = {"relu": "relu", "gelu": "gelu_exact", "gelu_new": "gelu",
                        "silu": "silu", "swish": "silu", "tanh": "tanh"}
 ACTIVATIONS_TO_HF = {"relu": "relu", "gelu_exact": "gelu", "gelu": "gelu_new", "silu": "silu", "swish": "silu",
                      "tanh": "tanh"}
+
+
+def scales_decoder_output(hf: dict) -> bool:
+    """Whether the decoder output is scaled by d_model**-0.5 (original T5) or not (v1.1), in either spelling:
+    transformers 5's ``scale_decoder_outputs`` wins over ``tie_word_embeddings``, as it does there."""
+    if "scale_decoder_outputs" in hf:
+        return hf["scale_decoder_outputs"] is not False
+    return hf.get("tie_word_embeddings", True) is not False
 
 
 def config_from_hf(hf: dict, source: str = "config.json") -> Config:
@@ -48,7 +58,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
                 activation_function=ACTIVATIONS_FROM_HF[act],
                 relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
                 relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
-                no_weight_tie=hf.get("tie_word_embeddings", True) is False,
+                no_weight_tie=not scales_decoder_output(hf),
                 decoder_start_token_id=hf.get("decoder_start_token_id", hf.get("pad_token_id", 0)) or 0)
     if hf.get("d_kv", d // n) * n != d:
         keys["d_kv"] = hf["d_kv"]
@@ -93,8 +103,8 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
     params = {"wte": {"embedding": get("shared.weight")}, "encoder": stack("encoder", cfg.n_layer, False)}
     if cfg.decoder_layers:
         params["decoder"] = stack("decoder", cfg.decoder_layers, True)
-        if cfg.no_weight_tie:
-            params["lm_head"] = {"kernel": get("lm_head.weight").T}
+        if cfg.no_weight_tie:  # transformers 5 ties a head the checkpoint lacks to the shared embedding
+            params["lm_head"] = {"kernel": sd.get("lm_head.weight", params["wte"]["embedding"]).T}
     return params
 
 
@@ -123,8 +133,11 @@ def config_to_hf(cfg: Config) -> dict:
             "num_heads": cfg.n_head, "relative_attention_num_buckets": cfg.relative_attention_num_buckets,
             "relative_attention_max_distance": cfg.relative_attention_max_distance, "dropout_rate": cfg.res_dropout,
             "layer_norm_epsilon": cfg.layer_norm_epsilon, "initializer_factor": 1.0, "feed_forward_proj": projection,
-            "is_encoder_decoder": not encoder_only, "tie_word_embeddings": not cfg.no_weight_tie, "use_cache": True,
-            "pad_token_id": 0, "decoder_start_token_id": cfg.decoder_start_token_id, "torch_dtype": "float32"}
+            "is_encoder_decoder": not encoder_only, "use_cache": True,
+            "pad_token_id": 0, "decoder_start_token_id": cfg.decoder_start_token_id, "torch_dtype": "float32",
+            # v1.1 in both spellings: older transformers read only tie_word_embeddings (false: untied, unscaled);
+            # transformers 5 reads scale_decoder_outputs and unties a head that differs from the embedding
+            "tie_word_embeddings": not cfg.no_weight_tie, "scale_decoder_outputs": not cfg.no_weight_tie}
 
 
 def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:

@@ -24,12 +24,16 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
     if act not in ACTIVATIONS_FROM_HF:
         raise ConfigError(f"{source}: hidden_act '{act}' is not supported (supported: "
                           f"{', '.join(ACTIVATIONS_FROM_HF)})")
-    if hf.get("encoder_stride", hf.get("patch_size", 16)) != hf.get("patch_size", 16):
-        raise ConfigError(f"{source}: encoder_stride differs from patch_size (a masked-image-modeling head)")
+    # Only the masked-image-modeling head reads encoder_stride; transformers writes its default 16 into every
+    # ViTConfig, so a classifier with another patch size carries a stale one.
+    patch, stride = hf.get("patch_size", 16), hf.get("encoder_stride", 16)
+    if "ViTForMaskedImageModeling" in (hf.get("architectures") or []) and stride != patch:
+        raise ConfigError(f"{source}: encoder_stride {stride} differs from patch_size {patch} "
+                          "(ViTForMaskedImageModeling's head)")
     labels = hf.get("id2label") or {}
     keys = dict(model="vit", n_embd=hf.get("hidden_size", 768), n_layer=hf.get("num_hidden_layers", 12),
                 n_head=hf.get("num_attention_heads", 12), d_ff=hf.get("intermediate_size", 3072),
-                image_size=hf.get("image_size", 224), patch_size=hf.get("patch_size", 16),
+                image_size=hf.get("image_size", 224), patch_size=patch,
                 num_channels=hf.get("num_channels", 3), layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
                 qkv_bias=hf.get("qkv_bias", True), activation_function=ACTIVATIONS_FROM_HF[act],
                 num_labels=max(len(labels), 2))

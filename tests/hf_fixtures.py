@@ -140,16 +140,18 @@ def t5(n_embd=48, n_head=4, d_kv=None, n_layer=2, n_decoder_layer=3, d_ff=80, vo
     return model
 
 
-def save_t5(model, path) -> str:
-    """Saves a T5 (safetensors) with the T5-style test tokenizer; an untied model says so in config.json, as
-    T5 v1.1 checkpoints do."""
+def save_t5(model, path, old_config: bool = True) -> str:
+    """Saves a T5 (safetensors) with the T5-style test tokenizer. transformers 5 writes an untied model's
+    config.json as ``tie_word_embeddings: true, scale_decoder_outputs: false``; ``old_config`` rewrites it as older
+    transformers wrote it and T5 v1.1 checkpoints on the Hub say it: ``tie_word_embeddings: false`` alone."""
     import json
 
     model.save_pretrained(str(path))
     t5_tokenizer().save(str(path / "tokenizer.json"))
     untied = getattr(model, "lm_head", None) is not None and model.lm_head.weight is not model.shared.weight
-    if untied:
+    if untied and old_config:
         config = json.loads((path / "config.json").read_text())
         config["tie_word_embeddings"] = False
+        config.pop("scale_decoder_outputs", None)
         (path / "config.json").write_text(json.dumps(config))
     return str(path)

@@ -27,14 +27,18 @@ SHAPES = {  # name -> hf_fixtures.t5 arguments
     "t5-relu-tied": dict(),
     "t5v1.1-gated-gelu-untied-dkv16": dict(ffn="gated-gelu", tied=False, d_kv=16, n_layer=3, n_decoder_layer=2),
     "t5-gated-silu-3heads": dict(ffn="gated-silu", n_embd=36, n_head=3, buckets=16, max_distance=40),
+    "t5v1.1-config-as-transformers5-saves-it": dict(ffn="gated-gelu", tied=False),
 }
+# config.json as transformers 5 writes it for v1.1: tie_word_embeddings true, scale_decoder_outputs false; the
+# other untied shape says tie_word_embeddings false, as older transformers and the Hub's v1.1 checkpoints do
+SAVED_BY_TRANSFORMERS5 = {"t5v1.1-config-as-transformers5-saves-it"}
 PROMPT = "def add(a, b):\n    return"
 
 
 @pytest.fixture(scope="module")
 def directories(tmp_path_factory):
-    return {name: hf_fixtures.save_t5(hf_fixtures.t5(**kw), tmp_path_factory.mktemp(name)) for name, kw in
-            SHAPES.items()}
+    return {name: hf_fixtures.save_t5(hf_fixtures.t5(**kw), tmp_path_factory.mktemp(name),
+                                      old_config=name not in SAVED_BY_TRANSFORMERS5) for name, kw in SHAPES.items()}
 
 
 def reference(path, encoder_only=False):
@@ -198,6 +202,9 @@ def test_export_round_trip_is_lossless_and_loads_in_transformers(name, directori
     assert original.keys() == exported.keys()
     for key in original:
         assert np.array_equal(original[key], exported[key]), key
+    untied = SHAPES.get(name, {}).get("tied") is False
+    hf = json.loads((tmp_path / "out/config.json").read_text())  # older transformers read tie_word_embeddings alone
+    assert (hf["tie_word_embeddings"], hf["scale_decoder_outputs"]) == (not untied, not untied)
     reloaded = reference(str(tmp_path / "out"), encoder_only=name == "encoder")
     tokens = torch.from_numpy(np.random.default_rng(1).integers(3, hf_fixtures.VOCAB, (2, 12)))
     with torch.no_grad():
@@ -206,6 +213,27 @@ def test_export_round_trip_is_lossless_and_loads_in_transformers(name, directori
         else:
             a, b = (m(input_ids=tokens, decoder_input_ids=tokens[:, :7]).logits for m in (reloaded, reference(source)))
     assert torch.equal(a, b)
+
+
+def test_v1_1_config_with_the_head_tied_to_the_embedding(tmp_path):
+    """transformers 5 builds T5Config(tie_word_embeddings=False) tied (its config keeps only scale_decoder_outputs:
+    false) and saves no lm_head.weight: the head is the shared embedding, unscaled, on import and after export."""
+    model = hf_fixtures.t5(ffn="gated-gelu", tied=False)
+    model.lm_head.weight = model.shared.weight
+    source = hf_fixtures.save_t5(model, tmp_path / "in")
+    assert "lm_head.weight" not in load_file(f"{source}/model.safetensors")
+    cfg, _, params, neo = ours(source)
+    assert cfg.no_weight_tie
+    tokens = np.random.default_rng(2).integers(3, hf_fixtures.VOCAB, (2, 12))
+    with torch.no_grad():
+        want = reference(source)(input_ids=torch.from_numpy(tokens), decoder_input_ids=torch.from_numpy(tokens[:, :7]))
+    got, _ = neo(tokens, decoder_inputs=tokens[:, :7])
+    assert float(np.max(np.abs(np.asarray(got) - want.logits.numpy()))) <= 1e-4
+    export_params(cfg, params, str(tmp_path / "out"), source)
+    with torch.no_grad():
+        again = reference(str(tmp_path / "out"))(input_ids=torch.from_numpy(tokens),
+                                                 decoder_input_ids=torch.from_numpy(tokens[:, :7]))
+    assert torch.equal(again.logits, want.logits)
 
 
 def test_pytorch_model_bin_and_a_missing_sentencepiece(tmp_path, monkeypatch):

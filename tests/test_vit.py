@@ -22,9 +22,11 @@ SHAPES = {  # (image, patch, channels, width, heads, layers, labels)
 
 
 def hf_vit(image, patch, channels, width, heads, layers, labels, head=True):
+    """A random ViTForImageClassification (or ViTModel); encoder_stride keeps transformers' default 16 whatever the
+    patch size, as every saved ViTConfig does."""
     cfg = transformers.ViTConfig(image_size=image, patch_size=patch, num_channels=channels, hidden_size=width,
                                  num_attention_heads=heads, num_hidden_layers=layers, intermediate_size=2 * width,
-                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, encoder_stride=patch,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                                  id2label={i: str(i) for i in range(labels)})
     torch.manual_seed(0)
     model = (transformers.ViTForImageClassification(cfg) if head else transformers.ViTModel(cfg)).eval()
@@ -74,6 +76,18 @@ def test_vit_model_hidden_states_and_interpolated_positions_match_transformers(t
         registry.build(cfg.replace(interpolate_positions=False), nnx.Rngs(0))(jnp.zeros((1, 24, 24, 3)))
 
 
+def test_only_a_masked_image_modeling_head_needs_encoder_stride_equal_to_patch_size():
+    from convert import vit
+
+    hf = dict(model_type="vit", image_size=16, patch_size=4, encoder_stride=16, hidden_size=32, num_attention_heads=4,
+              intermediate_size=64, num_hidden_layers=2)
+    for architecture in ("ViTForImageClassification", "ViTModel"):
+        assert vit.config_from_hf({**hf, "architectures": [architecture]}).patch_size == 4
+    with pytest.raises(ConfigError, match="config.json: encoder_stride 16 differs from patch_size 4 "
+                                          r"\(ViTForMaskedImageModeling's head\)"):
+        vit.config_from_hf({**hf, "architectures": ["ViTForMaskedImageModeling"]})
+
+
 def test_export_round_trip_loads_in_transformers(tmp_path):
     cfg, _ = from_dict(dict(model="vit", image_size=16, patch_size=4, n_embd=32, n_head=4, n_layer=2, d_ff=64,
                             num_labels=4))
@@ -87,6 +101,34 @@ def test_export_round_trip_loads_in_transformers(tmp_path):
     np.testing.assert_allclose(np.asarray(model(jnp.asarray(pixels))[0]), want, atol=1e-5, rtol=0)
     _, back = load_hf(str(tmp_path / "hf"))
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), params, back)
+
+
+def test_imported_vit_exports_and_predict_and_eval_say_it_reads_images(tmp_path):
+    """A Hugging Face ViT directory has no tokenizer: the import writes no tokenizer folder and says what a ViT run
+    is for, the export needs none, and predict.py / eval.py refuse it in one line."""
+    from tests.common import run_command
+
+    hf = hf_vit(16, 4, 3, 32, 4, 2, 3)
+    run, out = tmp_path / "run", tmp_path / "out"
+    result = run_command("-m", "convert", "import", saved(hf, tmp_path / "hf"), str(run))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not (run / "tokenizer").exists()
+    assert "predict.py" not in result.stdout and "note" not in result.stdout
+    assert f"--init-from {tmp_path / 'hf'}" in result.stdout and f"convert export {run}" in result.stdout
+    (run / "tokenizer").mkdir()  # an earlier import's empty folder: no use to a ViT, not read
+    result = run_command("-m", "convert", "export", str(run), str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not (out / "tokenizer.json").exists()
+    pixels = torch.from_numpy(images_for(16, 3).transpose(0, 3, 1, 2))
+    with torch.no_grad():
+        want = hf(pixel_values=pixels).logits
+        assert torch.equal(transformers.ViTForImageClassification.from_pretrained(out)(pixel_values=pixels).logits,
+                           want)
+    for command, extra, message in (("predict.py", ["--prompt", "x"], "does not generate text"),
+                                    ("eval.py", [], "does not score text")):
+        result = run_command(command, "--model-path", str(run), *extra)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+        assert f"a vit model trained for image_classification {message}" in result.stderr
 
 
 def test_vit_trains_sharded_as_on_one_device():

@@ -95,6 +95,10 @@ def main(argv=None) -> int:
     if args.stop_at_step is not None and args.stop_at_step < 1:
         print(f"error: --stop-at-step: {args.stop_at_step} is not a step (steps count from 1)", file=sys.stderr)
         return EXIT_ERROR
+    if args.eval and args.new:  # checked here: --new would move the run aside before --eval found nothing
+        print("error: --eval: not with --new (--new moves the run aside and starts a fresh one; --eval evaluates "
+              "the run in model_path as it is)", file=sys.stderr)
+        return EXIT_ERROR
 
     def run():
         # Everything that needs no jax is checked first, so a mistake costs well under a second.

@@ -90,6 +90,17 @@ def test_eval_only_new_and_resume_errors(tmp_path):
     assert len(glob.glob(str(model_path) + "-*")) == 1  # the old run is kept, not deleted
 
 
+def test_eval_with_new_is_refused_before_the_run_is_moved(tmp_path):
+    model_path = tmp_path / "run"
+    (model_path / "checkpoints").mkdir(parents=True)
+    (model_path / "metrics.jsonl").write_text("")
+    result = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--eval",
+                         "--new")
+    assert result.returncode == 2 and result.stderr.startswith("error: --eval: not with --new"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "moved" not in result.stdout
+    assert (model_path / "metrics.jsonl").exists() and not glob.glob(str(model_path) + "-*")
+
+
 def test_moe_config_logs_its_auxiliary_losses(tmp_path):
     model_path = tmp_path / "moe"
     sets = ["n_embd=64", "n_head=4", "n_ctx=32", "local_attention_radius=8", "train_batch_size=8",

@@ -101,6 +101,17 @@ def test_eval_with_new_is_refused_before_the_run_is_moved(tmp_path):
     assert (model_path / "metrics.jsonl").exists() and not glob.glob(str(model_path) + "-*")
 
 
+def test_a_resume_that_changes_the_model_but_not_its_shapes_says_so(tmp_path):
+    model_path = tmp_path / "run"
+    train(model_path, "train_steps=2", "eval_steps=1")
+    resumed = train(model_path, "train_steps=3", "eval_steps=1", "lr=0.001", "activation_function=relu",
+                    'attention_types=[[["global"],2]]')
+    (note,) = [line for line in resumed.stdout.splitlines() if line.startswith("note: model keys differ")]
+    assert 'attention_types [[["global", "local"], 1]] -> [[["global"], 2]]' in note, note
+    assert 'activation_function "gelu" -> "relu"' in note and "lr" not in note and "train_steps" not in note
+    assert "2 layers ['global', 'global']" in resumed.stdout  # the banner names the layers that run
+
+
 def test_moe_config_logs_its_auxiliary_losses(tmp_path):
     model_path = tmp_path / "moe"
     sets = ["n_embd=64", "n_head=4", "n_ctx=32", "local_attention_radius=8", "train_batch_size=8",

@@ -203,6 +203,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
     from training.checkpoint import Checkpoints, check_same_model, model_changes
+    from training.eval_reads import repeat_note
     from training.layer_stack import stacked_plan
     from training.flops import peak_flops_per_second, train_flops_per_token
     from training.metrics import MetricsWriter
@@ -242,6 +243,9 @@ def run_training(args, cfg, notes, signals, run) -> int:
     except NoEvalSet as e:
         eval_data = None
         say(f"note: {e}; evaluation is skipped")
+    repeats = repeat_note(eval_data, cfg) if eval_data is not None else None
+    if repeats:
+        say(repeats)
     for source in (train_data, eval_data):
         if isinstance(source, ExampleStream):  # examples held in memory: say what was read, label by label
             say(f"data {source.description}")

@@ -746,6 +746,18 @@ def _check_datasets(datasets: list) -> None:
     for entry in datasets:
         if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
             raise ConfigError(f"datasets: entry {json.dumps(entry)} is not [id, stitch, sampling_mode, weight]")
+        _check_dataset_entry(entry)
+
+
+def _check_dataset_entry(entry: list) -> None:
+    """Sampling mode, stitch and weight as the input pipeline checks them (data/source.make_source), here at load:
+    a dry run, which reads no data, finds the mistake too."""
+    from data.pipeline import check_mode
+
+    check_mode(entry, entry[0])
+    weight = entry[3]
+    if weight is not None and (not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0):
+        raise ConfigError(f"datasets: {entry[0]}: weight {weight!r} must be a positive number or null")
 
 
 def parse_override(text: str) -> tuple[str, Any]:

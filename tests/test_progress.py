@@ -44,6 +44,8 @@ def test_summary_names_losses_time_and_where_things_are():
     assert "eval at step 10: loss 2.5000  perplexity 12.1800  lambada_examples 330\n" in text
     assert "checkpoint: runs/x/checkpoints/10" in text
     assert "runs/x/metrics.jsonl" in text and "tensorboard --logdir runs/x" in text
+    assert progress.summary(10, None, None, None, "/tmp/neo run")[-1].endswith(
+        "tensorboard --logdir '/tmp/neo run'")  # a command to paste, quoted
 
 
 def test_a_finished_run_says_so():

@@ -343,11 +343,16 @@ def run_training(args, cfg, notes, signals, run) -> int:
             if args.eval:
                 result = evaluate(state.params) if eval_data or scorer else {}
                 line = f"eval at step {start}: {eval_text(result)}"
-                if metrics.has_eval(start):
-                    say(f"{line} (metrics.jsonl already has the eval of step {start}; not appended)")
-                else:
+                stored = metrics.stored_eval(start)
+                if stored is None:
                     say(line)
                     metrics.write({"step": start, "kind": "eval", **result})
+                elif same_eval(stored, result):
+                    say(f"{line} (metrics.jsonl already has the eval of step {start}; not appended)")
+                else:  # the row kept is not what was just printed: say so, with its numbers
+                    kept = {k: math.nan if stored[k] is None else stored[k] for k in result if k in stored}
+                    say(f"{line} (not appended: metrics.jsonl already has an eval of step {start} that differs, "
+                        f"{eval_text(kept)}: it was made with other eval settings, data or model)")
                 return 0
 
             microbatches = microbatch_count(cfg, layout)
@@ -430,6 +435,16 @@ def run_training(args, cfg, notes, signals, run) -> int:
 def eval_text(result: dict) -> str:
     """``loss 5.2471  perplexity 190.0074  lambada_examples 330``: counts as counts, the rest to 4 decimals."""
     return "  ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in result.items())
+
+
+def same_eval(stored: dict, result: dict) -> bool:
+    """Whether a stored eval row holds ``result``'s numbers (non-finite ones are stored as null)."""
+    def same(old, new) -> bool:
+        if old is None or not math.isfinite(new):
+            return old is None and not math.isfinite(new)
+        return math.isclose(old, new, rel_tol=1e-6)
+
+    return all(key in stored and same(stored[key], value) for key, value in result.items())
 
 
 def task_scorer(cfg, graphdef, params, train_data, layout):

@@ -104,6 +104,9 @@ def main(argv=None) -> int:
         # Everything that needs no jax is checked first, so a mistake costs well under a second.
         config = args.config or (model_config_path(args.model) if args.model else "quickstart")
         cfg, notes = load_config(config, tuple(args.set))
+        if not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset):
+            # before --data prepares text with another tokenizer than the run's
+            check_init_from_given(args.model_path or (None if args.data else cfg.model_path), cfg)
         if args.init_from or cfg.init_from:
             from neomesh.hf_cache import resolve_model
             where = "--init-from" if args.init_from else "init_from"
@@ -183,6 +186,46 @@ def train(args, cfg, notes: list[str]) -> int:
 def _has_checkpoint(model_path: str) -> bool:
     directory = os.path.join(model_path, "checkpoints")
     return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def newest_saved_config(model_path: str) -> dict | None:
+    """The config the newest checkpoint in ``model_path`` was written with, read as orbax wrote it (no jax); None
+    where there is none or it is unreadable (restoring then says what is wrong)."""
+    import json
+
+    directory = os.path.join(model_path, "checkpoints")
+    steps = [int(name) for name in os.listdir(directory) if name.isdigit()] if os.path.isdir(directory) else []
+    if not steps:
+        return None
+    try:
+        with open(os.path.join(directory, str(max(steps)), "config", "metadata"), encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def check_init_from_given(model_path: str | None, cfg) -> None:
+    """A run started from a Hugging Face model resumes from it again: its checkpoint may hold only the trained
+    parameters (peft checkpoint 'trainable'), and the model's shape is that model's. A one-line error when the
+    run's newest checkpoint records an init_from that this command does not give and needs."""
+    import shlex
+
+    from config import ConfigError, check_peft
+
+    saved = newest_saved_config(model_path) if model_path else None
+    if not saved or not saved.get("init_from"):
+        return
+    try:
+        partial = saved.get("peft") is not None and check_peft(saved["peft"])["checkpoint"] == "trainable"
+    except ConfigError:
+        partial = True
+    reshaped = any(key in saved and saved[key] != getattr(cfg, key) for key in ARCHITECTURE)
+    if partial or reshaped:
+        why = "its checkpoints hold only the trained parameters" if partial else "the model's shape is that model's"
+        raise ConfigError(f"--init-from: the run in {model_path} was started with --init-from "
+                          f"{shlex.quote(saved['init_from'])} ({why}); pass it again to resume (or --new for a "
+                          "fresh run)")
 
 
 def run_training(args, cfg, notes, signals, run) -> int:

@@ -398,6 +398,24 @@ MOE_MESH_TF_NOTES = {
 
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 
+# Keys that decide what a model computes from its parameters. A resume checks the parameters' shapes; a change of
+# one of these keeps them and gives another model, so a resume names it (training/checkpoint.model_changes). Not
+# here: what a resume may change as a matter of course (schedule, cadence, data, dropout, init scales, kernels,
+# memory-saving options, precision, the mesh).
+MODEL_KEYS = ("model", "task", "num_labels", "head_hidden", "n_ctx", "n_embd", "n_head", "n_layer", "n_vocab", "d_kv",
+              "n_decoder_layer", "n_decoder_ctx", "decoder_start_token_id", "relative_attention_num_buckets",
+              "relative_attention_max_distance", "attention_types", "local_attention_radius", "activation_function",
+              "d_ff", "mlp_glu", "norm", "scalenorm", "norm_position", "layer_norm_epsilon", "rezero", "macaron",
+              "axial_pos_emb", "attention_scale", "dense_bias", "image_size", "patch_size", "num_channels",
+              "interpolate_positions", "n_token_types", "position_offset", "no_weight_tie", "qkv_bias",
+              "num_mem_kv", "moe_layers", "moe_params", "rotary_emb", "rotary_emb_fraction", "rotary_style",
+              "share_parameters", "moe_activation", "entmax_loss", "causal", "mlm_training", "peft")
+# The value a model key is compared by, where several spellings give one model (attention_types null or every
+# layer listed as global; d_ff null or 4*n_embd; norm scalenorm or scalenorm true; moe_params' defaults).
+MODEL_VALUE = {"attention_types": "attention_layers", "norm": "norm_kind", "scalenorm": "norm_kind",
+               "d_ff": "intermediate", "d_kv": "head_dim", "n_decoder_layer": "decoder_layers", "moe_params": "moe",
+               "peft": "peft_settings"}
+
 
 def describe_keys() -> str:
     """Every key with its default and doc, for ``--help-config``."""
@@ -733,6 +751,18 @@ def _check_datasets(datasets: list) -> None:
     for entry in datasets:
         if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
             raise ConfigError(f"datasets: entry {json.dumps(entry)} is not [id, stitch, sampling_mode, weight]")
+        _check_dataset_entry(entry)
+
+
+def _check_dataset_entry(entry: list) -> None:
+    """Sampling mode, stitch and weight as the input pipeline checks them (data/source.make_source), here at load:
+    a dry run, which reads no data, finds the mistake too."""
+    from data.pipeline import check_mode
+
+    check_mode(entry, entry[0])
+    weight = entry[3]
+    if weight is not None and (not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0):
+        raise ConfigError(f"datasets: {entry[0]}: weight {weight!r} must be a positive number or null")
 
 
 def parse_override(text: str) -> tuple[str, Any]:

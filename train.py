@@ -95,11 +95,18 @@ def main(argv=None) -> int:
     if args.stop_at_step is not None and args.stop_at_step < 1:
         print(f"error: --stop-at-step: {args.stop_at_step} is not a step (steps count from 1)", file=sys.stderr)
         return EXIT_ERROR
+    if args.eval and args.new:  # checked here: --new would move the run aside before --eval found nothing
+        print("error: --eval: not with --new (--new moves the run aside and starts a fresh one; --eval evaluates "
+              "the run in model_path as it is)", file=sys.stderr)
+        return EXIT_ERROR
 
     def run():
         # Everything that needs no jax is checked first, so a mistake costs well under a second.
         config = args.config or (model_config_path(args.model) if args.model else "quickstart")
         cfg, notes = load_config(config, tuple(args.set))
+        if not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset):
+            # before --data prepares text with another tokenizer than the run's
+            check_init_from_given(args.model_path or (None if args.data else cfg.model_path), cfg)
         if args.init_from or cfg.init_from:
             from neomesh.hf_cache import resolve_model
             where = "--init-from" if args.init_from else "init_from"
@@ -181,6 +188,46 @@ def _has_checkpoint(model_path: str) -> bool:
     return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
 
 
+def newest_saved_config(model_path: str) -> dict | None:
+    """The config the newest checkpoint in ``model_path`` was written with, read as orbax wrote it (no jax); None
+    where there is none or it is unreadable (restoring then says what is wrong)."""
+    import json
+
+    directory = os.path.join(model_path, "checkpoints")
+    steps = [int(name) for name in os.listdir(directory) if name.isdigit()] if os.path.isdir(directory) else []
+    if not steps:
+        return None
+    try:
+        with open(os.path.join(directory, str(max(steps)), "config", "metadata"), encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def check_init_from_given(model_path: str | None, cfg) -> None:
+    """A run started from a Hugging Face model resumes from it again: its checkpoint may hold only the trained
+    parameters (peft checkpoint 'trainable'), and the model's shape is that model's. A one-line error when the
+    run's newest checkpoint records an init_from that this command does not give and needs."""
+    import shlex
+
+    from config import ConfigError, check_peft
+
+    saved = newest_saved_config(model_path) if model_path else None
+    if not saved or not saved.get("init_from"):
+        return
+    try:
+        partial = saved.get("peft") is not None and check_peft(saved["peft"])["checkpoint"] == "trainable"
+    except ConfigError:
+        partial = True
+    reshaped = any(key in saved and saved[key] != getattr(cfg, key) for key in ARCHITECTURE)
+    if partial or reshaped:
+        why = "its checkpoints hold only the trained parameters" if partial else "the model's shape is that model's"
+        raise ConfigError(f"--init-from: the run in {model_path} was started with --init-from "
+                          f"{shlex.quote(saved['init_from'])} ({why}); pass it again to resume (or --new for a "
+                          "fresh run)")
+
+
 def run_training(args, cfg, notes, signals, run) -> int:
     """The run itself: restore (or create) the state, train, checkpoint, evaluate, sample."""
     import jax
@@ -198,7 +245,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from parallel.state import abstract_train_state, create_train_state, path_name, per_layer_params
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
-    from training.checkpoint import Checkpoints, check_same_model
+    from training.checkpoint import Checkpoints, check_same_model, model_changes
+    from training.eval_reads import repeat_note
     from training.layer_stack import stacked_plan
     from training.flops import peak_flops_per_second, train_flops_per_token
     from training.metrics import MetricsWriter
@@ -238,6 +286,9 @@ def run_training(args, cfg, notes, signals, run) -> int:
     except NoEvalSet as e:
         eval_data = None
         say(f"note: {e}; evaluation is skipped")
+    repeats = repeat_note(eval_data, cfg) if eval_data is not None else None
+    if repeats:
+        say(repeats)
     for source in (train_data, eval_data):
         if isinstance(source, ExampleStream):  # examples held in memory: say what was read, label by label
             say(f"data {source.description}")
@@ -253,8 +304,11 @@ def run_training(args, cfg, notes, signals, run) -> int:
 
     params = imported_params(cfg, cfg.init_from) if cfg.init_from else None  # read before writing anything
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
+        changed = {}  # step -> the model keys this config changes (the shapes fit, so the run would go on silently)
+
         def stored_as(saved: dict, step: int):  # see Checkpoints.restore_newest_good
             where = f"the checkpoint at step {step} in {checkpoints.directory}"
+            changed[step] = model_changes(saved, cfg)
             stacking = checkpoints.stacked_layers(step)
             if saved.get("scan_layers", False) == cfg.scan_layers and stacking == stacked_plan(abstract.params):
                 return check_same_model(saved, cfg, state_shapes, where)
@@ -264,6 +318,9 @@ def run_training(args, cfg, notes, signals, run) -> int:
         state, latest = checkpoints.restore_newest_good(saved_part(cfg, abstract), stored_as, say)
         if latest is not None:
             say(f"resumed from {checkpoints.directory} at step {latest}")
+            if changed.get(latest):
+                say(f"note: model keys differ from the config checkpoint {latest} was trained with: "
+                    f"{'; '.join(changed[latest])} (its parameters fit; this run goes on with the config's values)")
             if saved_part(cfg, abstract) is not abstract:  # the checkpoint holds the trained parts: add the base
                 state = state.replace(params=base_params(cfg, make_model, params, abstract, shardings, state.params))
             position = None if args.eval else restore_input_position(train_data, checkpoints, latest,
@@ -329,11 +386,16 @@ def run_training(args, cfg, notes, signals, run) -> int:
             if args.eval:
                 result = evaluate(state.params) if eval_data or scorer else {}
                 line = f"eval at step {start}: {eval_text(result)}"
-                if metrics.has_eval(start):
-                    say(f"{line} (metrics.jsonl already has the eval of step {start}; not appended)")
-                else:
+                stored = metrics.stored_eval(start)
+                if stored is None:
                     say(line)
                     metrics.write({"step": start, "kind": "eval", **result})
+                elif same_eval(stored, result):
+                    say(f"{line} (metrics.jsonl already has the eval of step {start}; not appended)")
+                else:  # the row kept is not what was just printed: say so, with its numbers
+                    kept = {k: math.nan if stored[k] is None else stored[k] for k in result if k in stored}
+                    say(f"{line} (not appended: metrics.jsonl already has an eval of step {start} that differs, "
+                        f"{eval_text(kept)}: it was made with other eval settings, data or model)")
                 return 0
 
             microbatches = microbatch_count(cfg, layout)
@@ -416,6 +478,16 @@ def run_training(args, cfg, notes, signals, run) -> int:
 def eval_text(result: dict) -> str:
     """``loss 5.2471  perplexity 190.0074  lambada_examples 330``: counts as counts, the rest to 4 decimals."""
     return "  ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in result.items())
+
+
+def same_eval(stored: dict, result: dict) -> bool:
+    """Whether a stored eval row holds ``result``'s numbers (non-finite ones are stored as null)."""
+    def same(old, new) -> bool:
+        if old is None or not math.isfinite(new):
+            return old is None and not math.isfinite(new)
+        return math.isclose(old, new, rel_tol=1e-6)
+
+    return all(key in stored and same(stored[key], value) for key, value in result.items())
 
 
 def task_scorer(cfg, graphdef, params, train_data, layout):

@@ -238,8 +238,10 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, t
     from training.peft import build_model
     from parallel.mesh import fixed_device_count
 
+    if device_count is not None and device_count < 1:
+        raise ConfigError(f"--devices: {device_count} is not a device count; it must be at least 1")
     if topology:
-        if device_count:
+        if device_count is not None:
             raise ConfigError("--devices: not with --topology, which fixes the device count")
         if accelerator:
             raise ConfigError("--accelerator: not with --topology, whose devices are the accelerator")
@@ -255,7 +257,8 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, t
                               f"estimate knows no datasheet for a {kind}; give mesh_shape and layout")
         memory = accelerators[0].memory if accelerators else None
     else:
-        count = device_count or fixed_device_count(cfg.mesh_shape)
+        fixed = fixed_device_count(cfg.mesh_shape)  # first: a mesh_shape that does not parse is the problem
+        count = device_count or fixed
         if count is None:
             raise ConfigError(f"--dry-run: mesh_shape '{cfg.mesh_shape}' leaves the device count open; "
                               "give --devices N")

@@ -13,9 +13,9 @@ from config import ConfigError
 _AXIS = re.compile(r"^([A-Za-z_]\w*):(-?\d+)$")
 
 
-def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[str, int]:
-    """``"x:4,y:2"`` -> ``{"x": 4, "y": 2}``; one axis may be -1 and takes the devices left over. With ``cpu``,
-    a device-count error says how to simulate more CPU devices."""
+def mesh_axes(text: str) -> dict[str, int]:
+    """``"x:4,y:-1"`` -> ``{"x": 4, "y": -1}``, the sizes as written (-1: the devices left over); a one-line error
+    naming what is wrong with the text, whatever the device count."""
     axes: dict[str, int] = {}
     for part in (p.strip() for p in text.split(",")):
         match = _AXIS.match(part)
@@ -32,6 +32,14 @@ def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[st
     free = [name for name, size in axes.items() if size == -1]
     if len(free) > 1:
         raise ConfigError(f"mesh_shape: only one axis may be -1, got {', '.join(free)}")
+    return axes
+
+
+def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[str, int]:
+    """``"x:4,y:2"`` -> ``{"x": 4, "y": 2}``; one axis may be -1 and takes the devices left over. With ``cpu``,
+    a device-count error says how to simulate more CPU devices."""
+    axes = mesh_axes(text)
+    free = [name for name, size in axes.items() if size == -1]
     fixed = math.prod(size for size in axes.values() if size != -1)
     # Simulated CPU devices are how a mesh is tried without the hardware; the flag must be set before jax starts.
     simulate = (f"; on CPU, simulate {fixed} devices with XLA_FLAGS=--xla_force_host_platform_device_count={fixed}"
@@ -47,11 +55,12 @@ def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[st
 
 
 def fixed_device_count(text: str) -> int | None:
-    """The device count ``mesh_shape`` fixes ("x:16,y:16" -> 256), or None when an axis is -1 or it is "auto"."""
-    sizes = [part.partition(":")[2].strip() for part in text.split(",")]
-    if not all(re.fullmatch(r"\d+", s) for s in sizes):
+    """The device count ``mesh_shape`` fixes ("x:16,y:16" -> 256), or None when an axis is -1 or it is "auto";
+    a one-line error when it is neither (``mesh_axes``)."""
+    if text == "auto":
         return None
-    return math.prod(int(s) for s in sizes)
+    sizes = mesh_axes(text).values()
+    return None if -1 in sizes else math.prod(sizes)
 
 
 def make_mesh(text: str, devices=None) -> Mesh:

@@ -235,6 +235,23 @@ def test_tpu_slice_and_gpu_node_mistakes_are_one_line(monkeypatch):
         run_dry_run(cfg, None, "tpu-v4", topology="v5e:2x2")
 
 
+def test_dry_run_mistakes_name_the_real_problem():
+    """Each found before any device is simulated, and named as it is, not as a device count left open."""
+    cfg, _ = load_config("quickstart", ())
+    for mesh_shape, devices, message in (("x4", None, "mesh_shape: 'x4' is not axis:size"),
+                                         ("x4", 4, "mesh_shape: 'x4' is not axis:size"),
+                                         ("x:-1,y:-1", None, "mesh_shape: only one axis may be -1, got x, y"),
+                                         ("x:-1", 0, "--devices: 0 is not a device count; it must be at least 1"),
+                                         ("x:-1", None, "mesh_shape 'x:-1' leaves the device count open")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            run_dry_run(cfg.replace(mesh_shape=mesh_shape), devices)
+    # what a real run refuses when it opens its data is refused at load, so a dry run (which reads none) refuses it
+    with pytest.raises(ConfigError, match="datasets: embedded_bpe: sampling_mode 'chunk' is not one of chunks"):
+        load_config("quickstart", ('datasets=[["embedded_bpe",null,"chunk",null]]',))
+    with pytest.raises(ConfigError, match="datasets: embedded_bpe: weight 0 must be a positive number or null"):
+        load_config("quickstart", ('datasets=[["embedded_bpe",null,null,0]]',))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason='compiling for TPUs needs libtpu: pip install '
                     '"jax[tpu]==0.10.2" (CI has none: the checks above cover the reader and the kernel choice)')

@@ -270,6 +270,36 @@ def test_position_goes_through_an_orbax_checkpoint(datasets, tmp_path):
     reopened.close()
 
 
+def test_a_damaged_saved_position_is_named_and_its_shard_replayed_exactly(datasets, tmp_path, capfd):
+    import jax.numpy as jnp
+
+    from training.checkpoint import Checkpoints
+
+    cfg = config([["a", None, None, None]], N_CTX, data_shards=2)
+    source = make_source(cfg, "train")
+    for step in range(3):
+        source.batch(step, B)
+    with Checkpoints(str(tmp_path / "run"), keep=2) as checkpoints:
+        checkpoints.save(3, {"w": jnp.zeros(2)}, {"n_ctx": N_CTX}, data=source.state(B))
+    expected = [source.batch(s, B) for s in (3, 4)]
+    state_file = tmp_path / "run" / "checkpoints" / "3" / "data" / "shard_00000.state"
+    damaged = bytearray(state_file.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x55
+    for written, why in ((bytes(damaged), "its checksum does not match"),
+                         (b"not an iterator state", "its checksum line is missing")):
+        state_file.write_bytes(written)
+        capfd.readouterr()
+        with Checkpoints(str(tmp_path / "run"), keep=2) as reopened:
+            resumed = make_source(cfg, "train")
+            note = resumed.restore(3, B, slice(0, B), reopened.restore_input(3))
+        assert note.startswith("note: the input position of step 3 could not be restored for shard 0: "
+                               f"shard_00000.state is damaged ({why}") and \
+            note.endswith("); that shard is replayed up to step 3"), note
+        assert equal(resumed.batch(3, B), expected[0]) and equal(resumed.batch(4, B), expected[1])
+        assert resumed.replayed == 3  # shard 0 alone, from its start
+        assert "Graph execution error" not in capfd.readouterr().err  # TensorFlow never parsed the damaged bytes
+
+
 def test_tfds_shards_and_position(tmp_path):
     from tests.data_common import prepare_tiny_tfds
 

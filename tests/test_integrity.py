@@ -16,7 +16,7 @@ from config import ConfigError
 from parallel.mesh import make_mesh
 from tests.common import tiny_config
 from training import integrity
-from training.checkpoint import first_changed_key
+from training.checkpoint import first_changed_key, model_changes
 from training.metrics import MetricsWriter, read_rows
 from training.optimizer import bad_step_counts, make_optimizer
 from training.run_lock import RunLock
@@ -129,6 +129,19 @@ def test_the_first_key_that_changes_the_state_shape_is_named():
     assert first_changed_key({**cfg.to_dict(), "opt_name": "adafactor"}, cfg, train.state_shapes) == "opt_name"
     resharded = {**cfg.to_dict(), "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}  # restore reshards
     assert first_changed_key(resharded, cfg, train.state_shapes) is None
+
+
+def test_a_resume_names_the_model_keys_that_change_without_changing_shapes():
+    cfg = tiny_config()
+    saved = {**cfg.to_dict(), "activation_function": "relu", "local_attention_radius": 4, "lr": 0.5,
+             "train_steps": 7, "eval_steps": 3, "warmup_steps": 1, "datasets": [["other", None, None, None]]}
+    assert model_changes(saved, cfg) == ['local_attention_radius 4 -> 8', 'activation_function "relu" -> "gelu"']
+    global_only = {**cfg.to_dict(), "attention_types": [[["global"], 2]]}
+    assert model_changes(global_only, cfg) == ['attention_types [[["global"], 2]] -> [[["global", "local"], 1]]']
+    # spellings of one model are no change: every layer global written out, or left to the default
+    spelled = tiny_config(attention_types=None)
+    assert model_changes({**spelled.to_dict(), "attention_types": [[["global"], 2]]}, spelled) == []
+    assert model_changes({**cfg.to_dict(), "d_ff": 4 * cfg.n_embd}, cfg) == []
 
 
 def test_unretrieved_orbax_read_failures_are_not_logged():

@@ -44,6 +44,8 @@ def test_summary_names_losses_time_and_where_things_are():
     assert "eval at step 10: loss 2.5000  perplexity 12.1800  lambada_examples 330\n" in text
     assert "checkpoint: runs/x/checkpoints/10" in text
     assert "runs/x/metrics.jsonl" in text and "tensorboard --logdir runs/x" in text
+    assert progress.summary(10, None, None, None, "/tmp/neo run")[-1].endswith(
+        "tensorboard --logdir '/tmp/neo run'")  # a command to paste, quoted
 
 
 def test_a_finished_run_says_so():
@@ -73,3 +75,19 @@ def test_log_every_default_and_validation():
 
 def test_durations_read_naturally():
     assert [format_duration(s) for s in (4.25, 177, 3 * 3600 + 300)] == ["4.2s", "2m57s", "3h05m"]
+
+
+def test_the_readme_says_what_the_logged_numbers_are():
+    """metrics.jsonl's tokens_per_sec and the log lines' timing come from the loop's fetch windows; eval_tasks is
+    evaluated (a stale sentence said it was not)."""
+    import os
+    import re
+
+    from tests.common import ROOT
+    from train import METRICS_FETCH_EVERY
+
+    readme = re.sub(r"\s+", " ", open(os.path.join(ROOT, "README.md"), encoding="utf-8").read())
+    assert f"fetches them from the device only every {METRICS_FETCH_EVERY} steps" in readme
+    assert "`tokens_per_sec` and `mfu` are the mean over such a window" in readme
+    assert "is when the line printed, not when its step ended" in readme
+    assert "LAMBADA is not evaluated" not in readme

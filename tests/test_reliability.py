@@ -259,6 +259,13 @@ def test_resume_mistakes_and_finished_runs_say_so_in_one_line(reference, tmp_pat
         assert train.main([*arguments(path, eval_steps=1), "--eval"]) == 0
     out = capsys.readouterr().out
     assert "already has the eval of step 6; not appended" in out
+    assert train.main([*arguments(path, eval_steps=2), "--eval"]) == 0  # other settings: other numbers
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    (stored,) = rows(path, "eval")
+    assert line.startswith("eval at step 6: loss ") and line.endswith(
+        f"(not appended: metrics.jsonl already has an eval of step 6 that differs, loss {stored['loss']:.4f}  "
+        f"perplexity {stored['perplexity']:.4f}  bits_per_byte {stored['bits_per_byte']:.4f}: it was made with "
+        "other eval settings, data or model)"), line
     assert [r["step"] for r in rows(path, "eval")] == [6]
     assert [r["step"] for r in rows(path)] == list(range(1, STEPS + 1))
 

@@ -90,6 +90,50 @@ def test_eval_only_new_and_resume_errors(tmp_path):
     assert len(glob.glob(str(model_path) + "-*")) == 1  # the old run is kept, not deleted
 
 
+def test_eval_with_new_is_refused_before_the_run_is_moved(tmp_path):
+    model_path = tmp_path / "run"
+    (model_path / "checkpoints").mkdir(parents=True)
+    (model_path / "metrics.jsonl").write_text("")
+    result = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--eval",
+                         "--new")
+    assert result.returncode == 2 and result.stderr.startswith("error: --eval: not with --new"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "moved" not in result.stdout
+    assert (model_path / "metrics.jsonl").exists() and not glob.glob(str(model_path) + "-*")
+
+
+def test_a_resume_that_changes_the_model_but_not_its_shapes_says_so(tmp_path):
+    model_path = tmp_path / "run"
+    train(model_path, "train_steps=2", "eval_steps=1")
+    resumed = train(model_path, "train_steps=3", "eval_steps=1", "lr=0.001", "activation_function=relu",
+                    'attention_types=[[["global"],2]]')
+    (note,) = [line for line in resumed.stdout.splitlines() if line.startswith("note: model keys differ")]
+    assert 'attention_types [[["global", "local"], 1]] -> [[["global"], 2]]' in note, note
+    assert 'activation_function "gelu" -> "relu"' in note and "lr" not in note and "train_steps" not in note
+    assert "2 layers ['global', 'global']" in resumed.stdout  # the banner names the layers that run
+
+
+def test_resuming_a_run_started_from_a_hugging_face_model_needs_it_again(tmp_path):
+    """Checked before --data prepares anything: without --init-from the text would be tokenized another way."""
+    import json
+
+    from config import load_config
+
+    model_path = tmp_path / "lora"
+    saved = load_config("configs/finetune_lora_gpt2.json", ())[0].to_dict()
+    saved.update(init_from=str(tmp_path / "hf gpt2"), n_embd=64, n_layer=2, n_head=4, n_vocab=1000)
+    (model_path / "checkpoints" / "4" / "config").mkdir(parents=True)
+    (model_path / "checkpoints" / "4" / "config" / "metadata").write_text(json.dumps(saved))
+    args = ["train.py", "--config", "configs/finetune_lora_gpt2.json", "--model-path", str(model_path)]
+    result = run_command(*args, "--data", str(tmp_path / "not prepared"))
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"error: --init-from: the run in {model_path} was started with --init-from '{tmp_path}/hf gpt2' (its "
+        "checkpoints hold only the trained parameters); pass it again to resume (or --new for a fresh run)")
+    saved["peft"] = None  # the whole model in its checkpoints: needed only where the shape is not the config's
+    (model_path / "checkpoints" / "4" / "config" / "metadata").write_text(json.dumps(saved))
+    result = run_command(*args, "--eval")
+    assert result.returncode == 2 and "(the model's shape is that model's); pass it again" in result.stderr
+
+
 def test_moe_config_logs_its_auxiliary_losses(tmp_path):
     model_path = tmp_path / "moe"
     sets = ["n_embd=64", "n_head=4", "n_ctx=32", "local_attention_radius=8", "train_batch_size=8",

@@ -370,6 +370,25 @@ def first_changed_key(saved: dict, cfg, state_shapes) -> str | None:
     return differing[0] if differing else None
 
 
+def model_changes(saved: dict, cfg) -> list[str]:
+    """``key old -> new`` for each model-defining key (``config.MODEL_KEYS``) whose saved value gives another model
+    than ``cfg``'s; spellings of one model (``config.MODEL_VALUE``) are no change."""
+    from config import KNOWN_KEYS, MODEL_KEYS, MODEL_VALUE, from_dict
+
+    try:
+        old = from_dict({k: v for k, v in saved.items() if k in KNOWN_KEYS})[0]
+    except ConfigError:  # a saved config the current code refuses: its raw values are all there is to compare
+        old = None
+    changes = []
+    for key in (k for k in MODEL_KEYS if k in saved):
+        value = MODEL_VALUE.get(key, key)
+        if old is not None and getattr(old, value) == getattr(cfg, value):
+            continue
+        if saved[key] != getattr(cfg, key):
+            changes.append(f"{key} {json.dumps(saved[key])} -> {json.dumps(getattr(cfg, key))}")
+    return changes
+
+
 def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
     """A one-line error naming the first config key whose change gives the model another shape than the
     checkpoint's (``where`` names the checkpoint)."""

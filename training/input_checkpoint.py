@@ -7,12 +7,17 @@ own temporary name and renames, so the file left is always one whole state. Orba
 step's temporary directory and renames the step when every item of every process is written, so a step either
 has its input position or does not exist. The states are opaque bytes here (tf.data iterator checkpoints made by
 ``data/tf_source.py``): this module does not import TensorFlow.
+
+Each state file starts with a line holding the SHA-256 of the state, checked when it is read: a damaged file is
+reported as such (and its shard replayed) before TensorFlow parses it, which would fail with an empty "Graph
+execution error:" and C++ log lines. ``meta.json`` says the files carry the line; earlier files have none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 
 import jax
@@ -20,6 +25,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 ITEM = "data"
+_HEADER = b"neomesh-input-state sha256="
+_CHECKSUMMED = "state_checksum"  # the meta.json key saying that every state file starts with the header
 
 
 @dataclasses.dataclass
@@ -28,10 +35,29 @@ class SavedInput:
 
     meta: dict
     directory: epath.Path
+    checksummed: bool = False
 
     def read(self, shard: int) -> bytes | None:
+        """The shard's state; ``ValueError`` (one line, naming the file) when it is damaged."""
         path = self.directory / _shard_file(shard)
-        return path.read_bytes() if path.exists() else None
+        if not path.exists():
+            return None
+        data = path.read_bytes()
+        return _checked(data, path.name) if self.checksummed else data
+
+
+def _with_checksum(state: bytes) -> bytes:
+    return _HEADER + hashlib.sha256(state).hexdigest().encode() + b"\n" + state
+
+
+def _checked(data: bytes, name: str) -> bytes:
+    """The state in ``data`` (header line, state), verified against the header's checksum."""
+    header, newline, state = data.partition(b"\n")
+    if not header.startswith(_HEADER) or not newline:
+        raise ValueError(f"{name} is damaged (its checksum line is missing)")
+    if hashlib.sha256(state).hexdigest().encode() != header[len(_HEADER):]:
+        raise ValueError(f"{name} is damaged (its checksum does not match its {len(state):,} bytes)")
+    return state
 
 
 def _shard_file(shard: int) -> str:
@@ -45,10 +71,10 @@ class InputStateHandler(ocp.AsyncCheckpointHandler):
         process = jax.process_index()
         for shard, state in shards.items():
             tmp = directory / f"{_shard_file(shard)}.tmp-{process}"
-            tmp.write_bytes(state)
+            tmp.write_bytes(_with_checksum(state))
             tmp.replace(directory / _shard_file(shard))  # equivalent states: whichever lands last is whole
         if process == 0:
-            (directory / "meta.json").write_text(json.dumps(meta))
+            (directory / "meta.json").write_text(json.dumps({**meta, _CHECKSUMMED: "sha256"}))
 
     async def async_save(self, directory: epath.Path, args: "InputStateSave"):
         # The bytes were taken when the step was saved; only the writing happens in the background.
@@ -62,7 +88,8 @@ class InputStateHandler(ocp.AsyncCheckpointHandler):
         asyncio.run(run())
 
     def restore(self, directory: epath.Path, args: "InputStateRestore | None" = None) -> SavedInput:
-        return SavedInput(json.loads((directory / "meta.json").read_text()), directory)
+        meta = json.loads((directory / "meta.json").read_text())
+        return SavedInput(meta, directory, checksummed=meta.pop(_CHECKSUMMED, None) == "sha256")
 
 
 @ocp.args.register_with_handler(InputStateHandler, for_save=True)

@@ -88,7 +88,7 @@ class MetricsWriter:
             where = "its torn last line" if bad == [len(rows) + len(bad)] else f"line(s) {bad[:5]}"
             say(f"note: {self.path}: dropped {where} (not a whole JSON row; a run was stopped mid-write)")
         kept = [row for row in rows if row["step"] <= start_step]
-        self.eval_steps = {row["step"] for row in kept if row.get("kind") == "eval"}
+        self.evals = {row["step"]: row for row in kept if row.get("kind") == "eval"}  # the last row of each step
         if bad or len(kept) < len(rows) or not _ends_with_newline(self.path):
             self._rewrite(kept)
         self.file = self._open("a")
@@ -115,7 +115,11 @@ class MetricsWriter:
 
     def has_eval(self, step: int) -> bool:
         """Whether the file already holds an eval row for ``step``."""
-        return self.enabled and step in self.eval_steps
+        return self.stored_eval(step) is not None
+
+    def stored_eval(self, step: int) -> dict | None:
+        """The eval row the file holds for ``step`` (None if none, or on a process that does not write)."""
+        return self.evals.get(step) if self.enabled else None
 
     def write(self, row: dict) -> None:
         """``row`` has ``step`` and ``kind`` ("train" or "eval") and numbers (None where unknown)."""
@@ -131,7 +135,7 @@ class MetricsWriter:
         except OSError as e:
             raise ConfigError(f"{self.path}: {e.strerror}") from None
         if row["kind"] == "eval":
-            self.eval_steps.add(row["step"])
+            self.evals[row["step"]] = row
         for key, value in row.items():
             if key not in ("step", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.tensorboard.add_scalar(f"{row['kind']}/{key}", value, row["step"])

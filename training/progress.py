@@ -3,6 +3,7 @@ a job log, ``--no-progress``) a plain line every ``log_every`` steps; and a clos
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from typing import Callable
@@ -83,7 +84,8 @@ class Progress:
                 f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in eval_result.items()))
         if checkpoint:
             lines.append(f"checkpoint: {checkpoint}")
-        lines.append(f"metrics: {model_path}/metrics.jsonl; loss curves: tensorboard --logdir {model_path}")
+        command = f"tensorboard --logdir {shlex.quote(model_path)}"  # pasted into a shell: a path may hold spaces
+        lines.append(f"metrics: {model_path}/metrics.jsonl; loss curves: {command}")
         return lines
 
 

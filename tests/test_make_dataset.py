@@ -165,3 +165,51 @@ def test_train_on_a_folder_of_text_in_one_command(tmp_path):
     finally:  # the prepared folder, its lock, or the staging folder of a killed run
         for path in glob.glob(os.path.join(ROOT, "data_cache", name + "-*")):
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def test_prepared_data_leaves_no_lock_file_built_or_failed(tmp_path):
+    from data.prepare import build_once
+
+    def build(directory):
+        os.makedirs(directory)
+        (tmp_path / "ran").write_text("")
+        open(os.path.join(directory, "DONE"), "w").close()
+
+    assert build_once(str(tmp_path / "ok"), build)
+    assert sorted(os.listdir(tmp_path)) == ["ok", "ran"]
+
+    def broken(directory):
+        raise ConfigError("broken input")
+
+    with pytest.raises(ConfigError, match="broken input"):
+        build_once(str(tmp_path / "bad"), broken)
+    assert sorted(os.listdir(tmp_path)) == ["ok", "ran"]
+
+
+def test_a_process_waiting_on_a_removed_lock_file_finds_the_work_done(tmp_path):
+    import threading
+    import time
+
+    from data.prepare import build_once
+
+    started, release, builds = threading.Event(), threading.Event(), []
+
+    def build(directory):  # the first builder holds the lock until released
+        builds.append(directory)
+        started.set()
+        release.wait(10)
+        os.makedirs(directory)
+        open(os.path.join(directory, "DONE"), "w").close()
+
+    target = str(tmp_path / "data")
+    first = threading.Thread(target=build_once, args=(target, build))
+    first.start()
+    assert started.wait(10)
+    results = []
+    second = threading.Thread(target=lambda: results.append(build_once(target, build)))
+    second.start()  # opens data.lock and waits on it, then finds the file it locked removed
+    time.sleep(0.5)  # time to reach the lock
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert results == [False] and len(builds) == 1 and os.listdir(tmp_path) == ["data"]

@@ -167,10 +167,12 @@ def write_splits(directory: str, entries: list[tuple[str, int]], by_document: bo
 
 def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: int = 8192,
                  tokenizer: str | None = None, eval_fraction: float = EVAL_FRACTION, n_ctx: int = 2048,
-                 min_frequency: int = 2, workers: int = 0, say: Callable[[str], None] | None = None) -> str:
+                 min_frequency: int = 2, workers: int = 0, say: Callable[[str], None] | None = None,
+                 input_flag: str = "--input") -> str:
     """Prepares (or finds already prepared) the dataset of ``inputs``; returns its folder, holding
     ``dataset.json``, ``tokenizer.json`` (unless the tokenizer is bytes), ``train_*.tfrecords`` and
-    ``eval_*.tfrecords`` with their ``.index`` files."""
+    ``eval_*.tfrecords`` with their ``.index`` files. Errors about the inputs name ``input_flag``, the flag that
+    gave them (train.py's is ``--data``)."""
     from config import ConfigError
     from data.prepare import build_once
     from data.text_files import expand_inputs
@@ -180,7 +182,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     say = say or (lambda message: print(message, flush=True))
     if not 0 <= eval_fraction < 1:
         raise ConfigError(f"--eval-fraction: {eval_fraction} is not in [0, 1)")
-    files = expand_inputs(inputs)
+    files = expand_inputs(inputs, input_flag)
     reused = load_tokenizer(tokenizer) if tokenizer else None
     settings = {"eval_fraction": eval_fraction, "chunk_size": n_ctx + 1,
                 "tokenizer": ("bytes" if not hasattr(reused, "tok") else reused.tok.to_str()) if reused else
@@ -221,7 +223,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
         dataset, totals = write_splits(directory, entries, by_document, eval_fraction, tok, tokenizer_file,
                                        n_ctx + 1, processes, say)
         if not totals["train"]["tokens"]:
-            raise ConfigError(f"--input {' '.join(inputs)}: no text to train on")
+            raise ConfigError(f"{input_flag} {' '.join(inputs)}: no text to train on")
         with open(os.path.join(directory, "dataset.json"), "w") as f:
             json.dump(dataset, f, indent=2)
         with open(os.path.join(directory, "DONE"), "w") as f:
@@ -254,7 +256,8 @@ def config_for_data(cfg, inputs: list[str]):
     elif len(inputs) == 1 and os.path.isfile(os.path.join(first, "dataset.json")):
         dataset_file = os.path.join(first, "dataset.json")
     else:
-        folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx)
+        folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx,
+                              input_flag="--data")
         dataset_file = os.path.join(folder, "dataset.json")
     with open(dataset_file) as f:
         dataset = json.load(f)

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
             raise ConfigError("--file_type xz: lm_dataformat archives are not read here; extract them to .txt or "
                               ".jsonl files and pass --file_type txt or jsonl")
         inputs = [os.path.join(args.base_dir, f"*.{args.file_type}")] if args.base_dir else args.input
-        files = expand_inputs(inputs)
+        files = expand_inputs(inputs, "--base_dir" if args.base_dir else "--input")
         counts = {"documents": 0, "bytes": 0}
         bad: list[str] = []
 

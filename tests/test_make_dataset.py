@@ -213,3 +213,16 @@ def test_a_process_waiting_on_a_removed_lock_file_finds_the_work_done(tmp_path):
     first.join(10)
     second.join(10)
     assert results == [False] and len(builds) == 1 and os.listdir(tmp_path) == ["data"]
+
+
+def test_data_names_the_flag_and_a_missing_path(tmp_path, work_root):
+    cfg = tiny_config(n_vocab=300)
+    with pytest.raises(ConfigError) as e:
+        config_for_data(cfg, [str(tmp_path / "missing_folder")])
+    assert str(e.value) == f"--data {tmp_path / 'missing_folder'}: no such file or folder"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError) as e:
+        config_for_data(cfg, [str(tmp_path / "empty")])
+    assert str(e.value) == f"--data {tmp_path / 'empty'}: matches no .txt/.jsonl/.jsonl.zst file"
+    with pytest.raises(ConfigError, match=r"^--input \S+missing.txt: no such file or folder$"):
+        make_dataset([str(tmp_path / "missing.txt")])

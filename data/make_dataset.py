@@ -184,6 +184,8 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
         raise ConfigError(f"--eval-fraction: {eval_fraction} is not in [0, 1)")
     files = expand_inputs(inputs, input_flag)
     reused = load_tokenizer(tokenizer) if tokenizer else None
+    cache = os.path.join(work_root(), "data_cache")
+    check_output_dir(output_dir, cache)
     settings = {"eval_fraction": eval_fraction, "chunk_size": n_ctx + 1,
                 "tokenizer": ("bytes" if not hasattr(reused, "tok") else reused.tok.to_str()) if reused else
                 {"vocab_size": vocab_size, "min_frequency": min_frequency}}
@@ -192,18 +194,14 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
         say(f"data: hashing {size / 1e9:.2f} GB of input to find a prepared copy")
     key = content_key(files, settings)[:8]
     name = dataset_name(inputs)
-    target = output_dir or os.path.join(work_root(), "data_cache", f"{name}-{key}")
-    manifest = os.path.join(target, "DONE")
-    if os.path.exists(manifest):
-        try:
-            with open(manifest) as f:
-                done = json.load(f)
-        except (OSError, json.JSONDecodeError):
-            done = {}
-        if done.get("key") == key:
-            say(f"data: reusing {_shown(target)} (prepared from the same files and settings)")
-            return target
-        os.remove(manifest)  # an explicit --output-dir that holds another dataset: rebuilt
+    target = output_dir or os.path.join(cache, f"{name}-{key}")
+
+    def finished() -> bool:  # an explicit --output-dir may hold another dataset: rebuilt
+        return manifest(target).get("key") == key
+
+    if finished():
+        say(f"data: reusing {_shown(target)} (prepared from the same files and settings)")
+        return target
 
     def build(directory: str) -> None:
         os.makedirs(directory)
@@ -235,8 +233,57 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
             "bytes/token")
 
     build_once(target, build, f"data: first use: preparing {_shown(target)} (later runs with the same files "
-                              "reuse it)")
+                              "reuse it)", done=finished)
     return target
+
+
+def manifest(folder: str) -> dict:
+    """The ``DONE`` file of a dataset folder this module wrote ({} when there is none)."""
+    try:
+        with open(os.path.join(folder, "DONE")) as f:
+            done = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return done if isinstance(done, dict) else {}
+
+
+def check_output_dir(output_dir: str | None, cache: str) -> None:
+    """Refuses, before any work, an ``--output-dir`` that cannot be written, or that holds files this module did
+    not write (publishing replaces the folder); without one, the ``cache`` folder must be writable."""
+    from config import ConfigError
+
+    if output_dir is None:
+        writable_folder(cache, "")
+        return
+    where = f"--output-dir {output_dir}"
+    if os.path.exists(output_dir):
+        if not os.path.isdir(output_dir):
+            raise ConfigError(f"{where}: a file, not a folder")
+        if os.listdir(output_dir) and manifest(output_dir).get("format") != FORMAT:
+            raise ConfigError(f"{where}: holds files data/make_dataset.py did not write, which the dataset would "
+                              "replace; choose a new or empty folder")
+    writable_folder(os.path.dirname(os.path.abspath(output_dir)), where)
+
+
+def writable_folder(folder: str, where: str) -> None:
+    """Creates ``folder`` if needed and writes a file there (the lock and the staging folder go there); a
+    one-line error naming ``where`` (the flag) and the folder otherwise."""
+    import tempfile
+
+    from config import ConfigError
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".write-test-")
+        os.close(handle)
+        os.remove(probe)
+    except OSError as e:
+        blocker, why = folder, e.strerror or str(e)
+        while not os.path.exists(blocker) and os.path.dirname(blocker) != blocker:
+            blocker = os.path.dirname(blocker)
+        if os.path.exists(blocker) and not os.path.isdir(blocker):  # makedirs says only "File exists"
+            folder, why = blocker, "a file, not a folder"
+        raise ConfigError(f"{where + ': ' if where else ''}cannot write in {folder} ({why})") from None
 
 
 def _shown(path: str) -> str:
@@ -301,6 +348,9 @@ def main(argv=None) -> int:
                               args.n_ctx, args.min_frequency, args.workers)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # disk full, permissions, once writing began
+        print(f"error: {e.filename or args.output_dir}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"dataset config: {_shown(os.path.join(folder, 'dataset.json'))}; train on it with: python train.py "
           f"--config configs/quickstart.json --data {_shown(folder)}")

@@ -46,15 +46,18 @@ def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
                "the embedded corpus; later runs reuse it)")
 
 
-def build_once(target: str, build: Callable[[str], None], message: str = "") -> bool:
-    """Runs ``build(directory)`` unless ``target`` is complete (holds ``DONE``), then publishes the directory as
-    ``target`` with one rename; ``build`` writes ``DONE`` last. Returns whether it built. Under a file lock
-    (``target.lock``, removed when done): the first process builds, others wait and then find it done."""
-    if os.path.exists(os.path.join(target, "DONE")):
+def build_once(target: str, build: Callable[[str], None], message: str = "",
+               done: Callable[[], bool] | None = None) -> bool:
+    """Runs ``build(directory)`` unless ``target`` is complete (``done()``; by default: it holds ``DONE``), then
+    publishes the directory as ``target`` with one rename; ``build`` writes ``DONE`` last. Returns whether it
+    built. Under a file lock (``target.lock``, removed when done): the first process builds, others wait and then
+    find it done."""
+    done = done or (lambda: os.path.exists(os.path.join(target, "DONE")))
+    if done():
         return False
     os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
     with held_lock(target + ".lock"):
-        if os.path.exists(os.path.join(target, "DONE")):
+        if done():
             return False
         if message:
             print(message, flush=True)

@@ -226,3 +226,33 @@ def test_data_names_the_flag_and_a_missing_path(tmp_path, work_root):
     assert str(e.value) == f"--data {tmp_path / 'empty'}: matches no .txt/.jsonl/.jsonl.zst file"
     with pytest.raises(ConfigError, match=r"^--input \S+missing.txt: no such file or folder$"):
         make_dataset([str(tmp_path / "missing.txt")])
+
+
+def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_path, work_root, capsys,
+                                                                          monkeypatch):
+    from data import make_dataset as module
+
+    texts = str(write_texts(tmp_path / "texts", 2))
+    blocker = tmp_path / "afile"
+    blocker.write_text("a file")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    cases = {str(blocker / "out"): f"cannot write in {blocker} (a file, not a folder)",
+             str(blocker): "a file, not a folder",
+             str(mine): "holds files data/make_dataset.py did not write, which the dataset would replace; choose "
+                        "a new or empty folder"}
+    for output_dir, why in cases.items():
+        assert module.main(["--input", texts, "--output-dir", output_dir]) == 2
+        out, err = capsys.readouterr()
+        assert err == f"error: --output-dir {output_dir}: {why}\n" and "preparing" not in out
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+    def read_only(**kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.mkstemp", read_only)
+    assert module.main(["--input", texts, "--output-dir", str(tmp_path / "ro" / "out")]) == 2
+    assert capsys.readouterr().err == \
+        f"error: --output-dir {tmp_path / 'ro' / 'out'}: cannot write in {tmp_path / 'ro'} (Read-only file system)\n"
+    assert sorted(os.listdir(tmp_path)) == ["afile", "mine", "ro", "texts"]  # no lock, no staging folder

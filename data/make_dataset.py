@@ -296,13 +296,14 @@ def config_for_data(cfg, inputs: list[str]):
     """``cfg`` training on ``inputs`` (train.py --data): a folder this module wrote (or its dataset.json), or text
     files, prepared here once (cached by content) with a tokenizer of ``n_vocab`` tokens (or the config's
     ``tokenizer_path``) and a 5% eval split. The run directory becomes ``runs/<data folder name>``; with no eval
-    split, ``eval_steps`` becomes 0."""
-    first = inputs[0]
-    if len(inputs) == 1 and first.endswith(".json") and os.path.isfile(first):
-        dataset_file = first
-    elif len(inputs) == 1 and os.path.isfile(os.path.join(first, "dataset.json")):
-        dataset_file = os.path.join(first, "dataset.json")
-    else:
+    split, ``eval_steps`` becomes 0. A task that plain text cannot feed is refused before anything is prepared."""
+    from config import ConfigError
+
+    dataset_file = given_dataset_file(inputs)
+    refusal = text_cannot_feed(cfg)
+    if refusal and (dataset_file is None or token_data(dataset_file)):
+        raise ConfigError(f"--data: {refusal}")
+    if dataset_file is None:
         folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx,
                               input_flag="--data")
         dataset_file = os.path.join(folder, "dataset.json")
@@ -317,6 +318,48 @@ def config_for_data(cfg, inputs: list[str]):
               flush=True)
         changes["n_vocab"] = dataset["n_vocab"]
     return cfg.replace(**changes)
+
+
+def given_dataset_file(inputs: list[str]) -> str | None:
+    """The dataset config ``--data`` names (a ``.json`` file, or a folder holding ``dataset.json``), else None:
+    the inputs are text to prepare."""
+    first = inputs[0]
+    if len(inputs) == 1 and first.endswith(".json") and os.path.isfile(first):
+        return first
+    if len(inputs) == 1 and os.path.isfile(os.path.join(first, "dataset.json")):
+        return os.path.join(first, "dataset.json")
+    return None
+
+
+def token_data(dataset_file: str) -> bool:
+    """Whether a dataset config names TFRecords of tokens (as this module writes), not labelled examples."""
+    try:
+        with open(dataset_file) as f:
+            path = json.load(f).get("path", "")
+    except (OSError, ValueError, AttributeError):
+        return True  # unreadable here: read (and reported) as the dataset config it claims to be
+    return isinstance(path, str) and path.endswith(".tfrecords")
+
+
+def text_cannot_feed(cfg) -> str | None:
+    """Why plain text (documents cut into token windows) cannot train ``cfg``'s task, or None when it can:
+    causal_lm, masked_lm through mlm_training, seq2seq through span_corruption."""
+    if cfg.task == "sequence_classification":
+        return ('plain text cannot feed task sequence_classification, which needs labelled jsonl ({"text": ..., '
+                '"label": ...} per line) named by a dataset config in the config\'s datasets (README, Data: '
+                "labelled data)")
+    if cfg.task == "token_classification":
+        return ('plain text cannot feed task token_classification, which needs labelled jsonl ({"tokens": [...], '
+                '"labels": [...]} per line) named by a dataset config in the config\'s datasets (README, Model zoo: '
+                "token classification)")
+    if cfg.task == "image_classification":
+        return ("plain text cannot feed task image_classification, which needs labelled images: digits, or "
+                "tfds:NAME such as tfds:mnist, in the config's datasets")
+    if cfg.task == "masked_lm" and not cfg.mlm_training:
+        return "plain text feeds task masked_lm only with mlm_training true (--set mlm_training=true)"
+    if cfg.task == "seq2seq" and not cfg.span_corruption:
+        return "plain text feeds task seq2seq only with span_corruption true (--set span_corruption=true)"
+    return None
 
 
 def main(argv=None) -> int:

@@ -256,3 +256,26 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_pa
     assert capsys.readouterr().err == \
         f"error: --output-dir {tmp_path / 'ro' / 'out'}: cannot write in {tmp_path / 'ro'} (Read-only file system)\n"
     assert sorted(os.listdir(tmp_path)) == ["afile", "mine", "ro", "texts"]  # no lock, no staging folder
+
+
+@pytest.mark.parametrize("config, sets, refusal", [
+    ("bert_classify", (), "plain text cannot feed task sequence_classification, which needs labelled jsonl "
+                          '({"text": ..., "label": ...} per line)'),
+    ("bert_code_tags", (), "plain text cannot feed task token_classification, which needs labelled jsonl "
+                           '({"tokens": [...], "labels": [...]} per line)'),
+    ("vit_digits", (), "plain text cannot feed task image_classification, which needs labelled images"),
+    ("bert_mlm", ("mlm_training=false",), "plain text feeds task masked_lm only with mlm_training true"),
+    ("t5_small_spans", ("span_corruption=false",), "plain text feeds task seq2seq only with span_corruption true"),
+], ids=["sequence_classification", "token_classification", "image_classification", "masked_lm", "seq2seq"])
+def test_data_refuses_a_task_text_cannot_feed_before_preparing(tmp_path, work_root, config, sets, refusal):
+    from config import load_config
+
+    cfg = load_config(config, sets)[0]
+    texts = write_texts(tmp_path / "texts", 3)
+    with pytest.raises(ConfigError) as e:
+        config_for_data(cfg, [str(texts)])
+    assert str(e.value).startswith(f"--data: {refusal}") and "\n" not in str(e.value)
+    assert not os.path.exists(work_root / "data_cache")  # nothing prepared
+    folder = make_dataset([str(texts)], tokenizer="bytes", n_ctx=16, workers=1, say=lambda _: None)
+    with pytest.raises(ConfigError, match=f"^--data: {re.escape(refusal)}"):  # already prepared token data
+        config_for_data(cfg, [folder])

@@ -29,7 +29,7 @@ import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
@@ -168,27 +168,33 @@ def write_splits(directory: str, entries: list[tuple[str, int]], by_document: bo
 def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: int = 8192,
                  tokenizer: str | None = None, eval_fraction: float = EVAL_FRACTION, n_ctx: int = 2048,
                  min_frequency: int = 2, workers: int = 0, say: Callable[[str], None] | None = None,
-                 input_flag: str = "--input") -> str:
+                 special_tokens: Sequence[str] = (), input_flag: str = "--input", vocab_flag: str = "--vocab-size"
+                 ) -> str:
     """Prepares (or finds already prepared) the dataset of ``inputs``; returns its folder, holding
     ``dataset.json``, ``tokenizer.json`` (unless the tokenizer is bytes), ``train_*.tfrecords`` and
-    ``eval_*.tfrecords`` with their ``.index`` files. Errors about the inputs name ``input_flag``, the flag that
-    gave them (train.py's is ``--data``)."""
+    ``eval_*.tfrecords`` with their ``.index`` files. A trained BPE holds ``special_tokens`` too (``[MASK]``, T5's
+    sentinels) within its ``vocab_size``. Errors name ``input_flag`` and ``vocab_flag``, the flags that gave
+    those values (train.py's are ``--data`` and the config's ``n_vocab``)."""
     from config import ConfigError
     from data.prepare import build_once
     from data.text_files import expand_inputs
-    from data.tokenizer import load_tokenizer
+    from data.tokenizer import check_bpe_size, load_tokenizer
     from neomesh.paths import work_root
 
     say = say or (lambda message: print(message, flush=True))
     if not 0 <= eval_fraction < 1:
         raise ConfigError(f"--eval-fraction: {eval_fraction} is not in [0, 1)")
+    if tokenizer is None:
+        check_bpe_size(vocab_size, special_tokens, vocab_flag)
     files = expand_inputs(inputs, input_flag)
     reused = load_tokenizer(tokenizer) if tokenizer else None
     cache = os.path.join(work_root(), "data_cache")
     check_output_dir(output_dir, cache)
+    trained = {"vocab_size": vocab_size, "min_frequency": min_frequency}
+    if special_tokens:  # only then: the folders of earlier datasets keep their names
+        trained["special_tokens"] = list(special_tokens)
     settings = {"eval_fraction": eval_fraction, "chunk_size": n_ctx + 1,
-                "tokenizer": ("bytes" if not hasattr(reused, "tok") else reused.tok.to_str()) if reused else
-                {"vocab_size": vocab_size, "min_frequency": min_frequency}}
+                "tokenizer": ("bytes" if not hasattr(reused, "tok") else reused.tok.to_str()) if reused else trained}
     size = sum(os.path.getsize(f) for f in files if f != "embedded")
     if size > 64 << 20:
         say(f"data: hashing {size / 1e9:.2f} GB of input to find a prepared copy")
@@ -212,7 +218,8 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
         if tok is None:
             from data.tokenizer import train_bpe
             say(f"data: training a {vocab_size:,}-token byte-level BPE on the train documents")
-            tok = train_bpe(documents(entries, "train", by_document, eval_fraction), vocab_size, min_frequency)
+            tok = train_bpe(documents(entries, "train", by_document, eval_fraction), vocab_size, min_frequency,
+                            special_tokens)
         tokenizer_file = "tokenizer.json" if hasattr(tok, "save") else "bytes"
         if hasattr(tok, "save"):
             tok.save(os.path.join(directory, tokenizer_file))
@@ -304,8 +311,10 @@ def config_for_data(cfg, inputs: list[str]):
     if refusal and (dataset_file is None or token_data(dataset_file)):
         raise ConfigError(f"--data: {refusal}")
     if dataset_file is None:
+        if cfg.tokenizer_path:
+            check_reused_tokenizer(cfg)
         folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx,
-                              input_flag="--data")
+                              special_tokens=objective_tokens(cfg), input_flag="--data", vocab_flag="n_vocab")
         dataset_file = os.path.join(folder, "dataset.json")
     with open(dataset_file) as f:
         dataset = json.load(f)
@@ -318,6 +327,33 @@ def config_for_data(cfg, inputs: list[str]):
               flush=True)
         changes["n_vocab"] = dataset["n_vocab"]
     return cfg.replace(**changes)
+
+
+def objective_tokens(cfg) -> list[str]:
+    """The special tokens ``cfg``'s objective looks up in the tokenizer, which a BPE trained for it must hold:
+    BERT's ``[MASK]`` (unless ``mlm_mask_token_id`` is set), T5's sentinels (as many as an example can need)."""
+    from data.source import MASK_TOKENS
+    from data.spans import SENTINEL, sentinel_count
+
+    if cfg.mlm_training and cfg.mlm_mask_token_id is None:
+        return [MASK_TOKENS[0]]
+    if cfg.span_corruption:
+        return [SENTINEL.format(i) for i in range(sentinel_count(cfg))]
+    return []
+
+
+def check_reused_tokenizer(cfg) -> None:
+    """Before preparing: the config's ``tokenizer_path`` has what the objective needs (one line otherwise)."""
+    from data.source import with_mask_token
+    from data.spans import sentinel_count, sentinel_ids
+    from data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.tokenizer_path)
+    if cfg.mlm_training:
+        with_mask_token(cfg, tokenizer)
+    if cfg.span_corruption:  # n_vocab grows to the tokenizer's size (config_for_data)
+        sentinel_ids(tokenizer, max(cfg.n_vocab, tokenizer.vocab_size), sentinel_count(cfg),
+                     f"tokenizer_path {cfg.tokenizer_path}")
 
 
 def given_dataset_file(inputs: list[str]) -> str | None:

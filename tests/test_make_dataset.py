@@ -279,3 +279,34 @@ def test_data_refuses_a_task_text_cannot_feed_before_preparing(tmp_path, work_ro
     folder = make_dataset([str(texts)], tokenizer="bytes", n_ctx=16, workers=1, say=lambda _: None)
     with pytest.raises(ConfigError, match=f"^--data: {re.escape(refusal)}"):  # already prepared token data
         config_for_data(cfg, [folder])
+
+
+@pytest.mark.parametrize("config", ["t5_small_spans", "bert_mlm"])
+def test_data_trains_the_special_tokens_the_objective_needs(tmp_path, work_root, config):
+    from config import load_config
+    from data.source import make_source
+    from data.spans import sentinel_count
+
+    cfg = load_config(config, ("n_vocab=300", "n_ctx=32", "train_batch_size=2"))[0]
+    needed = [f"<extra_id_{i}>" for i in range(sentinel_count(cfg))] if cfg.span_corruption else ["[MASK]"]
+    cfg = config_for_data(cfg, [str(write_texts(tmp_path / "texts", 20))])
+    source = make_source(cfg, "train")  # looks the tokens up (a one-line error without them)
+    assert cfg.n_vocab == 300  # the tokens fit in the vocabulary asked for
+    assert all(source.tokenizer.token_id(t) is not None for t in needed)
+    assert set(source.batch(0, 2)) >= {"inputs", "targets"}
+
+
+def test_data_refuses_a_vocabulary_without_room_for_the_objectives_tokens_before_preparing(tmp_path, work_root):
+    from config import load_config
+    from data.tokenizer import train_bpe
+
+    texts = [str(write_texts(tmp_path / "texts", 3))]
+    cfg = load_config("t5_small_spans", ("n_vocab=260",))[0]
+    with pytest.raises(ConfigError, match=r"^n_vocab: 260 is below 265 \(256 bytes \+ <\|endoftext\|>, "
+                                          r"<\|padding\|> and 7 more: <extra_id_0> .. <extra_id_6>\)$"):
+        config_for_data(cfg, texts)
+    train_bpe([" ".join(WORDS)] * 3, 280).save(str(tmp_path / "tok.json"))  # no [MASK]
+    cfg = load_config("bert_mlm", (f"tokenizer_path={tmp_path / 'tok.json'}",))[0]
+    with pytest.raises(ConfigError, match=r"^mlm_mask_token_id: not set, and the tokenizer has no \[MASK\]"):
+        config_for_data(cfg, texts)
+    assert not os.path.exists(work_root / "data_cache")

@@ -145,6 +145,16 @@ CASES = [
                    "{d}/no_tokenizer"], "tokenizer_path: '{d}/no_tokenizer'"),
     ("tfrecords", ["--input", "{d}/empty.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer", "bytes",
                    "--chunk-size", "-1"], "--chunk-size: -1"),
+    ("tfrecords", ["--input", "{d}/empty.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer", "bytes",
+                   "--chunk-size", "0"], "--chunk-size: 0 must be positive"),
+    ("tfrecords", ["--input", "{d}/empty.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer", "bytes",
+                   "--n-ctx", "0"], "--n-ctx: 0 must be positive"),
+    ("tfrecords", ["--input", "{d}/empty.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer", "bytes",
+                   "--n-ctx", "-5"], "--n-ctx: -5 must be positive"),
+    ("tfrecords", ["--input", "{d}/empty.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer", "bytes",
+                   "--chunk_size=0"], "--chunk_size: 0 must be positive"),  # GPT-Neo's name for --n-ctx
+    ("tfrecords", ["--input", "{d}/empty.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer", "bytes",
+                   "--processes", "-1"], "--processes: -1 must be zero or more"),
     ("tfrecords", ["--input", "{d}/bad_line.jsonl", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer",
                    "{d}/binary.json"], "{d}/binary.json: not a tokenizers JSON file"),
 ]

@@ -196,6 +196,8 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     settings = {"eval_fraction": eval_fraction, "chunk_size": n_ctx + 1,
                 "tokenizer": ("bytes" if not hasattr(reused, "tok") else reused.tok.to_str()) if reused else trained}
     size = sum(os.path.getsize(f) for f in files if f != "embedded")
+    if not size and "embedded" not in files:
+        raise ConfigError(f"{input_flag} {' '.join(inputs)}: no text to train on")
     if size > 64 << 20:
         say(f"data: hashing {size / 1e9:.2f} GB of input to find a prepared copy")
     key = content_key(files, settings)[:8]
@@ -220,6 +222,9 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
             say(f"data: training a {vocab_size:,}-token byte-level BPE on the train documents")
             tok = train_bpe(documents(entries, "train", by_document, eval_fraction), vocab_size, min_frequency,
                             special_tokens)
+            if tok.vocab_size < vocab_size:
+                from data.train_tokenizer import short_of
+                say(f"data: note: {short_of(tok.vocab_size, vocab_size, vocab_flag, min_frequency)}")
         tokenizer_file = "tokenizer.json" if hasattr(tok, "save") else "bytes"
         if hasattr(tok, "save"):
             tok.save(os.path.join(directory, tokenizer_file))

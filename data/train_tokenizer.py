@@ -63,6 +63,9 @@ def main(argv=None) -> int:
         if not counts["documents"]:
             raise ConfigError(f"--input: no document read from {len(files)} file(s)" +
                               (f" ({len(bad)} bad; the first: {bad[0]})" if bad else ""))
+        if not counts["bytes"]:  # empty documents: as make_dataset.py says
+            raise ConfigError(f"{f'--base_dir {args.base_dir}' if args.base_dir else '--input ' + ' '.join(inputs)}"
+                              ": no text to train on")
         os.makedirs(args.output_dir, exist_ok=True)
         out = os.path.join(args.output_dir, "tokenizer.json")
         tok.save(out)  # renamed into place when whole
@@ -77,7 +80,15 @@ def main(argv=None) -> int:
     print(f"trained on {counts['documents']} documents ({counts['bytes']:,} bytes) from {len(files)} files; "
           f"wrote {out} ({tok.vocab_size} tokens; <|endoftext|> = {tok.eos_id}, <|padding|> = {tok.padding_id})"
           f"{skipped}")
+    if tok.vocab_size < args.vocab_size:
+        print(f"note: {short_of(tok.vocab_size, args.vocab_size, '--vocab-size', args.min_frequency)}")
     return 0
+
+
+def short_of(size: int, asked: int, flag: str, min_frequency: int) -> str:
+    """Why a trained BPE has fewer tokens than asked: BPE stops merging when no pair is frequent enough."""
+    return (f"the tokenizer has {size} tokens, not the {asked} of {flag}: no further pair of tokens occurs "
+            f"--min-frequency {min_frequency} times or more in the text; more text gives more tokens")
 
 
 if __name__ == "__main__":

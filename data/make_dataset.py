@@ -182,8 +182,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     from neomesh.paths import work_root
 
     say = say or (lambda message: print(message, flush=True))
-    if not 0 <= eval_fraction < 1:
-        raise ConfigError(f"--eval-fraction: {eval_fraction} is not in [0, 1)")
+    check_settings(eval_fraction, n_ctx, min_frequency, workers)
     if tokenizer is None:
         check_bpe_size(vocab_size, special_tokens, vocab_flag)
     files = expand_inputs(inputs, input_flag)
@@ -247,6 +246,18 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     build_once(target, build, f"data: first use: preparing {_shown(target)} (later runs with the same files "
                               "reuse it)", done=finished)
     return target
+
+
+def check_settings(eval_fraction: float, n_ctx: int, min_frequency: int, workers: int) -> None:
+    """The numbers in range, or a one-line error naming the flag (n_ctx 0 would write a record per token)."""
+    from config import ConfigError
+
+    if not 0 <= eval_fraction < 1:
+        raise ConfigError(f"--eval-fraction: {eval_fraction} is not in [0, 1)")
+    for flag, value, least in (("--n-ctx", n_ctx, 1), ("--min-frequency", min_frequency, 0),
+                               ("--workers", workers, 0)):
+        if value < least:
+            raise ConfigError(f"{flag}: {value} must be {'positive' if least else 'zero or more'}")
 
 
 def manifest(folder: str) -> dict:

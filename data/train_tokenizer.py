@@ -39,6 +39,8 @@ def main(argv=None) -> int:
     from data.tokenizer import train_bpe
 
     try:
+        if args.min_frequency < 0:
+            raise ConfigError(f"--min-frequency: {args.min_frequency} must be zero or more")
         if args.base_dir and args.file_type == "xz":
             raise ConfigError("--file_type xz: lm_dataformat archives are not read here; extract them to .txt or "
                               ".jsonl files and pass --file_type txt or jsonl")

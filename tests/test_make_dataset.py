@@ -140,8 +140,15 @@ def test_jsonl_with_a_reused_tokenizer_and_no_eval(tmp_path, work_root):
 def test_bad_inputs_are_one_line(tmp_path, work_root):
     with pytest.raises(ConfigError, match="matches no .txt/.jsonl/.jsonl.zst file"):
         make_dataset([str(tmp_path / "nothing*")])
+    texts = [str(write_texts(tmp_path / "t", 2))]
     with pytest.raises(ConfigError, match="--eval-fraction: 1.0 is not in"):
-        make_dataset([str(write_texts(tmp_path / "t", 2))], eval_fraction=1.0)
+        make_dataset(texts, eval_fraction=1.0)
+    for given, error in (({"n_ctx": 0}, "--n-ctx: 0 must be positive"),  # it wrote a record per token
+                         ({"min_frequency": -1}, "--min-frequency: -1 must be zero or more"),  # a traceback
+                         ({"workers": -2}, "--workers: -2 must be zero or more")):
+        with pytest.raises(ConfigError, match=f"^{error}$"):
+            make_dataset(texts, **given)
+    assert not os.path.exists(work_root / "data_cache")
 
 
 @pytest.mark.e2e

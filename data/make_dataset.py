@@ -327,7 +327,7 @@ def config_for_data(cfg, inputs: list[str]):
     if refusal and (dataset_file is None or token_data(dataset_file)):
         raise ConfigError(f"--data: {refusal}")
     if dataset_file is None:
-        if cfg.tokenizer_path:
+        if cfg.tokenizer_path and (cfg.mlm_training or cfg.span_corruption):
             check_reused_tokenizer(cfg)
         folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx,
                               special_tokens=objective_tokens(cfg), input_flag="--data", vocab_flag="n_vocab")

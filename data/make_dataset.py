@@ -16,7 +16,8 @@ instead the last fraction of each document, cut at a line break, to eval.
 
 The output folder defaults to ``data_cache/NAME-HASH``, HASH covering the input files' contents and the settings,
 so running the command again on the same files reuses it at once, and changed files get a new folder. It is
-built in a temporary folder and published by one rename, under a file lock.
+built in a temporary folder and published by one rename, under a file lock. An ``--output-dir`` holding files
+this command did not write is refused, never replaced.
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
             tok = train_bpe(documents(entries, "train", by_document, eval_fraction), vocab_size, min_frequency,
                             special_tokens)
             if tok.vocab_size < vocab_size:
-                from data.train_tokenizer import short_of
+                from data.tokenizer import short_of
                 say(f"data: note: {short_of(tok.vocab_size, vocab_size, vocab_flag, min_frequency)}")
         tokenizer_file = "tokenizer.json" if hasattr(tok, "save") else "bytes"
         if hasattr(tok, "save"):
@@ -445,7 +446,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # disk full, permissions, once writing began
-        print(f"error: {e.filename or args.output_dir}: {e.strerror or e}", file=sys.stderr)
+        from neomesh.errors import one_line
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     print(f"dataset config: {_shown(os.path.join(folder, 'dataset.json'))}; train on it with: python train.py "
           f"--config configs/quickstart.json --data {_shown(folder)}")

@@ -254,6 +254,13 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
     return HFTokenizer(tok, "trained BPE")
 
 
+def short_of(size: int, asked: int, where: str, min_frequency: int) -> str:
+    """Why a trained BPE has fewer tokens than asked (``where`` names the size): merging stops when no pair of
+    tokens is frequent enough."""
+    return (f"the tokenizer has {size} tokens, not the {asked} of {where}: BPE merged every pair of tokens seen at "
+            f"least {min_frequency} times in the text; more text gives more tokens")
+
+
 def load_tokenizer(path: str) -> Tokenizer:
     """``"bytes"``, a ``tokenizer.json``, or a directory holding ``tokenizer.json``, GPT-2's or RoBERTa's
     ``vocab.json`` and ``merges.txt``, BERT's ``vocab.txt``, or T5's SentencePiece ``spiece.model`` (needs the

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from config import ConfigError
     from data.text_files import BadFile, expand_inputs, read_documents
-    from data.tokenizer import train_bpe
+    from data.tokenizer import short_of, train_bpe
 
     try:
         if args.min_frequency < 0:
@@ -65,9 +65,9 @@ def main(argv=None) -> int:
         if not counts["documents"]:
             raise ConfigError(f"--input: no document read from {len(files)} file(s)" +
                               (f" ({len(bad)} bad; the first: {bad[0]})" if bad else ""))
-        if not counts["bytes"]:  # empty documents: as make_dataset.py says
-            raise ConfigError(f"{f'--base_dir {args.base_dir}' if args.base_dir else '--input ' + ' '.join(inputs)}"
-                              ": no text to train on")
+        if not counts["bytes"]:  # empty files or texts: refused as make_dataset.py refuses them
+            given = f"--base_dir {args.base_dir}" if args.base_dir else f"--input {' '.join(inputs)}"
+            raise ConfigError(f"{given}: no text to train on")
         os.makedirs(args.output_dir, exist_ok=True)
         out = os.path.join(args.output_dir, "tokenizer.json")
         tok.save(out)  # renamed into place when whole
@@ -85,12 +85,6 @@ def main(argv=None) -> int:
     if tok.vocab_size < args.vocab_size:
         print(f"note: {short_of(tok.vocab_size, args.vocab_size, '--vocab-size', args.min_frequency)}")
     return 0
-
-
-def short_of(size: int, asked: int, flag: str, min_frequency: int) -> str:
-    """Why a trained BPE has fewer tokens than asked: BPE stops merging when no pair is frequent enough."""
-    return (f"the tokenizer has {size} tokens, not the {asked} of {flag}: no further pair of tokens occurs "
-            f"--min-frequency {min_frequency} times or more in the text; more text gives more tokens")
 
 
 if __name__ == "__main__":

@@ -146,5 +146,5 @@ def test_a_vocabulary_short_of_the_size_asked_for_is_noted(tmp_path, capsys):
     assert train_tokenizer.main(["--input", str(tmp_path / "tiny.txt"), "--output-dir", str(tmp_path / "tok"),
                                  "--vocab-size", "512"]) == 0
     note = capsys.readouterr().out.splitlines()[-1]
-    assert note == ("note: the tokenizer has 259 tokens, not the 512 of --vocab-size: no further pair of tokens "
-                    "occurs --min-frequency 2 times or more in the text; more text gives more tokens")
+    assert note == ("note: the tokenizer has 259 tokens, not the 512 of --vocab-size: BPE merged every pair of "
+                    "tokens seen at least 2 times in the text; more text gives more tokens")

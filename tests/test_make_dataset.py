@@ -317,3 +317,15 @@ def test_data_refuses_a_vocabulary_without_room_for_the_objectives_tokens_before
     with pytest.raises(ConfigError, match=r"^mlm_mask_token_id: not set, and the tokenizer has no \[MASK\]"):
         config_for_data(cfg, texts)
     assert not os.path.exists(work_root / "data_cache")
+
+
+def test_a_write_failure_while_preparing_is_one_line(tmp_path, work_root, capsys, monkeypatch):
+    from data import make_dataset as module
+
+    def full_disk(target, build, message="", done=None):
+        raise OSError(28, "No space left on device", f"{target}.tmp-1/train_00000.tfrecords")
+
+    monkeypatch.setattr("data.prepare.build_once", full_disk)
+    out = tmp_path / "out"
+    assert module.main(["--input", str(write_texts(tmp_path / "texts", 2)), "--output-dir", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {out}.tmp-1/train_00000.tfrecords: No space left on device\n"

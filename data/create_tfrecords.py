@@ -255,6 +255,19 @@ def write_dataset_config(directory: str, name: str, output_dir: str, tokenizer_p
     return path
 
 
+def check_sizes(args, typed: list[str]) -> None:
+    """Each size flag in range, or a one-line error naming it as typed (ours, or GPT-Neo's alias)."""
+    from config import ConfigError
+
+    limits = ((("--n-ctx", "--chunk_size"), args.n_ctx, 1), (("--chunk-size",), args.chunk_size, 1),
+              (("--files-per", "--files_per"), args.files_per, 1), (("--workers", "--processes"), args.workers, 0),
+              (("--minimum-size", "--minimum_size"), args.minimum_size, 0))
+    for names, value, least in limits:
+        if value is not None and value < least:
+            flag = next((a.split("=")[0] for a in typed if a.split("=")[0] in names), names[0])
+            raise ConfigError(f"{flag}: {value} must be {'positive' if least else 'zero or more'}")
+
+
 def main(argv=None) -> int:
     from neomesh.help import HelpFormatter
 
@@ -289,14 +302,17 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from config import ConfigError
     from data.source import DATASET_CONFIG_DIR
+    typed = sys.argv[1:] if argv is None else argv
     options = Options(separator=tuple(args.separator) if args.separator else None, minimum_size=args.minimum_size,
                       files_per=args.files_per, ftfy=args.ftfy, wikitext_detokenize=args.wikitext_detokenize)
     try:
+        check_sizes(args, typed)
         if not args.tokenizer:
             raise ConfigError("--tokenizer (GPT-Neo's --encoder_path) is required; GPT-Neo's default, GPT-2's "
                               "tokenizer, works from a local folder with vocab.json + merges.txt")
         index = create(args.input, args.output_dir, args.name, args.tokenizer, args.mode,
-                       args.chunk_size or args.n_ctx + 1, args.workers, options, args.skip_bad_files)
+                       args.n_ctx + 1 if args.chunk_size is None else args.chunk_size, args.workers, options,
+                       args.skip_bad_files)
         config_path = write_dataset_config(DATASET_CONFIG_DIR, args.name, args.output_dir, args.tokenizer, index) \
             if args.write_dataset_config else None
     except ConfigError as e:

@@ -16,7 +16,8 @@ instead the last fraction of each document, cut at a line break, to eval.
 
 The output folder defaults to ``data_cache/NAME-HASH``, HASH covering the input files' contents and the settings,
 so running the command again on the same files reuses it at once, and changed files get a new folder. It is
-built in a temporary folder and published by one rename, under a file lock.
+built in a temporary folder and published by one rename, under a file lock. An ``--output-dir`` holding files
+this command did not write is refused, never replaced.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
@@ -167,41 +168,48 @@ def write_splits(directory: str, entries: list[tuple[str, int]], by_document: bo
 
 def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: int = 8192,
                  tokenizer: str | None = None, eval_fraction: float = EVAL_FRACTION, n_ctx: int = 2048,
-                 min_frequency: int = 2, workers: int = 0, say: Callable[[str], None] | None = None) -> str:
+                 min_frequency: int = 2, workers: int = 0, say: Callable[[str], None] | None = None,
+                 special_tokens: Sequence[str] = (), input_flag: str = "--input", vocab_flag: str = "--vocab-size"
+                 ) -> str:
     """Prepares (or finds already prepared) the dataset of ``inputs``; returns its folder, holding
     ``dataset.json``, ``tokenizer.json`` (unless the tokenizer is bytes), ``train_*.tfrecords`` and
-    ``eval_*.tfrecords`` with their ``.index`` files."""
+    ``eval_*.tfrecords`` with their ``.index`` files. A trained BPE holds ``special_tokens`` too (``[MASK]``, T5's
+    sentinels) within its ``vocab_size``. Errors name ``input_flag`` and ``vocab_flag``, the flags that gave
+    those values (train.py's are ``--data`` and the config's ``n_vocab``)."""
     from config import ConfigError
     from data.prepare import build_once
     from data.text_files import expand_inputs
-    from data.tokenizer import load_tokenizer
+    from data.tokenizer import check_bpe_size, load_tokenizer
     from neomesh.paths import work_root
 
     say = say or (lambda message: print(message, flush=True))
-    if not 0 <= eval_fraction < 1:
-        raise ConfigError(f"--eval-fraction: {eval_fraction} is not in [0, 1)")
-    files = expand_inputs(inputs)
+    check_settings(eval_fraction, n_ctx, min_frequency, workers)
+    if tokenizer is None:
+        check_bpe_size(vocab_size, special_tokens, vocab_flag)
+    files = expand_inputs(inputs, input_flag)
     reused = load_tokenizer(tokenizer) if tokenizer else None
+    cache = os.path.join(work_root(), "data_cache")
+    check_output_dir(output_dir, cache)
+    trained = {"vocab_size": vocab_size, "min_frequency": min_frequency}
+    if special_tokens:  # only then: the folders of earlier datasets keep their names
+        trained["special_tokens"] = list(special_tokens)
     settings = {"eval_fraction": eval_fraction, "chunk_size": n_ctx + 1,
-                "tokenizer": ("bytes" if not hasattr(reused, "tok") else reused.tok.to_str()) if reused else
-                {"vocab_size": vocab_size, "min_frequency": min_frequency}}
+                "tokenizer": ("bytes" if not hasattr(reused, "tok") else reused.tok.to_str()) if reused else trained}
     size = sum(os.path.getsize(f) for f in files if f != "embedded")
+    if not size and "embedded" not in files:
+        raise ConfigError(f"{input_flag} {' '.join(inputs)}: no text to train on")
     if size > 64 << 20:
         say(f"data: hashing {size / 1e9:.2f} GB of input to find a prepared copy")
     key = content_key(files, settings)[:8]
     name = dataset_name(inputs)
-    target = output_dir or os.path.join(work_root(), "data_cache", f"{name}-{key}")
-    manifest = os.path.join(target, "DONE")
-    if os.path.exists(manifest):
-        try:
-            with open(manifest) as f:
-                done = json.load(f)
-        except (OSError, json.JSONDecodeError):
-            done = {}
-        if done.get("key") == key:
-            say(f"data: reusing {_shown(target)} (prepared from the same files and settings)")
-            return target
-        os.remove(manifest)  # an explicit --output-dir that holds another dataset: rebuilt
+    target = output_dir or os.path.join(cache, f"{name}-{key}")
+
+    def finished() -> bool:  # an explicit --output-dir may hold another dataset: rebuilt
+        return manifest(target).get("key") == key
+
+    if finished():
+        say(f"data: reusing {_shown(target)} (prepared from the same files and settings)")
+        return target
 
     def build(directory: str) -> None:
         os.makedirs(directory)
@@ -212,7 +220,11 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
         if tok is None:
             from data.tokenizer import train_bpe
             say(f"data: training a {vocab_size:,}-token byte-level BPE on the train documents")
-            tok = train_bpe(documents(entries, "train", by_document, eval_fraction), vocab_size, min_frequency)
+            tok = train_bpe(documents(entries, "train", by_document, eval_fraction), vocab_size, min_frequency,
+                            special_tokens)
+            if tok.vocab_size < vocab_size:
+                from data.tokenizer import short_of
+                say(f"data: note: {short_of(tok.vocab_size, vocab_size, vocab_flag, min_frequency)}")
         tokenizer_file = "tokenizer.json" if hasattr(tok, "save") else "bytes"
         if hasattr(tok, "save"):
             tok.save(os.path.join(directory, tokenizer_file))
@@ -221,7 +233,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
         dataset, totals = write_splits(directory, entries, by_document, eval_fraction, tok, tokenizer_file,
                                        n_ctx + 1, processes, say)
         if not totals["train"]["tokens"]:
-            raise ConfigError(f"--input {' '.join(inputs)}: no text to train on")
+            raise ConfigError(f"{input_flag} {' '.join(inputs)}: no text to train on")
         with open(os.path.join(directory, "dataset.json"), "w") as f:
             json.dump(dataset, f, indent=2)
         with open(os.path.join(directory, "DONE"), "w") as f:
@@ -233,8 +245,69 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
             "bytes/token")
 
     build_once(target, build, f"data: first use: preparing {_shown(target)} (later runs with the same files "
-                              "reuse it)")
+                              "reuse it)", done=finished)
     return target
+
+
+def check_settings(eval_fraction: float, n_ctx: int, min_frequency: int, workers: int) -> None:
+    """The numbers in range, or a one-line error naming the flag (n_ctx 0 would write a record per token)."""
+    from config import ConfigError
+
+    if not 0 <= eval_fraction < 1:
+        raise ConfigError(f"--eval-fraction: {eval_fraction} is not in [0, 1)")
+    for flag, value, least in (("--n-ctx", n_ctx, 1), ("--min-frequency", min_frequency, 0),
+                               ("--workers", workers, 0)):
+        if value < least:
+            raise ConfigError(f"{flag}: {value} must be {'positive' if least else 'zero or more'}")
+
+
+def manifest(folder: str) -> dict:
+    """The ``DONE`` file of a dataset folder this module wrote ({} when there is none)."""
+    try:
+        with open(os.path.join(folder, "DONE")) as f:
+            done = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return done if isinstance(done, dict) else {}
+
+
+def check_output_dir(output_dir: str | None, cache: str) -> None:
+    """Refuses, before any work, an ``--output-dir`` that cannot be written, or that holds files this module did
+    not write (publishing replaces the folder); without one, the ``cache`` folder must be writable."""
+    from config import ConfigError
+
+    if output_dir is None:
+        writable_folder(cache, "")
+        return
+    where = f"--output-dir {output_dir}"
+    if os.path.exists(output_dir):
+        if not os.path.isdir(output_dir):
+            raise ConfigError(f"{where}: a file, not a folder")
+        if os.listdir(output_dir) and manifest(output_dir).get("format") != FORMAT:
+            raise ConfigError(f"{where}: holds files data/make_dataset.py did not write, which the dataset would "
+                              "replace; choose a new or empty folder")
+    writable_folder(os.path.dirname(os.path.abspath(output_dir)), where)
+
+
+def writable_folder(folder: str, where: str) -> None:
+    """Creates ``folder`` if needed and writes a file there (the lock and the staging folder go there); a
+    one-line error naming ``where`` (the flag) and the folder otherwise."""
+    import tempfile
+
+    from config import ConfigError
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".write-test-")
+        os.close(handle)
+        os.remove(probe)
+    except OSError as e:
+        blocker, why = folder, e.strerror or str(e)
+        while not os.path.exists(blocker) and os.path.dirname(blocker) != blocker:
+            blocker = os.path.dirname(blocker)
+        if os.path.exists(blocker) and not os.path.isdir(blocker):  # makedirs says only "File exists"
+            folder, why = blocker, "a file, not a folder"
+        raise ConfigError(f"{where + ': ' if where else ''}cannot write in {folder} ({why})") from None
 
 
 def _shown(path: str) -> str:
@@ -247,14 +320,18 @@ def config_for_data(cfg, inputs: list[str]):
     """``cfg`` training on ``inputs`` (train.py --data): a folder this module wrote (or its dataset.json), or text
     files, prepared here once (cached by content) with a tokenizer of ``n_vocab`` tokens (or the config's
     ``tokenizer_path``) and a 5% eval split. The run directory becomes ``runs/<data folder name>``; with no eval
-    split, ``eval_steps`` becomes 0."""
-    first = inputs[0]
-    if len(inputs) == 1 and first.endswith(".json") and os.path.isfile(first):
-        dataset_file = first
-    elif len(inputs) == 1 and os.path.isfile(os.path.join(first, "dataset.json")):
-        dataset_file = os.path.join(first, "dataset.json")
-    else:
-        folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx)
+    split, ``eval_steps`` becomes 0. A task that plain text cannot feed is refused before anything is prepared."""
+    from config import ConfigError
+
+    dataset_file = given_dataset_file(inputs)
+    refusal = text_cannot_feed(cfg)
+    if refusal and (dataset_file is None or token_data(dataset_file)):
+        raise ConfigError(f"--data: {refusal}")
+    if dataset_file is None:
+        if cfg.tokenizer_path and (cfg.mlm_training or cfg.span_corruption):
+            check_reused_tokenizer(cfg)
+        folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx,
+                              special_tokens=objective_tokens(cfg), input_flag="--data", vocab_flag="n_vocab")
         dataset_file = os.path.join(folder, "dataset.json")
     with open(dataset_file) as f:
         dataset = json.load(f)
@@ -267,6 +344,75 @@ def config_for_data(cfg, inputs: list[str]):
               flush=True)
         changes["n_vocab"] = dataset["n_vocab"]
     return cfg.replace(**changes)
+
+
+def objective_tokens(cfg) -> list[str]:
+    """The special tokens ``cfg``'s objective looks up in the tokenizer, which a BPE trained for it must hold:
+    BERT's ``[MASK]`` (unless ``mlm_mask_token_id`` is set), T5's sentinels (as many as an example can need)."""
+    from data.source import MASK_TOKENS
+    from data.spans import SENTINEL, sentinel_count
+
+    if cfg.mlm_training and cfg.mlm_mask_token_id is None:
+        return [MASK_TOKENS[0]]
+    if cfg.span_corruption:
+        return [SENTINEL.format(i) for i in range(sentinel_count(cfg))]
+    return []
+
+
+def check_reused_tokenizer(cfg) -> None:
+    """Before preparing: the config's ``tokenizer_path`` has what the objective needs (one line otherwise)."""
+    from data.source import with_mask_token
+    from data.spans import sentinel_count, sentinel_ids
+    from data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.tokenizer_path)
+    if cfg.mlm_training:
+        with_mask_token(cfg, tokenizer)
+    if cfg.span_corruption:  # n_vocab grows to the tokenizer's size (config_for_data)
+        sentinel_ids(tokenizer, max(cfg.n_vocab, tokenizer.vocab_size), sentinel_count(cfg),
+                     f"tokenizer_path {cfg.tokenizer_path}")
+
+
+def given_dataset_file(inputs: list[str]) -> str | None:
+    """The dataset config ``--data`` names (a ``.json`` file, or a folder holding ``dataset.json``), else None:
+    the inputs are text to prepare."""
+    first = inputs[0]
+    if len(inputs) == 1 and first.endswith(".json") and os.path.isfile(first):
+        return first
+    if len(inputs) == 1 and os.path.isfile(os.path.join(first, "dataset.json")):
+        return os.path.join(first, "dataset.json")
+    return None
+
+
+def token_data(dataset_file: str) -> bool:
+    """Whether a dataset config names TFRecords of tokens (as this module writes), not labelled examples."""
+    try:
+        with open(dataset_file) as f:
+            path = json.load(f).get("path", "")
+    except (OSError, ValueError, AttributeError):
+        return True  # unreadable here: read (and reported) as the dataset config it claims to be
+    return isinstance(path, str) and path.endswith(".tfrecords")
+
+
+def text_cannot_feed(cfg) -> str | None:
+    """Why plain text (documents cut into token windows) cannot train ``cfg``'s task, or None when it can:
+    causal_lm, masked_lm through mlm_training, seq2seq through span_corruption."""
+    if cfg.task == "sequence_classification":
+        return ('plain text cannot feed task sequence_classification, which needs labelled jsonl ({"text": ..., '
+                '"label": ...} per line) named by a dataset config in the config\'s datasets (README, Data: '
+                "labelled data)")
+    if cfg.task == "token_classification":
+        return ('plain text cannot feed task token_classification, which needs labelled jsonl ({"tokens": [...], '
+                '"labels": [...]} per line) named by a dataset config in the config\'s datasets (README, Model zoo: '
+                "token classification)")
+    if cfg.task == "image_classification":
+        return ("plain text cannot feed task image_classification, which needs labelled images: digits, or "
+                "tfds:NAME such as tfds:mnist, in the config's datasets")
+    if cfg.task == "masked_lm" and not cfg.mlm_training:
+        return "plain text feeds task masked_lm only with mlm_training true (--set mlm_training=true)"
+    if cfg.task == "seq2seq" and not cfg.span_corruption:
+        return "plain text feeds task seq2seq only with span_corruption true (--set span_corruption=true)"
+    return None
 
 
 def main(argv=None) -> int:
@@ -298,6 +444,10 @@ def main(argv=None) -> int:
                               args.n_ctx, args.min_frequency, args.workers)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # disk full, permissions, once writing began
+        from neomesh.errors import one_line
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     print(f"dataset config: {_shown(os.path.join(folder, 'dataset.json'))}; train on it with: python train.py "
           f"--config configs/quickstart.json --data {_shown(folder)}")

@@ -4,17 +4,19 @@ labelled example of data/docstrings.py).
 
 A dataset config with ``"prepare": "embedded"`` names where its files go (``path``, ``eval_path``,
 ``tokenizer_path``), the ``vocab_size`` to train and any extra ``special_tokens`` (``[MASK]`` for masked LM).
-Preparation runs under a file lock (several processes of a multi-host run, or parallel tests, may start together)
-and publishes the directory with one atomic rename, so a half-written cache is never read.
+Preparation runs under a file lock (several processes of a multi-host run, or parallel tests, may start together;
+the lock file is removed when done) and publishes the directory with one atomic rename, so a half-written cache is
+never read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from config import ConfigError
 
@@ -44,16 +46,18 @@ def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
                "the embedded corpus; later runs reuse it)")
 
 
-def build_once(target: str, build: Callable[[str], None], message: str = "") -> bool:
-    """Runs ``build(directory)`` unless ``target`` is complete (holds ``DONE``), then publishes the directory as
-    ``target`` with one rename; ``build`` writes ``DONE`` last. Returns whether it built. Under a file lock: the
-    first process builds, others wait and then find it done."""
-    if os.path.exists(os.path.join(target, "DONE")):
+def build_once(target: str, build: Callable[[str], None], message: str = "",
+               done: Callable[[], bool] | None = None) -> bool:
+    """Runs ``build(directory)`` unless ``target`` is complete (``done()``; by default: it holds ``DONE``), then
+    publishes the directory as ``target`` with one rename; ``build`` writes ``DONE`` last. Returns whether it
+    built. Under a file lock (``target.lock``, removed when done): the first process builds, others wait and then
+    find it done."""
+    done = done or (lambda: os.path.exists(os.path.join(target, "DONE")))
+    if done():
         return False
     os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-    with open(target + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(os.path.join(target, "DONE")):
+    with held_lock(target + ".lock"):
+        if done():
             return False
         if message:
             print(message, flush=True)
@@ -72,6 +76,34 @@ def build_once(target: str, build: Callable[[str], None], message: str = "") -> 
             print(f"prepared {target if shown.startswith('..') else shown} in {time.perf_counter() - began:.1f} s",
                   flush=True)
     return True
+
+
+@contextlib.contextmanager
+def held_lock(path: str) -> Iterator[None]:
+    """Holds an exclusive ``flock`` on the file ``path`` and removes the file on leaving, as training/run_lock.py
+    does: removed before it is let go, so a process that waited on the removed file finds it gone and locks the
+    file of that name anew (two processes never hold locks on different files of one name)."""
+    while True:
+        lock = open(path, "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _same_file(lock, path):
+            break
+        lock.close()  # the holder removed it while this process waited
+    try:
+        yield
+    finally:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        lock.close()
+
+
+def _same_file(f, path: str) -> bool:
+    try:
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def prepare_embedded(directory: str, dataset: dict, where: str, n_ctx: int) -> None:

@@ -226,12 +226,10 @@ def make_source(cfg: Config, split: str):
         cfg = with_mask_token(cfg, tokenizers[0])
     window = cfg.n_ctx
     if cfg.span_corruption:
-        from data.spans import noise_plan, sentinel_ids
+        from data.spans import sentinel_count, sentinel_ids
 
-        raw = cfg.span_lengths[0]
-        window = raw - 1  # windows() cuts window+1 tokens
-        spans = noise_plan(raw, cfg.span_noise_density, cfg.span_mean_length)[1]
-        sentinels = sentinel_ids(tokenizers[0], cfg.n_vocab, spans, datasets[0]["where"])
+        window = cfg.span_lengths[0] - 1  # windows() cuts window+1 tokens
+        sentinels = sentinel_ids(tokenizers[0], cfg.n_vocab, sentinel_count(cfg), datasets[0]["where"])
     sizes = {t.vocab_size for t in tokenizers}
     if len(sizes) > 1:
         raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "

@@ -107,6 +107,11 @@ def span_stage(tf, windows, cfg, sentinels: list[int], eos_id: int, pad_id: int,
 SENTINEL = "<extra_id_{}>"
 
 
+def sentinel_count(cfg) -> int:
+    """Sentinels an example of ``cfg`` can need: the noise spans of its raw window (the same for every example)."""
+    return noise_plan(cfg.span_lengths[0], cfg.span_noise_density, cfg.span_mean_length)[1]
+
+
 def sentinel_ids(tokenizer, n_vocab: int, count: int, where: str) -> list[int]:
     """The ids of sentinels 0..count-1: the tokenizer's ``<extra_id_N>`` tokens, else the top of the vocabulary
     (T5's rule: sentinel i is n_vocab - 1 - i) when no tokenizer token lives there."""

@@ -14,21 +14,24 @@ SUFFIXES = (".txt", ".jsonl", ".jsonl.zst")
 CHUNK = 1 << 20  # compressed bytes read at a time
 
 
-def expand_inputs(patterns: list[str]) -> list[str]:
+def expand_inputs(patterns: list[str], flag: str = "--input") -> list[str]:
     """Files matched by ``patterns`` (globs, files or directories), sorted per pattern; ``embedded`` is kept as
-    is. A pattern that matches nothing readable is an error, not an empty input."""
+    is. A path that does not exist, or a pattern that matches nothing readable, is an error naming ``flag`` (the
+    command-line flag that gave the patterns), not an empty input."""
     files: list[str] = []
     for pattern in patterns:
         if pattern == "embedded":
             files.append(pattern)
             continue
+        if not glob.has_magic(pattern) and not os.path.exists(pattern):
+            raise ConfigError(f"{flag} {pattern}: no such file or folder")
         if os.path.isdir(pattern):
             matched = sorted(os.path.join(root, f) for root, _, names in os.walk(pattern) for f in names)
         else:
             matched = sorted(glob.glob(pattern, recursive=True))
         matched = [f for f in matched if os.path.isfile(f) and f.endswith(SUFFIXES)]
         if not matched:
-            raise ConfigError(f"--input {pattern}: matches no {'/'.join(SUFFIXES)} file")
+            raise ConfigError(f"{flag} {pattern}: matches no {'/'.join(SUFFIXES)} file")
         files.extend(matched)
     return files
 

@@ -229,6 +229,15 @@ def _byte_level(tok):
     return tok
 
 
+def check_bpe_size(vocab_size: int, special_tokens: Sequence[str] = (), where: str = "vocab_size") -> None:
+    """A one-line error naming ``where`` when ``vocab_size`` cannot hold the 256 bytes and the special tokens."""
+    specials = [EOS, PAD, *special_tokens]
+    if vocab_size < 256 + len(specials):
+        shown = ", ".join(specials) if len(specials) <= 4 else \
+            f"{EOS}, {PAD} and {len(special_tokens)} more: {special_tokens[0]} .. {special_tokens[-1]}"
+        raise ConfigError(f"{where}: {vocab_size} is below {256 + len(specials)} (256 bytes + {shown})")
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
               special_tokens: Sequence[str] = ()) -> HFTokenizer:
     """Trains a byte-level BPE on ``texts``: 256 byte tokens, ``<|endoftext|>``, ``<|padding|>`` and any
@@ -236,15 +245,20 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
     from tokenizers import Tokenizer as Library
     from tokenizers import models, pre_tokenizers, trainers
 
+    check_bpe_size(vocab_size, special_tokens)
     specials = [EOS, PAD, *special_tokens]
-    if vocab_size < 256 + len(specials):
-        raise ConfigError(f"vocab_size: {vocab_size} is below {256 + len(specials)} (256 bytes + "
-                          f"{', '.join(specials)})")
     tok = _byte_level(Library(models.BPE()))
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     return HFTokenizer(tok, "trained BPE")
+
+
+def short_of(size: int, asked: int, where: str, min_frequency: int) -> str:
+    """Why a trained BPE has fewer tokens than asked (``where`` names the size): merging stops when no pair of
+    tokens is frequent enough."""
+    return (f"the tokenizer has {size} tokens, not the {asked} of {where}: BPE merged every pair of tokens seen at "
+            f"least {min_frequency} times in the text; more text gives more tokens")
 
 
 def load_tokenizer(path: str) -> Tokenizer:

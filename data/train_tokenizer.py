@@ -36,14 +36,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from config import ConfigError
     from data.text_files import BadFile, expand_inputs, read_documents
-    from data.tokenizer import train_bpe
+    from data.tokenizer import short_of, train_bpe
 
     try:
+        if args.min_frequency < 0:
+            raise ConfigError(f"--min-frequency: {args.min_frequency} must be zero or more")
         if args.base_dir and args.file_type == "xz":
             raise ConfigError("--file_type xz: lm_dataformat archives are not read here; extract them to .txt or "
                               ".jsonl files and pass --file_type txt or jsonl")
         inputs = [os.path.join(args.base_dir, f"*.{args.file_type}")] if args.base_dir else args.input
-        files = expand_inputs(inputs)
+        files = expand_inputs(inputs, "--base_dir" if args.base_dir else "--input")
         counts = {"documents": 0, "bytes": 0}
         bad: list[str] = []
 
@@ -63,6 +65,9 @@ def main(argv=None) -> int:
         if not counts["documents"]:
             raise ConfigError(f"--input: no document read from {len(files)} file(s)" +
                               (f" ({len(bad)} bad; the first: {bad[0]})" if bad else ""))
+        if not counts["bytes"]:  # empty files or texts: refused as make_dataset.py refuses them
+            given = f"--base_dir {args.base_dir}" if args.base_dir else f"--input {' '.join(inputs)}"
+            raise ConfigError(f"{given}: no text to train on")
         os.makedirs(args.output_dir, exist_ok=True)
         out = os.path.join(args.output_dir, "tokenizer.json")
         tok.save(out)  # renamed into place when whole
@@ -77,6 +82,8 @@ def main(argv=None) -> int:
     print(f"trained on {counts['documents']} documents ({counts['bytes']:,} bytes) from {len(files)} files; "
           f"wrote {out} ({tok.vocab_size} tokens; <|endoftext|> = {tok.eos_id}, <|padding|> = {tok.padding_id})"
           f"{skipped}")
+    if tok.vocab_size < args.vocab_size:
+        print(f"note: {short_of(tok.vocab_size, args.vocab_size, '--vocab-size', args.min_frequency)}")
     return 0
 
 

@@ -123,3 +123,28 @@ def test_an_unwritable_output_is_one_line(inputs, tmp_path, capsys):
                                  "--vocab-size", "300"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {blocker}: "), err
+
+
+def test_empty_text_is_refused_as_make_dataset_refuses_it(tmp_path, capsys):
+    from data import make_dataset
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    (tmp_path / "empty" / "b.jsonl").write_text('{"text": ""}\n')
+    for main, extra in ((train_tokenizer.main, ["--output-dir", str(tmp_path / "tok"), "--vocab-size", "300"]),
+                        (make_dataset.main, ["--output-dir", str(tmp_path / "data")])):
+        for given in (tmp_path / "empty" / "a.txt", tmp_path / "empty"):
+            assert main(["--input", str(given)] + extra) == 2
+            out, err = capsys.readouterr()
+            assert err == f"error: --input {given}: no text to train on\n"
+            assert "preparing" not in out or given.is_dir()  # empty files are seen up front, empty texts later
+    assert sorted(os.listdir(tmp_path)) == ["empty"]  # nothing written
+
+
+def test_a_vocabulary_short_of_the_size_asked_for_is_noted(tmp_path, capsys):
+    (tmp_path / "tiny.txt").write_text("ab ab")
+    assert train_tokenizer.main(["--input", str(tmp_path / "tiny.txt"), "--output-dir", str(tmp_path / "tok"),
+                                 "--vocab-size", "512"]) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note == ("note: the tokenizer has 259 tokens, not the 512 of --vocab-size: BPE merged every pair of "
+                    "tokens seen at least 2 times in the text; more text gives more tokens")

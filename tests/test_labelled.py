@@ -208,7 +208,7 @@ def test_stdlib_docstrings_example_prepares_once_with_a_fixed_split(tmp_path, mo
     use_dataset_configs(monkeypatch, tmp_path / "dc", docs=body)
     cfg = config([["docs", None, None, None]], 64, n_vocab=400, task="sequence_classification", num_labels=3)
     train, held_out = make_source(cfg, "train"), make_source(cfg, "eval")
-    assert sorted(os.listdir(tmp_path / "cache")) == ["docstrings", "docstrings.lock"]  # published by one rename
+    assert sorted(os.listdir(tmp_path / "cache")) == ["docstrings"]  # published by one rename, lock removed
     assert sorted(os.listdir(cache)) == ["DONE", "eval.jsonl", "tokenizer.json", "train.jsonl"]
     rows = {s: [json.loads(line) for line in open(cache / f"{s}.jsonl")] for s in ("train", "eval")}
     texts = {s: {r["text"] for r in rows[s]} for s in rows}

@@ -140,8 +140,15 @@ def test_jsonl_with_a_reused_tokenizer_and_no_eval(tmp_path, work_root):
 def test_bad_inputs_are_one_line(tmp_path, work_root):
     with pytest.raises(ConfigError, match="matches no .txt/.jsonl/.jsonl.zst file"):
         make_dataset([str(tmp_path / "nothing*")])
+    texts = [str(write_texts(tmp_path / "t", 2))]
     with pytest.raises(ConfigError, match="--eval-fraction: 1.0 is not in"):
-        make_dataset([str(write_texts(tmp_path / "t", 2))], eval_fraction=1.0)
+        make_dataset(texts, eval_fraction=1.0)
+    for given, error in (({"n_ctx": 0}, "--n-ctx: 0 must be positive"),  # it wrote a record per token
+                         ({"min_frequency": -1}, "--min-frequency: -1 must be zero or more"),  # a traceback
+                         ({"workers": -2}, "--workers: -2 must be zero or more")):
+        with pytest.raises(ConfigError, match=f"^{error}$"):
+            make_dataset(texts, **given)
+    assert not os.path.exists(work_root / "data_cache")
 
 
 @pytest.mark.e2e
@@ -165,3 +172,160 @@ def test_train_on_a_folder_of_text_in_one_command(tmp_path):
     finally:  # the prepared folder, its lock, or the staging folder of a killed run
         for path in glob.glob(os.path.join(ROOT, "data_cache", name + "-*")):
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def test_prepared_data_leaves_no_lock_file_built_or_failed(tmp_path):
+    from data.prepare import build_once
+
+    def build(directory):
+        os.makedirs(directory)
+        (tmp_path / "ran").write_text("")
+        open(os.path.join(directory, "DONE"), "w").close()
+
+    assert build_once(str(tmp_path / "ok"), build)
+    assert sorted(os.listdir(tmp_path)) == ["ok", "ran"]
+
+    def broken(directory):
+        raise ConfigError("broken input")
+
+    with pytest.raises(ConfigError, match="broken input"):
+        build_once(str(tmp_path / "bad"), broken)
+    assert sorted(os.listdir(tmp_path)) == ["ok", "ran"]
+
+
+def test_a_process_waiting_on_a_removed_lock_file_finds_the_work_done(tmp_path):
+    import threading
+    import time
+
+    from data.prepare import build_once
+
+    started, release, builds = threading.Event(), threading.Event(), []
+
+    def build(directory):  # the first builder holds the lock until released
+        builds.append(directory)
+        started.set()
+        release.wait(10)
+        os.makedirs(directory)
+        open(os.path.join(directory, "DONE"), "w").close()
+
+    target = str(tmp_path / "data")
+    first = threading.Thread(target=build_once, args=(target, build))
+    first.start()
+    assert started.wait(10)
+    results = []
+    second = threading.Thread(target=lambda: results.append(build_once(target, build)))
+    second.start()  # opens data.lock and waits on it, then finds the file it locked removed
+    time.sleep(0.5)  # time to reach the lock
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert results == [False] and len(builds) == 1 and os.listdir(tmp_path) == ["data"]
+
+
+def test_data_names_the_flag_and_a_missing_path(tmp_path, work_root):
+    cfg = tiny_config(n_vocab=300)
+    with pytest.raises(ConfigError) as e:
+        config_for_data(cfg, [str(tmp_path / "missing_folder")])
+    assert str(e.value) == f"--data {tmp_path / 'missing_folder'}: no such file or folder"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError) as e:
+        config_for_data(cfg, [str(tmp_path / "empty")])
+    assert str(e.value) == f"--data {tmp_path / 'empty'}: matches no .txt/.jsonl/.jsonl.zst file"
+    with pytest.raises(ConfigError, match=r"^--input \S+missing.txt: no such file or folder$"):
+        make_dataset([str(tmp_path / "missing.txt")])
+
+
+def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_path, work_root, capsys,
+                                                                          monkeypatch):
+    from data import make_dataset as module
+
+    texts = str(write_texts(tmp_path / "texts", 2))
+    blocker = tmp_path / "afile"
+    blocker.write_text("a file")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    cases = {str(blocker / "out"): f"cannot write in {blocker} (a file, not a folder)",
+             str(blocker): "a file, not a folder",
+             str(mine): "holds files data/make_dataset.py did not write, which the dataset would replace; choose "
+                        "a new or empty folder"}
+    for output_dir, why in cases.items():
+        assert module.main(["--input", texts, "--output-dir", output_dir]) == 2
+        out, err = capsys.readouterr()
+        assert err == f"error: --output-dir {output_dir}: {why}\n" and "preparing" not in out
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+    def read_only(**kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.mkstemp", read_only)
+    assert module.main(["--input", texts, "--output-dir", str(tmp_path / "ro" / "out")]) == 2
+    assert capsys.readouterr().err == \
+        f"error: --output-dir {tmp_path / 'ro' / 'out'}: cannot write in {tmp_path / 'ro'} (Read-only file system)\n"
+    assert sorted(os.listdir(tmp_path)) == ["afile", "mine", "ro", "texts"]  # no lock, no staging folder
+
+
+@pytest.mark.parametrize("config, sets, refusal", [
+    ("bert_classify", (), "plain text cannot feed task sequence_classification, which needs labelled jsonl "
+                          '({"text": ..., "label": ...} per line)'),
+    ("bert_code_tags", (), "plain text cannot feed task token_classification, which needs labelled jsonl "
+                           '({"tokens": [...], "labels": [...]} per line)'),
+    ("vit_digits", (), "plain text cannot feed task image_classification, which needs labelled images"),
+    ("bert_mlm", ("mlm_training=false",), "plain text feeds task masked_lm only with mlm_training true"),
+    ("t5_small_spans", ("span_corruption=false",), "plain text feeds task seq2seq only with span_corruption true"),
+], ids=["sequence_classification", "token_classification", "image_classification", "masked_lm", "seq2seq"])
+def test_data_refuses_a_task_text_cannot_feed_before_preparing(tmp_path, work_root, config, sets, refusal):
+    from config import load_config
+
+    cfg = load_config(config, sets)[0]
+    texts = write_texts(tmp_path / "texts", 3)
+    with pytest.raises(ConfigError) as e:
+        config_for_data(cfg, [str(texts)])
+    assert str(e.value).startswith(f"--data: {refusal}") and "\n" not in str(e.value)
+    assert not os.path.exists(work_root / "data_cache")  # nothing prepared
+    folder = make_dataset([str(texts)], tokenizer="bytes", n_ctx=16, workers=1, say=lambda _: None)
+    with pytest.raises(ConfigError, match=f"^--data: {re.escape(refusal)}"):  # already prepared token data
+        config_for_data(cfg, [folder])
+
+
+@pytest.mark.parametrize("config", ["t5_small_spans", "bert_mlm"])
+def test_data_trains_the_special_tokens_the_objective_needs(tmp_path, work_root, config):
+    from config import load_config
+    from data.source import make_source
+    from data.spans import sentinel_count
+
+    cfg = load_config(config, ("n_vocab=300", "n_ctx=32", "train_batch_size=2"))[0]
+    needed = [f"<extra_id_{i}>" for i in range(sentinel_count(cfg))] if cfg.span_corruption else ["[MASK]"]
+    cfg = config_for_data(cfg, [str(write_texts(tmp_path / "texts", 20))])
+    source = make_source(cfg, "train")  # looks the tokens up (a one-line error without them)
+    assert cfg.n_vocab == 300  # the tokens fit in the vocabulary asked for
+    assert all(source.tokenizer.token_id(t) is not None for t in needed)
+    assert set(source.batch(0, 2)) >= {"inputs", "targets"}
+
+
+def test_data_refuses_a_vocabulary_without_room_for_the_objectives_tokens_before_preparing(tmp_path, work_root):
+    from config import load_config
+    from data.tokenizer import train_bpe
+
+    texts = [str(write_texts(tmp_path / "texts", 3))]
+    cfg = load_config("t5_small_spans", ("n_vocab=260",))[0]
+    with pytest.raises(ConfigError, match=r"^n_vocab: 260 is below 265 \(256 bytes \+ <\|endoftext\|>, "
+                                          r"<\|padding\|> and 7 more: <extra_id_0> .. <extra_id_6>\)$"):
+        config_for_data(cfg, texts)
+    train_bpe([" ".join(WORDS)] * 3, 280).save(str(tmp_path / "tok.json"))  # no [MASK]
+    cfg = load_config("bert_mlm", (f"tokenizer_path={tmp_path / 'tok.json'}",))[0]
+    with pytest.raises(ConfigError, match=r"^mlm_mask_token_id: not set, and the tokenizer has no \[MASK\]"):
+        config_for_data(cfg, texts)
+    assert not os.path.exists(work_root / "data_cache")
+
+
+def test_a_write_failure_while_preparing_is_one_line(tmp_path, work_root, capsys, monkeypatch):
+    from data import make_dataset as module
+
+    def full_disk(target, build, message="", done=None):
+        raise OSError(28, "No space left on device", f"{target}.tmp-1/train_00000.tfrecords")
+
+    monkeypatch.setattr("data.prepare.build_once", full_disk)
+    out = tmp_path / "out"
+    assert module.main(["--input", str(write_texts(tmp_path / "texts", 2)), "--output-dir", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {out}.tmp-1/train_00000.tfrecords: No space left on device\n"

@@ -181,10 +181,13 @@ class Config:
                                  "see weight_decay and ada_epsilon1/2)",
                          choices=("adam", "adamw", "adafactor"))
     lr: float = _key(6e-4, "peak learning rate", minimum=0.0)
-    lr_decay: str = _key("cosine", "decay after warmup, down to 0.1*lr at lr_decay_end",
+    lr_decay: str = _key("cosine", "decay after warmup, down to 0.1*lr after lr_decay_end updates",
                          choices=("cosine", "linear", "none"))
-    lr_decay_end: Optional[int] = _key(None, "step where decay ends (default: train_steps)", minimum=1)
-    warmup_steps: int = _key(3000, "linear warmup steps from 0 to lr", minimum=0)
+    lr_decay_end: Optional[int] = _key(None, "updates after which decay ends (default: train_steps; the schedule "
+                                             "counts updates from 0, as GPT-Neo's: step N trains at its value for "
+                                             "N-1, so the last step of a run is one before the end value)", minimum=1)
+    warmup_steps: int = _key(3000, "linear warmup from 0 to lr over this many updates (step 1 trains at 0, as in "
+                                   "GPT-Neo)", minimum=0)
     weight_decay: Optional[float] = _key(
         None, "adam: decoupled weight decay, not on biases and norms (null: 0.01); adafactor: as in GPT-Neo, the "
         "constant decay rate of its second-moment estimates (null: Adafactor's 1-(step+1)^-0.8)", minimum=0.0)

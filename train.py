@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     fresh.add_argument("--new", action="store_true", help="start fresh; an existing run directory is moved aside")
     p.add_argument("--eval", action="store_true", help="only evaluate the latest checkpoint")
     p.add_argument("--init-from", metavar="HF_MODEL", help="start a new run from a Hugging Face model's weights "
-                   "(GPT-Neo, GPT-2; fresh optimizer state and schedule): fine-tuning; a directory, or ORG/NAME "
-                   "from the local Hugging Face cache")
+                   "(GPT-Neo, GPT-2, BERT/RoBERTa, T5, ViT: the families python -m convert imports; fresh optimizer "
+                   "state and schedule): fine-tuning; a directory, or ORG/NAME from the local Hugging Face cache")
     p.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and stop after step N (a time-sliced "
                    "job); the next run resumes there exactly")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -117,8 +117,12 @@ def main(argv=None) -> int:
             if cfg.init_from and cfg.tokenizer_path is None:  # fine-tuning reads text with the model's tokenizer
                 cfg = cfg.replace(tokenizer_path=cfg.init_from)
             cfg = config_for_data(cfg, args.data)
+        elif cfg.init_from:
+            cfg = with_tokenizer_of_init_from(cfg, notes)
         if args.model_path:
             cfg = cfg.replace(model_path=args.model_path)
+        if cfg.init_from and not args.new:
+            note_other_base(cfg, notes)
         if args.dry_run:
             return dry_run(args, cfg, notes)
         return train(args, cfg, notes)
@@ -226,6 +230,52 @@ def check_init_from_given(model_path: str | None, cfg) -> None:
         raise ConfigError(f"--init-from: the run in {model_path} was started with --init-from "
                           f"{shlex.quote(saved['init_from'])} ({why}); pass it again to resume (or --new for a "
                           "fresh run)")
+
+
+SAMPLE_TEXT = "def add(a, b):\n    return a + b  # Hello, World! 42"
+
+
+def with_tokenizer_of_init_from(cfg, notes: list):
+    """Fine-tuning reads text with the pretrained model's own tokenizer: labelled jsonl (a classifier's data,
+    tokenized as it is read) gets it as ``tokenizer_path``; data tokenized ahead (TFRecords) keeps its ids, and a
+    note says so where its tokenizer is not the model's (the ids would name other tokens)."""
+    from convert.hf_dir import has_tokenizer
+
+    if cfg.tokenizer_path is not None or not has_tokenizer(cfg.init_from):
+        return cfg
+    if cfg.task in ("sequence_classification", "token_classification"):
+        return cfg.replace(tokenizer_path=cfg.init_from)
+    from data.source import load_dataset_config
+    from data.tokenizer import load_tokenizer
+
+    name = cfg.datasets[0][0]
+    theirs = None if name.startswith("tfds:") else load_dataset_config(name).get("tokenizer_path", "bytes")
+    if theirs is None or (theirs != "bytes" and not os.path.exists(theirs)):
+        return cfg  # prepared on first use: nothing to compare yet
+    data, model = load_tokenizer(theirs), load_tokenizer(cfg.init_from)
+    if data.vocab_size != model.vocab_size or data.encode(SAMPLE_TEXT) != model.encode(SAMPLE_TEXT):
+        notes.append(f"--init-from {cfg.init_from}: dataset {name} holds the ids of its own tokenizer "
+                     f"({theirs}), not this model's; fine-tuning on them teaches other tokens (train.py --data "
+                     "FOLDER --init-from prepares text with the model's tokenizer)")
+    return cfg
+
+
+def note_other_base(cfg, notes: list) -> None:
+    """A run whose checkpoints hold only its trained parameters (peft, checkpoint 'trainable') resumes on the base
+    weights of init_from: a note when they come from another model than the run started with."""
+    from config import ConfigError, check_peft
+
+    saved = newest_saved_config(cfg.model_path)
+    if not saved or not saved.get("init_from") or os.path.realpath(saved["init_from"]) == os.path.realpath(
+            cfg.init_from):
+        return
+    try:
+        partial = saved.get("peft") is not None and check_peft(saved["peft"])["checkpoint"] == "trainable"
+    except ConfigError:
+        partial = False
+    if partial:
+        notes.append(f"the run in {cfg.model_path} was started with --init-from {saved['init_from']}; its "
+                     f"checkpoints hold only the trained parameters, which now go on {cfg.init_from}'s weights")
 
 
 def run_training(args, cfg, notes, signals, run) -> int:

@@ -250,11 +250,11 @@ def _dataset(cfg: Config) -> dict:
     dataset = {"path": name, "where": name} if name.startswith("tfds:") else load_dataset_config(name)
     if dataset["path"].startswith("tfds:"):
         dataset.setdefault("data_dir", cfg.tfds_data_dir)
-    if cfg.tokenizer_path:
-        dataset["tokenizer_path"] = cfg.tokenizer_path
-    if dataset.get("prepare"):
+    if dataset.get("prepare"):  # into the dataset's own cache folder, whatever tokenizer reads it
         from data.prepare import ensure_prepared
         ensure_prepared(dataset, dataset["where"], cfg.n_ctx)
+    if cfg.tokenizer_path:
+        dataset["tokenizer_path"] = cfg.tokenizer_path
     return dataset
 
 

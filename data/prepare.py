@@ -55,6 +55,10 @@ def build_once(target: str, build: Callable[[str], None], message: str = "",
     done = done or (lambda: os.path.exists(os.path.join(target, "DONE")))
     if done():
         return False
+    if os.path.isdir(target) and os.listdir(target) and not os.path.exists(os.path.join(target, "DONE")):
+        # builds are published whole, DONE included: a folder without one is someone else's
+        raise ConfigError(f"{target}: exists and is not a prepared dataset (no DONE); not replacing it: move it, or "
+                          "point the dataset config elsewhere")
     os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
     with held_lock(target + ".lock"):
         if done():

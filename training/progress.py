@@ -74,7 +74,8 @@ class Progress:
             timed_steps = steps_done - 1 if steps_done > 1 else steps_done  # after the compiling first step
             timed_seconds = self.train_seconds - (self.compile_seconds if steps_done > 1 else 0.0)
             rate = timed_steps * self.tokens_per_step / max(timed_seconds, 1e-9)
-            lines.append(f"done: {steps_done} steps ({self.start + 1}..{self.start + steps_done}) in "
+            lines.append(f"done: {steps_done} step{'s' if steps_done != 1 else ''} ({self.start + 1}.."
+                         f"{self.start + steps_done}) in "
                          f"{format_duration(time.perf_counter() - self.began)}; {rate:,.0f} tokens/s while "
                          "training")
             lines.append(f"train loss {self.first_loss:.4f} -> {self.last_loss:.4f} over steps "

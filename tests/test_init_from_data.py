@@ -1,0 +1,65 @@
+"""Fine-tuning's data and base: text read with the pretrained model's tokenizer, data tokenized by another one
+named, a resume on another base named, and a dataset's preparation never publishing into a folder it did not
+build (it replaced the folder of a --set tokenizer_path)."""
+
+import json
+import os
+
+import pytest
+
+import train
+from config import ConfigError, load_config
+from data.prepare import build_once
+from tests import hf_fixtures
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    return hf_fixtures.save(hf_fixtures.gpt2(), tmp_path_factory.mktemp("gpt2"))
+
+
+def test_a_classifier_reads_its_text_with_the_models_tokenizer_and_other_ids_are_named(gpt2_dir):
+    classify = load_config("finetune_lora_bert_classify")[0].replace(init_from=gpt2_dir)
+    notes = []
+    assert train.with_tokenizer_of_init_from(classify, notes).tokenizer_path == gpt2_dir and not notes
+    tokenized = load_config("quickstart", ('datasets=[["embedded", null, null, null]]',))[0].replace(
+        init_from=gpt2_dir)  # byte-level ids, not the model's BPE
+    assert train.with_tokenizer_of_init_from(tokenized, notes).tokenizer_path is None
+    assert notes == [f"--init-from {gpt2_dir}: dataset embedded holds the ids of its own tokenizer (bytes), not "
+                     "this model's; fine-tuning on them teaches other tokens (train.py --data FOLDER --init-from "
+                     "prepares text with the model's tokenizer)"]
+
+
+def test_a_peft_run_resumed_on_another_base_says_so(tmp_path, gpt2_dir):
+    run = tmp_path / "run"
+    saved = {"init_from": "/models/first", "peft": {"lora": {}, "checkpoint": "trainable"}}
+    (run / "checkpoints" / "4" / "config").mkdir(parents=True)
+    (run / "checkpoints" / "4" / "config" / "metadata").write_text(json.dumps(saved))
+    cfg = load_config("finetune_lora_gpt2")[0].replace(model_path=str(run), init_from=gpt2_dir)
+    notes = []
+    train.note_other_base(cfg, notes)
+    assert notes == [f"the run in {run} was started with --init-from /models/first; its checkpoints hold only the "
+                     f"trained parameters, which now go on {gpt2_dir}'s weights"]
+    notes.clear()
+    train.note_other_base(cfg.replace(init_from="/models/first"), notes)
+    assert not notes
+
+
+def test_preparation_never_replaces_a_folder_it_did_not_build(tmp_path):
+    mine = tmp_path / "models"
+    mine.mkdir()
+    (mine / "weights.bin").write_text("precious")
+    with pytest.raises(ConfigError, match="exists and is not a prepared dataset"):
+        build_once(str(mine), lambda directory: os.makedirs(directory))
+    assert (mine / "weights.bin").read_text() == "precious"
+
+
+def test_a_labelled_dataset_prepares_in_its_own_folder_whatever_tokenizer_reads_it(tmp_path, monkeypatch, gpt2_dir):
+    from data import labelled, prepare
+
+    targets = []
+    monkeypatch.setattr(prepare, "build_once", lambda target, *args, **kwargs: targets.append(target))
+    cfg = load_config("bert_classify", (f"tokenizer_path={gpt2_dir}/tokenizer.json",))[0]
+    dataset = labelled._dataset(cfg)
+    assert dataset["tokenizer_path"] == f"{gpt2_dir}/tokenizer.json"  # read with it ...
+    assert targets == [os.path.join(os.getcwd(), "data_cache", "stdlib_docstrings")]  # ... prepared in its own

@@ -149,6 +149,8 @@ def check_export_sources(cfg: Config, model_path: str, hf_dir: str) -> None:
             continue
         if os.path.isfile(directory):
             directory = os.path.dirname(directory)  # a tokenizer.json
+        elif key == "tokenizer_path" and not os.path.isdir(directory):
+            continue  # "bytes", or a name data/tokenizer.py resolves: no directory of the user's
         if os.path.realpath(directory) == target:
             raise ConfigError(f"export: {hf_dir} is the run's {key} ({source}), which it reads; export into "
                               "another directory")

@@ -65,6 +65,7 @@ def test_export_refuses_a_directory_it_would_spoil(tmp_path):
     (tmp_path / "tok.json").write_text("{}")
     cfg = from_dict(dict(model="gpt_neo", init_from=str(previous), tokenizer_path=str(tmp_path / "tok.json")))[0]
     check_export_sources(cfg, str(run), str(tmp_path / "out"))
+    check_export_sources(cfg.replace(tokenizer_path="bytes"), str(run), "bytes")  # not a directory
     for target, key in ((previous, "init_from"), (tmp_path, "tokenizer_path"), (run / "tokenizer", "tokenizer")):
         with pytest.raises(ConfigError, match=f"is the run's {key} "):
             check_export_sources(cfg, str(run), str(target) + "/")

@@ -820,7 +820,8 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     try:
         cfg = validated(Config(**raw))
     except ConfigError as e:
-        culprit = next((key for key in overridden if str(e).startswith(f"{key}:")), None)
+        # "peft: ..." or a nested "peft.lora: ..." both come from --set peft=...
+        culprit = next((key for key in overridden if str(e).startswith((f"{key}:", f"{key}."))), None)
         if culprit is None:
             raise
         raise ConfigError(f"--set {culprit}={json.dumps(overridden[culprit])}: {e}") from None

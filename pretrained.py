@@ -129,6 +129,8 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
     from convert.hf_dir import load_tokenizer
     from data.source import make_tokenizer
 
+    if kind not in ("auto", "run", "hf"):
+        raise ConfigError(f"load: kind {kind!r} is not one of 'auto', 'run', 'hf'")
     if kind in ("auto", "hf") and not os.path.isdir(path):
         from neomesh.hf_cache import resolve_model
         path, kind = resolve_model(path, "load"), "hf"  # ORG/NAME from the local Hugging Face cache
@@ -199,6 +201,8 @@ class Pretrained:
             raise ConfigError(f"tokenize: a {self.config.model} model reads images, not text; pass a batch dict "
                               "{\"inputs\": (B, H, W, C) images}")
         texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise ConfigError("tokenize: texts is empty; pass a text or a list of at least one")
         pairs = [pairs] if isinstance(pairs, str) else list(pairs) if pairs is not None else [None] * len(texts)
         cfg = self.config
         if cfg.task == "seq2seq":  # T5's encoder inputs: the text, then end-of-text
@@ -247,8 +251,17 @@ class Pretrained:
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
         """The text a decoder writes after ``prompt``, or an encoder-decoder (T5) writes for it (until end-of-text
         or ``max_new_tokens``); sampled from entmax for a model trained with ``entmax_loss``."""
+        from numbers import Integral, Real
+
         from models.generate import complete
 
+        if not isinstance(prompt, str):
+            raise ConfigError(f"generate: prompt must be one string, not a {type(prompt).__name__} (call generate "
+                              "once per prompt)")
+        if not isinstance(max_new_tokens, Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ConfigError(f"generate: max_new_tokens {max_new_tokens!r} must be an integer of at least 1")
+        if not isinstance(temperature, Real) or isinstance(temperature, bool) or not temperature >= 0:
+            raise ConfigError(f"generate: temperature {temperature!r} must be a number >= 0 (0 is greedy)")
         if self.config.task not in ("causal_lm", "seq2seq") or not self.config.decoder_layers:
             raise ConfigError(f"generate: a {self.config.model} model trained for {self.config.task} does not "
                               "generate text")

@@ -24,7 +24,8 @@ def main(argv=None) -> int:
     exp = sub.add_parser("export", help="NeoMesh run directory -> Hugging Face directory", allow_abbrev=False,
                          formatter_class=HelpFormatter)
     exp.add_argument("model_path", help="a NeoMesh run directory (its latest checkpoint is exported)")
-    exp.add_argument("hf_dir", help="the directory to write (config.json, model.safetensors, tokenizer)")
+    exp.add_argument("hf_dir", help="the directory to write (config.json, model.safetensors, tokenizer): new, "
+                     "empty, or a previous export, which is replaced; never the run's init_from or tokenizer")
     args = p.parse_args(argv)
 
     from convert.hf import export_hf, import_hf

@@ -8,7 +8,7 @@ shards (GPT-Neo saved with ``sharded=True``; TensorFlow reads the shards as one 
 with fresh optimizer state, config.json, and ``tokenizer/`` when ``--tokenizer`` names one (GPT-Neo's releases
 use GPT-2's: a local folder with vocab.json + merges.txt). The run starts at step 0 (fine-tuning); with
 ``--keep-step`` it continues at the checkpoint's global step, as GPT-Neo's Colab fine-tuned (train_steps = that
-step + N).
+step + N). A MODEL_PATH that already holds a run's checkpoints is refused.
 
 What the checkpoint holds, from GPT-Neo's models/gpt2/gpt2.py and models/layers.py on mesh-tensorflow: every
 variable whole, whatever the layout (mesh-tensorflow saves each variable's master copy; its per-device slices
@@ -155,6 +155,9 @@ def convert(checkpoint: str, model_path: str, config_path: str | None = None, to
     from training.checkpoint import Checkpoints
     from training.optimizer import make_optimizer
 
+    existing = os.path.join(model_path, "checkpoints")
+    if os.path.isdir(existing) and os.listdir(existing):  # as convert import: never beside another run's steps
+        raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")
     prefix = checkpoint_prefix(checkpoint)
     config_path = config_path or os.path.join(checkpoint if os.path.isdir(checkpoint) else
                                               os.path.dirname(checkpoint), "config.json")

@@ -15,7 +15,7 @@ import numpy as np
 
 from config import Config, ConfigError
 from convert import bert, gpt_neo, t5, vit
-from convert.hf_dir import load_tokenizer, read_hf_dir, write_hf_dir
+from convert.hf_dir import TOKENIZER_FILES, load_tokenizer, read_hf_dir, write_hf_dir
 
 MAPPINGS = {model_type: module for module in (gpt_neo, bert, t5, vit) for model_type in module.MODEL_TYPES}
 
@@ -117,11 +117,55 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
     write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir)
 
 
+EXPORT_FILES = frozenset(("config.json", "model.safetensors", *TOKENIZER_FILES))  # what write_hf_dir leaves
+
+
+def check_export_dir(hf_dir: str) -> None:
+    """Refuses an export directory that holds anything but a previous export (which export replaces)."""
+    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
+        raise ConfigError(f"export: {hf_dir} is a file, not a directory")
+    names = set(os.listdir(hf_dir)) if os.path.isdir(hf_dir) else set()
+    if names and not ({"config.json", "model.safetensors"} <= names and names <= EXPORT_FILES):
+        other = sorted(names - EXPORT_FILES) or sorted({"config.json", "model.safetensors"} - names)
+        what = f"holds {other[0]}" if names - EXPORT_FILES else f"has no {other[0]}"
+        raise ConfigError(f"export: {hf_dir} is not empty and not a previous export (it {what}); export into a new "
+                          "or empty directory")
+
+
+def check_export_sources(cfg: Config, model_path: str, hf_dir: str) -> None:
+    """Refuses to write over what the run reads: its init_from base (a LoRA run's logits would change) or the
+    directory its tokenizer comes from."""
+    from neomesh.hf_cache import resolve_model
+
+    target = os.path.realpath(hf_dir)
+    sources = [("init_from", cfg.init_from), ("tokenizer_path", cfg.tokenizer_path),
+               ("tokenizer", os.path.join(model_path, "tokenizer"))]
+    for key, source in sources:
+        if not source:
+            continue
+        try:
+            directory = resolve_model(source, key) if key == "init_from" else source
+        except ConfigError:  # a base that is gone is not this directory
+            continue
+        if os.path.isfile(directory):
+            directory = os.path.dirname(directory)  # a tokenizer.json
+        elif key == "tokenizer_path" and not os.path.isdir(directory):
+            continue  # "bytes", or a name data/tokenizer.py resolves: no directory of the user's
+        if os.path.realpath(directory) == target:
+            raise ConfigError(f"export: {hf_dir} is the run's {key} ({source}), which it reads; export into "
+                              "another directory")
+
+
 def export_hf(model_path: str, hf_dir: str) -> Config:
-    """Restores the latest checkpoint of MODEL_PATH on one device and writes an HF directory of its family."""
+    """Restores the latest checkpoint of MODEL_PATH on one device and writes an HF directory of its family.
+    ``hf_dir`` must be new, empty or a previous export (replaced); never the run's init_from or tokenizer."""
     from pretrained import load_run
 
+    if not os.path.isdir(model_path):
+        raise ConfigError(f"export: {model_path}: no such directory (a NeoMesh run directory)")
+    check_export_dir(hf_dir)
     cfg, graphdef, params = load_run(model_path)
+    check_export_sources(cfg, model_path, hf_dir)
     if cfg.peft is not None:  # LoRA folded into the base weights, the factors dropped: the base family's layout
         from training.peft.weights import merged_params
 

@@ -56,7 +56,8 @@ def cached_snapshot(repo: str, revision: str = "main") -> str | None:
 def resolve_model(name: str, option: str = "--hf-model") -> str:
     """A local directory for ``name``: ``name`` itself when it is a directory, else the cached snapshot of the
     Hugging Face model ``ORG/NAME[@REVISION]``. Raises ``ConfigError`` (one line, with how to download) when
-    neither is there."""
+    neither is there; without the download hint when ``name`` is a local path (its first part is a directory
+    here, as ``runs/`` is)."""
     from config import ConfigError
 
     if os.path.isdir(name):
@@ -65,6 +66,8 @@ def resolve_model(name: str, option: str = "--hf-model") -> str:
     if not _REPO_ID.match(repo) or repo.startswith((".", "/")):
         raise ConfigError(f"{option} {name}: no such directory")
     snapshot = cached_snapshot(repo, revision or "main")
+    if snapshot is None and os.path.isdir(repo.split("/")[0]):  # runs/missing: a local path, not ORG/NAME
+        raise ConfigError(f"{option} {name}: no such directory")
     if snapshot is None:
         raise ConfigError(f"{option} {name}: no such directory, and not in the Hugging Face cache "
                           f"{hub_cache_dir()} (nothing is downloaded); {download_hint(repo)}")

@@ -134,7 +134,8 @@ CASES = [
     ("convert", ["import", "{d}/hf_bad_json", "{d}/imported"], "{d}/hf_bad_json/config.json: invalid JSON"),
     ("convert", ["import", "{d}/hf_nan_weights", "{d}/imported"], "holds NaN or infinity"),
     ("convert", ["export", "{d}/empty_run", "{d}/exported"], "no checkpoint in {d}/empty_run/checkpoints"),
-    ("convert", ["export", "{d}/missing_run", "{d}/exported"], "no checkpoint in {d}/missing_run/checkpoints"),
+    ("convert", ["export", "{d}/missing_run", "{d}/exported"], "{d}/missing_run: no such directory"),
+    ("convert", ["export", "{d}/empty_run", "{d}"], "export: {d} is not empty and not a previous export"),
     # the data tools
     ("tokenizer", ["--input", "{d}/nothing_*.txt", "--output-dir", "{d}/tok", "--vocab-size", "300"],
      "--input {d}/nothing_*.txt: matches no"),

@@ -187,3 +187,13 @@ def test_a_bad_key_ends_the_process_with_one_line_and_exit_code_2(tmp_path):
                      "--set", "n_layr=2", timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: ") and "n_layr" in result.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ('peft={"lroa": {}}', "--set peft={\"lroa\": {}}: peft: unknown key 'lroa'"),
+    ('peft={"lora": {"rnak": 4}}', "--set peft={\"lora\": {\"rnak\": 4}}: peft.lora: unknown key 'rnak'"),
+])
+def test_a_nested_error_from_set_names_set(override, message):
+    with pytest.raises(ConfigError) as error:
+        from_dict({}, overrides=(override,))
+    assert str(error.value).startswith(message)

@@ -40,3 +40,32 @@ def test_a_text_model_imported_without_a_tokenizer_says_so(tmp_path):
     result = run_command("predict.py", "--model-path", str(run), "--prompt", "x")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
     assert f"tokenizer_path: '{source}'" in result.stderr
+
+
+def test_export_refuses_a_directory_it_would_spoil(tmp_path):
+    """Export replaces a previous export, and nothing else: not a directory of other files, not the run's
+    init_from base (a LoRA run reads it: its logits would change) nor its tokenizer's directory."""
+    from config import ConfigError
+    from convert.hf import check_export_dir, check_export_sources
+
+    check_export_dir(str(tmp_path / "new"))
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):
+        (previous / name).write_text("{}")
+    check_export_dir(str(previous))  # replaced
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty and not a previous export \\(it holds notes.txt\\)"):
+        check_export_dir(str(tmp_path))
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        check_export_dir(str(tmp_path / "notes.txt"))
+
+    run = tmp_path / "run"
+    (run / "tokenizer").mkdir(parents=True)
+    (tmp_path / "tok.json").write_text("{}")
+    cfg = from_dict(dict(model="gpt_neo", init_from=str(previous), tokenizer_path=str(tmp_path / "tok.json")))[0]
+    check_export_sources(cfg, str(run), str(tmp_path / "out"))
+    check_export_sources(cfg.replace(tokenizer_path="bytes"), str(run), "bytes")  # not a directory
+    for target, key in ((previous, "init_from"), (tmp_path, "tokenizer_path"), (run / "tokenizer", "tokenizer")):
+        with pytest.raises(ConfigError, match=f"is the run's {key} "):
+            check_export_sources(cfg, str(run), str(target) + "/")

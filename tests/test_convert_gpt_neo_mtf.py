@@ -162,3 +162,15 @@ def test_missing_config_and_checkpoint_are_one_line_errors(tmp_path, reference, 
     assert "no GPT-Neo config (the release's config.json); name it with --config" in \
         one_line_error(capsys, [ckpt, str(tmp_path / "run")])
     assert "no TensorFlow checkpoint" in one_line_error(capsys, [str(tmp_path), str(tmp_path / "run")])
+
+
+def test_run_directory_with_checkpoints_is_refused(tmp_path, reference, capsys):
+    """Converting into another run's directory would save step 0 beside its steps (predict loads the newest,
+    the old run's) or collide with a step it has: refused before anything is written."""
+    ckpt = write_checkpoint(tmp_path / "ckpt", mtf_variables(reference), bf16=False)
+    (tmp_path / "run" / "checkpoints" / "6").mkdir(parents=True)
+    (tmp_path / "run" / "config.json").write_text('{"n_layer": 1}')
+    assert "already holds a run's checkpoints; import into a new directory" in \
+        one_line_error(capsys, [ckpt, str(tmp_path / "run")])
+    assert (tmp_path / "run" / "config.json").read_text() == '{"n_layer": 1}'
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["6"]

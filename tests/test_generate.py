@@ -309,6 +309,31 @@ def test_python_api_runs_and_generates_like_transformers(neo_dir):
         [t for t in greedy if t != 0])
 
 
+def test_python_api_names_bad_arguments_in_one_line(neo_dir, tmp_path, monkeypatch):
+    """Pretrained checks what predict.py checks, and load names a bad kind and a missing local directory."""
+    from config import ConfigError
+    from pretrained import Pretrained, load as load_model
+
+    model = Pretrained.from_pretrained(neo_dir)
+    for kwargs, culprit in ((dict(max_new_tokens=0), "max_new_tokens 0 must be"),
+                            (dict(max_new_tokens=-1), "max_new_tokens -1 must be"),
+                            (dict(temperature=-1), "temperature -1 must be"),
+                            (dict(prompt=["a", "b"]), "prompt must be one string, not a list")):
+        with pytest.raises(ConfigError, match=culprit):
+            model.generate(**{"prompt": PROMPT, **kwargs})
+    with pytest.raises(ConfigError, match="texts is empty"):
+        model([])
+    with pytest.raises(ConfigError, match="kind 'bogus' is not one of 'auto', 'run', 'hf'"):
+        load_model(neo_dir, kind="bogus")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ConfigError, match="^load runs/missing: no such directory$"):
+        Pretrained.from_pretrained("runs/missing")
+    with pytest.raises(ConfigError, match="huggingface-cli download org/missing"):
+        Pretrained.from_pretrained("org/missing")
+
+
 def test_a_set_that_changes_the_models_shapes_is_named_before_any_restore():
     from config import ConfigError, load_config
     from pretrained import check_same_shapes

@@ -2,8 +2,11 @@
 papermill does): the loss falls, a sample is printed, LAMBADA is evaluated, the export is written, and the run
 resumes."""
 
+import ast
 import os
 import re
+import subprocess
+import sys
 
 import nbformat
 import pytest
@@ -38,3 +41,34 @@ def test_notebook_runs_end_to_end(tmp_path, monkeypatch):
     assert "resumed from" in outputs and "at step 30" in outputs
     assert any("image/png" in output.get("data", {}) for cell in notebook.cells if cell.cell_type == "code"
                for output in cell.outputs)
+
+
+def code_cell(notebook, snippet: str) -> str:
+    (source,) = [c.source for c in notebook.cells if c.cell_type == "code" and snippet in c.source]
+    return source
+
+
+def run_cells(*sources: str) -> subprocess.CompletedProcess:
+    """The cells in a fresh Python started where Jupyter starts a checkout's kernel: notebooks/, no PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", "\n".join(sources)], cwd=os.path.join(ROOT, "notebooks"), env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_setup_cell_finds_the_checkout_it_sits_in():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    settings = code_cell(notebook, "NEOMESH_SOURCE = ")
+    result = run_cells(settings, code_cell(notebook, "NeoMesh is not importable here"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == f"NeoMesh from {ROOT}"
+
+
+def test_resume_cell_needs_only_the_settings_cell():
+    """After a restart only the settings cell and the resume cell run: the resume cell rebuilds train's argv."""
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    fake_train = ("import sys, types\nsys.modules['train'] = types.SimpleNamespace(main=lambda argv: print(argv) or 0)")
+    result = run_cells(fake_train, code_cell(notebook, "NEOMESH_SOURCE = "), code_cell(notebook, "argv_more"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    argv = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    assert argv[:5] == ["--config", "quickstart", "--model-path", "runs/notebook", "--no-progress"]
+    assert "train_steps=420" in argv and "eval_every=200" in argv

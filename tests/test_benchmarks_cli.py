@@ -1,0 +1,46 @@
+"""The benchmark scripts as a user runs them: a mistake in a flag is one line naming it (exit status 2), before
+anything compiles; and the smallest T5 comparison prints its table."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.common import ROOT
+
+
+def one_line_error(module_name: str, argv: list[str], capsys) -> str:
+    """The ``error: ...`` line ``module.main(argv)`` ends with under ``run_main`` (which must return 2)."""
+    import importlib
+
+    from neomesh.errors import run_main
+
+    module = importlib.import_module(module_name)
+    code = run_main(lambda: module.main(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--heads", "3"], "--heads: --width 512 is not divisible by 3 heads"),
+    (["--batch", "0"], "--batch: 0 is below the minimum 1"),
+    (["--steps", "0"], "--steps: 0 is below the minimum 1"),
+    (["--layers", "-1"], "--layers: -1 is below the minimum 1"),
+])
+def test_t5_train_step_mistakes(argv, message, capsys):
+    assert message in one_line_error("benchmarks.t5_train_step", argv, capsys)
+
+
+def test_t5_train_step_prints_its_table():
+    """transformers 5 builds no T5 without decoder_start_token_id: the PyTorch row needs it set."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    result = subprocess.run([sys.executable, "benchmarks/t5_train_step.py", "--layers", "1", "--width", "32",
+                             "--heads", "2", "--d-ff", "64", "--inputs", "16", "--targets", "4", "--batch", "1",
+                             "--vocab", "64", "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in result.stdout.splitlines()
+            if line.startswith(("| NeoMesh", "| transformers"))]  # | implementation | tokens/s | ms/step | first |
+    assert [row[0] for row in rows] == ["NeoMesh (JAX)", "transformers (PyTorch)"]
+    assert all(float(row[1].replace(",", "")) > 0 for row in rows)

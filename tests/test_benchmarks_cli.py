@@ -44,3 +44,18 @@ def test_t5_train_step_prints_its_table():
             if line.startswith(("| NeoMesh", "| transformers"))]  # | implementation | tokens/s | ms/step | first |
     assert [row[0] for row in rows] == ["NeoMesh (JAX)", "transformers (PyTorch)"]
     assert all(float(row[1].replace(",", "")) > 0 for row in rows)
+
+
+@pytest.mark.parametrize("module_name, argv, message", [
+    ("benchmarks.vit_train_step", ["--image", "30", "--patch", "8"], "--patch: --image 30 is not divisible into 8x8"),
+    ("benchmarks.vit_train_step", ["--batch", "-1"], "--batch: -1 is below the minimum 1"),
+    ("benchmarks.vit_train_step", ["--steps", "0"], "--steps: 0 is below the minimum 1"),
+    ("benchmarks.vit_train_step", ["--heads", "5"], "--heads: --width 768 is not divisible by 5 heads"),
+    ("benchmarks.mlm_train_step", ["--steps", "0"], "--steps: 0 is below the minimum 1"),
+    ("benchmarks.mlm_train_step", ["--vocab", "100"], "--vocab: 100 has no id 103"),
+    ("benchmarks.peft_memory", ["--layers", "0"], "--layers: 0 is below the minimum 1"),
+    ("benchmarks.peft_memory", ["--width", "128", "--heads", "3"], "--heads: --width 128 is not divisible by 3"),
+    ("benchmarks.peft_memory", ["--batch", "-2"], "--batch: -2 is below the minimum 1"),
+])
+def test_train_step_benchmark_mistakes(module_name, argv, message, capsys):
+    assert message in one_line_error(module_name, argv, capsys)

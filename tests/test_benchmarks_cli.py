@@ -59,3 +59,33 @@ def test_t5_train_step_prints_its_table():
 ])
 def test_train_step_benchmark_mistakes(module_name, argv, message, capsys):
     assert message in one_line_error(module_name, argv, capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps: 0 is below the minimum 1"),
+    (["--steps", "-1"], "--steps: -1 is below the minimum 1"),
+    (["--layers", "0"], "--layers: 0 is not a positive even depth"),
+    (["--layers", "-2"], "--layers: -2 is not a positive even depth"),
+    (["--layers", "3"], "--layers: 3 is not a positive even depth"),
+    (["--shape", "7B"], "--shape: unknown shape '7B' (known: cpu, 125M, 1.3B, 2.7B)"),
+    (["--hf-flax", "/nonexistent"], "--hf-flax: /nonexistent holds no transformers; pip install"),
+])
+def test_train_step_benchmark_mistakes_exit_2(argv, message, capsys):
+    assert message in one_line_error("benchmarks.train_step", argv, capsys)
+
+
+def test_train_step_benchmark_shape_is_exit_status_2_from_the_command_line():
+    result = subprocess.run([sys.executable, "benchmarks/train_step.py", "--shape", "7B"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.startswith("error: --shape: unknown shape '7B'"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_hf_flax_peer_says_how_it_is_used():
+    result = subprocess.run([sys.executable, "benchmarks/hf_flax_peer.py", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0 and "train_step.py --hf-flax" in result.stdout and "stdin" in result.stdout
+    result = subprocess.run([sys.executable, "benchmarks/hf_flax_peer.py"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, input="not json")
+    assert result.returncode == 2 and result.stderr.startswith("error: hf_flax_peer.py: the request on stdin")
+    assert len(result.stderr.strip().splitlines()) == 1

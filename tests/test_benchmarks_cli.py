@@ -89,3 +89,29 @@ def test_hf_flax_peer_says_how_it_is_used():
                             text=True, timeout=60, input="not json")
     assert result.returncode == 2 and result.stderr.startswith("error: hf_flax_peer.py: the request on stdin")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+QUICKSTART = ["--neomesh-only", "--config", "configs/quickstart.json"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--new-tokens", "0"], "--new-tokens: 0 is below the minimum 1"),
+    (["--new-tokens", "-2"], "--new-tokens: -2 is below the minimum 1"),
+    (["--prompt-tokens", "0"], "--prompt-tokens: 0 is below the minimum 1"),
+    (["--repeats", "0"], "--repeats: 0 is below the minimum 1"),
+    (["--batch-sizes", "1,x"], "--batch-sizes: 'x' is not a positive whole number"),
+    (["--batch-sizes", "0"], "--batch-sizes: '0' is not a positive whole number"),
+    (["--prompt-tokens", "300", "--new-tokens", "2"], "--prompt-tokens 300 + --new-tokens 2 is more than the 128 "
+                                                      "positions (n_ctx) of configs/quickstart.json"),
+    (["--compile-only", "--batch-sizes", "0"], "--batch-sizes: '0' is not a positive whole number"),
+    (["--compile-only", "--prompt-tokens", "127", "--new-tokens", "2"], "is more than the 128 positions"),
+])
+def test_generate_benchmark_mistakes(argv, message, capsys):
+    assert message in one_line_error("benchmarks.generate", QUICKSTART + argv, capsys)
+
+
+@pytest.mark.parametrize("extra", [[], ["--compile-only"]])
+def test_generate_benchmark_refuses_a_model_that_does_not_generate(extra, capsys):
+    line = one_line_error("benchmarks.generate", ["--neomesh-only", "--config", "configs/bert_mlm.json"] + extra,
+                          capsys)
+    assert line.startswith("error: --config configs/bert_mlm.json: model bert (masked_lm) does not generate text")

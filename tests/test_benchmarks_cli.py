@@ -115,3 +115,15 @@ def test_generate_benchmark_refuses_a_model_that_does_not_generate(extra, capsys
     line = one_line_error("benchmarks.generate", ["--neomesh-only", "--config", "configs/bert_mlm.json"] + extra,
                           capsys)
     assert line.startswith("error: --config configs/bert_mlm.json: model bert (masked_lm) does not generate text")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--train-steps", "-1"], "--train-steps: -1 is below the minimum 0"),
+    (["--batches", "0"], "--batches: 0 is below the minimum 1"),
+    (["--resume-at", "-3"], "--resume-at: -3 is below the minimum 0"),
+    (["--batch-size", "0"], "--batch-size: 0 is below the minimum 1"),
+    (["--config", "bert_mlm"], "--config bert_mlm: model bert, task masked_lm; this benchmark times the "
+                               "quickstart's data through a plain causal-LM train step"),
+])
+def test_input_pipeline_benchmark_mistakes(argv, message, capsys):
+    assert message in one_line_error("benchmarks.input_pipeline", argv, capsys)

@@ -65,10 +65,10 @@ def main(argv=None) -> int:
     from neomesh.help import HelpFormatter
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
-    p.add_argument("--layers", type=int, default=12, help="transformer blocks (GPT-2 small: 12)")
-    p.add_argument("--width", type=int, default=768, help="embedding width (GPT-2 small: 768)")
+    p.add_argument("--layers", type=int, default=12, help="transformer blocks (the defaults are GPT-2 small's shape)")
+    p.add_argument("--width", type=int, default=768, help="embedding width")
     p.add_argument("--heads", type=int, default=12, help="attention heads; must divide --width")
-    p.add_argument("--vocab", type=int, default=50257, help="vocabulary size (GPT-2's BPE: 50257)")
+    p.add_argument("--vocab", type=int, default=50257, help="vocabulary size (the default is GPT-2's BPE)")
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (T)")
     p.add_argument("--batch", type=int, default=4, help="sequences per step")
     args = p.parse_args(argv)

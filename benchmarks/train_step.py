@@ -207,7 +207,8 @@ def main(argv=None) -> None:
     p.add_argument("--shape", default="cpu", help="comma-separated: " + ", ".join(SHAPES))
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (T)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
-    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"),
+                   help="bfloat16: NeoMesh computes in bf16 on fp32 weights, PyTorch under bf16 autocast")
     p.add_argument("--remat", default="none", choices=("none", "full", "dots_saveable"),
                    help="NeoMesh's recompute_grad")
     p.add_argument("--loss-chunk", type=int, default=None, help="NeoMesh's loss_chunk (default: automatic)")

@@ -48,9 +48,11 @@ def main(argv=None) -> None:
     from parallel.xla_flags import apply_defaults
 
     apply_defaults(compilation_cache=False)  # as train.py runs, but every compile timed cold
+    from config import ConfigError
+
     if args.topology and not args.compile_only:
-        from config import ConfigError
         raise ConfigError("--topology: only with --compile-only (nothing runs on a device this machine lacks)")
+    batch_sizes(args)  # the flags' mistakes before jax starts
     if args.compile_only:
         return compile_plan(args)
 
@@ -58,7 +60,6 @@ def main(argv=None) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from config import load_config
     from convert import gpt_neo
     from models import registry
     from models.generate import Sampling, sample
@@ -74,7 +75,10 @@ def main(argv=None) -> None:
             print(f"note: the transformers side needs torch and transformers ({e.name} is missing: pip install -r "
                   "requirements-test.txt); timing NeoMesh alone on random weights", flush=True)
 
-    cfg, _ = load_config(args.config)
+    cfg = checked_config(args)
+    if transformers is not None and cfg.model != "gpt_neo":
+        raise ConfigError(f"--config {args.config}: the transformers side runs GPT-Neo, not model {cfg.model}; "
+                          "add --neomesh-only to time NeoMesh alone")
     graphdef, _, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
     dtype = jnp.bfloat16 if args.precision == "bfloat16" else jnp.float32
     device = "cpu"
@@ -102,7 +106,7 @@ def main(argv=None) -> None:
         return statistics.median(runs)
 
     rows = []
-    for batch in map(int, args.batch_sizes.split(",")):
+    for batch in batch_sizes(args):
         prompts = np.random.default_rng(0).integers(0, cfg.n_vocab, (batch, args.prompt_tokens))
         pad = np.zeros((batch,), np.int32)
         ours = timed(lambda: jax.block_until_ready(
@@ -133,12 +137,46 @@ def main(argv=None) -> None:
         print(f"| {name} | {batch} | {tokens_per_second:,.1f} | {ms:.2f} |")
 
 
+def batch_sizes(args) -> list[int]:
+    """The ``--batch-sizes``, after the counts every path shares are checked (``ConfigError`` naming the flag)."""
+    from config import ConfigError
+
+    for flag in ("new_tokens", "prompt_tokens", "repeats"):
+        if getattr(args, flag, 1) < 1:  # compile_plan's callers give no repeats
+            raise ConfigError(f"--{flag.replace('_', '-')}: {getattr(args, flag)} is below the minimum 1")
+    sizes = []
+    for text in args.batch_sizes.split(","):
+        if not text.strip().isdigit() or int(text) < 1:
+            raise ConfigError(f"--batch-sizes: {text.strip()!r} is not a positive whole number (e.g. 1,16)")
+        sizes.append(int(text))
+    return sizes
+
+
+def checked_config(args):
+    """The ``--config``, refused in one line where it cannot generate or the prompt and new tokens overrun it."""
+    from config import ConfigError, load_config
+    from models import registry
+
+    cfg, _ = load_config(args.config)
+    if not hasattr(registry.family(cfg.model), "prefill") or (cfg.model == "t5" and cfg.decoder_layers == 0):
+        raise ConfigError(f"--config {args.config}: model {cfg.model} ({cfg.task}) does not generate text; "
+                          "use a decoder (gpt_neo, gpt2) or an encoder-decoder (t5) config")
+    if cfg.model == "t5":  # the prompt is the encoder's input; the decoder's positions are relative
+        if args.prompt_tokens > cfg.n_ctx:
+            raise ConfigError(f"--prompt-tokens: {args.prompt_tokens} is more than the {cfg.n_ctx} tokens "
+                              f"(n_ctx) the encoder of {args.config} reads")
+    elif args.prompt_tokens + args.new_tokens > cfg.n_ctx:
+        raise ConfigError(f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens} is more than the "
+                          f"{cfg.n_ctx} positions (n_ctx) of {args.config}")
+    return cfg
+
+
 def compile_plan(args) -> None:
     """``--compile-only``: the generation program's plan per batch size, as XLA compiles it for one device."""
     import jax
     import jax.numpy as jnp
 
-    from config import ConfigError, load_config
+    from config import ConfigError
     from models import registry
     from models.generate import Sampling, lower_sample
     from parallel.dry_run import human_bytes
@@ -158,7 +196,8 @@ def compile_plan(args) -> None:
         devices = jax.devices()
         where = f"{devices[0].platform} ({devices[0].device_kind})"
     on_device = jax.sharding.SingleDeviceSharding(devices[0])
-    cfg, _ = load_config(args.config)
+    sizes = batch_sizes(args)
+    cfg = checked_config(args)
     graphdef, abstract, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
     dtype = jnp.bfloat16 if args.precision == "bfloat16" else jnp.float32
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype, sharding=on_device), abstract)
@@ -166,7 +205,7 @@ def compile_plan(args) -> None:
     settings = Sampling(max_new_tokens=args.new_tokens, temperature=0, eos_id=None)
     weights = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
     rows = []
-    for batch in map(int, args.batch_sizes.split(",")):
+    for batch in sizes:
         prompts = jax.ShapeDtypeStruct((batch, args.prompt_tokens), jnp.int32, sharding=on_device)
         pad = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=on_device)
 

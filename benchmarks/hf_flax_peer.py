@@ -7,11 +7,17 @@ transformers 5 dropped its Flax models, so this peer needs a transformers 4.x in
 and ``benchmarks/train_step.py --hf-flax /tmp/hf4`` runs this file with that directory first on ``PYTHONPATH``
 (the project's own transformers stays untouched). The step is what NeoMesh's is: forward, next-token loss,
 backward and an AdamW update in one ``jax.jit``, the batch given, bf16 compute on fp32 weights with ``--precision
-bfloat16`` (the model's ``dtype``). Reads a JSON request on stdin, prints one JSON line of results.
+bfloat16`` (the model's ``dtype``). Reads a JSON request on stdin, prints one JSON line of results:
+
+    {"config": {transformers' GPTNeoConfig as a dict}, "tokens": [[B x (T + 1) ids]], "precision": "float32",
+     "steps": 5}  ->  {"seconds": median per step, "compile": s, "peak": bytes or null, "version": "4.46.3"}
+
+It is not meant to be run by hand: ``train_step.py --hf-flax DIR`` writes the request.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -66,6 +72,24 @@ def measure(hf_config: dict, tokens, precision: str, steps: int) -> dict:
             "version": transformers.__version__}
 
 
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                            allow_abbrev=False).parse_args(argv)  # only --help: the request comes on stdin
+    if sys.stdin.isatty():
+        print("error: hf_flax_peer.py reads a JSON request on stdin; run benchmarks/train_step.py --hf-flax DIR "
+              "(--help says what it reads)", file=sys.stderr)
+        return 2
+    try:
+        request = json.loads(sys.stdin.read())
+        args = request["config"], request["tokens"], request["precision"], request["steps"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        what = f"no key {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        print(f"error: hf_flax_peer.py: the request on stdin is not the JSON train_step.py --hf-flax writes: "
+              f"{what}", file=sys.stderr)
+        return 2
+    print(json.dumps(measure(*args)))
+    return 0
+
+
 if __name__ == "__main__":
-    request = json.loads(sys.stdin.read())
-    print(json.dumps(measure(request["config"], request["tokens"], request["precision"], request["steps"])))
+    sys.exit(main())

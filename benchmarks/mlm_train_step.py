@@ -85,6 +85,19 @@ def pytorch(args, batch) -> tuple[float, float]:
     return statistics.median(times), first
 
 
+def check(args) -> None:
+    """Bad settings as one line naming the flag (``ConfigError``), before jax or torch starts."""
+    from config import ConfigError
+
+    for flag in ("layers", "width", "heads", "seq", "batch", "steps"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag}: {getattr(args, flag)} is below the minimum 1")
+    if args.vocab <= 103:
+        raise ConfigError(f"--vocab: {args.vocab} has no id 103, the [MASK] token the batch uses")
+    if args.width % args.heads:
+        raise ConfigError(f"--heads: --width {args.width} is not divisible by {args.heads} heads")
+
+
 def main(argv=None) -> None:
     from neomesh.help import HelpFormatter
 
@@ -97,6 +110,7 @@ def main(argv=None) -> None:
     p.add_argument("--vocab", type=int, default=30522, help="BERT's WordPiece vocabulary")
     p.add_argument("--steps", type=int, default=3, help="timed steps per implementation (median reported)")
     args = p.parse_args(argv)
+    check(args)
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401

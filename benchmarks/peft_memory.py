@@ -62,14 +62,23 @@ def measure(args, peft) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--width", type=int, default=768)
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--batch", type=int, default=4)
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p.add_argument("--layers", type=int, default=12, help="transformer blocks (the defaults are GPT-2 small's shape)")
+    p.add_argument("--width", type=int, default=768, help="embedding width")
+    p.add_argument("--heads", type=int, default=12, help="attention heads; must divide --width")
+    p.add_argument("--vocab", type=int, default=50257, help="vocabulary size (the default is GPT-2's BPE)")
+    p.add_argument("--seq", type=int, default=256, help="tokens per sequence (T)")
+    p.add_argument("--batch", type=int, default=4, help="sequences per step")
     args = p.parse_args(argv)
+    from config import ConfigError
+
+    for flag in ("layers", "width", "heads", "vocab", "seq", "batch"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag}: {getattr(args, flag)} is below the minimum 1")
+    if args.width % args.heads:
+        raise ConfigError(f"--heads: --width {args.width} is not divisible by {args.heads} heads")
     mib = lambda b: "n/a" if b is None else f"{b / 2 ** 20:,.1f}"  # noqa: E731
     rows = [(name, measure(args, peft)) for name, peft in SETTINGS.items()]
     full = rows[0][1]["opt_bytes"]
@@ -84,4 +93,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from neomesh.errors import exit_process, run_main
+
+    exit_process(run_main(main))

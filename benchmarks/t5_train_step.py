@@ -36,7 +36,8 @@ def neomesh(args, batch) -> tuple[float, float]:
     cfg, _ = from_dict(dict(model="t5", n_layer=args.layers, n_embd=args.width, n_head=args.heads, d_ff=args.d_ff,
                             n_ctx=args.inputs, n_decoder_ctx=args.targets, n_vocab=args.vocab,
                             train_batch_size=args.batch, warmup_steps=0, lr=1e-4, weight_decay=0.0,
-                            mesh_shape="x:1", precision=args.precision))
+                            mesh_shape="x:1", precision=args.precision,
+                            span_corruption=False))  # the batch is given: --targets need not be span corruption's
     layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
     objective, tx = objective_for(cfg), make_optimizer(cfg)
     graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, 0)
@@ -65,7 +66,8 @@ def pytorch(args, batch) -> tuple[float, float]:
     torch.set_num_threads(os.cpu_count() or 1)
     cfg = transformers.T5Config(vocab_size=args.vocab, d_model=args.width, d_kv=args.width // args.heads,
                                 d_ff=args.d_ff, num_layers=args.layers, num_heads=args.heads, dropout_rate=0.0,
-                                feed_forward_proj="relu")
+                                feed_forward_proj="relu", decoder_start_token_id=0, pad_token_id=0,
+                                eos_token_id=1)  # T5's ids; transformers 5 no longer defaults the start token
     model = transformers.T5ForConditionalGeneration(cfg).train()
     dtype = torch.bfloat16 if args.precision == "bfloat16" else torch.float32
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
@@ -92,9 +94,23 @@ def pytorch(args, batch) -> tuple[float, float]:
     return statistics.median(times), first
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+def check(args) -> None:
+    """Bad settings as one line naming the flag (``ConfigError``), before jax or torch starts."""
+    from config import ConfigError
+
+    for flag in ("layers", "width", "heads", "d_ff", "inputs", "targets", "batch", "vocab", "steps"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')}: {getattr(args, flag)} is below the minimum 1")
+    if args.width % args.heads:
+        raise ConfigError(f"--heads: --width {args.width} is not divisible by {args.heads} heads")
+    if args.vocab < 3:
+        raise ConfigError(f"--vocab: {args.vocab} is below the minimum 3 (T5's padding, eos and one token)")
+
+
+def main(argv=None) -> None:
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--layers", type=int, default=6, help="encoder and decoder blocks each (T5-small: 6)")
     p.add_argument("--width", type=int, default=512, help="T5-small: 512")
     p.add_argument("--heads", type=int, default=8, help="T5-small: 8")
@@ -103,9 +119,11 @@ def main() -> None:
     p.add_argument("--targets", type=int, default=114, help="decoder tokens per example")
     p.add_argument("--batch", type=int, default=8, help="examples per step")
     p.add_argument("--vocab", type=int, default=32128, help="T5's padded SentencePiece vocabulary")
-    p.add_argument("--precision", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                   help="NeoMesh's compute dtype; PyTorch runs under bf16 autocast for bfloat16")
     p.add_argument("--steps", type=int, default=3, help="timed steps per implementation (median reported)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    check(args)
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -137,4 +155,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from neomesh.errors import exit_process, run_main
+
+    exit_process(run_main(main))

@@ -50,7 +50,7 @@ def shape_config(name: str, args):
                 "recompute_grad": args.remat, "loss_chunk": args.loss_chunk, "scan_layers": args.scan,
                 "warmup_steps": 0, "mesh_shape": "x:1",
                 "layout": "batch:x"}
-    if args.layers:  # the shape's width at another depth, GPT-Neo's global/local pattern kept
+    if args.layers is not None:  # the shape's width at another depth, GPT-Neo's global/local pattern kept
         settings.update(n_layer=args.layers, attention_types=[[["global", "local"], args.layers // 2]])
     return load_config(path, overrides=tuple(f"{k}={json.dumps(v)}" for k, v in settings.items()))[0]
 
@@ -173,12 +173,30 @@ def hf_flax(cfg, tokens, path: str) -> dict:
                                                         "hf_flax_peer.py")],
                           input=json.dumps(request), capture_output=True, text=True, env=env)
     if done.returncode:
-        raise SystemExit(f"error: --hf-flax {path}: the Flax GPT-Neo peer failed: "
-                         f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        from config import ConfigError
+        raise ConfigError(f"--hf-flax {path}: the Flax GPT-Neo peer failed: "
+                          f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 ARGS = None
+
+
+def check(args) -> None:
+    """Bad flags as one line naming the flag (``ConfigError``), before jax starts."""
+    from config import ConfigError
+
+    for flag in ("seq", "batch", "steps"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag}: {getattr(args, flag)} is below the minimum 1")
+    if args.layers is not None and (args.layers < 2 or args.layers % 2):
+        raise ConfigError(f"--layers: {args.layers} is not a positive even depth (GPT-Neo's global/local pairs)")
+    for name in args.shape.split(","):
+        if name not in SHAPES:
+            raise ConfigError(f"--shape: unknown shape {name!r} (known: {', '.join(SHAPES)})")
+    if args.hf_flax and not os.path.isdir(os.path.join(args.hf_flax, "transformers")):
+        from benchmarks.hf_flax_peer import INSTALL
+        raise ConfigError(f"--hf-flax: {args.hf_flax} holds no transformers; {INSTALL.replace('DIR', args.hf_flax)}")
 
 
 def main(argv=None) -> None:
@@ -189,7 +207,8 @@ def main(argv=None) -> None:
     p.add_argument("--shape", default="cpu", help="comma-separated: " + ", ".join(SHAPES))
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (T)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
-    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"),
+                   help="bfloat16: NeoMesh computes in bf16 on fp32 weights, PyTorch under bf16 autocast")
     p.add_argument("--remat", default="none", choices=("none", "full", "dots_saveable"),
                    help="NeoMesh's recompute_grad")
     p.add_argument("--loss-chunk", type=int, default=None, help="NeoMesh's loss_chunk (default: automatic)")
@@ -212,13 +231,7 @@ def main(argv=None) -> None:
         from benchmarks.xla_profile import CPU_FLAG
 
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_FLAG}".strip()  # inert elsewhere
-    if args.hf_flax and not os.path.isdir(os.path.join(args.hf_flax, "transformers")):
-        from benchmarks.hf_flax_peer import INSTALL
-        raise SystemExit(f"error: --hf-flax: {args.hf_flax} holds no transformers; "
-                         f"{INSTALL.replace('DIR', args.hf_flax)}")
-    for name in args.shape.split(","):
-        if name not in SHAPES:
-            raise SystemExit(f"error: --shape: unknown shape {name!r} (known: {', '.join(SHAPES)})")
+    check(args)
     import jax
     import numpy as np
 

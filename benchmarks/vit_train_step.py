@@ -89,9 +89,25 @@ def pytorch(args, batch) -> tuple[float, float]:
     return timed(step, args.steps)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+def check(args) -> None:
+    """Bad settings as one line naming the flag (``ConfigError``), before jax or torch starts."""
+    from config import ConfigError
+
+    for flag in ("layers", "width", "heads", "image", "patch", "batch", "steps"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag}: {getattr(args, flag)} is below the minimum 1")
+    if args.labels < 2:
+        raise ConfigError(f"--labels: {args.labels} is below the minimum 2")
+    if args.width % args.heads:
+        raise ConfigError(f"--heads: --width {args.width} is not divisible by {args.heads} heads")
+    if args.image % args.patch:
+        raise ConfigError(f"--patch: --image {args.image} is not divisible into {args.patch}x{args.patch} patches")
+
+
+def main(argv=None) -> None:
+    from neomesh.help import HelpFormatter
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--layers", type=int, default=12, help="ViT-B: 12")
     p.add_argument("--width", type=int, default=768, help="ViT-B: 768")
     p.add_argument("--heads", type=int, default=12, help="ViT-B: 12")
@@ -99,9 +115,11 @@ def main() -> None:
     p.add_argument("--patch", type=int, default=16, help="patch size (ViT-B/16: 16)")
     p.add_argument("--labels", type=int, default=1000, help="classes (ImageNet: 1000)")
     p.add_argument("--batch", type=int, default=8, help="images per step")
-    p.add_argument("--precision", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                   help="NeoMesh's compute dtype; PyTorch runs under bf16 autocast for bfloat16")
     p.add_argument("--steps", type=int, default=3, help="timed steps per implementation (median reported)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    check(args)
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -127,4 +145,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from neomesh.errors import exit_process, run_main
+
+    exit_process(run_main(main))

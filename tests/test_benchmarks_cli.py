@@ -1,0 +1,129 @@
+"""The benchmark scripts as a user runs them: a mistake in a flag is one line naming it (exit status 2), before
+anything compiles; and the smallest T5 comparison prints its table."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.common import ROOT
+
+
+def one_line_error(module_name: str, argv: list[str], capsys) -> str:
+    """The ``error: ...`` line ``module.main(argv)`` ends with under ``run_main`` (which must return 2)."""
+    import importlib
+
+    from neomesh.errors import run_main
+
+    module = importlib.import_module(module_name)
+    code = run_main(lambda: module.main(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--heads", "3"], "--heads: --width 512 is not divisible by 3 heads"),
+    (["--batch", "0"], "--batch: 0 is below the minimum 1"),
+    (["--steps", "0"], "--steps: 0 is below the minimum 1"),
+    (["--layers", "-1"], "--layers: -1 is below the minimum 1"),
+])
+def test_t5_train_step_mistakes(argv, message, capsys):
+    assert message in one_line_error("benchmarks.t5_train_step", argv, capsys)
+
+
+def test_t5_train_step_prints_its_table():
+    """transformers 5 builds no T5 without decoder_start_token_id: the PyTorch row needs it set."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    result = subprocess.run([sys.executable, "benchmarks/t5_train_step.py", "--layers", "1", "--width", "32",
+                             "--heads", "2", "--d-ff", "64", "--inputs", "16", "--targets", "4", "--batch", "1",
+                             "--vocab", "64", "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in result.stdout.splitlines()
+            if line.startswith(("| NeoMesh", "| transformers"))]  # | implementation | tokens/s | ms/step | first |
+    assert [row[0] for row in rows] == ["NeoMesh (JAX)", "transformers (PyTorch)"]
+    assert all(float(row[1].replace(",", "")) > 0 for row in rows)
+
+
+@pytest.mark.parametrize("module_name, argv, message", [
+    ("benchmarks.vit_train_step", ["--image", "30", "--patch", "8"], "--patch: --image 30 is not divisible into 8x8"),
+    ("benchmarks.vit_train_step", ["--batch", "-1"], "--batch: -1 is below the minimum 1"),
+    ("benchmarks.vit_train_step", ["--steps", "0"], "--steps: 0 is below the minimum 1"),
+    ("benchmarks.vit_train_step", ["--heads", "5"], "--heads: --width 768 is not divisible by 5 heads"),
+    ("benchmarks.mlm_train_step", ["--steps", "0"], "--steps: 0 is below the minimum 1"),
+    ("benchmarks.mlm_train_step", ["--vocab", "100"], "--vocab: 100 has no id 103"),
+    ("benchmarks.peft_memory", ["--layers", "0"], "--layers: 0 is below the minimum 1"),
+    ("benchmarks.peft_memory", ["--width", "128", "--heads", "3"], "--heads: --width 128 is not divisible by 3"),
+    ("benchmarks.peft_memory", ["--batch", "-2"], "--batch: -2 is below the minimum 1"),
+])
+def test_train_step_benchmark_mistakes(module_name, argv, message, capsys):
+    assert message in one_line_error(module_name, argv, capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps: 0 is below the minimum 1"),
+    (["--steps", "-1"], "--steps: -1 is below the minimum 1"),
+    (["--layers", "0"], "--layers: 0 is not a positive even depth"),
+    (["--layers", "-2"], "--layers: -2 is not a positive even depth"),
+    (["--layers", "3"], "--layers: 3 is not a positive even depth"),
+    (["--shape", "7B"], "--shape: unknown shape '7B' (known: cpu, 125M, 1.3B, 2.7B)"),
+    (["--hf-flax", "/nonexistent"], "--hf-flax: /nonexistent holds no transformers; pip install"),
+])
+def test_train_step_benchmark_mistakes_exit_2(argv, message, capsys):
+    assert message in one_line_error("benchmarks.train_step", argv, capsys)
+
+
+def test_train_step_benchmark_shape_is_exit_status_2_from_the_command_line():
+    result = subprocess.run([sys.executable, "benchmarks/train_step.py", "--shape", "7B"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.startswith("error: --shape: unknown shape '7B'"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_hf_flax_peer_says_how_it_is_used():
+    result = subprocess.run([sys.executable, "benchmarks/hf_flax_peer.py", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0 and "train_step.py --hf-flax" in result.stdout and "stdin" in result.stdout
+    result = subprocess.run([sys.executable, "benchmarks/hf_flax_peer.py"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, input="not json")
+    assert result.returncode == 2 and result.stderr.startswith("error: hf_flax_peer.py: the request on stdin")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+QUICKSTART = ["--neomesh-only", "--config", "configs/quickstart.json"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--new-tokens", "0"], "--new-tokens: 0 is below the minimum 1"),
+    (["--new-tokens", "-2"], "--new-tokens: -2 is below the minimum 1"),
+    (["--prompt-tokens", "0"], "--prompt-tokens: 0 is below the minimum 1"),
+    (["--repeats", "0"], "--repeats: 0 is below the minimum 1"),
+    (["--batch-sizes", "1,x"], "--batch-sizes: 'x' is not a positive whole number"),
+    (["--batch-sizes", "0"], "--batch-sizes: '0' is not a positive whole number"),
+    (["--prompt-tokens", "300", "--new-tokens", "2"], "--prompt-tokens 300 + --new-tokens 2 is more than the 128 "
+                                                      "positions (n_ctx) of configs/quickstart.json"),
+    (["--compile-only", "--batch-sizes", "0"], "--batch-sizes: '0' is not a positive whole number"),
+    (["--compile-only", "--prompt-tokens", "127", "--new-tokens", "2"], "is more than the 128 positions"),
+])
+def test_generate_benchmark_mistakes(argv, message, capsys):
+    assert message in one_line_error("benchmarks.generate", QUICKSTART + argv, capsys)
+
+
+@pytest.mark.parametrize("extra", [[], ["--compile-only"]])
+def test_generate_benchmark_refuses_a_model_that_does_not_generate(extra, capsys):
+    line = one_line_error("benchmarks.generate", ["--neomesh-only", "--config", "configs/bert_mlm.json"] + extra,
+                          capsys)
+    assert line.startswith("error: --config configs/bert_mlm.json: model bert (masked_lm) does not generate text")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--train-steps", "-1"], "--train-steps: -1 is below the minimum 0"),
+    (["--batches", "0"], "--batches: 0 is below the minimum 1"),
+    (["--resume-at", "-3"], "--resume-at: -3 is below the minimum 0"),
+    (["--batch-size", "0"], "--batch-size: 0 is below the minimum 1"),
+    (["--config", "bert_mlm"], "--config bert_mlm: model bert, task masked_lm; this benchmark times the "
+                               "quickstart's data through a plain causal-LM train step"),
+])
+def test_input_pipeline_benchmark_mistakes(argv, message, capsys):
+    assert message in one_line_error("benchmarks.input_pipeline", argv, capsys)

@@ -104,6 +104,7 @@ def main(argv=None) -> int:
         # Everything that needs no jax is checked first, so a mistake costs well under a second.
         config = args.config or (model_config_path(args.model) if args.model else "quickstart")
         cfg, notes = load_config(config, tuple(args.set))
+        check_batches_can_be_made(cfg)
         if not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset):
             # before --data prepares text with another tokenizer than the run's
             check_init_from_given(args.model_path or (None if args.data else cfg.model_path), cfg)
@@ -190,6 +191,17 @@ def train(args, cfg, notes: list[str]) -> int:
 def _has_checkpoint(model_path: str) -> bool:
     directory = os.path.join(model_path, "checkpoints")
     return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def check_batches_can_be_made(cfg) -> None:
+    """Masked-LM and seq2seq batches are made from token streams by mlm_training and span_corruption; without
+    them no dataset gives their fields, which a run found only after preparing its data."""
+    from config import ConfigError
+
+    for task, key in (("masked_lm", "mlm_training"), ("seq2seq", "span_corruption")):
+        if cfg.task == task and not getattr(cfg, key):
+            raise ConfigError(f"{key}: false, but task {task} trains on the batches it makes from the data's tokens "
+                              f"(--set {key}=true)")
 
 
 def newest_saved_config(model_path: str) -> dict | None:

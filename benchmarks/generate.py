@@ -139,11 +139,11 @@ def main(argv=None) -> None:
 
 def batch_sizes(args) -> list[int]:
     """The ``--batch-sizes``, after the counts every path shares are checked (``ConfigError`` naming the flag)."""
+    from benchmarks.flags import at_least_one
     from config import ConfigError
 
-    for flag in ("new_tokens", "prompt_tokens", "repeats"):
-        if getattr(args, flag, 1) < 1:  # compile_plan's callers give no repeats
-            raise ConfigError(f"--{flag.replace('_', '-')}: {getattr(args, flag)} is below the minimum 1")
+    # compile_plan's callers give no repeats
+    at_least_one(args, *(flag for flag in ("new_tokens", "prompt_tokens", "repeats") if hasattr(args, flag)))
     sizes = []
     for text in args.batch_sizes.split(","):
         if not text.strip().isdigit() or int(text) < 1:

@@ -87,15 +87,13 @@ def pytorch(args, batch) -> tuple[float, float]:
 
 def check(args) -> None:
     """Bad settings as one line naming the flag (``ConfigError``), before jax or torch starts."""
+    from benchmarks.flags import at_least_one, heads_divide_width
     from config import ConfigError
 
-    for flag in ("layers", "width", "heads", "seq", "batch", "steps"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag}: {getattr(args, flag)} is below the minimum 1")
+    at_least_one(args, "layers", "width", "heads", "seq", "batch", "steps")
     if args.vocab <= 103:
         raise ConfigError(f"--vocab: {args.vocab} has no id 103, the [MASK] token the batch uses")
-    if args.width % args.heads:
-        raise ConfigError(f"--heads: --width {args.width} is not divisible by {args.heads} heads")
+    heads_divide_width(args)
 
 
 def main(argv=None) -> None:

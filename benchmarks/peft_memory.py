@@ -72,13 +72,10 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (T)")
     p.add_argument("--batch", type=int, default=4, help="sequences per step")
     args = p.parse_args(argv)
-    from config import ConfigError
+    from benchmarks.flags import at_least_one, heads_divide_width
 
-    for flag in ("layers", "width", "heads", "vocab", "seq", "batch"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag}: {getattr(args, flag)} is below the minimum 1")
-    if args.width % args.heads:
-        raise ConfigError(f"--heads: --width {args.width} is not divisible by {args.heads} heads")
+    at_least_one(args, "layers", "width", "heads", "vocab", "seq", "batch")
+    heads_divide_width(args)
     mib = lambda b: "n/a" if b is None else f"{b / 2 ** 20:,.1f}"  # noqa: E731
     rows = [(name, measure(args, peft)) for name, peft in SETTINGS.items()]
     full = rows[0][1]["opt_bytes"]

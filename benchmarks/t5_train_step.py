@@ -96,13 +96,11 @@ def pytorch(args, batch) -> tuple[float, float]:
 
 def check(args) -> None:
     """Bad settings as one line naming the flag (``ConfigError``), before jax or torch starts."""
+    from benchmarks.flags import at_least_one, heads_divide_width
     from config import ConfigError
 
-    for flag in ("layers", "width", "heads", "d_ff", "inputs", "targets", "batch", "vocab", "steps"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')}: {getattr(args, flag)} is below the minimum 1")
-    if args.width % args.heads:
-        raise ConfigError(f"--heads: --width {args.width} is not divisible by {args.heads} heads")
+    at_least_one(args, "layers", "width", "heads", "d_ff", "inputs", "targets", "batch", "vocab", "steps")
+    heads_divide_width(args)
     if args.vocab < 3:
         raise ConfigError(f"--vocab: {args.vocab} is below the minimum 3 (T5's padding, eos and one token)")
 

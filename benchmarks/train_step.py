@@ -184,11 +184,10 @@ ARGS = None
 
 def check(args) -> None:
     """Bad flags as one line naming the flag (``ConfigError``), before jax starts."""
+    from benchmarks.flags import at_least_one
     from config import ConfigError
 
-    for flag in ("seq", "batch", "steps"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag}: {getattr(args, flag)} is below the minimum 1")
+    at_least_one(args, "seq", "batch", "steps")
     if args.layers is not None and (args.layers < 2 or args.layers % 2):
         raise ConfigError(f"--layers: {args.layers} is not a positive even depth (GPT-Neo's global/local pairs)")
     for name in args.shape.split(","):

@@ -91,15 +91,13 @@ def pytorch(args, batch) -> tuple[float, float]:
 
 def check(args) -> None:
     """Bad settings as one line naming the flag (``ConfigError``), before jax or torch starts."""
+    from benchmarks.flags import at_least_one, heads_divide_width
     from config import ConfigError
 
-    for flag in ("layers", "width", "heads", "image", "patch", "batch", "steps"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag}: {getattr(args, flag)} is below the minimum 1")
+    at_least_one(args, "layers", "width", "heads", "image", "patch", "batch", "steps")
     if args.labels < 2:
         raise ConfigError(f"--labels: {args.labels} is below the minimum 2")
-    if args.width % args.heads:
-        raise ConfigError(f"--heads: --width {args.width} is not divisible by {args.heads} heads")
+    heads_divide_width(args)
     if args.image % args.patch:
         raise ConfigError(f"--patch: --image {args.image} is not divisible into {args.patch}x{args.patch} patches")
 

@@ -221,21 +221,29 @@ def newest_saved_config(model_path: str) -> dict | None:
     return saved if isinstance(saved, dict) else None
 
 
+def holds_trained_only(saved: dict) -> bool | None:
+    """Whether a run saved with config ``saved`` checkpoints only its trained parameters (peft checkpoint
+    'trainable'), so resuming needs its base model; None where its peft setting is unreadable."""
+    from config import ConfigError, check_peft
+
+    try:
+        return saved.get("peft") is not None and check_peft(saved["peft"])["checkpoint"] == "trainable"
+    except ConfigError:
+        return None
+
+
 def check_init_from_given(model_path: str | None, cfg) -> None:
     """A run started from a Hugging Face model resumes from it again: its checkpoint may hold only the trained
     parameters (peft checkpoint 'trainable'), and the model's shape is that model's. A one-line error when the
     run's newest checkpoint records an init_from that this command does not give and needs."""
     import shlex
 
-    from config import ConfigError, check_peft
+    from config import ConfigError
 
     saved = newest_saved_config(model_path) if model_path else None
     if not saved or not saved.get("init_from"):
         return
-    try:
-        partial = saved.get("peft") is not None and check_peft(saved["peft"])["checkpoint"] == "trainable"
-    except ConfigError:
-        partial = True
+    partial = holds_trained_only(saved) is not False  # unreadable: assume the base is needed
     reshaped = any(key in saved and saved[key] != getattr(cfg, key) for key in ARCHITECTURE)
     if partial or reshaped:
         why = "its checkpoints hold only the trained parameters" if partial else "the model's shape is that model's"
@@ -275,17 +283,11 @@ def with_tokenizer_of_init_from(cfg, notes: list):
 def note_other_base(cfg, notes: list) -> None:
     """A run whose checkpoints hold only its trained parameters (peft, checkpoint 'trainable') resumes on the base
     weights of init_from: a note when they come from another model than the run started with."""
-    from config import ConfigError, check_peft
-
     saved = newest_saved_config(cfg.model_path)
     if not saved or not saved.get("init_from") or os.path.realpath(saved["init_from"]) == os.path.realpath(
             cfg.init_from):
         return
-    try:
-        partial = saved.get("peft") is not None and check_peft(saved["peft"])["checkpoint"] == "trainable"
-    except ConfigError:
-        partial = False
-    if partial:
+    if holds_trained_only(saved):
         notes.append(f"the run in {cfg.model_path} was started with --init-from {saved['init_from']}; its "
                      f"checkpoints hold only the trained parameters, which now go on {cfg.init_from}'s weights")
 

@@ -176,6 +176,12 @@ def make_tokenizer(cfg: Config) -> Tokenizer:
     return load_tokenizer(dataset.get("tokenizer_path", "bytes"))
 
 
+def window_length(cfg: Config) -> int:
+    """New tokens each token window takes from the stream (``windows()`` cuts one more, shared with the next): the
+    context, or a span-corruption example's input tokens before its spans are cut."""
+    return cfg.span_lengths[0] - 1 if cfg.span_corruption else cfg.n_ctx
+
+
 def make_source(cfg: Config, split: str):
     """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
     from data.pipeline import check_mode
@@ -224,11 +230,10 @@ def make_source(cfg: Config, split: str):
         check_tokenizer(tokenizer, dataset, cfg)
     if cfg.mlm_training:
         cfg = with_mask_token(cfg, tokenizers[0])
-    window = cfg.n_ctx
+    window = window_length(cfg)
     if cfg.span_corruption:
         from data.spans import sentinel_count, sentinel_ids
 
-        window = cfg.span_lengths[0] - 1  # windows() cuts window+1 tokens
         sentinels = sentinel_ids(tokenizers[0], cfg.n_vocab, sentinel_count(cfg), datasets[0]["where"])
     sizes = {t.vocab_size for t in tokenizers}
     if len(sizes) > 1:

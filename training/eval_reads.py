@@ -26,10 +26,12 @@ def split_tokens(source) -> int | None:
 def repeat_note(source, cfg) -> str | None:
     """The note for an eval split that one evaluation reads more than once (None when it reads it at most once, or
     the split's size in windows is not known: examples held in memory, documents-mode windows)."""
+    from data.source import window_length
+
     if any(entry[2] not in (None, "chunks") for entry in cfg.datasets):
         return None  # a documents-mode window takes one group of documents, however many tokens it has
     tokens = split_tokens(source)
-    window = cfg.span_lengths[0] - 1 if cfg.span_corruption else cfg.n_ctx  # new tokens per window
+    window = window_length(cfg)
     per_batch = cfg.eval_batch_size * window
     read = cfg.eval_steps * per_batch
     if tokens is None or read <= tokens:

@@ -123,7 +123,7 @@ def main(argv=None) -> int:
         if args.model_path:
             cfg = cfg.replace(model_path=args.model_path)
         if cfg.init_from and not args.new:
-            note_other_base(cfg, notes)
+            check_resume_base(cfg, notes)
         if args.dry_run:
             return dry_run(args, cfg, notes)
         return train(args, cfg, notes)
@@ -280,16 +280,30 @@ def with_tokenizer_of_init_from(cfg, notes: list):
     return cfg
 
 
-def note_other_base(cfg, notes: list) -> None:
-    """A run whose checkpoints hold only its trained parameters (peft, checkpoint 'trainable') resumes on the base
-    weights of init_from: a note when they come from another model than the run started with."""
+def check_resume_base(cfg, notes: list) -> None:
+    """``init_from`` given where ``model_path`` already holds a run, which resumes from its own checkpoint. A run
+    started without one would silently go on from its own weights, never reading init_from's: a one-line error.
+    A run started from another model: a note, since model paths move (a full checkpoint does not read the new
+    model's weights; one that holds only its trained parameters puts them on the new model's)."""
+    import shlex
+
+    from config import ConfigError
+
     saved = newest_saved_config(cfg.model_path)
-    if not saved or not saved.get("init_from") or os.path.realpath(saved["init_from"]) == os.path.realpath(
-            cfg.init_from):
+    if not saved:
+        return
+    if not saved.get("init_from"):
+        raise ConfigError(f"--init-from: {cfg.model_path} already holds a run, not started from a model, which would "
+                          f"resume from its own checkpoint and never read {shlex.quote(cfg.init_from)}'s weights; "
+                          "--new moves it aside and starts from them, or --model-path names a new directory")
+    if os.path.realpath(saved["init_from"]) == os.path.realpath(cfg.init_from):
         return
     if holds_trained_only(saved):
         notes.append(f"the run in {cfg.model_path} was started with --init-from {saved['init_from']}; its "
                      f"checkpoints hold only the trained parameters, which now go on {cfg.init_from}'s weights")
+    else:
+        notes.append(f"the run in {cfg.model_path} was started with --init-from {saved['init_from']}; it resumes "
+                     f"from its checkpoint, which holds every parameter: {cfg.init_from}'s weights are not used")
 
 
 def run_training(args, cfg, notes, signals, run) -> int:

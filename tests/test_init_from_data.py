@@ -30,18 +30,38 @@ def test_a_classifier_reads_its_text_with_the_models_tokenizer_and_other_ids_are
                      "prepares text with the model's tokenizer)"]
 
 
-def test_a_peft_run_resumed_on_another_base_says_so(tmp_path, gpt2_dir):
-    run = tmp_path / "run"
-    saved = {"init_from": "/models/first", "peft": {"lora": {}, "checkpoint": "trainable"}}
+def saved_run(run, **saved):
     (run / "checkpoints" / "4" / "config").mkdir(parents=True)
     (run / "checkpoints" / "4" / "config" / "metadata").write_text(json.dumps(saved))
-    cfg = load_config("finetune_lora_gpt2")[0].replace(model_path=str(run), init_from=gpt2_dir)
+    return str(run)
+
+
+def test_a_run_resumed_on_another_base_says_so(tmp_path, gpt2_dir):
+    peft = saved_run(tmp_path / "peft", init_from="/models/first", peft={"lora": {}, "checkpoint": "trainable"})
+    cfg = load_config("finetune_lora_gpt2")[0].replace(model_path=peft, init_from=gpt2_dir)
     notes = []
-    train.note_other_base(cfg, notes)
-    assert notes == [f"the run in {run} was started with --init-from /models/first; its checkpoints hold only the "
+    train.check_resume_base(cfg, notes)
+    assert notes == [f"the run in {peft} was started with --init-from /models/first; its checkpoints hold only the "
                      f"trained parameters, which now go on {gpt2_dir}'s weights"]
     notes.clear()
-    train.note_other_base(cfg.replace(init_from="/models/first"), notes)
+    train.check_resume_base(cfg.replace(init_from="/models/first"), notes)
+    assert not notes
+    full = saved_run(tmp_path / "full", init_from="/models/first")
+    train.check_resume_base(cfg.replace(model_path=full), notes)
+    assert notes == [f"the run in {full} was started with --init-from /models/first; it resumes from its "
+                     f"checkpoint, which holds every parameter: {gpt2_dir}'s weights are not used"]
+
+
+def test_init_from_on_a_run_not_started_from_a_model_is_an_error(tmp_path, gpt2_dir):
+    # it resumed that run from its own weights and never read the model's
+    run = saved_run(tmp_path / "run", n_layer=4)
+    cfg = load_config("quickstart")[0].replace(model_path=run, init_from=gpt2_dir)
+    with pytest.raises(ConfigError, match=f"^--init-from: {run} already holds a run, not started from a model, "
+                       "which would resume from its own checkpoint and never read .*'s weights; --new moves it "
+                       "aside"):
+        train.check_resume_base(cfg, [])
+    notes = []
+    train.check_resume_base(cfg.replace(model_path=str(tmp_path / "new")), notes)
     assert not notes
 
 

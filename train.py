@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--config", metavar="FILE", help="JSON config: a path, or a shipped config by name "
-                       "(quickstart, gpt_neo_125M, moe, ...: see configs/); with --data it defaults to quickstart")
+                       "(quickstart, gpt_neo_125M, moe, ...: see configs/); with --data it defaults to quickstart, "
+                       "with the --model-path of a run to the run's own (its newest checkpoint's)")
     which.add_argument("--model", metavar="NAME", help="GPT-Neo's way to name a config: configs/NAME.json")
     p.add_argument("--data", nargs="+", metavar="PATH", help="train on your own text: .txt / .jsonl / .jsonl.zst "
                    "files, folders or globs (prepared once into data_cache/, cached by content, with a tokenizer "
@@ -71,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    if not args.help_config and not args.config and not args.model and not args.data:
-        p.error("--config (or --model NAME, or --data) is required")
+    if not (args.help_config or args.config or args.model or args.data) and not (
+            args.model_path and not (args.new or args.init_from) and newest_saved_config(args.model_path)):
+        p.error("--config (or --model NAME, or --data, or the --model-path of a run to go on with) is required")
     dry_only = [flag for flag, value in (("--devices", args.devices), ("--topology", args.topology),
                                          ("--accelerator", args.accelerator)) if value is not None]
     if dry_only and not args.dry_run:
@@ -102,8 +104,11 @@ def main(argv=None) -> int:
 
     def run():
         # Everything that needs no jax is checked first, so a mistake costs well under a second.
-        config = args.config or (model_config_path(args.model) if args.model else "quickstart")
-        cfg, notes = load_config(config, tuple(args.set))
+        config = args.config or (model_config_path(args.model) if args.model else None)
+        if config:
+            cfg, notes = load_config(config, tuple(args.set))
+        else:  # a run directory's own config, else the quickstart's
+            cfg, notes = run_config(args) or load_config("quickstart", tuple(args.set))
         check_batches_can_be_made(cfg)
         if not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset):
             # before --data prepares text with another tokenizer than the run's
@@ -230,6 +235,22 @@ def holds_trained_only(saved: dict) -> bool | None:
         return saved.get("peft") is not None and check_peft(saved["peft"])["checkpoint"] == "trainable"
     except ConfigError:
         return None
+
+
+def run_config(args):
+    """``(config, notes)`` a run directory named without ``--config`` goes on with: the config of its newest
+    checkpoint, ``--set`` applied (as predict.py reads a run); None for a new run, or one given data or a model
+    to start from."""
+    from config import from_dict
+
+    if not args.model_path or args.new or args.data or args.init_from:
+        return None
+    saved = newest_saved_config(args.model_path)
+    if saved is None:
+        return None
+    cfg, notes = from_dict(saved, source=f"{args.model_path}'s config", overrides=tuple(args.set))
+    return cfg, [f"config: the run's own, from its newest checkpoint in {args.model_path} (--config names "
+                 "another)", *notes]
 
 
 def check_init_from_given(model_path: str | None, cfg) -> None:

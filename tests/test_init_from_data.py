@@ -1,6 +1,7 @@
 """Fine-tuning's data and base: text read with the pretrained model's tokenizer, data tokenized by another one
 named, a resume on another base named, and a dataset's preparation never publishing into a folder it did not
-build (it replaced the folder of a --set tokenizer_path)."""
+build (it replaced the folder of a --set tokenizer_path); a run directory named without a config goes on with
+the config its newest checkpoint holds."""
 
 import json
 import os
@@ -83,3 +84,15 @@ def test_a_labelled_dataset_prepares_in_its_own_folder_whatever_tokenizer_reads_
     dataset = labelled._dataset(cfg)
     assert dataset["tokenizer_path"] == f"{gpt2_dir}/tokenizer.json"  # read with it ...
     assert targets == [os.path.join(os.getcwd(), "data_cache", "stdlib_docstrings")]  # ... prepared in its own
+
+
+def test_a_run_directory_without_a_config_goes_on_with_its_own(tmp_path):
+    run = saved_run(tmp_path / "run", model="gpt_neo", n_layer=2, n_embd=64, n_head=4, lr=0.5)
+    args = train.parse_args(["--model-path", run, "--set", "lr=0.25"])
+    cfg, notes = train.run_config(args)
+    assert (cfg.n_layer, cfg.n_embd, cfg.lr) == (2, 64, 0.25)
+    assert notes[0].startswith(f"config: the run's own, from its newest checkpoint in {run}")
+    for argv in (["--model-path", str(tmp_path / "none")], ["--model-path", run, "--new"], []):
+        with pytest.raises(SystemExit):  # argparse's usage error: no config, and no run to go on with
+            train.parse_args(argv)
+

@@ -64,11 +64,12 @@ def test_setup_cell_finds_the_checkout_it_sits_in():
 
 
 def test_resume_cell_needs_only_the_settings_cell():
-    """After a restart only the settings cell and the resume cell run: the resume cell rebuilds train's argv."""
+    """After a restart only the settings cell and the resume cell run: the run's own config (what the TPU cell
+    chose included) comes from its checkpoint, train_steps 20 beyond the saved one."""
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    fake_train = ("import sys, types\nsys.modules['train'] = types.SimpleNamespace(main=lambda argv: print(argv) or 0)")
-    result = run_cells(fake_train, code_cell(notebook, "NEOMESH_SOURCE = "), code_cell(notebook, "argv_more"))
+    fake_train = ("import sys, types\nsys.modules['train'] = types.SimpleNamespace(main=lambda argv: print(argv) or "
+                  "0, newest_saved_config=lambda path: {'train_steps': 2000})")
+    result = run_cells(fake_train, code_cell(notebook, "NEOMESH_SOURCE = "), code_cell(notebook, "20 more steps"))
     assert result.returncode == 0, result.stderr[-2000:]
     argv = ast.literal_eval(result.stdout.strip().splitlines()[-1])
-    assert argv[:5] == ["--config", "quickstart", "--model-path", "runs/notebook", "--no-progress"]
-    assert "train_steps=420" in argv and "eval_every=200" in argv
+    assert argv == ["--model-path", "runs/notebook", "--set", "train_steps=2020", "--no-progress"]

@@ -1,14 +1,16 @@
 """Your own text to a dataset train.py reads, in one command:
 
     python data/make_dataset.py --input 'my_texts/*.txt' [--vocab-size 8192 | --tokenizer PATH]
-                                [--eval-fraction 0.05] [--n-ctx 2048] [--output-dir DIR]
+                                [--eval-fraction 0.05] [--n-ctx 2048] [--output-dir DIR] [--config FILE]
 
 Inputs are ``.txt`` (a document per file), ``.jsonl`` and ``.jsonl.zst`` (a ``text`` field per line) files,
 folders or globs. The command trains a byte-level BPE on the train documents (data/tokenizer.py, as
 train_tokenizer.py does) or reuses ``--tokenizer``, writes train and eval TFRecords in GPT-Neo's format (records
 of n_ctx + 1 tokens, as create_tfrecords.py writes them) and ``dataset.json``, a dataset config whose paths are
 relative to its folder. Train on it with ``python train.py --data DIR``, or name ``DIR/dataset.json`` in a
-config's ``datasets``.
+config's ``datasets``. ``--config`` prepares the text for that config as ``train.py --data`` does: its objective's
+special tokens (BERT's ``[MASK]``, T5's sentinels) are trained into the BPE (or looked up in ``--tokenizer``), and
+the vocabulary size and context default to its ``n_vocab`` and ``n_ctx``.
 
 Eval split: every (1/fraction)-th document is held out (exactly floor(N * fraction) of N documents, spread
 evenly through the input order). A corpus with fewer documents than that (one book in one .txt file) gives
@@ -28,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterator, Sequence
@@ -373,6 +376,20 @@ def check_reused_tokenizer(cfg) -> None:
                      f"tokenizer_path {cfg.tokenizer_path}")
 
 
+def config_to_prepare_for(path: str, tokenizer: str | None):
+    """The config ``--config`` names, checked as ``train.py --data`` checks it: a task plain text can feed, and a
+    reused ``tokenizer`` holding the objective's special tokens."""
+    from config import ConfigError, load_config
+
+    cfg = load_config(path)[0]
+    refusal = text_cannot_feed(cfg)
+    if refusal:
+        raise ConfigError(f"--config {path}: {refusal}")
+    if tokenizer and (cfg.mlm_training or cfg.span_corruption):
+        check_reused_tokenizer(cfg.replace(tokenizer_path=tokenizer))
+    return cfg
+
+
 def given_dataset_file(inputs: list[str]) -> str | None:
     """The dataset config ``--data`` names (a ``.json`` file, or a folder holding ``dataset.json``), else None:
     the inputs are text to prepare."""
@@ -425,23 +442,28 @@ def main(argv=None) -> int:
     p.add_argument("--output-dir", metavar="DIR", help="where to write (default: data_cache/NAME-HASH, found "
                    "again by content)")
     tokenizer = p.add_mutually_exclusive_group()
-    tokenizer.add_argument("--vocab-size", type=int, default=8192, metavar="N",
-                           help="tokens of the BPE to train, special tokens included; the model's n_vocab")
+    tokenizer.add_argument("--vocab-size", type=int, metavar="N", help="tokens of the BPE to train, special tokens "
+                           "included; the model's n_vocab (default: 8192, or --config's n_vocab)")
     tokenizer.add_argument("--tokenizer", metavar="PATH", help="reuse this tokenizer instead of training one: a "
                            "tokenizer.json, a folder with one or with GPT-2's vocab.json + merges.txt, or bytes")
     p.add_argument("--min-frequency", type=int, default=2, metavar="N", help="BPE: pairs seen fewer times are "
                    "not merged")
     p.add_argument("--eval-fraction", type=float, default=EVAL_FRACTION, metavar="F",
                    help="share of the documents held out for eval (0: none)")
-    p.add_argument("--n-ctx", type=int, default=2048, metavar="N", help="context length; records hold n_ctx + 1 "
-                   "tokens")
+    p.add_argument("--n-ctx", type=int, metavar="N", help="context length; records hold n_ctx + 1 tokens (default: "
+                   "2048, or --config's n_ctx)")
     p.add_argument("--workers", type=int, default=0, metavar="N", help="processes writing TFRecords (0: one per "
                    "CPU)")
+    p.add_argument("--config", metavar="FILE", help="prepare for this config (a path, or a shipped config by "
+                   "name): its objective's special tokens ([MASK], T5's sentinels) go into the BPE")
     args = p.parse_args(argv)
     from config import ConfigError
     try:
-        folder = make_dataset(args.input, args.output_dir, args.vocab_size, args.tokenizer, args.eval_fraction,
-                              args.n_ctx, args.min_frequency, args.workers)
+        cfg = config_to_prepare_for(args.config, args.tokenizer) if args.config else None
+        vocab_size = (cfg.n_vocab if cfg else 8192) if args.vocab_size is None else args.vocab_size
+        n_ctx = (cfg.n_ctx if cfg else 2048) if args.n_ctx is None else args.n_ctx
+        folder = make_dataset(args.input, args.output_dir, vocab_size, args.tokenizer, args.eval_fraction, n_ctx,
+                              args.min_frequency, args.workers, special_tokens=objective_tokens(cfg) if cfg else ())
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -449,8 +471,9 @@ def main(argv=None) -> int:
         from neomesh.errors import one_line
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+    config = shlex.quote(args.config) if args.config else "configs/quickstart.json"
     print(f"dataset config: {_shown(os.path.join(folder, 'dataset.json'))}; train on it with: python train.py "
-          f"--config configs/quickstart.json --data {_shown(folder)}")
+          f"--config {config} --data {_shown(folder)}")
     return 0
 
 

@@ -159,7 +159,8 @@ def with_mask_token(cfg: Config, tokenizer: Tokenizer) -> Config:
     found = next((i for i in map(tokenizer.token_id, MASK_TOKENS) if i is not None), None)
     if found is None:
         raise ConfigError(f"mlm_mask_token_id: not set, and the tokenizer has no {' or '.join(MASK_TOKENS)} token; "
-                          "set it to the id masked tokens become")
+                          "set it to the id masked tokens become, or prepare the text with train.py --data or "
+                          "data/make_dataset.py --config, which train [MASK] into the BPE")
     return cfg.replace(mlm_mask_token_id=found)
 
 

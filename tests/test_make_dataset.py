@@ -329,3 +329,22 @@ def test_a_write_failure_while_preparing_is_one_line(tmp_path, work_root, capsys
     out = tmp_path / "out"
     assert module.main(["--input", str(write_texts(tmp_path / "texts", 2)), "--output-dir", str(out)]) == 2
     assert capsys.readouterr().err == f"error: {out}.tmp-1/train_00000.tfrecords: No space left on device\n"
+
+
+def test_make_dataset_for_a_config_trains_its_objectives_tokens(tmp_path, work_root, capsys):
+    from data.make_dataset import main
+    from data.tokenizer import load_tokenizer
+
+    texts = str(write_texts(tmp_path / "texts", 20))
+    assert main(["--input", texts, "--config", "bert_mlm", "--vocab-size", "300", "--n-ctx", "32",
+                 "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    folder = re.search(r"--config bert_mlm --data (\S+)", out).group(1)
+    assert load_tokenizer(os.path.join(folder, "tokenizer.json")).token_id("[MASK]") is not None
+    assert main(["--input", texts, "--config", "bert_code_tags"]) == 2
+    assert capsys.readouterr().err.startswith("error: --config bert_code_tags: plain text cannot feed task "
+                                              "token_classification")
+    assert main(["--input", texts, "--config", "bert_mlm", "--tokenizer", os.path.join(folder, "tokenizer.json"),
+                 "--n-ctx", "32", "--output-dir", str(tmp_path / "again")]) == 0  # a reused one holds [MASK]
+    assert main(["--input", texts, "--config", "bert_mlm", "--tokenizer", "bytes"]) == 2
+    assert capsys.readouterr().err.startswith("error: mlm_mask_token_id: not set, and the tokenizer has no [MASK]")

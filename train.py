@@ -110,8 +110,8 @@ def main(argv=None) -> int:
         else:  # a run directory's own config, else the quickstart's
             cfg, notes = run_config(args) or load_config("quickstart", tuple(args.set))
         check_batches_can_be_made(cfg)
-        if not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset):
-            # before --data prepares text with another tokenizer than the run's
+        goes_on = not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset)
+        if goes_on:  # before --data prepares text with another tokenizer than the run's
             check_init_from_given(args.model_path or (None if args.data else cfg.model_path), cfg)
         if args.init_from or cfg.init_from:
             from neomesh.hf_cache import resolve_model
@@ -123,6 +123,8 @@ def main(argv=None) -> int:
             if cfg.init_from and cfg.tokenizer_path is None:  # fine-tuning reads text with the model's tokenizer
                 cfg = cfg.replace(tokenizer_path=cfg.init_from)
             cfg = config_for_data(cfg, args.data)
+            if goes_on and not args.model_path:  # the run directory named after the data
+                check_init_from_given(cfg.model_path, cfg)
         elif cfg.init_from:
             cfg = with_tokenizer_of_init_from(cfg, notes)
         if args.model_path:

@@ -96,3 +96,17 @@ def test_a_run_directory_without_a_config_goes_on_with_its_own(tmp_path):
         with pytest.raises(SystemExit):  # argparse's usage error: no config, and no run to go on with
             train.parse_args(argv)
 
+
+
+def test_a_run_named_after_its_data_needs_its_init_from_again(tmp_path, monkeypatch, capsys):
+    """--data FOLDER names the run directory runs/FOLDER: a peft run there resumes only on its base model."""
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "prepared" / "my_texts-1234abcd"
+    data.mkdir(parents=True)
+    (data / "dataset.json").write_text(json.dumps({"path": "train_*.tfrecords", "n_vocab": 300}))
+    saved_run(tmp_path / "runs" / "my_texts-1234abcd", init_from="/models/gpt2",
+              peft={"lora": {}, "checkpoint": "trainable"})
+    assert train.main(["--config", "finetune_lora_gpt2", "--data", str(data)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: --init-from: the run in {os.path.join('runs', 'my_texts-1234abcd')} was started with --init-from "
+        "/models/gpt2 (its checkpoints hold only the trained parameters); pass it again to resume")

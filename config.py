@@ -925,12 +925,21 @@ def resolve_config_path(path: str) -> str:
             return candidate
     known = sorted(f[:-5] for f in os.listdir(shipped) if f.endswith(".json"))
     folder = os.path.dirname(path)
+    beside = []  # the folder's own configs, when the path names a folder that exists and is not configs/
     if folder and os.path.isdir(folder) and os.path.abspath(folder) != os.path.abspath(shipped):
-        known = sorted({*known, *(f[:-5] for f in os.listdir(folder) if f.endswith(".json"))})
+        beside = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".json"))
     stem = os.path.basename(path).removesuffix(".json")
-    close = difflib.get_close_matches(stem, known, n=1, cutoff=0.6)
-    hint = f"; did you mean {os.path.join(folder, close[0] + '.json') if folder else close[0]}?" if close else ""
-    raise ConfigError(f"{path}: config file not found{hint} (shipped configs: {', '.join(known)})")
+    hint = ""
+    close = difflib.get_close_matches(stem, beside, n=1, cutoff=0.6)
+    if close:
+        hint = f"; did you mean {os.path.join(folder, close[0] + '.json')}?"
+    elif close := difflib.get_close_matches(stem, known, n=1, cutoff=0.6):
+        # a shipped config in the path's own spelling only where that spelling finds it (configs/NAME.json)
+        spelled = os.path.join(folder, close[0] + ".json")
+        found = not os.path.isabs(spelled) and os.path.isfile(os.path.join(os.path.dirname(shipped), spelled))
+        hint = f"; did you mean {spelled if found else close[0]}?"
+    there = f"; in {folder}: {', '.join(beside)}" if beside else ""
+    raise ConfigError(f"{path}: config file not found{hint} (shipped configs: {', '.join(known)}{there})")
 
 
 def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:

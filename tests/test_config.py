@@ -159,6 +159,21 @@ def test_load_config_files(tmp_path):
         load_config(str(tmp_path / "missing.json"))
 
 
+def test_a_missing_config_suggests_files_that_exist(tmp_path):
+    """A suggestion is a file the command would find: the folder's own config by its path, a shipped one by its
+    name; the folder's configs are listed apart from the shipped ones."""
+    (tmp_path / "mine.json").write_text(json.dumps(TINY))
+    with pytest.raises(ConfigError) as info:
+        load_config(str(tmp_path / "quickstat.json"))
+    message = str(info.value)
+    assert "did you mean quickstart?" in message and f"in {tmp_path}: mine)" in message, message
+    assert "shipped configs: bert_classify" in message and ", mine," not in message, message
+    with pytest.raises(ConfigError, match=f"did you mean {tmp_path / 'mine.json'}\\?"):
+        load_config(str(tmp_path / "mien.json"))
+    with pytest.raises(ConfigError, match="did you mean configs/quickstart.json\\?"):
+        load_config("configs/quickstat.json")
+
+
 @pytest.mark.parametrize("overrides, expected", [
     (["bogus=1"], "unknown key 'bogus'"),
     (["mesh_shape=x:3"], "mesh_shape: 'x:3' needs 3 devices but 8 are available"),

@@ -41,6 +41,7 @@ from config import ConfigError
 from parallel.estimate import ACCELERATORS, DEVICE_KINDS, UTILISATION, Accelerator, StepEstimate, estimate, on_hosts
 from parallel.hlo_stats import HloStats, parse_hlo
 from parallel.layout import Layout
+from parallel.mesh import mesh_axes
 from parallel.state import abstract_train_state
 from parallel.topologies import topology_devices
 from parallel.steps import batch_shapes, batch_shardings, make_train_step, microbatch_count
@@ -230,6 +231,21 @@ def simulate_devices(count: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
+def check_devices_fit(mesh_shape: str, device_count: int | None) -> None:
+    """``--devices`` against the devices ``mesh_shape`` fixes, named as the flag: the dry run sets the simulated
+    device count itself, so the mesh's own advice (XLA_FLAGS) would not reach it."""
+    if device_count is None or mesh_shape == "auto":
+        return
+    sizes = mesh_axes(mesh_shape).values()
+    fixed = math.prod(size for size in sizes if size != -1)
+    if -1 in sizes and device_count % fixed:
+        raise ConfigError(f"--devices {device_count}: mesh_shape '{mesh_shape}' fixes {fixed} devices, which does "
+                          f"not divide {device_count}; give a multiple of {fixed}")
+    if -1 not in sizes and device_count != fixed:
+        raise ConfigError(f"--devices {device_count}: mesh_shape '{mesh_shape}' needs {fixed} devices; give "
+                          f"--devices {fixed} or leave --devices out")
+
+
 def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, topology: str | None = None) -> str:
     """``train.py --dry-run``: the report for ``cfg`` on ``device_count`` simulated devices (default: the count
     ``mesh_shape`` fixes), or compiled for ``topology``, a TPU slice or a GPU node; an ``auto`` mesh or layout is
@@ -258,6 +274,7 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, t
         memory = accelerators[0].memory if accelerators else None
     else:
         fixed = fixed_device_count(cfg.mesh_shape)  # first: a mesh_shape that does not parse is the problem
+        check_devices_fit(cfg.mesh_shape, device_count)
         count = device_count or fixed
         if count is None:
             raise ConfigError(f"--dry-run: mesh_shape '{cfg.mesh_shape}' leaves the device count open; "

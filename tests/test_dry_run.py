@@ -208,7 +208,7 @@ def test_dry_run_command_simulates_its_own_devices():
     assert "mesh {'x': 8, 'y': 2} (16 simulated devices)" in result.stdout
     assert "| all-reduce |" in result.stdout and "| H100 |" in result.stdout
     result = run_cli("train.py", "--config", "configs/gpt_neo_13B.json", "--dry-run", "--devices", "8")
-    assert result.returncode == 2 and "needs 256 devices but 8 are available" in result.stderr
+    assert result.returncode == 2 and "mesh_shape 'x:16,y:16' needs 256 devices; give --devices 256" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -242,7 +242,12 @@ def test_dry_run_mistakes_name_the_real_problem():
                                          ("x4", 4, "mesh_shape: 'x4' is not axis:size"),
                                          ("x:-1,y:-1", None, "mesh_shape: only one axis may be -1, got x, y"),
                                          ("x:-1", 0, "--devices: 0 is not a device count; it must be at least 1"),
-                                         ("x:-1", None, "mesh_shape 'x:-1' leaves the device count open")):
+                                         ("x:-1", None, "mesh_shape 'x:-1' leaves the device count open"),
+                                         # the dry run sets the device count, so XLA_FLAGS is not the advice
+                                         ("x:8", 4, "--devices 4: mesh_shape 'x:8' needs 8 devices; give --devices 8 "
+                                                    "or leave --devices out"),
+                                         ("x:3,y:-1", 8, "--devices 8: mesh_shape 'x:3,y:-1' fixes 3 devices, which "
+                                                         "does not divide 8; give a multiple of 3")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             run_dry_run(cfg.replace(mesh_shape=mesh_shape), devices)
     # what a real run refuses when it opens its data is refused at load, so a dry run (which reads none) refuses it

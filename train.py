@@ -174,20 +174,23 @@ def train(args, cfg, notes: list[str]) -> int:
     signals.install()
     try:
         lead = jax.process_index() == 0
-        if args.new:
-            aside = move_run_aside(cfg.model_path, lead)
-            if aside and lead:
-                print(f"--new: moved the previous run to {aside}")
+        aside = move_run_aside(cfg.model_path, lead) if args.new else None
+        if aside and lead:
+            print(f"--new: moved the previous run to {aside}")
         created = not os.path.exists(cfg.model_path)
         lock = lock_run(cfg.model_path, lead, print if lead else (lambda *a: None))
         run = {"trained": False}
         try:
             return run_training(args, cfg, notes, signals, run)
         except BaseException:
-            # A run that failed before doing anything (a bad --resume or --init-from, say) leaves no directory.
+            # A run that failed before doing anything (a bad --resume or --init-from, say) leaves no directory,
+            # and a --new one puts the run it moved aside back (a layout typo would have moved it for nothing).
             if created and lead and not run["trained"] and not _has_checkpoint(cfg.model_path):
                 lock.release()
                 shutil.rmtree(cfg.model_path, ignore_errors=True)
+                if aside and not os.path.exists(cfg.model_path):
+                    os.rename(aside, cfg.model_path)
+                    print(f"--new: nothing was started; moved the previous run back to {cfg.model_path}")
             raise
         finally:
             lock.release()

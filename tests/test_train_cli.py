@@ -103,6 +103,19 @@ def test_eval_with_new_is_refused_before_the_run_is_moved(tmp_path):
     assert (model_path / "metrics.jsonl").exists() and not glob.glob(str(model_path) + "-*")
 
 
+def test_new_that_fails_before_its_first_step_puts_the_previous_run_back(tmp_path):
+    """A layout typo is found once jax has started, after --new moved the run aside: the run comes back."""
+    model_path = tmp_path / "run"
+    (model_path / "checkpoints").mkdir(parents=True)
+    (model_path / "metrics.jsonl").write_text("")
+    result = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--new",
+                         "--no-progress", "--set", "layout=batch:x,hedas:x")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip() == "error: layout: unknown dimension 'hedas'; did you mean 'heads'?", result.stderr
+    assert f"moved the previous run back to {model_path}" in result.stdout
+    assert (model_path / "metrics.jsonl").exists() and not glob.glob(str(model_path) + "-*")
+
+
 def test_a_resume_that_changes_the_model_but_not_its_shapes_says_so(tmp_path):
     model_path = tmp_path / "run"
     train(model_path, "train_steps=2", "eval_steps=1")

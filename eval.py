@@ -67,7 +67,7 @@ def check_options(args) -> None:
 
     from config import ConfigError
     from evaluation.tasks import TASKS
-    from predict import resolve_model_source
+    from predict import check_sets_place_nothing, resolve_model_source
 
     if not (args.config or args.model or args.model_path or args.hf_model):
         raise ConfigError("give --config, --model, --model-path or --hf-model")
@@ -75,6 +75,7 @@ def check_options(args) -> None:
         raise ConfigError("--limit must be at least 1")
     if args.batch_size < 1:
         raise ConfigError("--batch-size must be at least 1")
+    check_sets_place_nothing(args.set, "eval.py")
     resolve_model_source(args)
     if args.tasks is not None:
         args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]

@@ -114,7 +114,21 @@ def check_options(args) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    check_sets_place_nothing(args.set, "predict.py")
     resolve_model_source(args)
+
+
+def check_sets_place_nothing(sets, command: str) -> None:
+    """The model's mesh is --mesh-shape's and its layout --layout's: a ``--set mesh_shape=...`` or ``layout=...``
+    would change a config key nothing reads here, and the model would run on one device without a word."""
+    from config import ConfigError, parse_override
+
+    for text in sets:
+        key, value = parse_override(text)
+        flag = {"mesh_shape": "--mesh-shape", "layout": "--layout"}.get(key)
+        if flag:
+            raise ConfigError(f"--set {text}: {command} places the model with --mesh-shape and --layout, not the "
+                              f"config's {key}; give {flag} {value}")
 
 
 def resolve_model_source(args) -> None:

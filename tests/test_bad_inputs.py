@@ -118,6 +118,11 @@ CASES = [
      "{d}/binary.txt: not UTF-8 text"),
     ("predict", ["--model-path", "{d}/empty_run", "--prompt-file", "{d}/empty.txt"], "{d}/empty.txt: no prompts"),
     ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x"], "no checkpoint in {d}/empty_run/checkpoints"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x", "--set", "mesh_shape=x:8"],
+     "--set mesh_shape=x:8: predict.py places the model with --mesh-shape and --layout, not the config's mesh_shape; "
+     "give --mesh-shape x:8"),
+    ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x", "--set", "layout=batch:x,heads:y"],
+     "give --layout batch:x,heads:y"),
     ("predict", ["--config", "{d}/binary.json", "--prompt", "x"], "{d}/binary.json: not a JSON text file"),
     ("predict", ["--hf-model", "{d}/hf_no_config", "--prompt", "x"], "{d}/hf_no_config: not a Hugging Face"),
     ("predict", ["--hf-model", "{d}/hf_bad_json", "--prompt", "x"], "{d}/hf_bad_json/config.json: invalid JSON"),

@@ -213,3 +213,11 @@ def test_eval_cli_on_a_run_and_its_mistakes(tmp_path):
                                                            "--multiple-choice-path")]:
         result = run_command("eval.py", "--model-path", str(model_path), *args)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+
+
+def test_eval_refuses_a_set_that_would_place_nothing(tmp_path):
+    """The mesh is --mesh-shape's: --set mesh_shape would change a key nothing reads, and run on one device."""
+    result = run_command("eval.py", "--model-path", str(tmp_path / "run"), "--set", "mesh_shape=x:8")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == ("error: --set mesh_shape=x:8: eval.py places the model with --mesh-shape and "
+                                     "--layout, not the config's mesh_shape; give --mesh-shape x:8"), result.stderr

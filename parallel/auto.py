@@ -7,6 +7,7 @@ activations; the state is parameters + gradients + optimizer state, in bytes fro
 |---|---|
 | the state fits the budget on every device and the batch splits over all devices | data parallel: ``batch:data`` |
 | the state does not fit whole but fits split over all devices | FSDP (ZeRO-3): ``batch:data,embd:data`` |
+| ... and n_embd does not split over all of them | FSDP over the most that divide it: ``data:3,fsdp:8`` |
 | the batch does not split over all devices | + tensor parallelism (Megatron), as below |
 | the model has experts | + expert parallelism over the data axis (``experts:data``) when num_experts divides it |
 | the state does not fit even split over all devices | a one-line error with the numbers |
@@ -23,6 +24,7 @@ device count only, never from a search or a measurement.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 
@@ -45,6 +47,7 @@ class Job:
     batch: int  # train_batch_size
     heads: int
     experts: int  # 0 without mixture-of-experts layers
+    embd: int = 0  # n_embd, the dimension FSDP splits (0: any split divides it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,14 @@ def _tensor_size(job: Job, devices: int) -> int | None:
     return None
 
 
+def _fsdp_axes(job: Job, mesh: dict[str, int], data_axes: list[str]) -> list[str]:
+    """The data axes FSDP splits ``embd`` over: all of them when their product divides n_embd, else the
+    subset with the largest product that does (fewer ways, more state per device)."""
+    subsets = (list(c) for k in range(len(data_axes), 0, -1) for c in itertools.combinations(data_axes, k))
+    dividing = [axes for axes in subsets if not job.embd or job.embd % math.prod(mesh[a] for a in axes) == 0]
+    return max(dividing, key=lambda axes: math.prod(mesh[a] for a in axes), default=[])
+
+
 def choose(job: Job, mesh: dict[str, int] | None = None) -> Choice:
     """The mesh and layout for ``job``; on ``mesh`` (axis -> size) when given, else a mesh chosen too."""
     budget = STATE_SHARE * job.memory
@@ -88,8 +99,12 @@ def choose(job: Job, mesh: dict[str, int] | None = None) -> Choice:
             raise ConfigError(f"train_batch_size: {job.batch} does not split over {job.devices} devices, nor over "
                               f"{job.devices} / t with t <= {job.devices_per_host} dividing n_head {job.heads}; "
                               f"choose a batch that does, or set mesh_shape and layout")
-        mesh = {"data": job.devices // t, "tensor": t} if t > 1 else {"data": job.devices}
-        data_axes, tensor_axis = ["data"], ("tensor" if t > 1 else None)
+        data_ways = job.devices // t
+        # FSDP splits n_embd over the data axis; where they do not divide, over an 'fsdp' axis that does
+        f = math.gcd(job.embd, data_ways) if job.embd and job.state_bytes > budget else data_ways
+        mesh = {"data": data_ways // f, "fsdp": f} if 1 < f < data_ways else {"data": data_ways}
+        mesh.update({"tensor": t} if t > 1 else {})
+        data_axes, tensor_axis = [a for a in mesh if a != "tensor"], ("tensor" if t > 1 else None)
     else:
         names = list(mesh)
         if job.batch % job.devices == 0 or len(names) == 1:
@@ -105,14 +120,25 @@ def choose(job: Job, mesh: dict[str, int] | None = None) -> Choice:
     if job.batch % data_ways:
         raise ConfigError(f"layout: auto: train_batch_size {job.batch} does not split over {data} ({data_ways} ways)")
     rules = [f"batch:{data}"]
+    fsdp = "+".join(_fsdp_axes(job, mesh, data_axes)) if not fits_whole else data
+    fsdp_ways = math.prod(mesh[a] for a in fsdp.split("+")) if fsdp else 1
+    tensor_ways = mesh[tensor_axis] if tensor_axis else 1
+    if not fits_whole and job.state_bytes / (fsdp_ways * tensor_ways) > budget:
+        raise ConfigError(f"layout: auto: FSDP splits n_embd {job.embd}, and the most of the {data_ways} data-"
+                          f"parallel ways that divide it is {fsdp_ways}: the training state "
+                          f"({_gb(job.state_bytes)}) is {_gb(job.state_bytes / (fsdp_ways * tensor_ways))} per "
+                          f"device, above {STATE_SHARE:.0%} of {_gb(job.memory)}; set mesh_shape and layout")
     if fits_whole and tensor_axis is None:
         reason = (f"data parallel over {data} ({data_ways}): the training state ({_gb(job.state_bytes)}) fits in "
                   f"{STATE_SHARE:.0%} of a device's {_gb(job.memory)}")
     else:
         if not fits_whole:
-            rules.append(f"embd:{data}")
-        state_per_device = job.state_bytes / (job.devices if not fits_whole else mesh.get(tensor_axis, 1))
+            rules.append(f"embd:{fsdp}")
+        state_per_device = job.state_bytes / ((fsdp_ways if not fits_whole else 1) * tensor_ways)
         what = f"FSDP over {data} ({data_ways})" if not fits_whole else f"data parallel over {data} ({data_ways})"
+        if not fits_whole and fsdp != data:
+            what = (f"data parallel over {data} ({data_ways}), FSDP over {fsdp} ({fsdp_ways}: n_embd {job.embd} "
+                    f"does not split {data_ways} ways)")
         why = (f"the training state ({_gb(job.state_bytes)}) is above {STATE_SHARE:.0%} of a device's "
                f"{_gb(job.memory)}" if not fits_whole else f"the state ({_gb(job.state_bytes)}) fits whole")
         reason = f"{what}: {why}, {_gb(state_per_device)} per device"
@@ -148,7 +174,7 @@ def job_for(cfg, params, tx, devices: int, memory: float, devices_per_host: int)
                parameters=sum(math.prod(p.shape) for p in jax.tree.leaves(params)),
                state_bytes=2 * nbytes(params) + nbytes(opt_state),  # parameters, gradients, optimizer state
                memory=memory, batch=cfg.train_batch_size, heads=cfg.n_head,
-               experts=cfg.moe["num_experts"] if cfg.moe_layers else 0)
+               experts=cfg.moe["num_experts"] if cfg.moe_layers else 0, embd=cfg.n_embd)
 
 
 def resolve(cfg, make_model, tx, devices=None, memory: float | None = None):

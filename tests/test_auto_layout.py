@@ -38,6 +38,10 @@ CASES = {
     "2.7B auto_layout on x:128,y:2": ("gpt_neo_2.7B", 256, "tpu-v4", "x:128,y:2", {}),
     "1.3B auto_layout on data:4,fsdp:8,tensor:8, batch 64": (
         "gpt_neo_1.3B", 256, "h100", "data:4,fsdp:8,tensor:8", {"train_batch_size": 64}),
+    # n_embd 2560 does not split 24 or 1024 ways: FSDP over the share of the data axes that divides it
+    "2.7B on 24 H100, batch 24": ("gpt_neo_2.7B", 24, "h100", None, {"train_batch_size": 24}),
+    "2.7B auto_layout on x:32,y:32, batch 1024": ("gpt_neo_2.7B", 1024, "tpu-v4", "x:32,y:32",
+                                                  {"train_batch_size": 1024}),
 }
 
 
@@ -89,6 +93,15 @@ def test_a_model_too_big_for_the_devices_is_a_one_line_error():
     _, job = config_and_job("gpt_neo_13B")
     with pytest.raises(ConfigError, match=r"training state \(206 GB.*per device even split over all 4 devices"):
         choose(dataclasses.replace(job, devices=4, memory=MEMORY["tpu-v5e"]))
+
+
+def test_fsdp_that_no_divisor_of_n_embd_makes_fit_is_a_one_line_error():
+    _, job = config_and_job("gpt_neo_13B")
+    job = dataclasses.replace(job, devices=14, memory=MEMORY["h100"], batch=14)  # 5120 = 2^10 * 5: 2 of 14 ways
+    with pytest.raises(ConfigError, match=r"layout: auto: FSDP splits n_embd 5120, and the most of the 14 data-"
+                                          r"parallel ways that divide it is 2: the training state \(206 GB\) is "
+                                          r"103 GB per device, above 50% of 76.4 GB; set mesh_shape and layout"):
+        choose(job)
 
 
 def test_gpt_neo_auto_keys_mean_auto():

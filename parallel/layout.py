@@ -73,6 +73,13 @@ def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:
                   f"{', '.join(mesh.axis_names)}); '{name}' stays whole", file=sys.stderr)
             continue
         rules.append((name, axes))
+    used = {axis for _, axes in rules for axis in axes}
+    batch = dict(rules).get("batch", ())
+    for axis, size in mesh.shape.items():
+        if size > 1 and axis not in used:  # replicated work, rarely meant: "x:4,y:2" with "batch:x"
+            print(f"warning: layout: no rule names mesh axis '{axis}' (size {size}), so its {size} devices "
+                  f"each repeat the same work; name it in the layout (e.g. 'batch:{'+'.join((*batch, axis))}') "
+                  f"or drop it from mesh_shape", file=sys.stderr)
     return tuple(rules)
 
 

@@ -87,3 +87,14 @@ def test_pod_mesh_layout_matches_golden(name):
     config, mesh_shape, layout = MESH_CASES[name]
     table = layout_table(os.path.join(ROOT, "configs", config + ".json"), mesh_shape, layout)
     check_golden(name, table)
+
+
+def test_a_mesh_axis_no_rule_names_warns_once(capsys):
+    """Its devices would repeat each other's work without a word; a size-1 axis repeats nothing."""
+    Layout.from_config(abstract_mesh("x:4,y:2,z:1", 8), "batch:x")
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "warning: layout: no rule names mesh axis 'y' (size 2), so its 2 devices each repeat the same work; name it "
+        "in the layout (e.g. 'batch:x+y') or drop it from mesh_shape"]
+    Layout.from_config(abstract_mesh("x:4,y:2", 8), "batch:x,sequence:y")
+    Layout.from_config(abstract_mesh("x:4,y:2", 8), "batch:x+y,heads:none")
+    assert capsys.readouterr().err == ""

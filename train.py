@@ -82,6 +82,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def distributed_problem(args) -> str | None:
+    """What is wrong with --coordinator, --num-processes and --process-id, if anything: found here in one line,
+    where jax.distributed would raise a traceback, or, for a count without a coordinator, run one process alone."""
+    given = [flag for flag, value in (("--num-processes", args.num_processes), ("--process-id", args.process_id))
+             if value is not None]
+    if args.coordinator is None:
+        return (f"{given[0]}: only with --coordinator HOST:PORT (with --distributed the cluster gives the count "
+                f"and id)" if given else None)
+    host, _, port = args.coordinator.rpartition(":")
+    if not host or not port.isdigit():
+        return f"--coordinator {args.coordinator}: not HOST:PORT (e.g. 10.0.0.1:1234)"
+    if len(given) < 2:
+        return "--coordinator: give --num-processes N and --process-id I too"
+    if args.num_processes < 1:
+        return f"--num-processes: {args.num_processes} is not a process count; it must be at least 1"
+    if not 0 <= args.process_id < args.num_processes:
+        return f"--process-id: {args.process_id} is not in 0..{args.num_processes - 1} (of --num-processes " \
+               f"{args.num_processes})"
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from parallel.xla_flags import apply_defaults
@@ -96,6 +117,10 @@ def main(argv=None) -> int:
         return 0
     if args.stop_at_step is not None and args.stop_at_step < 1:
         print(f"error: --stop-at-step: {args.stop_at_step} is not a step (steps count from 1)", file=sys.stderr)
+        return EXIT_ERROR
+    problem = distributed_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return EXIT_ERROR
     if args.eval and args.new:  # checked here: --new would move the run aside before --eval found nothing
         print("error: --eval: not with --new (--new moves the run aside and starts a fresh one; --eval evaluates "

@@ -107,6 +107,15 @@ CASES = [
     ("train", T("--model-path", "{d}/fresh_init2", "--init-from", "{d}/hf_bad_json"),
      "{d}/hf_bad_json/config.json: invalid JSON"),
     ("train", T("--model-path", "{d}/locked_run"), "{d}/locked_run/run.lock: another run is using"),
+    # train.py: multi-host options, checked where jax.distributed raised (or ran one process alone)
+    ("train", T("--num-processes", "2", "--process-id", "1"), "--num-processes: only with --coordinator HOST:PORT"),
+    ("train", T("--coordinator", "localhost", "--num-processes", "1", "--process-id", "0"),
+     "--coordinator localhost: not HOST:PORT"),
+    ("train", T("--coordinator", "localhost:1234"), "--coordinator: give --num-processes N and --process-id I too"),
+    ("train", T("--coordinator", "localhost:1234", "--num-processes", "0", "--process-id", "0"),
+     "--num-processes: 0 is not a process count"),
+    ("train", T("--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"),
+     "--process-id: 2 is not in 0..1 (of --num-processes 2)"),
     # predict.py
     ("predict", ["--prompt", "x"], "give --config, --model, --model-path or --hf-model"),
     ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x", "--temperature", "-1"], "--temperature"),

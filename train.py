@@ -401,7 +401,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
     train_shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
     eval_shapes = batch_shapes(objective, cfg, cfg.eval_batch_size)
     train_sharding = batch_shardings(layout, objective, train_shapes, "train_batch_size")
-    eval_sharding = batch_shardings(layout, objective, eval_shapes, "eval_batch_size")
+    # eval_batch_size shapes only the eval_steps batches (eval_tasks score in batches of any size)
+    eval_sharding = batch_shardings(layout, objective, eval_shapes, "eval_batch_size") if cfg.eval_steps else None
     # The parameters against the layout and the peft targets first: a mistake there is found before any data is read.
     graphdef, abstract, shardings = abstract_train_state(make_model, tx, layout, trainable)
     check_trainable(cfg.peft_settings, [path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(
@@ -490,7 +491,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
             return 0
 
         eval_step = make_eval_step(graphdef, objective, layout, shardings.params, eval_sharding,
-                                   precision=cfg.precision)
+                                   precision=cfg.precision) if eval_sharding else None
 
         layers_of = lambda params: per_layer_params(params, abstract.params)  # noqa: E731 - generation's storage
         scorer = task_scorer(cfg, graphdef, layers_of(state.params) if cfg.eval_tasks else None, train_data, layout)

@@ -85,6 +85,10 @@ def test_eval_only_new_and_resume_errors(tmp_path):
     evaluated = run_command("train.py", "--model-path", str(model_path), "--eval", "--no-progress")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "note: config: the run's own" in evaluated.stdout and "eval at step 2: loss" in evaluated.stdout
+    # eval_batch_size shapes only eval_steps' batches: with none, one the mesh does not divide is no error
+    finished = run_command("train.py", "--model-path", str(model_path), "--no-progress", "--set", "eval_steps=0",
+                           "--set", "eval_batch_size=12")
+    assert finished.returncode == 0 and "is finished: step 2" in finished.stdout, finished.stderr[-3000:]
     fresh = train(model_path, "train_steps=1", extra=["--new"])
     assert "moved the previous run to" in fresh.stdout
     assert [r["step"] for r in metrics_rows(model_path)] == [1]

@@ -143,6 +143,9 @@ def main(argv=None) -> int:
             where = "--init-from" if args.init_from else "init_from"
             cfg = cfg.replace(init_from=resolve_model(args.init_from or cfg.init_from, where))
             cfg = with_architecture_of(cfg, where, notes)
+        if not args.check_dataset:  # before --data prepares text, --new moves a run aside, or a device starts
+            from parallel.layout import check_text
+            check_text(cfg.mesh_shape, cfg.layout)
         if args.data:
             from data.make_dataset import config_for_data
             if cfg.init_from and cfg.tokenizer_path is None:  # fine-tuning reads text with the model's tokenizer

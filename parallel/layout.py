@@ -38,15 +38,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from config import ConfigError
 from models.axes import ACTIVATION_DIMENSIONS, DIMENSIONS, placing
+from parallel.mesh import mesh_axes
 
 NOT_SPLIT = "none"  # layout value: keep the dimension whole
 
 Rule = tuple[str, tuple[str, ...]]  # (dimension name, mesh axes it is split over; () for none)
 
 
-def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:
+def layout_rules(text: str) -> tuple[Rule, ...]:
     """``"batch:x+z,heads:y,activation_embd:none"`` -> ``(("batch", ("x", "z")), ("heads", ("y",)),
-    ("activation_embd", ()))``, checked against the dimension names and the mesh axes."""
+    ("activation_embd", ()))``: the syntax and the dimension names checked, the mesh axes as written (no mesh is
+    needed, so a typo is found before any device is)."""
     names = (*DIMENSIONS, *ACTIVATION_DIMENSIONS)
     rules: list[Rule] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
@@ -64,6 +66,16 @@ def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:
             raise ConfigError(f"layout: '{part}' names a mesh axis twice")
         if any(name == seen for seen, _ in rules):
             raise ConfigError(f"layout: dimension '{name}' is given twice")
+        rules.append((name, axes))
+    return tuple(rules)
+
+
+def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:
+    """``layout_rules`` checked against the mesh axes: a rule naming an axis the mesh lacks is dropped with a
+    warning (GPT-Neo's meaning), or an error in NeoMesh's own ``x+z`` syntax."""
+    rules: list[Rule] = []
+    for name, axes in layout_rules(text):
+        part = f"{name}:{'+'.join(axes) or NOT_SPLIT}"
         missing = [axis for axis in axes if axis not in mesh.axis_names]
         if missing and len(axes) > 1:  # our own 'x+z' syntax: a typo there is an error, not a silent reshard
             raise ConfigError(f"layout: '{part}' names mesh axis '{missing[0]}', which is not in mesh_shape "
@@ -81,6 +93,15 @@ def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:
                   f"each repeat the same work; name it in the layout (e.g. 'batch:{'+'.join((*batch, axis))}') "
                   f"or drop it from mesh_shape", file=sys.stderr)
     return tuple(rules)
+
+
+def check_text(mesh_shape: str, layout: str) -> None:
+    """``mesh_shape`` and ``layout`` as text, before any device exists: a mistake in either is one line before a
+    run prepares data or moves a run aside ("auto" is chosen later, for the devices)."""
+    if mesh_shape != "auto":
+        mesh_axes(mesh_shape)
+    if layout != "auto":
+        layout_rules(layout)
 
 
 def resolution_rules(rules: Sequence[Rule]) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:

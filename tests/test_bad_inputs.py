@@ -201,3 +201,16 @@ def test_failed_resume_and_init_from_leave_no_run_directory(files, capsys):
         assert not os.path.exists(f"{d}/{name}"), f"{name} was left behind: {os.listdir(f'{d}/{name}')}"
     assert os.path.exists(f"{d}/locked_run/run.lock")  # a refused run leaves another run's lock alone
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("layout=batch:x,hedas:x", "error: layout: unknown dimension 'hedas'; did you mean 'heads'?"),
+    ("mesh_shape=x4", "error: mesh_shape: 'x4' is not axis:size (e.g. 'x:4,y:2')"),
+])
+def test_a_mesh_or_layout_typo_is_found_before_data_is_prepared(files, capsys, override, message):
+    text = files / "words.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 200)
+    code = train.main(["--data", str(text), "--model-path", str(files / "typo_run"), "--set", override])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.strip() == message, err
+    assert "prepar" not in out, out

@@ -108,14 +108,16 @@ def test_eval_with_new_is_refused_before_the_run_is_moved(tmp_path):
 
 
 def test_new_that_fails_before_its_first_step_puts_the_previous_run_back(tmp_path):
-    """A layout typo is found once jax has started, after --new moved the run aside: the run comes back."""
+    """A layout that does not divide the model is found once the model is built, after --new moved the run aside:
+    the run comes back."""
     model_path = tmp_path / "run"
     (model_path / "checkpoints").mkdir(parents=True)
     (model_path / "metrics.jsonl").write_text("")
     result = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", str(model_path), "--new",
-                         "--no-progress", "--set", "layout=batch:x,hedas:x")
+                         "--no-progress", "--set", "layout=batch:x,heads:x")
     assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.strip() == "error: layout: unknown dimension 'hedas'; did you mean 'heads'?", result.stderr
+    assert result.stderr.strip() == ("error: layout: parameter blocks/0/attn/k/kernel dimension 'heads' has size 6, "
+                                     "not divisible by mesh axis 'x' of size 8"), result.stderr
     assert f"moved the previous run back to {model_path}" in result.stdout
     assert (model_path / "metrics.jsonl").exists() and not glob.glob(str(model_path) + "-*")
 

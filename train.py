@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     from parallel.xla_flags import apply_defaults
 
     apply_defaults(compilation_cache=not args.dry_run)  # before jax starts; a dry run reports its compile
-    from config import describe_keys, load_config, model_config_path
+    from config import ConfigError, describe_keys, load_config, model_config_path
     from neomesh.errors import EXIT_ERROR, run_main
     from training.stop_signals import StopNow
 
@@ -133,7 +133,8 @@ def main(argv=None) -> int:
         if config:
             cfg, notes = load_config(config, tuple(args.set))
         else:  # a run directory's own config, else the quickstart's
-            cfg, notes = run_config(args) or load_config("quickstart", tuple(args.set))
+            own = run_config(args)
+            cfg, notes = own or load_config("quickstart", tuple(args.set))
         check_batches_can_be_made(cfg)
         goes_on = not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset)
         if goes_on:  # before --data prepares text with another tokenizer than the run's
@@ -161,7 +162,14 @@ def main(argv=None) -> int:
             check_resume_base(cfg, notes)
         if args.dry_run:
             return dry_run(args, cfg, notes)
-        return train(args, cfg, notes)
+        try:
+            return train(args, cfg, notes)
+        except ConfigError as e:
+            if config or not own or not str(e).startswith("mesh_shape:") or any(
+                    s.startswith("mesh_shape=") for s in args.set):
+                raise
+            raise ConfigError(f"{e} (the mesh of the run's own config, from its checkpoint; --set mesh_shape=... "
+                              "names one for the devices here: a run resumes on any mesh)") from None
 
     try:
         return run_main(run)

@@ -10,7 +10,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from config import ConfigError
 
-_AXIS = re.compile(r"^([A-Za-z_]\w*):(-?\d+)$")
+_AXIS = re.compile(r"^([A-Za-z_]\w*)\s*:\s*(-?\d+)$")
 
 
 def mesh_axes(text: str) -> dict[str, int]:
@@ -20,7 +20,8 @@ def mesh_axes(text: str) -> dict[str, int]:
     for part in (p.strip() for p in text.split(",")):
         match = _AXIS.match(part)
         if not match:
-            raise ConfigError(f"mesh_shape: '{part}' is not axis:size (e.g. 'x:4,y:2')")
+            hint = "; did you mean 'auto'?" if part.lower() == "auto" else ""
+            raise ConfigError(f"mesh_shape: '{part}' is not axis:size (e.g. 'x:4,y:2'){hint}")
         name, size = match.group(1), int(match.group(2))
         if name == "none":
             raise ConfigError("mesh_shape: 'none' cannot name a mesh axis; a layout uses it for 'not split'")
@@ -50,7 +51,8 @@ def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[st
                               f"{device_count} devices available{simulate}")
         axes[free[0]] = device_count // fixed
     elif fixed != device_count:
-        raise ConfigError(f"mesh_shape: '{text}' needs {fixed} devices but {device_count} are available{simulate}")
+        raise ConfigError(f"mesh_shape: '{text}' needs {fixed} device{'s' * (fixed != 1)} but {device_count} "
+                          f"{'is' if device_count == 1 else 'are'} available{simulate}")
     return axes
 
 

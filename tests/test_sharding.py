@@ -155,9 +155,17 @@ def test_mesh_shape_parsing():
     from config import ConfigError
     for text, message in [("x:3", "needs 3 devices but 8 are available"), ("x:-1,y:-1", "only one axis"),
                           ("x:3,y:-1", "does not divide the 8 devices"), ("x=4", "is not axis:size"),
-                          ("x:4,x:2", "appears twice")]:
+                          ("x:4,x:2", "appears twice"), ("AUTO", r"is not axis:size .*; did you mean 'auto'\?$")]:
         with pytest.raises(ConfigError, match=message):
             parse_mesh_shape(text, 8)
+    assert parse_mesh_shape("x: 4, y :2", 8) == {"x": 4, "y": 2}  # spaces around the colon, as around commas
+    with pytest.raises(ConfigError, match="'x:1' needs 1 device but 8 are available"):
+        parse_mesh_shape("x:1", 8)
+    with pytest.raises(ConfigError, match="'x:2' needs 2 devices but 1 is available"):
+        parse_mesh_shape("x:2", 1)
+    from parallel.layout import layout_rules
+    with pytest.raises(ConfigError, match="did you mean 'auto'"):
+        layout_rules("Auto")
 
 
 def test_every_attention_kind_and_experts_train_sharded_as_on_one_device():

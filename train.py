@@ -456,9 +456,13 @@ def run_training(args, cfg, notes, signals, run) -> int:
         start = int(state.step)
         if args.stop_at_step is not None and args.stop_at_step <= start:
             raise ConfigError(f"--stop-at-step: {args.stop_at_step} is not after the run's step {start}")
-        if start >= cfg.train_steps and not args.eval:
-            say(f"the run in {cfg.model_path} is finished: step {start} of train_steps {cfg.train_steps}; nothing "
-                "to do (raise train_steps to train on, --eval to evaluate, predict.py to sample, or --new)")
+        finished_line = (f"the run in {cfg.model_path} is finished: step {start} of train_steps {cfg.train_steps}; "
+                         "nothing to do (raise train_steps to train on, --eval to evaluate, predict.py to sample, or "
+                         "--new)")
+        redo_eval = (latest is not None and not args.eval and (eval_data is not None or bool(cfg.eval_tasks))
+                     and eval_missed(cfg, start))
+        if start >= cfg.train_steps and not args.eval and not redo_eval:
+            say(finished_line)
             return 0
 
         eval_step = make_eval_step(graphdef, objective, layout, shardings.params, eval_sharding,
@@ -498,6 +502,13 @@ def run_training(args, cfg, notes, signals, run) -> int:
                     say(f"{line} (not appended: metrics.jsonl already has an eval of step {start} that differs, "
                         f"{eval_text(kept)}: it was made with other eval settings, data or model)")
                 return 0
+            if redo_eval:  # the previous run saved this step, then died evaluating it: its row would be lost
+                result = evaluate(state.params)
+                metrics.write({"step": start, "kind": "eval", **result})
+                say(f"step {start}: eval {eval_text(result)} (due at the step resumed from; metrics.jsonl had none)")
+                if start >= cfg.train_steps:
+                    say(finished_line)
+                    return 0
 
             microbatches = microbatch_count(cfg, layout)
             train_step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, train_sharding,
@@ -574,6 +585,27 @@ def run_training(args, cfg, notes, signals, run) -> int:
     for line in progress.summary(steps_done, last_eval, last_eval_step, checkpoint, cfg.model_path):
         say(line)
     return 0
+
+
+def eval_missed(cfg, step: int) -> bool:
+    """Whether an eval was due at ``step`` (every ``eval_every`` steps, and at ``train_steps``) and metrics.jsonl
+    holds none. The loop saves a step's checkpoint before evaluating it, so a run killed during that eval resumes
+    after it, and would never write its row. Process 0's file decides for every process (eval is collective)."""
+    import jax
+
+    from training.metrics import read_rows
+
+    due = step > 0 and (step == cfg.train_steps or bool(cfg.eval_every and step % cfg.eval_every == 0))
+    if not due:
+        return False
+    rows = read_rows(os.path.join(cfg.model_path, "metrics.jsonl"))[0] if jax.process_index() == 0 else []
+    missed = not any(row["step"] == step and row.get("kind") == "eval" for row in rows)
+    if jax.process_count() > 1:
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        missed = bool(multihost_utils.broadcast_one_to_all(np.int32(missed)))
+    return missed
 
 
 def eval_text(result: dict) -> str:

@@ -270,6 +270,27 @@ def test_resume_mistakes_and_finished_runs_say_so_in_one_line(reference, tmp_pat
     assert [r["step"] for r in rows(path)] == list(range(1, STEPS + 1))
 
 
+def test_an_eval_a_kill_cut_short_is_done_on_resume(reference, tmp_path, env, capsys):
+    """A step's checkpoint is saved before its eval runs: kill -9 during that eval leaves the checkpoint and no eval
+    row, and the resumed run (training on from there, or finished) never wrote the row."""
+    finished = copy_of(reference, tmp_path)  # what a kill during the final eval leaves: no eval row at step 6
+    assert train.main(arguments(finished, eval_steps=1)) == 0
+    out = capsys.readouterr().out
+    assert "step 6: eval loss " in out and f"the run in {finished} is finished" in out, out
+    assert [r["step"] for r in rows(finished, "eval")] == [6]
+    assert train.main(arguments(finished, eval_steps=1)) == 0  # done once: the second run only says finished
+    assert "step 6: eval" not in capsys.readouterr().out
+    assert [r["step"] for r in rows(finished, "eval")] == [6]
+
+    mid = tmp_path / "mid"  # killed during the eval of step 4 (eval_every 4): resumes at 4, evaluates it, trains on
+    shutil.copytree(reference, mid)
+    shutil.rmtree(mid / "checkpoints" / "6")
+    code, out, err = run(env, mid, eval_steps=1, eval_every=4)  # on the reference's one device: bit for bit
+    assert code == 0 and "step 4: eval loss " in out, err[-3000:]
+    assert [r["step"] for r in rows(mid, "eval")] == [4, 6]
+    assert trajectory(mid) == trajectory(reference)
+
+
 def test_generation_and_export_refuse_non_finite_weights(reference, tmp_path, capsys):
     path = copy_of(reference, tmp_path)
     cfg, _, params = load_run(str(path))

@@ -291,6 +291,26 @@ def test_an_eval_a_kill_cut_short_is_done_on_resume(reference, tmp_path, env, ca
     assert trajectory(mid) == trajectory(reference)
 
 
+def test_a_checkpoint_rotated_away_while_read_is_no_damage(reference, tmp_path, capsys, monkeypatch):
+    """predict.py on a run in progress picks its newest checkpoint; the run saves the next and its keep_checkpoints
+    rotation deletes the one being read: generation goes on with the newer one, never calls the run damaged."""
+    path = copy_of(reference, tmp_path)
+    aside = tmp_path / "6"
+    shutil.move(path / "checkpoints" / "6", aside)  # 4 is the newest when predict.py looks
+    read_config = Checkpoints.config
+
+    def run_saves_6_and_rotates_4_away(self, step=None):
+        if step == 4 and os.path.isdir(path / "checkpoints" / "4"):
+            shutil.move(aside, path / "checkpoints" / "6")
+            shutil.rmtree(path / "checkpoints" / "4")
+        return read_config(self, step)
+
+    monkeypatch.setattr(Checkpoints, "config", run_saves_6_and_rotates_4_away)
+    assert predict.main(["--model-path", str(path), "--prompt", "def ", "--max-new-tokens", "2"]) == 0, \
+        capsys.readouterr().err
+    assert "damaged" not in capsys.readouterr().err
+
+
 def test_generation_and_export_refuse_non_finite_weights(reference, tmp_path, capsys):
     path = copy_of(reference, tmp_path)
     cfg, _, params = load_run(str(path))

@@ -125,6 +125,7 @@ def check_export_dir(hf_dir: str) -> None:
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise ConfigError(f"export: {hf_dir} is a file, not a directory")
     names = set(os.listdir(hf_dir)) if os.path.isdir(hf_dir) else set()
+    names -= {name + ".tmp" for name in EXPORT_FILES}  # an earlier version's export, killed mid-write: replaced too
     if names and not ({"config.json", "model.safetensors"} <= names and names <= EXPORT_FILES):
         other = sorted(names - EXPORT_FILES) or sorted({"config.json", "model.safetensors"} - names)
         what = f"holds {other[0]}" if names - EXPORT_FILES else f"has no {other[0]}"

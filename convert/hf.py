@@ -82,17 +82,25 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
         # the default dataset's tokenizer (a run without tokenizer/ falls back to it).
         cfg = cfg.replace(tokenizer_path=hf_dir)
     existing = os.path.join(model_path, "checkpoints")
-    if os.path.isdir(existing) and os.listdir(existing):
+    if os.path.isdir(existing) and any(name.isdigit() for name in os.listdir(existing)):  # a save in flight: none
         raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")
     layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
     _, state, _ = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), layout,
                                      cfg.seed, params=params)
+    # The checkpoint last: it makes the directory a run, so an import killed before it can be redone, and a run
+    # never lacks its tokenizer (predict.py would read text with the default dataset's, without a word).
+    try:
+        os.makedirs(model_path, exist_ok=True)
+        if tokenizer:
+            copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
+        config_path = os.path.join(model_path, "config.json")
+        with open(config_path + ".tmp", "w") as f:
+            json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)
+        os.replace(config_path + ".tmp", config_path)
+    except OSError as e:
+        raise ConfigError(f"{e.filename or model_path}: {e.strerror}") from None
     with Checkpoints(model_path, cfg.keep_checkpoints) as checkpoints:
         checkpoints.save(0, state, cfg.to_dict())
-    if tokenizer:
-        copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
-    with open(os.path.join(model_path, "config.json"), "w") as f:
-        json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)
     return cfg
 
 

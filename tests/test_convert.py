@@ -1,6 +1,8 @@
 """``python -m convert import``: what its closing lines say for each family, and a text model imported from a
 directory without tokenizer files (a note at import; predict.py does not read text with another tokenizer)."""
 
+import os
+
 import pytest
 
 from config import from_dict
@@ -104,3 +106,25 @@ def test_an_export_replaces_a_previous_one_whole_or_not_at_all(tmp_path, monkeyp
     assert seen == [before]
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "old_tok", "tok"]  # nothing left beside it
+
+
+def test_an_import_writes_its_checkpoint_last_and_can_be_redone(tmp_path, monkeypatch):
+    """The step-0 checkpoint makes the directory a run: when it is written the tokenizer and config.json are in
+    place (a run killed between them read text with the default dataset's tokenizer), and an import killed
+    before it committed (a save in flight) is redone, not refused as a run."""
+    from convert.hf import import_hf
+    from training.checkpoint import Checkpoints
+
+    source, run = hf_fixtures.save(hf_fixtures.gpt_neo(), tmp_path / "hf"), tmp_path / "run"
+    (run / "checkpoints" / "0.orbax-checkpoint-tmp").mkdir(parents=True)  # killed mid-save
+    seen = []
+    save = Checkpoints.save
+
+    def look_then_save(self, step, *args, **kwargs):
+        seen.append(sorted(os.listdir(run)))
+        return save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpoints, "save", look_then_save)
+    import_hf(source, str(run))
+    assert seen == [["checkpoints", "config.json", "tokenizer"]]
+    assert sorted(os.listdir(run / "checkpoints")) == ["0"]

@@ -83,14 +83,14 @@ def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
     another run's tokenizer, and no half-written file that a later export would refuse."""
     from safetensors.numpy import save_file
 
+    from neomesh.paths import remove_stale_staging
+
     tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
     out_dir = os.path.realpath(out_dir) if os.path.islink(out_dir) else os.path.normpath(out_dir)
     staging, old = f"{out_dir}.tmp-{os.getpid()}", f"{out_dir}.old-{os.getpid()}"
     weights_path = os.path.join(staging, "model.safetensors")
     try:
-        for path in glob.glob(glob.escape(out_dir) + ".tmp-*"):  # left by exports that were killed
-            if _process_gone(path.rsplit("-", 1)[-1]):
-                shutil.rmtree(path, ignore_errors=True)
+        remove_stale_staging(out_dir)  # left by exports that were killed
         os.makedirs(staging)
         if tokenizer_dir:
             copy_tokenizer(tokenizer_dir, staging)
@@ -115,19 +115,6 @@ def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
         raise ConfigError(f"{os.path.join(out_dir, 'model.safetensors')}: {str(e).splitlines()[0][:160]}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _process_gone(pid: str) -> bool:
-    """Whether no process of id ``pid`` (a staging directory's suffix) runs on this host."""
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
 
 
 def load_tokenizer(path: str):

@@ -193,6 +193,27 @@ def test_prepared_data_leaves_no_lock_file_built_or_failed(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ok", "ran"]
 
 
+def test_a_build_removes_what_a_killed_build_left(tmp_path):
+    """kill -9 during first-use preparation leaves its staging folder (target.tmp-PID); the next build, the only
+    builder under the lock, removes it. A live process's staging folder stays."""
+    import subprocess
+
+    from data.prepare import build_once
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / f"ok.tmp-{gone.pid}" / "half").mkdir(parents=True)
+    alive = tmp_path / f"ok.tmp-{os.getppid()}"
+    alive.mkdir()
+
+    def build(directory):
+        os.makedirs(directory)
+        open(os.path.join(directory, "DONE"), "w").close()
+
+    assert build_once(str(tmp_path / "ok"), build)
+    assert sorted(os.listdir(tmp_path)) == ["ok", alive.name]
+
+
 def test_a_process_waiting_on_a_removed_lock_file_finds_the_work_done(tmp_path):
     import threading
     import time

@@ -200,6 +200,13 @@ def _has_checkpoint(model_path: str) -> bool:
     return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
 
 
+def _only_damaged(model_path: str) -> bool:
+    """Whether the run in ``model_path`` has checkpoints only in damaged_checkpoints/ (training/checkpoint.py moved
+    every one there): a run that trained, not a fresh directory."""
+    damaged = os.path.join(model_path, "damaged_checkpoints")
+    return os.path.isdir(damaged) and bool(os.listdir(damaged)) and not _has_checkpoint(model_path)
+
+
 def check_batches_can_be_made(cfg) -> None:
     """Masked-LM and seq2seq batches are made from token streams by mlm_training and span_corruption; without
     them no dataset gives their fields, which a run found only after preparing its data."""
@@ -428,6 +435,10 @@ def run_training(args, cfg, notes, signals, run) -> int:
                                                                       train_sharding, train_shapes)
             if position:
                 say(position)
+        elif _only_damaged(cfg.model_path):  # starting afresh here would drop its metrics.jsonl rows without a word
+            raise ConfigError(f"model_path: no usable checkpoint in {checkpoints.directory} (every one was damaged "
+                              f"and moved to {os.path.join(cfg.model_path, 'damaged_checkpoints')}); --new starts a "
+                              "fresh run, moving this directory aside")
         elif args.resume or args.eval:
             raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
                               f"{checkpoints.directory}")

@@ -311,6 +311,21 @@ def test_a_checkpoint_rotated_away_while_read_is_no_damage(reference, tmp_path, 
     assert "damaged" not in capsys.readouterr().err
 
 
+def test_a_run_whose_checkpoints_were_all_damaged_does_not_start_over_unasked(reference, tmp_path, capsys):
+    """Once every checkpoint was moved to damaged_checkpoints/, running the command again started a fresh run in
+    the directory, dropping its metrics.jsonl rows: it says what the first run said, --new."""
+    path = copy_of(reference, tmp_path)
+    before = (path / "metrics.jsonl").read_text()
+    (path / "damaged_checkpoints").mkdir()
+    for step in (2, 4, 6):  # what a run that found each of them damaged left
+        shutil.move(path / "checkpoints" / str(step), path / "damaged_checkpoints" / f"{step}-20260101-000000")
+    assert train.main(arguments(path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: model_path: no usable checkpoint in {path}/checkpoints "
+                                               "(every one was damaged") and "--new" in err[0], err
+    assert (path / "metrics.jsonl").read_text() == before
+
+
 def test_generation_and_export_refuse_non_finite_weights(reference, tmp_path, capsys):
     path = copy_of(reference, tmp_path)
     cfg, _, params = load_run(str(path))

@@ -166,3 +166,27 @@ def test_unretrieved_orbax_read_failures_are_not_logged():
     assert not asyncio_logger.filter(record(orbax_read))
     assert asyncio_logger.filter(record(failure("/home/user/job.py")))
     assert asyncio_logger.filter(record(orbax_read, "Exception in callback"))
+
+
+def test_orbax_step_metadata_damage_is_one_line(capsys):
+    """A damaged _CHECKPOINT_METADATA (orbax's record of the save) restores fine; orbax logged the file's whole
+    content, however long, on every read. One note per file instead; other absl records pass."""
+    import logging
+
+    import training.checkpoint  # noqa: F401  (installs the filter)
+
+    absl = logging.getLogger("absl")
+    path = "/run/checkpoints/8/_CHECKPOINT_METADATA"
+
+    def record(message, *args):
+        return logging.LogRecord("absl", logging.ERROR, __file__, 1, message, args, None)
+
+    garbage = record("Failed to json parse Metadata file: %s, file content: %s, error: %s", path, "{x\n" * 500, "e")
+    assert not absl.filter(garbage) and not absl.filter(garbage)
+    assert not absl.filter(record("Metadata file does not exist: %s", path + "2"))
+    assert capsys.readouterr().err.splitlines() == [
+        f"note: {path}: unreadable or missing (orbax's record of the save, not needed to restore; the arrays are "
+        "checked by their checksums)",
+        f"note: {path}2: unreadable or missing (orbax's record of the save, not needed to restore; the arrays are "
+        "checked by their checksums)"]
+    assert absl.filter(record("Saving checkpoint %s", path))

@@ -47,6 +47,30 @@ class _UnretrievedReadFailures(logging.Filter):
 logging.getLogger("asyncio").addFilter(_UnretrievedReadFailures())
 
 
+class _StepMetadataNotes(logging.Filter):
+    """Orbax logs a step's unreadable or missing ``_CHECKPOINT_METADATA`` (its own bookkeeping: a save time, not
+    needed to restore) with the file's whole content, however long or binary. One line per file instead."""
+
+    PREFIXES = ("Failed to json parse Metadata file: ", "Failed to read Metadata file: ",
+                "Metadata file does not exist: ")
+    said: set = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES) and record.args):
+            return True
+        path = str(record.args[0])
+        if path not in self.said and jax.process_index() == 0:
+            self.said.add(path)
+            import sys
+
+            print(f"note: {path}: unreadable or missing (orbax's record of the save, not needed to restore; the "
+                  "arrays are checked by their checksums)", file=sys.stderr, flush=True)
+        return False
+
+
+logging.getLogger("absl").addFilter(_StepMetadataNotes())
+
+
 class DamagedCheckpoint(ConfigError):
     """A checkpoint that cannot be read back as it was written."""
 

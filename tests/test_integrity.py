@@ -115,6 +115,7 @@ def test_run_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
     second = RunLock(str(tmp_path))
     note = second.acquire()
     assert note and "took over the lock of a run that is gone" in note and f"pid {os.getpid()}" in note
+    assert note.endswith("; it saved no checkpoint")  # not "its last complete checkpoint is used": there is none
     second.release()
     assert not os.path.exists(tmp_path / "run.lock")
 

@@ -45,8 +45,10 @@ class RunLock:
         previous = _read(f)
         note = None
         if previous:
-            note = (f"{self.path}: took over the lock of a run that is gone ({_describe(previous)}); its last "
-                    "complete checkpoint is used")
+            directory = os.path.join(os.path.dirname(self.path), "checkpoints")
+            saved = os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+            note = (f"{self.path}: took over the lock of a run that is gone ({_describe(previous)}); "
+                    + ("its last complete checkpoint is used" if saved else "it saved no checkpoint"))
         f.seek(0)
         f.truncate()
         json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")},

@@ -81,6 +81,8 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
         # The model's tokenizer is hf_dir's, which has none: predict.py says so, rather than reading text with
         # the default dataset's tokenizer (a run without tokenizer/ falls back to it).
         cfg = cfg.replace(tokenizer_path=hf_dir)
+    if os.path.exists(model_path) and not os.path.isdir(model_path):
+        raise ConfigError(f"import: {model_path} is a file, not a directory")
     existing = os.path.join(model_path, "checkpoints")
     if os.path.isdir(existing) and any(name.isdigit() for name in os.listdir(existing)):  # a save in flight: none
         raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")

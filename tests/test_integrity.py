@@ -118,6 +118,9 @@ def test_run_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
     assert note.endswith("; it saved no checkpoint")  # not "its last complete checkpoint is used": there is none
     second.release()
     assert not os.path.exists(tmp_path / "run.lock")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=rf"^model_path: {tmp_path}/file is a file, not a run directory$"):
+        RunLock(str(tmp_path / "file")).acquire()  # it was "File exists"
 
 
 def test_the_first_key_that_changes_the_state_shape_is_named():

@@ -29,7 +29,10 @@ class RunLock:
     def acquire(self) -> str | None:
         """Takes the lock; returns a note when it took over a stale lock file, raises ``ConfigError`` (one line)
         when another live run holds it."""
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        directory = os.path.dirname(self.path) or "."
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise ConfigError(f"model_path: {directory} is a file, not a run directory")
+        os.makedirs(directory, exist_ok=True)
         while True:
             f = open(self.path, "a+", encoding="utf-8")
             try:

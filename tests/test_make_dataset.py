@@ -286,6 +286,23 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_pa
     assert sorted(os.listdir(tmp_path)) == ["afile", "mine", "ro", "texts"]  # no lock, no staging folder
 
 
+def test_data_prepared_before_is_reused_from_a_cache_that_cannot_be_written(tmp_path, work_root, capsys,
+                                                                            monkeypatch):
+    """A shared or read-only data_cache: what was prepared there is read; only new data needs to write."""
+    texts = write_texts(tmp_path / "texts", 12)
+    folder = make_dataset([str(texts)], vocab_size=300, n_ctx=32, workers=1)
+
+    def read_only(**kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.mkstemp", read_only)
+    capsys.readouterr()
+    assert make_dataset([str(texts)], vocab_size=300, n_ctx=32, workers=1) == folder
+    assert "reusing" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"^cannot write in .*data_cache \(Read-only file system\)$"):
+        make_dataset([str(texts)], vocab_size=280, n_ctx=32, workers=1)  # other settings: a new folder
+
+
 @pytest.mark.parametrize("config, sets, refusal", [
     ("bert_classify", (), "plain text cannot feed task sequence_classification, which needs labelled jsonl "
                           '({"text": ..., "label": ...} per line)'),

@@ -207,6 +207,26 @@ def _only_damaged(model_path: str) -> bool:
     return os.path.isdir(damaged) and bool(os.listdir(damaged)) and not _has_checkpoint(model_path)
 
 
+def _trained_without_checkpoints(cfg) -> int | None:
+    """The last step of metrics.jsonl where the run trained past its second checkpoint step and yet
+    ``checkpoints/`` holds none (so a fresh start would rewrite the file without those rows); None otherwise. A
+    run killed before its first save committed starts over, as it should: saves are asynchronous, and the first
+    is only sure to be on disk once the second has begun (which waits for it). Process 0 decides for all."""
+    import jax
+
+    from training.metrics import read_rows
+
+    last = 0
+    if jax.process_index() == 0 and not _has_checkpoint(cfg.model_path):
+        last = max((row["step"] for row in read_rows(os.path.join(cfg.model_path, "metrics.jsonl"))[0]), default=0)
+    if jax.process_count() > 1:
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        last = int(multihost_utils.broadcast_one_to_all(np.int32(last)))
+    return last if last > 2 * cfg.steps_per_checkpoint else None
+
+
 def check_batches_can_be_made(cfg) -> None:
     """Masked-LM and seq2seq batches are made from token streams by mlm_training and span_corruption; without
     them no dataset gives their fields, which a run found only after preparing its data."""
@@ -439,6 +459,10 @@ def run_training(args, cfg, notes, signals, run) -> int:
             raise ConfigError(f"model_path: no usable checkpoint in {checkpoints.directory} (every one was damaged "
                               f"and moved to {os.path.join(cfg.model_path, 'damaged_checkpoints')}); --new starts a "
                               "fresh run, moving this directory aside")
+        elif (trained_to := _trained_without_checkpoints(cfg)) is not None:
+            raise ConfigError(f"model_path: {cfg.model_path}/metrics.jsonl has rows up to step {trained_to}, but "
+                              f"{checkpoints.directory} holds no checkpoint (deleted? on a disk not mounted?); "
+                              "starting over would drop them: --new starts a fresh run, moving this directory aside")
         elif args.resume or args.eval:
             raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
                               f"{checkpoints.directory}")

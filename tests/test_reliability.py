@@ -326,6 +326,19 @@ def test_a_run_whose_checkpoints_were_all_damaged_does_not_start_over_unasked(re
     assert (path / "metrics.jsonl").read_text() == before
 
 
+def test_a_run_whose_checkpoints_are_gone_does_not_start_over_unasked(reference, tmp_path, capsys):
+    """checkpoints/ deleted (or on a disk that is not mounted) after the run got past its first save: starting
+    from step 0 rewrote metrics.jsonl without its rows, without a word."""
+    path = copy_of(reference, tmp_path)
+    before = (path / "metrics.jsonl").read_text()
+    shutil.rmtree(path / "checkpoints")
+    assert train.main(arguments(path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: model_path: {path}/metrics.jsonl has rows up to step 6, "
+                                               f"but {path}/checkpoints holds no checkpoint") and "--new" in err[0]
+    assert (path / "metrics.jsonl").read_text() == before
+
+
 def test_generation_and_export_refuse_non_finite_weights(reference, tmp_path, capsys):
     path = copy_of(reference, tmp_path)
     cfg, _, params = load_run(str(path))

@@ -128,6 +128,9 @@ def _write_records(tf, documents: Iterable[str], tokenizer, out_stem: str, mode:
     if pending:  # the input's tail: a short record, never dropped
         emit(pending)
     writer.close()
+    directory = os.path.dirname(out_stem)
+    for counts in written:  # in the index: a file cut short (or replaced) since is found at start, not at the cut
+        counts["file_bytes"] = tf.io.gfile.stat(os.path.join(directory, counts["file"] + ".tmp")).length
     return written
 
 

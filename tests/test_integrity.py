@@ -102,6 +102,10 @@ def test_metrics_drop_a_torn_line_and_rows_past_the_checkpoint(tmp_path):
     assert kept[-1]["loss"] is None and kept[-1]["grad_norm"] is None
     json.loads(text.splitlines()[-1], parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.jsonl"))
 
+    path.write_text(text.replace('"step": 2, "kind": "train"', '"step": 2, "kind": tr'))  # damaged, not torn
+    MetricsWriter(str(tmp_path), start_step=3, say=notes.append).close()
+    assert notes[-1] == f"note: {path}: dropped damaged line(s) [2] (not whole JSON rows)"
+
 
 def test_run_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
     first = RunLock(str(tmp_path))

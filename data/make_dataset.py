@@ -477,6 +477,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, as every command says it (outputs are published whole)
+        print("interrupted", file=sys.stderr)
+        return 130
     except OSError as e:  # disk full, permissions, once writing began
         from neomesh.errors import one_line
         print(f"error: {one_line(e)}", file=sys.stderr)

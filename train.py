@@ -373,7 +373,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from parallel.state import abstract_train_state, create_train_state, path_name, per_layer_params
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
-    from training.checkpoint import Checkpoints, check_same_model, model_changes
+    from training.checkpoint import Checkpoints, check_same_model, model_changes, training_changes
     from training.eval_reads import repeat_note
     from training.layer_stack import stacked_plan
     from training.flops import peak_flops_per_second, train_flops_per_token
@@ -433,10 +433,12 @@ def run_training(args, cfg, notes, signals, run) -> int:
     params = imported_params(cfg, cfg.init_from) if cfg.init_from else None  # read before writing anything
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
         changed = {}  # step -> the model keys this config changes (the shapes fit, so the run would go on silently)
+        retrained = {}  # step -> the other keys it changes that steer training (lr, train_steps, seed, ...)
 
         def stored_as(saved: dict, step: int):  # see Checkpoints.restore_newest_good
             where = f"the checkpoint at step {step} in {checkpoints.directory}"
             changed[step] = model_changes(saved, cfg)
+            retrained[step] = training_changes(saved, cfg)
             stacking = checkpoints.stacked_layers(step)
             if saved.get("scan_layers", False) == cfg.scan_layers and stacking == stacked_plan(abstract.params):
                 return check_same_model(saved, cfg, state_shapes, where)
@@ -449,6 +451,9 @@ def run_training(args, cfg, notes, signals, run) -> int:
             if changed.get(latest):
                 say(f"note: model keys differ from the config checkpoint {latest} was trained with: "
                     f"{'; '.join(changed[latest])} (its parameters fit; this run goes on with the config's values)")
+            if retrained.get(latest) and not args.eval:
+                say(f"note: training keys differ from the config checkpoint {latest} was trained with: "
+                    f"{'; '.join(retrained[latest])} (this run goes on with the config's values)")
             if saved_part(cfg, abstract) is not abstract:  # the checkpoint holds the trained parts: add the base
                 state = state.replace(params=base_params(cfg, make_model, params, abstract, shardings, state.params))
             position = None if args.eval else restore_input_position(train_data, checkpoints, latest,

@@ -16,7 +16,7 @@ from config import ConfigError
 from parallel.mesh import make_mesh
 from tests.common import tiny_config
 from training import integrity
-from training.checkpoint import first_changed_key, model_changes
+from training.checkpoint import first_changed_key, model_changes, training_changes
 from training.metrics import MetricsWriter, read_rows
 from training.optimizer import bad_step_counts, make_optimizer
 from training.run_lock import RunLock
@@ -150,6 +150,17 @@ def test_a_resume_names_the_model_keys_that_change_without_changing_shapes():
     spelled = tiny_config(attention_types=None)
     assert model_changes({**spelled.to_dict(), "attention_types": [[["global"], 2]]}, spelled) == []
     assert model_changes({**cfg.to_dict(), "d_ff": 4 * cfg.n_embd}, cfg) == []
+
+
+def test_a_resume_names_the_training_keys_that_change():
+    """lr, train_steps' schedule, the seed or the data changed on resume steer the run elsewhere than the
+    checkpoint's run went: named in a note (old -> new); where and how often it saves or logs, and the mesh, not."""
+    cfg = tiny_config()
+    assert training_changes(cfg.to_dict(), cfg) == []
+    saved = {**cfg.to_dict(), "lr": 0.5, "train_steps": 7, "seed": 3, "activation_function": "relu",
+             "steps_per_checkpoint": 9, "log_every": 3, "mesh_shape": "x:4,y:2", "eval_steps": 3}
+    assert training_changes(saved, cfg) == [f"lr 0.5 -> {json.dumps(cfg.lr)}",
+                                            f"train_steps 7 -> {cfg.train_steps}", f"seed 3 -> {cfg.seed}"]
 
 
 def test_unretrieved_orbax_read_failures_are_not_logged():

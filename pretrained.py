@@ -39,32 +39,52 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
     """(config, graphdef, parameters) of the latest checkpoint in ``model_path``, on ``layout`` (default: one
     device). The checkpoint may have been written on any mesh. A damaged checkpoint (its checksums differ) or one
     holding NaN or infinity is a one-line error."""
-    from parallel.state import per_layer_params, sharded_abstract_params, split_params
-    from training.checkpoint import Checkpoints, DamagedCheckpoint
-    from training.layer_stack import stack_abstract
-    from training.peft import build_model, trainable_filter
+    from training.checkpoint import Checkpoints
 
     with Checkpoints(model_path, keep=1, read_only=True) as checkpoints:
         step = checkpoints.latest_step()
-        saved = checkpoints.located_config(step)
-        cfg, _ = from_dict(saved, source=f"{model_path} checkpoint config", overrides=overrides)
-        if overrides:
-            check_same_shapes(from_dict(saved, source=f"{model_path} checkpoint config")[0], cfg, overrides,
-                              f"checkpoint {checkpoints.directory}/{step}")
-        make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
-        graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
-        peft = cfg.peft_settings
-        try:
-            stacking = checkpoints.stacked_layers(step)  # a scan_layers run's (training/layer_stack.py)
-        except DamagedCheckpoint as e:
-            raise ConfigError(f"checkpoint {checkpoints.directory}/{step} is damaged: {e}") from None
-        if stacking:
-            stacked = stack_abstract(abstract, stacking)
-            return cfg, graphdef, per_layer_params(checkpoints.restore_params_verified(stacked, step), stacked)
-        if peft is None or peft["checkpoint"] == "all":
-            return cfg, graphdef, checkpoints.restore_params_verified(abstract, step)  # damaged or NaN: refused
-        # The checkpoint holds the trained parts only: the base comes from init_from, or the run's seeded init.
-        trained = checkpoints.restore_params_verified(split_params(abstract, trainable_filter(peft))[0], step)
+        for _ in range(RETRIES):
+            try:
+                return _load_step(checkpoints, step, model_path, layout, overrides)
+            except ConfigError as e:
+                # A run in progress saved a newer checkpoint and its keep_checkpoints rotation deleted this one
+                # while it was read: that is no damage, the newest one is what was asked for.
+                checkpoints.manager.reload()
+                newer = checkpoints.latest_step()
+                if "is damaged" not in str(e) or step is None or newer is None or newer <= step:
+                    raise
+                step = newer
+        return _load_step(checkpoints, step, model_path, layout, overrides)
+
+
+RETRIES = 5  # newer checkpoints tried, one after another, while a running run rotates the ones being read away
+
+
+def _load_step(checkpoints, step: int, model_path: str, layout, overrides: tuple[str, ...]):
+    from parallel.state import per_layer_params, sharded_abstract_params, split_params
+    from training.checkpoint import DamagedCheckpoint
+    from training.layer_stack import stack_abstract
+    from training.peft import build_model, trainable_filter
+
+    saved = checkpoints.located_config(step)
+    cfg, _ = from_dict(saved, source=f"{model_path} checkpoint config", overrides=overrides)
+    if overrides:
+        check_same_shapes(from_dict(saved, source=f"{model_path} checkpoint config")[0], cfg, overrides,
+                          f"checkpoint {checkpoints.directory}/{step}")
+    make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
+    graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
+    peft = cfg.peft_settings
+    try:
+        stacking = checkpoints.stacked_layers(step)  # a scan_layers run's (training/layer_stack.py)
+    except DamagedCheckpoint as e:
+        raise ConfigError(f"checkpoint {checkpoints.directory}/{step} is damaged: {e}") from None
+    if stacking:
+        stacked = stack_abstract(abstract, stacking)
+        return cfg, graphdef, per_layer_params(checkpoints.restore_params_verified(stacked, step), stacked)
+    if peft is None or peft["checkpoint"] == "all":
+        return cfg, graphdef, checkpoints.restore_params_verified(abstract, step)  # damaged or NaN: refused
+    # The checkpoint holds the trained parts only: the base comes from init_from, or the run's seeded init.
+    trained = checkpoints.restore_params_verified(split_params(abstract, trainable_filter(peft))[0], step)
     return cfg, graphdef, _with_base(cfg, make_model, abstract, trained)
 
 

@@ -239,6 +239,33 @@ def _has_checkpoint(model_path: str) -> bool:
     return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
 
 
+def _only_damaged(model_path: str) -> bool:
+    """Whether the run in ``model_path`` has checkpoints only in damaged_checkpoints/ (training/checkpoint.py moved
+    every one there): a run that trained, not a fresh directory."""
+    damaged = os.path.join(model_path, "damaged_checkpoints")
+    return os.path.isdir(damaged) and bool(os.listdir(damaged)) and not _has_checkpoint(model_path)
+
+
+def _trained_without_checkpoints(cfg) -> int | None:
+    """The last step of metrics.jsonl where the run trained past its second checkpoint step and yet
+    ``checkpoints/`` holds none (so a fresh start would rewrite the file without those rows); None otherwise. A
+    run killed before its first save committed starts over, as it should: saves are asynchronous, and the first
+    is only sure to be on disk once the second has begun (which waits for it). Process 0 decides for all."""
+    import jax
+
+    from training.metrics import read_rows
+
+    last = 0
+    if jax.process_index() == 0 and not _has_checkpoint(cfg.model_path):
+        last = max((row["step"] for row in read_rows(os.path.join(cfg.model_path, "metrics.jsonl"))[0]), default=0)
+    if jax.process_count() > 1:
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        last = int(multihost_utils.broadcast_one_to_all(np.int32(last)))
+    return last if last > 2 * cfg.steps_per_checkpoint else None
+
+
 def check_batches_can_be_made(cfg) -> None:
     """Masked-LM and seq2seq batches are made from token streams by mlm_training and span_corruption; without
     them no dataset gives their fields, which a run found only after preparing its data."""
@@ -385,7 +412,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from parallel.state import abstract_train_state, create_train_state, path_name, per_layer_params
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
-    from training.checkpoint import Checkpoints, check_same_model, model_changes
+    from training.checkpoint import Checkpoints, check_same_model, model_changes, training_changes
     from training.eval_reads import repeat_note
     from training.layer_stack import stacked_plan
     from training.flops import peak_flops_per_second, train_flops_per_token
@@ -446,10 +473,12 @@ def run_training(args, cfg, notes, signals, run) -> int:
     params = imported_params(cfg, cfg.init_from) if cfg.init_from else None  # read before writing anything
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
         changed = {}  # step -> the model keys this config changes (the shapes fit, so the run would go on silently)
+        retrained = {}  # step -> the other keys it changes that steer training (lr, train_steps, seed, ...)
 
         def stored_as(saved: dict, step: int):  # see Checkpoints.restore_newest_good
             where = f"the checkpoint at step {step} in {checkpoints.directory}"
             changed[step] = model_changes(saved, cfg)
+            retrained[step] = training_changes(saved, cfg)
             stacking = checkpoints.stacked_layers(step)
             if saved.get("scan_layers", False) == cfg.scan_layers and stacking == stacked_plan(abstract.params):
                 return check_same_model(saved, cfg, state_shapes, where)
@@ -462,12 +491,23 @@ def run_training(args, cfg, notes, signals, run) -> int:
             if changed.get(latest):
                 say(f"note: model keys differ from the config checkpoint {latest} was trained with: "
                     f"{'; '.join(changed[latest])} (its parameters fit; this run goes on with the config's values)")
+            if retrained.get(latest) and not args.eval:
+                say(f"note: training keys differ from the config checkpoint {latest} was trained with: "
+                    f"{'; '.join(retrained[latest])} (this run goes on with the config's values)")
             if saved_part(cfg, abstract) is not abstract:  # the checkpoint holds the trained parts: add the base
                 state = state.replace(params=base_params(cfg, make_model, params, abstract, shardings, state.params))
             position = None if args.eval else restore_input_position(train_data, checkpoints, latest,
                                                                       train_sharding, train_shapes)
             if position:
                 say(position)
+        elif _only_damaged(cfg.model_path):  # starting afresh here would drop its metrics.jsonl rows without a word
+            raise ConfigError(f"model_path: no usable checkpoint in {checkpoints.directory} (every one was damaged "
+                              f"and moved to {os.path.join(cfg.model_path, 'damaged_checkpoints')}); --new starts a "
+                              "fresh run, moving this directory aside")
+        elif (trained_to := _trained_without_checkpoints(cfg)) is not None:
+            raise ConfigError(f"model_path: {cfg.model_path}/metrics.jsonl has rows up to step {trained_to}, but "
+                              f"{checkpoints.directory} holds no checkpoint (deleted? on a disk not mounted?); "
+                              "starting over would drop them: --new starts a fresh run, moving this directory aside")
         elif args.resume or args.eval:
             raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
                               f"{checkpoints.directory}")
@@ -496,9 +536,13 @@ def run_training(args, cfg, notes, signals, run) -> int:
         start = int(state.step)
         if args.stop_at_step is not None and args.stop_at_step <= start:
             raise ConfigError(f"--stop-at-step: {args.stop_at_step} is not after the run's step {start}")
-        if start >= cfg.train_steps and not args.eval:
-            say(f"the run in {cfg.model_path} is finished: step {start} of train_steps {cfg.train_steps}; nothing "
-                "to do (raise train_steps to train on, --eval to evaluate, predict.py to sample, or --new)")
+        finished_line = (f"the run in {cfg.model_path} is finished: step {start} of train_steps {cfg.train_steps}; "
+                         "nothing to do (raise train_steps to train on, --eval to evaluate, predict.py to sample, or "
+                         "--new)")
+        redo_eval = (latest is not None and not args.eval and (eval_data is not None or bool(cfg.eval_tasks))
+                     and eval_missed(cfg, start))
+        if start >= cfg.train_steps and not args.eval and not redo_eval:
+            say(finished_line)
             return 0
 
         eval_step = make_eval_step(graphdef, objective, layout, shardings.params, eval_sharding,
@@ -538,6 +582,13 @@ def run_training(args, cfg, notes, signals, run) -> int:
                     say(f"{line} (not appended: metrics.jsonl already has an eval of step {start} that differs, "
                         f"{eval_text(kept)}: it was made with other eval settings, data or model)")
                 return 0
+            if redo_eval:  # the previous run saved this step, then died evaluating it: its row would be lost
+                result = evaluate(state.params)
+                metrics.write({"step": start, "kind": "eval", **result})
+                say(f"step {start}: eval {eval_text(result)} (due at the step resumed from; metrics.jsonl had none)")
+                if start >= cfg.train_steps:
+                    say(finished_line)
+                    return 0
 
             microbatches = microbatch_count(cfg, layout)
             train_step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, train_sharding,
@@ -614,6 +665,27 @@ def run_training(args, cfg, notes, signals, run) -> int:
     for line in progress.summary(steps_done, last_eval, last_eval_step, checkpoint, cfg.model_path):
         say(line)
     return 0
+
+
+def eval_missed(cfg, step: int) -> bool:
+    """Whether an eval was due at ``step`` (every ``eval_every`` steps, and at ``train_steps``) and metrics.jsonl
+    holds none. The loop saves a step's checkpoint before evaluating it, so a run killed during that eval resumes
+    after it, and would never write its row. Process 0's file decides for every process (eval is collective)."""
+    import jax
+
+    from training.metrics import read_rows
+
+    due = step > 0 and (step == cfg.train_steps or bool(cfg.eval_every and step % cfg.eval_every == 0))
+    if not due:
+        return False
+    rows = read_rows(os.path.join(cfg.model_path, "metrics.jsonl"))[0] if jax.process_index() == 0 else []
+    missed = not any(row["step"] == step and row.get("kind") == "eval" for row in rows)
+    if jax.process_count() > 1:
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        missed = bool(multihost_utils.broadcast_one_to_all(np.int32(missed)))
+    return missed
 
 
 def eval_text(result: dict) -> str:

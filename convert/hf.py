@@ -81,18 +81,28 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
         # The model's tokenizer is hf_dir's, which has none: predict.py says so, rather than reading text with
         # the default dataset's tokenizer (a run without tokenizer/ falls back to it).
         cfg = cfg.replace(tokenizer_path=hf_dir)
+    if os.path.exists(model_path) and not os.path.isdir(model_path):
+        raise ConfigError(f"import: {model_path} is a file, not a directory")
     existing = os.path.join(model_path, "checkpoints")
-    if os.path.isdir(existing) and os.listdir(existing):
+    if os.path.isdir(existing) and any(name.isdigit() for name in os.listdir(existing)):  # a save in flight: none
         raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")
     layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
     _, state, _ = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), layout,
                                      cfg.seed, params=params)
+    # The checkpoint last: it makes the directory a run, so an import killed before it can be redone, and a run
+    # never lacks its tokenizer (predict.py would read text with the default dataset's, without a word).
+    try:
+        os.makedirs(model_path, exist_ok=True)
+        if tokenizer:
+            copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
+        config_path = os.path.join(model_path, "config.json")
+        with open(config_path + ".tmp", "w") as f:
+            json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)
+        os.replace(config_path + ".tmp", config_path)
+    except OSError as e:
+        raise ConfigError(f"{e.filename or model_path}: {e.strerror}") from None
     with Checkpoints(model_path, cfg.keep_checkpoints) as checkpoints:
         checkpoints.save(0, state, cfg.to_dict())
-    if tokenizer:
-        copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
-    with open(os.path.join(model_path, "config.json"), "w") as f:
-        json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)
     return cfg
 
 
@@ -125,6 +135,7 @@ def check_export_dir(hf_dir: str) -> None:
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise ConfigError(f"export: {hf_dir} is a file, not a directory")
     names = set(os.listdir(hf_dir)) if os.path.isdir(hf_dir) else set()
+    names -= {name + ".tmp" for name in EXPORT_FILES}  # an earlier version's export, killed mid-write: replaced too
     if names and not ({"config.json", "model.safetensors"} <= names and names <= EXPORT_FILES):
         other = sorted(names - EXPORT_FILES) or sorted({"config.json", "model.safetensors"} - names)
         what = f"holds {other[0]}" if names - EXPORT_FILES else f"has no {other[0]}"

@@ -76,31 +76,45 @@ def read_json(path: str):
 
 def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
                  tokenizer_dir: str | None = None) -> None:
-    """Writes config.json, model.safetensors and (if given) the tokenizer files for from_pretrained."""
+    """Writes config.json, model.safetensors and (if given) the tokenizer files for from_pretrained.
+
+    All of it goes into a staging directory beside ``out_dir`` that then takes its place, so an export that is
+    killed or fails (a full disk) leaves ``out_dir`` as it was: a previous export whole, never its weights beside
+    another run's tokenizer, and no half-written file that a later export would refuse."""
     from safetensors.numpy import save_file
 
+    from neomesh.paths import remove_stale_staging
+
     tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
-    config_path, weights_path = os.path.join(out_dir, "config.json"), os.path.join(out_dir, "model.safetensors")
+    out_dir = os.path.realpath(out_dir) if os.path.islink(out_dir) else os.path.normpath(out_dir)
+    staging, old = f"{out_dir}.tmp-{os.getpid()}", f"{out_dir}.old-{os.getpid()}"
+    weights_path = os.path.join(staging, "model.safetensors")
     try:
-        os.makedirs(out_dir, exist_ok=True)
+        remove_stale_staging(out_dir)  # left by exports that were killed
+        os.makedirs(staging)
         if tokenizer_dir:
-            copy_tokenizer(tokenizer_dir, out_dir)
-        # Temporary names, renamed when whole: a failure (a full disk) leaves no half-written file behind.
-        with open(config_path + ".tmp", "w", encoding="utf-8") as f:
+            copy_tokenizer(tokenizer_dir, staging)
+        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:
             json.dump(hf_config, f, indent=2)
-        save_file(tensors, weights_path + ".tmp", metadata={"format": "pt"})
-        os.replace(config_path + ".tmp", config_path)
-        os.replace(weights_path + ".tmp", weights_path)
+        save_file(tensors, weights_path, metadata={"format": "pt"})
+        if os.path.isdir(out_dir):  # a previous export (or an empty directory): kept aside until the new is in place
+            os.rename(out_dir, old)
+            try:
+                os.rename(staging, out_dir)
+            except OSError:
+                os.rename(old, out_dir)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, out_dir)
     except OSError as e:
         raise ConfigError(f"{e.filename or out_dir}: {e.strerror}") from None
     except Exception as e:  # noqa: BLE001 - safetensors reports write errors as its own type
         if "os error" not in str(e):
             raise
-        raise ConfigError(f"{weights_path}: {str(e).splitlines()[0][:160]}") from None
+        raise ConfigError(f"{os.path.join(out_dir, 'model.safetensors')}: {str(e).splitlines()[0][:160]}") from None
     finally:
-        for tmp in (config_path + ".tmp", weights_path + ".tmp"):
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_tokenizer(path: str):

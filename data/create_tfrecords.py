@@ -128,6 +128,9 @@ def _write_records(tf, documents: Iterable[str], tokenizer, out_stem: str, mode:
     if pending:  # the input's tail: a short record, never dropped
         emit(pending)
     writer.close()
+    directory = os.path.dirname(out_stem)
+    for counts in written:  # in the index: a file cut short (or replaced) since is found at start, not at the cut
+        counts["file_bytes"] = tf.io.gfile.stat(os.path.join(directory, counts["file"] + ".tmp")).length
     return written
 
 
@@ -318,6 +321,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, as every command says it (outputs are published whole)
+        print("interrupted", file=sys.stderr)
+        return 130
     except OSError as e:  # disk full, permissions, a directory where a file should be
         print(f"error: {e.filename or args.output_dir}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -37,6 +37,8 @@ from typing import Callable, Iterator, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
+from config import ConfigError  # noqa: E402  (after the path: run from anywhere)
+
 FORMAT = "neomesh-text-dataset/1"
 EVAL_FRACTION = 0.05
 MAX_SHARDS = 64  # output files per split: consecutive input files are grouped into at most this many
@@ -192,7 +194,11 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     files = expand_inputs(inputs, input_flag)
     reused = load_tokenizer(tokenizer) if tokenizer else None
     cache = os.path.join(work_root(), "data_cache")
-    check_output_dir(output_dir, cache)
+    try:
+        check_output_dir(output_dir, cache)
+        unwritable = None
+    except Unwritable as e:  # a copy prepared there before is still read (a read-only or shared cache)
+        unwritable = e
     trained = {"vocab_size": vocab_size, "min_frequency": min_frequency}
     if special_tokens:  # only then: the folders of earlier datasets keep their names
         trained["special_tokens"] = list(special_tokens)
@@ -213,6 +219,8 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     if finished():
         say(f"data: reusing {_shown(target)} (prepared from the same files and settings)")
         return target
+    if unwritable is not None:
+        raise unwritable
 
     def build(directory: str) -> None:
         os.makedirs(directory)
@@ -292,12 +300,14 @@ def check_output_dir(output_dir: str | None, cache: str) -> None:
     writable_folder(os.path.dirname(os.path.abspath(output_dir)), where)
 
 
+class Unwritable(ConfigError):
+    """A folder data would be prepared in cannot be written."""
+
+
 def writable_folder(folder: str, where: str) -> None:
     """Creates ``folder`` if needed and writes a file there (the lock and the staging folder go there); a
     one-line error naming ``where`` (the flag) and the folder otherwise."""
     import tempfile
-
-    from config import ConfigError
 
     try:
         os.makedirs(folder, exist_ok=True)
@@ -310,7 +320,7 @@ def writable_folder(folder: str, where: str) -> None:
             blocker = os.path.dirname(blocker)
         if os.path.exists(blocker) and not os.path.isdir(blocker):  # makedirs says only "File exists"
             folder, why = blocker, "a file, not a folder"
-        raise ConfigError(f"{where + ': ' if where else ''}cannot write in {folder} ({why})") from None
+        raise Unwritable(f"{where + ': ' if where else ''}cannot write in {folder} ({why})") from None
 
 
 def _shown(path: str) -> str:
@@ -467,6 +477,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, as every command says it (outputs are published whole)
+        print("interrupted", file=sys.stderr)
+        return 130
     except OSError as e:  # disk full, permissions, once writing began
         from neomesh.errors import one_line
         print(f"error: {one_line(e)}", file=sys.stderr)

@@ -19,6 +19,7 @@ import time
 from typing import Callable, Iterator
 
 from config import ConfigError
+from neomesh.paths import remove_stale_staging
 
 PREPARERS = ("embedded", "stdlib_docstrings", "code_tags")  # data/docstrings.py, data/code_tags.py
 
@@ -68,6 +69,7 @@ def build_once(target: str, build: Callable[[str], None], message: str = "",
         began = time.perf_counter()
         staging = target + f".tmp-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
+        remove_stale_staging(target)  # a build killed midway (the lock's holder is the only builder)
         try:
             build(staging)
         except BaseException:

@@ -243,7 +243,7 @@ def make_source(cfg: Config, split: str):
     from data.pipeline import mix, open_tfds, shard_batches, tfrecord_documents, windows
     from data.tfds_text import tokenized_split
     from data.tf_import import tensorflow
-    from data.tfrecords import check_vocab, list_files, read_indexes
+    from data.tfrecords import check_sizes, check_vocab, list_files, read_indexes
 
     tf = tensorflow()
     shuffle = split == "train"
@@ -270,9 +270,11 @@ def make_source(cfg: Config, split: str):
             files = list_files(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}")
         indexes = read_indexes(files)
         check_vocab(indexes, tokenizer, cfg.n_vocab, where)
+        sizes = {f: tf.io.gfile.stat(f).length for f in files}
+        check_sizes(indexes, sizes)
         all_files += files
         plan.append((files, mode, stitch, seed, buffer))
-        identity.append([[os.path.basename(f), tf.io.gfile.stat(f).length] for f in files])
+        identity.append([[os.path.basename(f), sizes[f]] for f in files])
         full = len(indexes) == len(files)
         records = sum(i["records"] for i in indexes.values())
         if full and shards > len(files) and records < shards:  # shards split records: each needs one at least

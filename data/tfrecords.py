@@ -59,6 +59,17 @@ def check_vocab(indexes: dict[str, dict], tokenizer, n_vocab: int, where: str) -
                             "written with")
 
 
+def check_sizes(indexes: dict[str, dict], sizes: dict[str, int]) -> None:
+    """Each file as long as its index recorded when it was written (indexes from before that record nothing):
+    a file cut short (a full disk, a copy stopped midway) or replaced is one line at start, where the reader would
+    find it only on reaching the cut, possibly hours into a run."""
+    for path, entry in indexes.items():
+        expected = entry.get("file_bytes")
+        if isinstance(expected, int) and sizes[path] != expected:
+            raise DataError(f"{path}: {sizes[path]:,} bytes, but {entry['index']} says it was written with "
+                            f"{expected:,} (cut short or replaced since); write it again")
+
+
 def features(tf) -> dict:
     return {"text": tf.io.VarLenFeature(tf.int64)}
 

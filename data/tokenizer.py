@@ -180,9 +180,14 @@ class HFTokenizer:
         """Writes ``tokenizer.json`` under a temporary name and renames it when whole: a failure (a full disk)
         leaves no truncated file, and raises ``OSError``."""
         text = self.tok.to_str(pretty=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+        except BaseException:
+            if os.path.lexists(path + ".tmp"):
+                os.remove(path + ".tmp")
+            raise
 
 
 BPETokenizer = HFTokenizer  # the name of the byte-level BPE case, kept for callers

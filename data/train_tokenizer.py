@@ -74,6 +74,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, as every command says it (outputs are published whole)
+        print("interrupted", file=sys.stderr)
+        return 130
     except OSError as e:  # disk full, permissions, a file where the output directory should be
         print(f"error: {e.filename or args.output_dir}: {e.strerror or e}", file=sys.stderr)
         return 2

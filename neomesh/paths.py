@@ -29,3 +29,21 @@ def configs_dir() -> str:
 def work_root() -> str:
     """What relative data paths in the shipped dataset configs are relative to."""
     return ROOT if in_checkout() else os.getcwd()
+
+
+def remove_stale_staging(target: str) -> None:
+    """Removes ``<target>.tmp-PID`` directories whose process is gone from this host: what a build or an export
+    killed before publishing its staging directory left beside ``target`` (a live one's is left alone)."""
+    import glob
+    import shutil
+
+    for path in glob.glob(glob.escape(target) + ".tmp-*"):
+        pid = path.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass

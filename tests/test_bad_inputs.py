@@ -214,3 +214,27 @@ def test_a_mesh_or_layout_typo_is_found_before_data_is_prepared(files, capsys, o
     out, err = capsys.readouterr()
     assert code == 2 and err.strip() == message, err
     assert "prepar" not in out, out
+
+
+@pytest.mark.parametrize("cli, argv, target, said", [
+    ("convert", ["export", "{d}/run", "{d}/hf"], "convert.hf.export_hf", "interrupted; {d}/hf is as it was"),
+    ("convert", ["import", "{d}/hf", "{d}/run"], "convert.hf.import_hf", "interrupted"),
+    ("make_dataset", ["--input", "{d}"], "data.make_dataset.make_dataset", "interrupted"),
+    ("tfrecords", ["--input", "{d}", "--output-dir", "{d}/out", "--name", "x", "--tokenizer", "bytes"],
+     "data.create_tfrecords.create", "interrupted"),
+    ("tokenizer", ["--input", "{d}", "--output-dir", "{d}/out", "--vocab-size", "300"], "data.tokenizer.train_bpe",
+     "interrupted"),
+])
+def test_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch, cli, argv, target, said):
+    """Ctrl-C during the work is 'interrupted' and exit status 130, as train.py, predict.py and eval.py say it (the
+    conversion and data tools printed KeyboardInterrupt's traceback, dozens of lines deep)."""
+    from data import make_dataset
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(target, interrupted)
+    (tmp_path / "a.txt").write_text("some text\n")
+    main = {**CLIS, "make_dataset": make_dataset.main}[cli]
+    assert main([a.format(d=tmp_path) for a in argv]) == 130
+    assert capsys.readouterr().err == said.format(d=tmp_path) + "\n"

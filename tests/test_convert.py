@@ -1,6 +1,8 @@
 """``python -m convert import``: what its closing lines say for each family, and a text model imported from a
 directory without tokenizer files (a note at import; predict.py does not read text with another tokenizer)."""
 
+import os
+
 import pytest
 
 from config import from_dict
@@ -54,6 +56,8 @@ def test_export_refuses_a_directory_it_would_spoil(tmp_path):
     for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):
         (previous / name).write_text("{}")
     check_export_dir(str(previous))  # replaced
+    (previous / "model.safetensors.tmp").write_text("")  # an earlier version's export, killed mid-write
+    check_export_dir(str(previous))
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="not empty and not a previous export \\(it holds notes.txt\\)"):
         check_export_dir(str(tmp_path))
@@ -69,3 +73,58 @@ def test_export_refuses_a_directory_it_would_spoil(tmp_path):
     for target, key in ((previous, "init_from"), (tmp_path, "tokenizer_path"), (run / "tokenizer", "tokenizer")):
         with pytest.raises(ConfigError, match=f"is the run's {key} "):
             check_export_sources(cfg, str(run), str(target) + "/")
+
+
+def test_an_export_replaces_a_previous_one_whole_or_not_at_all(tmp_path, monkeypatch):
+    """While the weights are written (the long part, where a kill lands) the directory still holds the previous
+    export, untouched: not the new tokenizer beside the old weights, no half-written file a later export refuses.
+    Done, it holds the new export only (a previous tokenizer.json beside new vocab.json/merges.txt would be the
+    one transformers reads)."""
+    import numpy as np
+    import safetensors.numpy
+
+    from convert.hf_dir import write_hf_dir
+
+    out, new_tokenizer = tmp_path / "export", tmp_path / "tok"
+    old_tokenizer = tmp_path / "old_tok"
+    old_tokenizer.mkdir()
+    (old_tokenizer / "tokenizer.json").write_text('{"old": true}')
+    write_hf_dir(str(out), {"n": 1}, {"w": np.zeros(2)}, str(old_tokenizer))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    new_tokenizer.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (new_tokenizer / name).write_text("new")
+    seen = []
+    save_file = safetensors.numpy.save_file
+
+    def save_and_look(tensors, path, metadata=None):
+        save_file(tensors, path, metadata=metadata)
+        seen.append({p.name: p.read_bytes() for p in out.iterdir()})
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", save_and_look)
+    write_hf_dir(str(out), {"n": 2}, {"w": np.ones(2)}, str(new_tokenizer))
+    assert seen == [before]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "old_tok", "tok"]  # nothing left beside it
+
+
+def test_an_import_writes_its_checkpoint_last_and_can_be_redone(tmp_path, monkeypatch):
+    """The step-0 checkpoint makes the directory a run: when it is written the tokenizer and config.json are in
+    place (a run killed between them read text with the default dataset's tokenizer), and an import killed
+    before it committed (a save in flight) is redone, not refused as a run."""
+    from convert.hf import import_hf
+    from training.checkpoint import Checkpoints
+
+    source, run = hf_fixtures.save(hf_fixtures.gpt_neo(), tmp_path / "hf"), tmp_path / "run"
+    (run / "checkpoints" / "0.orbax-checkpoint-tmp").mkdir(parents=True)  # killed mid-save
+    seen = []
+    save = Checkpoints.save
+
+    def look_then_save(self, step, *args, **kwargs):
+        seen.append(sorted(os.listdir(run)))
+        return save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpoints, "save", look_then_save)
+    import_hf(source, str(run))
+    assert seen == [["checkpoints", "config.json", "tokenizer"]]
+    assert sorted(os.listdir(run / "checkpoints")) == ["0"]

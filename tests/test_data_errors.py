@@ -61,6 +61,25 @@ def test_truncated_file_names_the_record(records):
         first_batches()
 
 
+def test_a_file_cut_short_since_its_index_was_written_is_named_at_start(tmp_path, monkeypatch):
+    """Its index records each file's size: the cut is found before any batch, not when the reader reaches it."""
+    from data.create_tfrecords import write_file, write_index
+    from data.tokenizer import ByteTokenizer
+
+    tokenizer, path = ByteTokenizer(), str(tmp_path / "cut_00000.tfrecords")
+    counts = write_file(["some text " * 50] * 20, tokenizer, path, "chunks", 17)
+    write_index(str(tmp_path / "cut.index"), [counts], tokenizer, "bytes", "chunks", 17)
+    use_dataset_configs(monkeypatch, tmp_path / "dc", cut={"path": str(tmp_path / "cut_*.tfrecords"),
+                                                           "tokenizer_path": "bytes"})
+    make_source(config([["cut", None, None, None]]), "train")
+    size = os.path.getsize(path)
+    os.truncate(path, size - 100)
+    with pytest.raises(DataError) as e:
+        make_source(config([["cut", None, None, None]]), "train")
+    assert str(e.value) == (f"{path}: {size - 100:,} bytes, but {tmp_path}/cut.index says it was written with "
+                            f"{size:,} (cut short or replaced since); write it again")
+
+
 def test_token_id_outside_n_vocab_names_the_record(records):
     with pytest.raises(DataError) as e:
         first_batches(n_vocab=3500)  # documents 3.. hold ids 3000+, 4000+, ...

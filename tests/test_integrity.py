@@ -16,7 +16,7 @@ from config import ConfigError
 from parallel.mesh import make_mesh
 from tests.common import tiny_config
 from training import integrity
-from training.checkpoint import first_changed_key, model_changes
+from training.checkpoint import first_changed_key, model_changes, training_changes
 from training.metrics import MetricsWriter, read_rows
 from training.optimizer import bad_step_counts, make_optimizer
 from training.run_lock import RunLock
@@ -102,6 +102,10 @@ def test_metrics_drop_a_torn_line_and_rows_past_the_checkpoint(tmp_path):
     assert kept[-1]["loss"] is None and kept[-1]["grad_norm"] is None
     json.loads(text.splitlines()[-1], parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.jsonl"))
 
+    path.write_text(text.replace('"step": 2, "kind": "train"', '"step": 2, "kind": tr'))  # damaged, not torn
+    MetricsWriter(str(tmp_path), start_step=3, say=notes.append).close()
+    assert notes[-1] == f"note: {path}: dropped damaged line(s) [2] (not whole JSON rows)"
+
 
 def test_run_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
     first = RunLock(str(tmp_path))
@@ -115,8 +119,12 @@ def test_run_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
     second = RunLock(str(tmp_path))
     note = second.acquire()
     assert note and "took over the lock of a run that is gone" in note and f"pid {os.getpid()}" in note
+    assert note.endswith("; it saved no checkpoint")  # not "its last complete checkpoint is used": there is none
     second.release()
     assert not os.path.exists(tmp_path / "run.lock")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=rf"^model_path: {tmp_path}/file is a file, not a run directory$"):
+        RunLock(str(tmp_path / "file")).acquire()  # it was "File exists"
 
 
 def test_the_first_key_that_changes_the_state_shape_is_named():
@@ -144,6 +152,17 @@ def test_a_resume_names_the_model_keys_that_change_without_changing_shapes():
     assert model_changes({**cfg.to_dict(), "d_ff": 4 * cfg.n_embd}, cfg) == []
 
 
+def test_a_resume_names_the_training_keys_that_change():
+    """lr, train_steps' schedule, the seed or the data changed on resume steer the run elsewhere than the
+    checkpoint's run went: named in a note (old -> new); where and how often it saves or logs, and the mesh, not."""
+    cfg = tiny_config()
+    assert training_changes(cfg.to_dict(), cfg) == []
+    saved = {**cfg.to_dict(), "lr": 0.5, "train_steps": 7, "seed": 3, "activation_function": "relu",
+             "steps_per_checkpoint": 9, "log_every": 3, "mesh_shape": "x:4,y:2", "eval_steps": 3}
+    assert training_changes(saved, cfg) == [f"lr 0.5 -> {json.dumps(cfg.lr)}",
+                                            f"train_steps 7 -> {cfg.train_steps}", f"seed 3 -> {cfg.seed}"]
+
+
 def test_unretrieved_orbax_read_failures_are_not_logged():
     """The other failed reads of a damaged checkpoint do not reach stderr as tracebacks; other asyncio errors do."""
     import logging
@@ -166,3 +185,27 @@ def test_unretrieved_orbax_read_failures_are_not_logged():
     assert not asyncio_logger.filter(record(orbax_read))
     assert asyncio_logger.filter(record(failure("/home/user/job.py")))
     assert asyncio_logger.filter(record(orbax_read, "Exception in callback"))
+
+
+def test_orbax_step_metadata_damage_is_one_line(capsys):
+    """A damaged _CHECKPOINT_METADATA (orbax's record of the save) restores fine; orbax logged the file's whole
+    content, however long, on every read. One note per file instead; other absl records pass."""
+    import logging
+
+    import training.checkpoint  # noqa: F401  (installs the filter)
+
+    absl = logging.getLogger("absl")
+    path = "/run/checkpoints/8/_CHECKPOINT_METADATA"
+
+    def record(message, *args):
+        return logging.LogRecord("absl", logging.ERROR, __file__, 1, message, args, None)
+
+    garbage = record("Failed to json parse Metadata file: %s, file content: %s, error: %s", path, "{x\n" * 500, "e")
+    assert not absl.filter(garbage) and not absl.filter(garbage)
+    assert not absl.filter(record("Metadata file does not exist: %s", path + "2"))
+    assert capsys.readouterr().err.splitlines() == [
+        f"note: {path}: unreadable or missing (orbax's record of the save, not needed to restore; the arrays are "
+        "checked by their checksums)",
+        f"note: {path}2: unreadable or missing (orbax's record of the save, not needed to restore; the arrays are "
+        "checked by their checksums)"]
+    assert absl.filter(record("Saving checkpoint %s", path))

@@ -193,6 +193,27 @@ def test_prepared_data_leaves_no_lock_file_built_or_failed(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ok", "ran"]
 
 
+def test_a_build_removes_what_a_killed_build_left(tmp_path):
+    """kill -9 during first-use preparation leaves its staging folder (target.tmp-PID); the next build, the only
+    builder under the lock, removes it. A live process's staging folder stays."""
+    import subprocess
+
+    from data.prepare import build_once
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / f"ok.tmp-{gone.pid}" / "half").mkdir(parents=True)
+    alive = tmp_path / f"ok.tmp-{os.getppid()}"
+    alive.mkdir()
+
+    def build(directory):
+        os.makedirs(directory)
+        open(os.path.join(directory, "DONE"), "w").close()
+
+    assert build_once(str(tmp_path / "ok"), build)
+    assert sorted(os.listdir(tmp_path)) == ["ok", alive.name]
+
+
 def test_a_process_waiting_on_a_removed_lock_file_finds_the_work_done(tmp_path):
     import threading
     import time
@@ -263,6 +284,23 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_pa
     assert capsys.readouterr().err == \
         f"error: --output-dir {tmp_path / 'ro' / 'out'}: cannot write in {tmp_path / 'ro'} (Read-only file system)\n"
     assert sorted(os.listdir(tmp_path)) == ["afile", "mine", "ro", "texts"]  # no lock, no staging folder
+
+
+def test_data_prepared_before_is_reused_from_a_cache_that_cannot_be_written(tmp_path, work_root, capsys,
+                                                                            monkeypatch):
+    """A shared or read-only data_cache: what was prepared there is read; only new data needs to write."""
+    texts = write_texts(tmp_path / "texts", 12)
+    folder = make_dataset([str(texts)], vocab_size=300, n_ctx=32, workers=1)
+
+    def read_only(**kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.mkstemp", read_only)
+    capsys.readouterr()
+    assert make_dataset([str(texts)], vocab_size=300, n_ctx=32, workers=1) == folder
+    assert "reusing" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"^cannot write in .*data_cache \(Read-only file system\)$"):
+        make_dataset([str(texts)], vocab_size=280, n_ctx=32, workers=1)  # other settings: a new folder
 
 
 @pytest.mark.parametrize("config, sets, refusal", [

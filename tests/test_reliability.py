@@ -270,6 +270,75 @@ def test_resume_mistakes_and_finished_runs_say_so_in_one_line(reference, tmp_pat
     assert [r["step"] for r in rows(path)] == list(range(1, STEPS + 1))
 
 
+def test_an_eval_a_kill_cut_short_is_done_on_resume(reference, tmp_path, env, capsys):
+    """A step's checkpoint is saved before its eval runs: kill -9 during that eval leaves the checkpoint and no eval
+    row, and the resumed run (training on from there, or finished) never wrote the row."""
+    finished = copy_of(reference, tmp_path)  # what a kill during the final eval leaves: no eval row at step 6
+    assert train.main(arguments(finished, eval_steps=1)) == 0
+    out = capsys.readouterr().out
+    assert "step 6: eval loss " in out and f"the run in {finished} is finished" in out, out
+    assert [r["step"] for r in rows(finished, "eval")] == [6]
+    assert train.main(arguments(finished, eval_steps=1)) == 0  # done once: the second run only says finished
+    assert "step 6: eval" not in capsys.readouterr().out
+    assert [r["step"] for r in rows(finished, "eval")] == [6]
+
+    mid = tmp_path / "mid"  # killed during the eval of step 4 (eval_every 4): resumes at 4, evaluates it, trains on
+    shutil.copytree(reference, mid)
+    shutil.rmtree(mid / "checkpoints" / "6")
+    code, out, err = run(env, mid, eval_steps=1, eval_every=4)  # on the reference's one device: bit for bit
+    assert code == 0 and "step 4: eval loss " in out, err[-3000:]
+    assert [r["step"] for r in rows(mid, "eval")] == [4, 6]
+    assert trajectory(mid) == trajectory(reference)
+
+
+def test_a_checkpoint_rotated_away_while_read_is_no_damage(reference, tmp_path, capsys, monkeypatch):
+    """predict.py on a run in progress picks its newest checkpoint; the run saves the next and its keep_checkpoints
+    rotation deletes the one being read: generation goes on with the newer one, never calls the run damaged."""
+    path = copy_of(reference, tmp_path)
+    aside = tmp_path / "6"
+    shutil.move(path / "checkpoints" / "6", aside)  # 4 is the newest when predict.py looks
+    read_config = Checkpoints.config
+
+    def run_saves_6_and_rotates_4_away(self, step=None):
+        if step == 4 and os.path.isdir(path / "checkpoints" / "4"):
+            shutil.move(aside, path / "checkpoints" / "6")
+            shutil.rmtree(path / "checkpoints" / "4")
+        return read_config(self, step)
+
+    monkeypatch.setattr(Checkpoints, "config", run_saves_6_and_rotates_4_away)
+    assert predict.main(["--model-path", str(path), "--prompt", "def ", "--max-new-tokens", "2"]) == 0, \
+        capsys.readouterr().err
+    assert "damaged" not in capsys.readouterr().err
+
+
+def test_a_run_whose_checkpoints_were_all_damaged_does_not_start_over_unasked(reference, tmp_path, capsys):
+    """Once every checkpoint was moved to damaged_checkpoints/, running the command again started a fresh run in
+    the directory, dropping its metrics.jsonl rows: it says what the first run said, --new."""
+    path = copy_of(reference, tmp_path)
+    before = (path / "metrics.jsonl").read_text()
+    (path / "damaged_checkpoints").mkdir()
+    for step in (2, 4, 6):  # what a run that found each of them damaged left
+        shutil.move(path / "checkpoints" / str(step), path / "damaged_checkpoints" / f"{step}-20260101-000000")
+    assert train.main(arguments(path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: model_path: no usable checkpoint in {path}/checkpoints "
+                                               "(every one was damaged") and "--new" in err[0], err
+    assert (path / "metrics.jsonl").read_text() == before
+
+
+def test_a_run_whose_checkpoints_are_gone_does_not_start_over_unasked(reference, tmp_path, capsys):
+    """checkpoints/ deleted (or on a disk that is not mounted) after the run got past its first save: starting
+    from step 0 rewrote metrics.jsonl without its rows, without a word."""
+    path = copy_of(reference, tmp_path)
+    before = (path / "metrics.jsonl").read_text()
+    shutil.rmtree(path / "checkpoints")
+    assert train.main(arguments(path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: model_path: {path}/metrics.jsonl has rows up to step 6, "
+                                               f"but {path}/checkpoints holds no checkpoint") and "--new" in err[0]
+    assert (path / "metrics.jsonl").read_text() == before
+
+
 def test_generation_and_export_refuse_non_finite_weights(reference, tmp_path, capsys):
     path = copy_of(reference, tmp_path)
     cfg, _, params = load_run(str(path))

@@ -48,6 +48,13 @@ def test_saved_and_gpt2_files_load_with_the_same_ids(bpe, tmp_path):
         load_tokenizer("gpt2")
 
 
+def test_a_failed_save_leaves_no_partial_file(bpe, tmp_path):
+    os.symlink("/dev/full", tmp_path / "tokenizer.json.tmp")  # every write: no space left on device
+    with pytest.raises(OSError):
+        bpe.save(str(tmp_path / "tokenizer.json"))
+    assert os.listdir(tmp_path) == []
+
+
 def test_bpe_training_is_deterministic():
     a, b = (train_bpe(TEXTS, 280, 1) for _ in range(2))
     assert a.tok.to_str() == b.tok.to_str()

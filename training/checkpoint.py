@@ -47,6 +47,30 @@ class _UnretrievedReadFailures(logging.Filter):
 logging.getLogger("asyncio").addFilter(_UnretrievedReadFailures())
 
 
+class _StepMetadataNotes(logging.Filter):
+    """Orbax logs a step's unreadable or missing ``_CHECKPOINT_METADATA`` (its own bookkeeping: a save time, not
+    needed to restore) with the file's whole content, however long or binary. One line per file instead."""
+
+    PREFIXES = ("Failed to json parse Metadata file: ", "Failed to read Metadata file: ",
+                "Metadata file does not exist: ")
+    said: set = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES) and record.args):
+            return True
+        path = str(record.args[0])
+        if path not in self.said and jax.process_index() == 0:
+            self.said.add(path)
+            import sys
+
+            print(f"note: {path}: unreadable or missing (orbax's record of the save, not needed to restore; the "
+                  "arrays are checked by their checksums)", file=sys.stderr, flush=True)
+        return False
+
+
+logging.getLogger("absl").addFilter(_StepMetadataNotes())
+
+
 class DamagedCheckpoint(ConfigError):
     """A checkpoint that cannot be read back as it was written."""
 
@@ -387,6 +411,28 @@ def model_changes(saved: dict, cfg) -> list[str]:
         if saved[key] != getattr(cfg, key):
             changes.append(f"{key} {json.dumps(saved[key])} -> {json.dumps(getattr(cfg, key))}")
     return changes
+
+
+# Keys that leave the train state's trajectory alone (where and how often the run saves, logs, evaluates, samples;
+# how the arrays are laid out and computed): a resume may change them without a word. Model keys are noted by
+# ``model_changes``; a change of any other key (lr, train_steps' schedule, batch size, seed, data, dropout, ...)
+# by ``training_changes``.
+TRAJECTORY_FREE = ("eval_batch_size", "eval_steps", "eval_every", "log_every", "steps_per_checkpoint",
+                   "keep_checkpoints", "max_bad_steps", "mesh_shape", "layout", "model_path", "sample_prompt",
+                   "sample_tokens", "predict_max_steps", "eval_tasks", "lambada_path", "multiple_choice_path",
+                   "eval_task_examples", "tfds_data_dir", "init_from", "attention_kernel", "recompute_grad",
+                   "scan_layers", "loss_chunk", "tokens_per_mb_per_replica")
+
+
+def training_changes(saved: dict, cfg) -> list[str]:
+    """``key old -> new`` for each key that is neither a model key nor ``TRAJECTORY_FREE`` whose saved value
+    differs from ``cfg``'s: the resumed run trains on with other settings than the checkpoint's run had."""
+    from config import KNOWN_KEYS, MODEL_KEYS
+
+    current = cfg.to_dict()
+    return [f"{key} {json.dumps(saved[key])} -> {json.dumps(current.get(key))}" for key in KNOWN_KEYS
+            if key in saved and key not in MODEL_KEYS and key not in TRAJECTORY_FREE
+            and json.dumps(saved[key]) != json.dumps(current.get(key))]
 
 
 def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:

@@ -84,9 +84,11 @@ class MetricsWriter:
             return
         os.makedirs(model_path, exist_ok=True)
         rows, bad = read_rows(self.path)
-        if bad:
-            where = "its torn last line" if bad == [len(rows) + len(bad)] else f"line(s) {bad[:5]}"
-            say(f"note: {self.path}: dropped {where} (not a whole JSON row; a run was stopped mid-write)")
+        if bad == [len(rows) + len(bad)]:
+            say(f"note: {self.path}: dropped its torn last line (not a whole JSON row; a run was stopped mid-write)")
+        elif bad:  # inside the file: no stopped run leaves those (a resumed run drops a torn line first)
+            say(f"note: {self.path}: dropped damaged line(s) {bad[:5]}{' ...' if len(bad) > 5 else ''} (not "
+                "whole JSON rows)")
         kept = [row for row in rows if row["step"] <= start_step]
         self.evals = {row["step"]: row for row in kept if row.get("kind") == "eval"}  # the last row of each step
         if bad or len(kept) < len(rows) or not _ends_with_newline(self.path):

@@ -29,7 +29,10 @@ class RunLock:
     def acquire(self) -> str | None:
         """Takes the lock; returns a note when it took over a stale lock file, raises ``ConfigError`` (one line)
         when another live run holds it."""
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        directory = os.path.dirname(self.path) or "."
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise ConfigError(f"model_path: {directory} is a file, not a run directory")
+        os.makedirs(directory, exist_ok=True)
         while True:
             f = open(self.path, "a+", encoding="utf-8")
             try:
@@ -45,8 +48,10 @@ class RunLock:
         previous = _read(f)
         note = None
         if previous:
-            note = (f"{self.path}: took over the lock of a run that is gone ({_describe(previous)}); its last "
-                    "complete checkpoint is used")
+            directory = os.path.join(os.path.dirname(self.path), "checkpoints")
+            saved = os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+            note = (f"{self.path}: took over the lock of a run that is gone ({_describe(previous)}); "
+                    + ("its last complete checkpoint is used" if saved else "it saved no checkpoint"))
         f.seek(0)
         f.truncate()
         json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")},

@@ -779,13 +779,17 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     theirs = hf_config(cfg.init_from)
     if theirs.model != cfg.model:
         raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}")
+    from config import MODEL_VALUE
+
     changes = {key: getattr(theirs, key) for key in ARCHITECTURE if getattr(theirs, key) != getattr(cfg, key)}
-    if cfg.attention_layers == theirs.attention_layers:
-        changes.pop("attention_types", None)
-    if changes:
+    new = cfg.replace(**changes)
+    # Another spelling of the same model (d_ff 768 for null at n_embd 192, attention_types in full) is no change.
+    changed = {key: value for key, value in changes.items()
+               if getattr(new, MODEL_VALUE.get(key, key)) != getattr(cfg, MODEL_VALUE.get(key, key))}
+    if changed:
         notes.append(f"{where}: the model's shape is {cfg.init_from}'s: " + ", ".join(
-            f"{key} {json.dumps(value)}" for key, value in changes.items()))
-    return cfg.replace(**changes)
+            f"{key} {json.dumps(value)}" for key, value in changed.items()))
+    return new
 
 
 def imported_params(cfg, hf_dir: str):

@@ -969,14 +969,18 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, lis
 
 
 def model_config_path(name: str) -> str:
-    """GPT-Neo's ``--model NAME``: ``configs/NAME.json`` (from the working directory, else the repository), or
-    NAME itself when it ends in .json."""
+    """GPT-Neo's ``--model NAME``: ``configs/NAME.json`` (from the working directory, else the shipped configs of
+    a checkout or an installed NeoMesh), or NAME itself when it ends in .json."""
+    from neomesh.paths import configs_dir
+
     if name.endswith(".json"):
         return name
     relative = os.path.join("configs", f"{name}.json")
-    for path in (relative, os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)):
+    # The shipped configs are the repository's configs/ in a checkout, package data when installed.
+    for path in (relative, os.path.join(configs_dir(), f"{name}.json")):
         if os.path.exists(path):
             return path
-    configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-    known = sorted(f[:-5] for f in os.listdir(configs) if f.endswith(".json"))
-    raise ConfigError(f"--model {name}: no {relative} (known: {', '.join(known)}; or give a .json path)")
+    known = sorted(f[:-5] for f in os.listdir(configs_dir()) if f.endswith(".json"))
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"; did you mean --model {close[0]}?" if close else ""
+    raise ConfigError(f"--model {name}: no {relative}{hint} (known: {', '.join(known)}; or give a .json path)")

@@ -961,11 +961,26 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, lis
         raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object of config keys")
+    _check_not_another_kind_of_config(raw, path)
     cfg, notes = from_dict(raw, source=os.path.basename(path), overrides=overrides)
     if cfg.model_path is None:
         name = os.path.splitext(os.path.basename(path))[0]
         cfg = dataclasses.replace(cfg, model_path=os.path.join("runs", name))
     return cfg, notes
+
+
+def _check_not_another_kind_of_config(raw: dict, path: str) -> None:
+    """A dataset config or a Hugging Face config.json given where a model config goes is named as what it is (the
+    unknown-key error suggested 'patch_size' for a dataset config's 'path')."""
+    if "path" in raw or "eval_path" in raw:  # neither is a model config key
+        raise ConfigError(f"{path}: a dataset config (it has '{'path' if 'path' in raw else 'eval_path'}'), not a "
+                          f"model config; name it in a config's datasets, e.g. --config quickstart --set "
+                          f"'datasets=[[\"{path}\", null, null, null]]'")
+    if "model_type" in raw or "architectures" in raw:
+        folder = os.path.dirname(path) or "."
+        raise ConfigError(f"{path}: a Hugging Face model's config.json, not a NeoMesh config; give its directory: "
+                          f"train.py --init-from {folder}, predict.py or eval.py --hf-model {folder}, or "
+                          f"python -m convert import {folder} MODEL_PATH")
 
 
 def model_config_path(name: str) -> str:

@@ -327,6 +327,7 @@ def config_for_data(cfg, inputs: list[str]):
     from config import ConfigError
 
     dataset_file = given_dataset_file(inputs)
+    check_is_dataset_config(dataset_file)
     refusal = text_cannot_feed(cfg)
     if refusal and (dataset_file is None or token_data(dataset_file)):
         raise ConfigError(f"--data: {refusal}")
@@ -399,6 +400,21 @@ def given_dataset_file(inputs: list[str]) -> str | None:
     if len(inputs) == 1 and os.path.isfile(os.path.join(first, "dataset.json")):
         return os.path.join(first, "dataset.json")
     return None
+
+
+def check_is_dataset_config(dataset_file: str | None) -> None:
+    """A model config given to --data (a .json, as a dataset config is) is named as one (it was read as a dataset
+    config, whose first unknown key was the error)."""
+    from config import KNOWN_KEYS, ConfigError
+    from data.source import DATASET_KEYS
+
+    try:
+        with open(dataset_file or "") as f:
+            keys = set(json.load(f))
+    except (OSError, ValueError, TypeError):
+        return  # not there, or not a JSON object: reading it as a dataset config says what is wrong
+    if "path" not in keys and keys & (set(KNOWN_KEYS) - DATASET_KEYS):
+        raise ConfigError(f"--data {dataset_file}: a model config, not data; give it as --config {dataset_file}")
 
 
 def token_data(dataset_file: str) -> bool:

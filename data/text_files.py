@@ -29,9 +29,12 @@ def expand_inputs(patterns: list[str], flag: str = "--input") -> list[str]:
             matched = sorted(os.path.join(root, f) for root, _, names in os.walk(pattern) for f in names)
         else:
             matched = sorted(glob.glob(pattern, recursive=True))
+        records = any(f.endswith((".tfrecords", ".tfrecord")) for f in matched)
         matched = [f for f in matched if os.path.isfile(f) and f.endswith(SUFFIXES)]
         if not matched:
-            raise ConfigError(f"{flag} {pattern}: matches no {'/'.join(SUFFIXES)} file")
+            hint = ("; TFRecords are read through a dataset config's path, named in a config's datasets "
+                    "(create_tfrecords.py --write-dataset-config writes one)") if records else ""
+            raise ConfigError(f"{flag} {pattern}: matches no {'/'.join(SUFFIXES)} file{hint}")
         files.extend(matched)
     return files
 

@@ -19,10 +19,10 @@ METRICS_FETCH_EVERY = 10
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
     from parallel.estimate import ACCELERATORS  # no jax: the parser stays fast
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--config", metavar="FILE", help="JSON config: a path, or a shipped config by name "
                        "(quickstart, gpt_neo_125M, moe, ...: see configs/); with --data it defaults to quickstart, "

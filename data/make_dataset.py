@@ -24,7 +24,6 @@ this command did not write is refused, never replaced.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
 import json
@@ -449,9 +448,9 @@ def text_cannot_feed(cfg) -> str | None:
 
 
 def main(argv=None) -> int:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help=".txt / .jsonl / .jsonl.zst files, folders or globs (embedded: the corpus shipped with "
                    "Python)")

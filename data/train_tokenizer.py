@@ -11,7 +11,6 @@ decoding gives the text back exactly.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -19,9 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 
 def main(argv=None) -> int:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--input", nargs="+", default=["embedded"], metavar="PATH",
                    help="files, directories or globs; embedded is the corpus shipped with Python")
     p.add_argument("--base_dir", metavar="DIR", help="GPT-Neo's input: the DIR/*.FILE_TYPE files")

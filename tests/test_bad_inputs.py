@@ -2,7 +2,7 @@
 
 Each case runs the command's ``main(argv)`` in this process (no subprocess, no model built, no step trained):
 config mistakes fail before jax is needed, the others at the first check that sees them. Argument-parser usage
-errors are argparse's own and are not in the table.
+errors (an unknown flag, a bad value) are one line too: tests/test_cli_help.py.
 """
 
 import json

@@ -8,7 +8,6 @@ they compare at a glance; eval points are marked. Needs matplotlib (``pip instal
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -85,10 +84,11 @@ def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
 
 def main(argv=None) -> int:
     from neomesh.errors import run_main
+    from neomesh.help import ArgumentParser
 
     command = os.path.basename(sys.argv[0])  # neomesh-plot when run as the installed command
-    p = argparse.ArgumentParser(prog="python -m tools.plot" if command.endswith(".py") else command,
-                                description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = ArgumentParser(prog="python -m tools.plot" if command.endswith(".py") else command,
+                       description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (each with a metrics.jsonl)")
     p.add_argument("-o", "--output", default="curves.png", help="the picture to write (default: curves.png)")
     p.add_argument("--names", nargs="+", help="legend names, one per run (default: the directory names)")

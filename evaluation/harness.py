@@ -15,6 +15,7 @@ per jitted call; ``mesh_shape``/``layout`` shard the model as in predict.py. Nee
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -144,11 +145,27 @@ def main(argv=None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     try:
+        _check_include_path(sys.argv[1:])
         cli_evaluate()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ValueError as e:  # lm_eval's way to say a --tasks name is unknown, with a traceback
+        if not str(e).startswith("Tasks not found"):
+            raise
+        print(f"error: --tasks: {e} (lm_eval's own: python -m evaluation.harness ls tasks; a task of your own is a "
+              "YAML file in the folder --include_path names)", file=sys.stderr)
+        return 2
     return 0
+
+
+def _check_include_path(args: list[str]) -> None:
+    """A missing --include_path folder is one line (lm_eval went on to 'Tasks not found' and a traceback)."""
+    for i, arg in enumerate(args):
+        path = args[i + 1] if arg == "--include_path" and i + 1 < len(args) else \
+            arg.split("=", 1)[1] if arg.startswith("--include_path=") else None
+        if path is not None and not os.path.exists(path):
+            raise ConfigError(f"--include_path {path}: no such folder (it holds the YAML files of your own tasks)")
 
 
 if __name__ == "__main__":

@@ -111,3 +111,22 @@ def test_model_args_are_checked_and_the_command_lines_other_options_left_out(hf_
     lm = NeoMeshLM.create_from_arg_string(f"path={hf_dir},max_gen_toks=4",
                                           {"batch_size": 2, "max_batch_size": None, "device": "cuda"})
     assert lm.max_gen_toks == 4 and lm.scorer.batch_size == 2
+
+
+def test_a_missing_include_path_or_an_unknown_task_is_one_line(tmp_path, monkeypatch, capsys):
+    """The README's harness command run before my_tasks/ exists, or with a task name lm_eval does not know, ended
+    in lm_eval's ValueError traceback."""
+    from evaluation import harness
+
+    argv = ["--model", "neomesh", "--model_args", "path=runs/quickstart", "--tasks", "my_task"]
+    assert harness.main([*argv, "--include_path", str(tmp_path / "my_tasks")]) == 2
+    assert capsys.readouterr().err == (f"error: --include_path {tmp_path / 'my_tasks'}: no such folder (it holds the "
+                                       "YAML files of your own tasks)\n")
+
+    def unknown_task():
+        raise ValueError("Tasks not found: my_task")
+
+    monkeypatch.setattr("lm_eval.__main__.cli_evaluate", unknown_task)
+    assert harness.main([*argv, f"--include_path={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tasks: Tasks not found: my_task (") and len(err.splitlines()) == 1

@@ -14,7 +14,7 @@ from tests.common import ROOT
 MAIN_MODULES = ["train", "predict", "data.train_tokenizer", "data.create_tfrecords", "data.make_dataset",
                 "convert.__main__", "benchmarks.generate", "benchmarks.input_pipeline",
                 "benchmarks.mlm_train_step", "benchmarks.t5_train_step", "benchmarks.vit_train_step",
-                "benchmarks.train_step", "benchmarks.peft_memory", "eval", "tools.plot"]
+                "benchmarks.train_step", "benchmarks.peft_memory", "eval", "tools.plot", "evaluation.lambada"]
 
 
 class Captured(Exception):

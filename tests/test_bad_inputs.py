@@ -157,6 +157,8 @@ CASES = [
     ("tokenizer", ["--input", "{d}/nothing_*.txt", "--output-dir", "{d}/tok", "--vocab-size", "300"],
      "--input {d}/nothing_*.txt: matches no"),
     ("tokenizer", ["--output-dir", "{d}/tok", "--vocab-size", "100"], "vocab_size: 100 is below 258"),
+    ("tokenizer", ["--output-dir", "{d}/tok", "--vocab-size", "300", "--file_type", "jsonl"],
+     "--file_type jsonl: only with --base_dir DIR"),
     ("tokenizer", ["--output-dir", "{d}/tok", "--vocab-size", "300", "--min-frequency", "-1"],
      "--min-frequency: -1 must be zero or more"),
     ("tfrecords", ["--input", "{d}/nothing_*.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer",

@@ -493,6 +493,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
             n_trained = sum(math.prod(p.shape) for p in jax.tree.leaves(split_params(state.params, trainable)[0]))
             say(f"peft: {n_trained:,} of {n_params:,} parameters train ({100 * n_trained / n_params:.2f}%); the "
                 "rest are frozen (no gradients, no optimizer state)")
+            if peft_base_note(cfg):
+                say(peft_base_note(cfg))
         start = int(state.step)
         if args.stop_at_step is not None and args.stop_at_step <= start:
             raise ConfigError(f"--stop-at-step: {args.stop_at_step} is not after the run's step {start}")
@@ -745,6 +747,15 @@ def base_params(cfg, make_model, imported, abstract, shardings, trained):
     fresh = lambda: init_params(make_model, cfg.seed, shardings.params)  # noqa: E731
     base = place_params(imported, abstract.params, fresh) if imported is not None else fresh()
     return join_params(trained, base)
+
+
+def peft_base_note(cfg) -> str | None:
+    """A note for a parameter-efficient run with nothing to fine-tune: no init_from, so its frozen parameters stay
+    the seeded random init (the README's fine-tuning templates run so without --init-from)."""
+    if cfg.peft is None or cfg.init_from is not None or "all" in (cfg.peft_settings.get("trainable") or ()):
+        return None
+    return ("note: peft without init_from: the frozen parameters keep this run's random init; to fine-tune a trained "
+            "model give --init-from DIR or ORG/NAME")
 
 
 def summary(names: list[str], most: int = 8) -> str:

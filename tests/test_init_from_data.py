@@ -138,3 +138,12 @@ def test_init_from_notes_only_the_keys_whose_model_changes(tmp_path):
     cfg = train.with_architecture_of(quickstart.replace(init_from=str(wider)), "--init-from", notes)
     assert notes == [f"--init-from: the model's shape is {wider}'s: n_embd 240, d_ff 960"]
     assert (cfg.n_embd, cfg.intermediate) == (240, 960)
+
+
+def test_a_peft_run_without_init_from_is_told_its_base_stays_random():
+    """configs/finetune_lora_gpt2.json run without --init-from trained LoRA factors on a random GPT-2, silently."""
+    template = load_config("finetune_lora_gpt2")[0]
+    assert "--init-from DIR or ORG/NAME" in train.peft_base_note(template)
+    assert train.peft_base_note(template.replace(init_from="hf/gpt2")) is None
+    assert train.peft_base_note(load_config("quickstart")[0]) is None
+    assert train.peft_base_note(template.replace(peft={"lora": {}, "trainable": ["all"]})) is None

@@ -39,6 +39,7 @@ def files(tmp_path_factory):
     (d / "empty.txt").write_text("\n\n")
     (d / "bad_line.jsonl").write_text('{"text": "ok"}\nnot json\n')
     (d / "empty_run").mkdir()
+    (d / "a_run" / "checkpoints").mkdir(parents=True)
     for name, config, weights in [
             ("hf_no_config", None, None), ("hf_bad_json", "{not json", None), ("hf_no_weights", NEO, None),
             ("hf_garbage_weights", NEO, b"\x00garbage" * 10), ("hf_nan_weights", NEO, "nan"),
@@ -135,6 +136,11 @@ CASES = [
     ("predict", ["--model-path", "{d}/never_trained", "--prompt", "x"],
      "model_path: {d}/never_trained: no such run directory (nothing trained there yet)"),
     ("predict", ["--model-path", "{d}/empty.txt", "--prompt", "x"], "model_path: {d}/empty.txt is a file"),
+    ("predict", ["--model-path", "{d}/hf_no_weights", "--prompt", "x"],
+     "model_path: {d}/hf_no_weights is a Hugging Face model directory (config.json, no checkpoints/): predict.py and "
+     "eval.py read it with --hf-model"),
+    ("predict", ["--hf-model", "{d}/a_run", "--prompt", "x"], "{d}/a_run: a NeoMesh run directory (checkpoints/, no "
+     "config.json), not a Hugging Face model directory: predict.py and eval.py read it with --model-path"),
     ("predict", ["--config", "{d}/binary.json", "--prompt", "x"], "{d}/binary.json: not a JSON text file"),
     ("predict", ["--hf-model", "{d}/hf_no_config", "--prompt", "x"], "{d}/hf_no_config: not a Hugging Face"),
     ("predict", ["--hf-model", "{d}/hf_bad_json", "--prompt", "x"], "{d}/hf_bad_json/config.json: invalid JSON"),

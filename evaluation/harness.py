@@ -19,9 +19,17 @@ import os
 import sys
 
 import numpy as np
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError as e:  # requirements.txt leaves it out: the [eval] extra
+    if __name__ != "__main__" or not (e.name or "").startswith("lm_eval"):
+        raise
+    print("error: python -m evaluation.harness runs lm-evaluation-harness, which is not installed: pip install "
+          "lm_eval (or NeoMesh's [eval] extra)", file=sys.stderr)
+    sys.exit(2)
 
 from config import ConfigError
 from evaluation.scorer import LENGTH_STEP, Scorer

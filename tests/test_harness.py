@@ -130,3 +130,26 @@ def test_a_missing_include_path_or_an_unknown_task_is_one_line(tmp_path, monkeyp
     assert harness.main([*argv, f"--include_path={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --tasks: Tasks not found: my_task (") and len(err.splitlines()) == 1
+
+
+def test_without_lm_eval_the_commands_say_what_to_install(monkeypatch, capsys):
+    """requirements.txt leaves lm_eval out (the [eval] extra): python -m evaluation.harness and neomesh-lm-eval
+    ended in an ImportError traceback."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from neomesh import cli
+
+    code = ("import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = ['harness', '--help']; "
+            "runpy.run_module('evaluation.harness', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 2 and result.stderr == (
+        "error: python -m evaluation.harness runs lm-evaluation-harness, which is not installed: pip install lm_eval "
+        "(or NeoMesh's [eval] extra)\n"), result.stderr
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "lm_eval" else find_spec(name, *a))
+    assert cli.lm_eval(["--help"]) == 2
+    assert "neomesh-lm-eval runs lm-evaluation-harness, which is not installed" in capsys.readouterr().err

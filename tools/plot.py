@@ -36,12 +36,15 @@ def read_run(run_dir: str) -> dict[str, list[dict]]:
 def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
     """Draws the runs' curves into ``out`` (PNG, or any format matplotlib knows by the extension); returns the
     figure."""
-    import matplotlib
+    from config import ConfigError
 
+    try:
+        import matplotlib
+    except ImportError:  # requirements.txt leaves it out: the [plot] extra
+        raise ConfigError("tools.plot draws with matplotlib, which is not installed: pip install matplotlib (or "
+                          "NeoMesh's [plot] extra)") from None
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
-
-    from config import ConfigError
 
     kinds = plt.figure().canvas.get_supported_filetypes()
     plt.close("all")

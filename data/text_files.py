@@ -88,11 +88,20 @@ def _file_lines(path: str) -> Iterator[bytes]:
         yield from f
 
 
+def zstd_module(path: str):
+    """``zstandard``, or a one-line error naming the .zst file that needs it (it is in the [data] extra)."""
+    try:
+        import zstandard
+    except ImportError:
+        raise ConfigError(f"{path}: reading .zst files needs zstandard: pip install zstandard (or NeoMesh's [data] "
+                          "extra)") from None
+    return zstandard
+
+
 def _zstd_lines(path: str) -> Iterator[bytes]:
     """Lines of a zstd-compressed file (one or more frames). A corrupt stream, or one that ends inside a frame
     (a truncated download or copy), is a ``BadFile``, never a silently shorter input."""
-    import zstandard
-
+    zstandard = zstd_module(path)
     decompressor = zstandard.ZstdDecompressor()
     frame, started, pending, read = decompressor.decompressobj(), False, b"", 0
     with open(path, "rb") as f:

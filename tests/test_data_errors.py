@@ -111,6 +111,26 @@ def test_bad_dataset_entries(records):
         make_source(config([["bad", None, None, -1]]), "train")
 
 
+def test_a_datasets_entry_that_is_not_a_dataset_config_says_what_it_is(tmp_path, monkeypatch):
+    """Text, TFRecords or a model config named in datasets got 'no dataset config
+    configs/dataset_configs/NAME.json' (or a model config's first key as unknown)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("some text")
+    (tmp_path / "x_00000.tfrecords").write_bytes(b"")
+    (tmp_path / "mine.json").write_text(json.dumps({"n_layer": 2, "n_embd": 64}))
+    for name, message in [("texts", "datasets: texts is not a dataset config; to train on text, give it as --data "
+                                    "texts"),
+                          ("texts/a.txt", "give it as --data texts/a.txt"),
+                          ("x_00000.tfrecords", "datasets: x_00000.tfrecords is TFRecords, not a dataset config: "
+                                                "name them in a dataset config's path"),
+                          ("mine.json", "mine.json: a model config, not a dataset config (it has 'n_embd'); give it "
+                                        "as --config mine.json")]:
+        with pytest.raises(ConfigError) as e:
+            make_source(config([[name, None, None, None]]), "train")
+        assert message in str(e.value), str(e.value)
+
+
 def test_check_dataset_cli_prints_or_fails_in_one_line(records, capsys):
     args = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--check-dataset", "--set",
             'datasets=[["bad", null, null, null]]', "--set", "n_vocab=1000000", "--set", "n_ctx=16"]

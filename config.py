@@ -961,6 +961,7 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, lis
         raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object of config keys")
+    _check_not_another_kind_of_config(raw, path)
     cfg, notes = from_dict(raw, source=os.path.basename(path), overrides=overrides)
     if cfg.model_path is None:
         name = os.path.splitext(os.path.basename(path))[0]
@@ -968,15 +969,33 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, lis
     return cfg, notes
 
 
+def _check_not_another_kind_of_config(raw: dict, path: str) -> None:
+    """A dataset config or a Hugging Face config.json given where a model config goes is named as what it is (the
+    unknown-key error suggested 'patch_size' for a dataset config's 'path')."""
+    if "path" in raw or "eval_path" in raw:  # neither is a model config key
+        raise ConfigError(f"{path}: a dataset config (it has '{'path' if 'path' in raw else 'eval_path'}'), not a "
+                          f"model config; name it in a config's datasets, e.g. --config quickstart --set "
+                          f"'datasets=[[\"{path}\", null, null, null]]'")
+    if "model_type" in raw or "architectures" in raw:
+        folder = os.path.dirname(path) or "."
+        raise ConfigError(f"{path}: a Hugging Face model's config.json, not a NeoMesh config; give its directory: "
+                          f"train.py --init-from {folder}, predict.py or eval.py --hf-model {folder}, or "
+                          f"python -m convert import {folder} MODEL_PATH")
+
+
 def model_config_path(name: str) -> str:
-    """GPT-Neo's ``--model NAME``: ``configs/NAME.json`` (from the working directory, else the repository), or
-    NAME itself when it ends in .json."""
+    """GPT-Neo's ``--model NAME``: ``configs/NAME.json`` (from the working directory, else the shipped configs of
+    a checkout or an installed NeoMesh), or NAME itself when it ends in .json."""
+    from neomesh.paths import configs_dir
+
     if name.endswith(".json"):
         return name
     relative = os.path.join("configs", f"{name}.json")
-    for path in (relative, os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)):
+    # The shipped configs are the repository's configs/ in a checkout, package data when installed.
+    for path in (relative, os.path.join(configs_dir(), f"{name}.json")):
         if os.path.exists(path):
             return path
-    configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-    known = sorted(f[:-5] for f in os.listdir(configs) if f.endswith(".json"))
-    raise ConfigError(f"--model {name}: no {relative} (known: {', '.join(known)}; or give a .json path)")
+    known = sorted(f[:-5] for f in os.listdir(configs_dir()) if f.endswith(".json"))
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"; did you mean --model {close[0]}?" if close else ""
+    raise ConfigError(f"--model {name}: no {relative}{hint} (known: {', '.join(known)}; or give a .json path)")

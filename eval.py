@@ -1,11 +1,11 @@
 """Evaluate a language model: ``python eval.py --model-path runs/quickstart`` (LAMBADA on the shipped passages).
 
 The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path) or a Hugging
-Face GPT-Neo/GPT-2 directory (``--hf-model``). Tasks: ``lambada`` (last-word accuracy and perplexity; a
-LAMBADA-format jsonl with ``--lambada-path``, e.g. the standard ``lambada_test.jsonl``) and ``multiple_choice``
-(``--multiple-choice-path``: jsonl of {context, choices, label}; acc, acc_norm, acc_per_token). Without
-``--tasks`` a run is evaluated on its config's ``eval_tasks``, or on lambada. For lm-evaluation-harness tasks
-see ``python -m evaluation.harness``.
+Face GPT-Neo/GPT-2 directory (``--hf-model``). Tasks: ``lambada`` (``lambada_acc``, last-word accuracy, and
+``lambada_ppl``; a LAMBADA-format jsonl with ``--lambada-path``, e.g. the standard ``lambada_test.jsonl``) and
+``multiple_choice`` (``--multiple-choice-path``: jsonl of {context, choices, label}; ``choice_acc``,
+``choice_acc_norm``, ``choice_acc_bytes``, ``choice_acc_per_token``). Without ``--tasks`` a run is evaluated on its
+config's ``eval_tasks``, or on lambada. For lm-evaluation-harness tasks see ``python -m evaluation.harness``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--config", metavar="FILE", help="JSON config (a path, or a shipped config by name); its "
                        "model_path is the default --model-path")

@@ -19,9 +19,9 @@ DEFAULT_LAYOUT = "batch:x"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--config", metavar="FILE", help="JSON config (a path, or a shipped config by name); its "
                        "model_path is the default --model-path")

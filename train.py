@@ -19,10 +19,10 @@ METRICS_FETCH_EVERY = 10
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
     from parallel.estimate import ACCELERATORS  # no jax: the parser stays fast
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--config", metavar="FILE", help="JSON config: a path, or a shipped config by name "
                        "(quickstart, gpt_neo_125M, moe, ...: see configs/); with --data it defaults to quickstart, "
@@ -533,6 +533,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
             n_trained = sum(math.prod(p.shape) for p in jax.tree.leaves(split_params(state.params, trainable)[0]))
             say(f"peft: {n_trained:,} of {n_params:,} parameters train ({100 * n_trained / n_params:.2f}%); the "
                 "rest are frozen (no gradients, no optimizer state)")
+            if peft_base_note(cfg):
+                say(peft_base_note(cfg))
         start = int(state.step)
         if args.stop_at_step is not None and args.stop_at_step <= start:
             raise ConfigError(f"--stop-at-step: {args.stop_at_step} is not after the run's step {start}")
@@ -819,6 +821,15 @@ def base_params(cfg, make_model, imported, abstract, shardings, trained):
     return join_params(trained, base)
 
 
+def peft_base_note(cfg) -> str | None:
+    """A note for a parameter-efficient run with nothing to fine-tune: no init_from, so its frozen parameters stay
+    the seeded random init (the README's fine-tuning templates run so without --init-from)."""
+    if cfg.peft is None or cfg.init_from is not None or "all" in (cfg.peft_settings.get("trainable") or ()):
+        return None
+    return ("note: peft without init_from: the frozen parameters keep this run's random init; to fine-tune a trained "
+            "model give --init-from DIR or ORG/NAME")
+
+
 def summary(names: list[str], most: int = 8) -> str:
     """Parameter names for a one-line note: the first ``most``, then how many more."""
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
@@ -851,13 +862,17 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     theirs = hf_config(cfg.init_from)
     if theirs.model != cfg.model:
         raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}")
+    from config import MODEL_VALUE
+
     changes = {key: getattr(theirs, key) for key in ARCHITECTURE if getattr(theirs, key) != getattr(cfg, key)}
-    if cfg.attention_layers == theirs.attention_layers:
-        changes.pop("attention_types", None)
-    if changes:
+    new = cfg.replace(**changes)
+    # Another spelling of the same model (d_ff 768 for null at n_embd 192, attention_types in full) is no change.
+    changed = {key: value for key, value in changes.items()
+               if getattr(new, MODEL_VALUE.get(key, key)) != getattr(cfg, MODEL_VALUE.get(key, key))}
+    if changed:
         notes.append(f"{where}: the model's shape is {cfg.init_from}'s: " + ", ".join(
-            f"{key} {json.dumps(value)}" for key, value in changes.items()))
-    return cfg.replace(**changes)
+            f"{key} {json.dumps(value)}" for key, value in changed.items()))
+    return new
 
 
 def imported_params(cfg, hf_dir: str):

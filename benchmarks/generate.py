@@ -16,7 +16,6 @@ costs microseconds whatever its size). Nothing is allocated, so any shape compil
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -26,9 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None) -> None:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--config", default="configs/gpt_neo_125M.json", help="model shape to time")
     p.add_argument("--new-tokens", type=int, default=32, metavar="N", help="tokens generated per row")
     p.add_argument("--prompt-tokens", type=int, default=32, metavar="N", help="random prompt length")

@@ -15,7 +15,6 @@ memory (on a 2-core CPU: more than 25 minutes and about 10 GB).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -91,9 +90,9 @@ def train_rate(cfg, steps: int) -> float:
 
 
 def main(argv=None) -> None:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--full", action="store_true", help="the README's table: GPT-Neo 125M, batch 8 x 2048 (slow on "
                    "a CPU)")
     p.add_argument("--config", help="config whose shapes are timed (default: quickstart; gpt_neo_125M with --full)")

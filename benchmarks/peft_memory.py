@@ -11,7 +11,6 @@ gradients live in the temporaries). Frozen parameters get neither gradients nor 
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -62,9 +61,9 @@ def measure(args, peft) -> dict:
 
 
 def main(argv=None) -> int:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--layers", type=int, default=12, help="transformer blocks (the defaults are GPT-2 small's shape)")
     p.add_argument("--width", type=int, default=768, help="embedding width")
     p.add_argument("--heads", type=int, default=12, help="attention heads; must divide --width")

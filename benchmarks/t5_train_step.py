@@ -11,7 +11,6 @@ Prints one table: shape, implementation, tokens/s (input + target tokens), ms/st
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -106,9 +105,9 @@ def check(args) -> None:
 
 
 def main(argv=None) -> None:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--layers", type=int, default=6, help="encoder and decoder blocks each (T5-small: 6)")
     p.add_argument("--width", type=int, default=512, help="T5-small: 512")
     p.add_argument("--heads", type=int, default=8, help="T5-small: 8")

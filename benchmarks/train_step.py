@@ -19,7 +19,6 @@ the others.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -200,9 +199,9 @@ def check(args) -> None:
 
 def main(argv=None) -> None:
     global ARGS
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--shape", default="cpu", help="comma-separated: " + ", ".join(SHAPES))
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (T)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step")

@@ -10,7 +10,6 @@ threads as JAX has CPU cores to use. Prints one table: implementation, images/s,
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -103,9 +102,9 @@ def check(args) -> None:
 
 
 def main(argv=None) -> None:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--layers", type=int, default=12, help="ViT-B: 12")
     p.add_argument("--width", type=int, default=768, help="ViT-B: 768")
     p.add_argument("--heads", type=int, default=12, help="ViT-B: 12")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -10,11 +9,11 @@ import convert
 
 
 def main(argv=None) -> int:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
     command = os.path.basename(sys.argv[0])  # neomesh-hf when run as the installed command
-    p = argparse.ArgumentParser(prog="python -m convert" if command.endswith(".py") else command,
-                                description=convert.__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(prog="python -m convert" if command.endswith(".py") else command,
+                       description=convert.__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("import", help="Hugging Face model -> NeoMesh run directory", allow_abbrev=False,
                          formatter_class=HelpFormatter)

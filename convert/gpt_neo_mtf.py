@@ -192,8 +192,10 @@ def convert(checkpoint: str, model_path: str, config_path: str | None = None, to
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m convert.gpt_neo_mtf", description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from neomesh.help import ArgumentParser
+
+    p = ArgumentParser(prog="python -m convert.gpt_neo_mtf", description=__doc__, allow_abbrev=False,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="GPT-Neo's model_path (or a model.ckpt-STEP prefix)")
     p.add_argument("model_path", help="the NeoMesh run directory to write")
     p.add_argument("--config", help="GPT-Neo's config JSON (default: CHECKPOINT/config.json)")

@@ -29,11 +29,11 @@ def _mapping(model_type: str, source: str):
 
 def hf_config(hf_dir: str) -> Config:
     """The NeoMesh config of a Hugging Face model directory, from its config.json alone (no weights read)."""
-    from convert.hf_dir import read_json
+    from convert.hf_dir import not_a_model_directory, read_json
 
     path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(path):
-        raise ConfigError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
+        raise not_a_model_directory(hf_dir)
     hf = read_json(path)
     if not isinstance(hf, dict):
         raise ConfigError(f"{path}: expected a JSON object")

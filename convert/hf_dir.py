@@ -21,11 +21,20 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "s
 VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "spiece.model")  # one of these makes a tokenizer
 
 
+def not_a_model_directory(path: str) -> ConfigError:
+    """The error for a ``path`` without config.json, naming a NeoMesh run directory given in its place."""
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        return ConfigError(f"{path}: a NeoMesh run directory (checkpoints/, no config.json), not a Hugging Face model "
+                           "directory: predict.py and eval.py read it with --model-path; python -m convert export "
+                           "makes one of it")
+    return ConfigError(f"{path}: not a Hugging Face model directory (no config.json)")
+
+
 def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """(config.json as a dict, {weight name: float32 array}) of a Hugging Face model directory."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
-        raise ConfigError(f"{path}: not a Hugging Face model directory (no config.json)")
+        raise not_a_model_directory(path)
     hf_config = read_json(config_path)
     if not isinstance(hf_config, dict):
         raise ConfigError(f"{config_path}: expected a JSON object")

@@ -13,14 +13,18 @@ def check_dataset(cfg: Config, batch_size: int | None = None) -> None:
     from data.source import make_source, with_mask_token
 
     source = make_source(cfg, "train")
-    batch = source.batch(0, batch_size or cfg.train_batch_size)  # (B, n_ctx+1), or MLM's dict of (B, n_ctx)
+    batch = source.batch(0, batch_size or cfg.train_batch_size)  # (B, n_ctx+1), or a dict of fields
     masked = None
-    if isinstance(batch, dict):
+    if isinstance(batch, dict):  # every task but causal_lm: dispatch on the fields the batch has
+        if "images" in batch:
+            return _check_images(source, batch)
+        if "labels" in batch:  # labelled examples (sequence or token classification)
+            return _check_labelled(source, batch, cfg)
+        if "mask" not in batch:  # seq2seq (span corruption): inputs and targets
+            return _check_seq2seq(source, batch, cfg)
         masked = batch["mask"]
         batch = batch["inputs"]
     tok = source.tokenizer
-    if isinstance(batch, dict) and "labels" in batch:  # labelled examples (task sequence_classification)
-        return _check_labelled(source, batch, cfg)
     counts = np.bincount(batch.ravel(), minlength=1)
     print(source.description)
     print(f"batch 0{' inputs' if masked is not None else ''}: shape {batch.shape} {batch.dtype}; token ids min "
@@ -42,5 +46,35 @@ def _check_labelled(source, batch: dict, cfg: Config) -> None:
     print("batch 0: " + ", ".join(f"{k} {v.shape} {v.dtype}" for k, v in batch.items())
           + f"; token ids min {inputs.min()} max {inputs.max()} (n_vocab {cfg.n_vocab}, tokenizer "
           f"{source.tokenizer.vocab_size}); {real.sum(1).mean():.1f} real tokens per example of {inputs.shape[1]}")
-    label = int(batch["labels"][0])
-    print(f"first example (label {label}: {source.label_names[label]}):\n{source.tokenizer.decode(inputs[0][real[0]])}")
+    text = source.tokenizer.decode(inputs[0][real[0]])
+    labels = batch["labels"][0]
+    if labels.ndim == 0:
+        label = int(labels)
+        print(f"first example (label {label}: {source.label_names[label]}):\n{text}")
+        return
+    names = getattr(source, "label_names", None)  # a label per token, -1 where none is scored
+    tagged = [f"{source.tokenizer.decode([int(t)])!r}/{names[int(n)] if names else int(n)}"
+              for t, n in zip(inputs[0], labels) if n >= 0]
+    print(f"first example:\n{text}\nits labelled tokens: {' '.join(tagged)}")
+
+
+def _check_seq2seq(source, batch: dict, cfg: Config) -> None:
+    """Encoder inputs and decoder targets (span corruption): fields, token id range, the first pair as text."""
+    inputs, targets = batch["inputs"], batch["targets"]
+    print(source.description)
+    print("batch 0: " + ", ".join(f"{k} {v.shape} {v.dtype}" for k, v in batch.items())
+          + f"; token ids min {min(inputs.min(), targets.min())} max {max(inputs.max(), targets.max())} (n_vocab "
+          f"{cfg.n_vocab}, tokenizer {source.tokenizer.vocab_size})")
+    tok = source.tokenizer
+    print(f"first inputs:\n{tok.decode(inputs[0][batch['segment_ids'][0] > 0])}")
+    print(f"first targets:\n{tok.decode(targets[0][batch['target_segment_ids'][0] > 0])}")
+
+
+def _check_images(source, batch: dict) -> None:
+    """Images and their labels: shapes, value range, labels of the batch."""
+    images, labels = batch["images"], batch["labels"]
+    print(source.description)
+    print(f"batch 0: images {images.shape} {images.dtype}, values {images.min():.3g} .. {images.max():.3g}; labels "
+          f"{labels.shape} {labels.dtype}, per label: "
+          + ", ".join(f"{i} {c}" for i, c in enumerate(np.bincount(labels)) if c))
+    print(f"first image: label {int(labels[0])}")

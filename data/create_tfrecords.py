@@ -26,7 +26,6 @@ its help text said.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -272,9 +271,9 @@ def check_sizes(args, typed: list[str]) -> None:
 
 
 def main(argv=None) -> int:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--input", "--input_dir", nargs="+", required=True, metavar="PATH",
                    help=".txt / .jsonl / .jsonl.zst files, directories or globs; 'embedded' for the built-in corpus")
     p.add_argument("--output-dir", "--output_dir", required=True, help="where the TFRecords and NAME.index are "

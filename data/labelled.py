@@ -58,7 +58,9 @@ class Examples:
 
 def _open_text(path: str):
     if path.endswith(".zst"):
-        import zstandard
+        from data.text_files import zstd_module
+
+        zstandard = zstd_module(path)
         return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
     return open(path, encoding="utf-8")
 

@@ -24,7 +24,6 @@ this command did not write is refused, never replaced.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
 import json
@@ -337,6 +336,7 @@ def config_for_data(cfg, inputs: list[str]):
     from config import ConfigError
 
     dataset_file = given_dataset_file(inputs)
+    check_is_dataset_config(dataset_file)
     refusal = text_cannot_feed(cfg)
     if refusal and (dataset_file is None or token_data(dataset_file)):
         raise ConfigError(f"--data: {refusal}")
@@ -411,6 +411,21 @@ def given_dataset_file(inputs: list[str]) -> str | None:
     return None
 
 
+def check_is_dataset_config(dataset_file: str | None) -> None:
+    """A model config given to --data (a .json, as a dataset config is) is named as one (it was read as a dataset
+    config, whose first unknown key was the error)."""
+    from config import KNOWN_KEYS, ConfigError
+    from data.source import DATASET_KEYS
+
+    try:
+        with open(dataset_file or "") as f:
+            keys = set(json.load(f))
+    except (OSError, ValueError, TypeError):
+        return  # not there, or not a JSON object: reading it as a dataset config says what is wrong
+    if "path" not in keys and keys & (set(KNOWN_KEYS) - DATASET_KEYS):
+        raise ConfigError(f"--data {dataset_file}: a model config, not data; give it as --config {dataset_file}")
+
+
 def token_data(dataset_file: str) -> bool:
     """Whether a dataset config names TFRecords of tokens (as this module writes), not labelled examples."""
     try:
@@ -443,9 +458,9 @@ def text_cannot_feed(cfg) -> str | None:
 
 
 def main(argv=None) -> int:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help=".txt / .jsonl / .jsonl.zst files, folders or globs (embedded: the corpus shipped with "
                    "Python)")

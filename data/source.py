@@ -55,6 +55,14 @@ def load_dataset_config(name: str) -> dict:
     relative paths made absolute."""
     by_path = name.endswith(".json")
     path = name if by_path else os.path.join(DATASET_CONFIG_DIR, f"{name}.json")
+    if not os.path.exists(path) and os.path.exists(name):  # a file or folder, but not a dataset config
+        from data.text_files import SUFFIXES
+
+        if name.endswith((".tfrecords", ".tfrecord")):
+            raise ConfigError(f"datasets: {name} is TFRecords, not a dataset config: name them in a dataset config's "
+                              "path (create_tfrecords.py --write-dataset-config writes one)")
+        if os.path.isdir(name) or name.endswith(SUFFIXES):
+            raise ConfigError(f"datasets: {name} is not a dataset config; to train on text, give it as --data {name}")
     if not os.path.exists(path):
         known = sorted(f[:-5] for f in os.listdir(DATASET_CONFIG_DIR) if f.endswith(".json"))
         raise ConfigError(f"datasets: no dataset config {path} (known: {', '.join(known)}; or tfds:NAME, or the "
@@ -67,6 +75,9 @@ def load_dataset_config(name: str) -> dict:
     except json.JSONDecodeError as e:
         raise ConfigError(f"{where}: invalid JSON at line {e.lineno}: {e.msg}") from None
     unknown = sorted(set(dataset) - DATASET_KEYS)
+    if unknown and "path" not in dataset and {"n_layer", "n_embd", "attention_types", "model"} & set(dataset):
+        raise ConfigError(f"{where}: a model config, not a dataset config (it has '{unknown[0]}'); give it as "
+                          f"--config {where}")
     if unknown:
         raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(DATASET_KEYS))})")
     if "path" not in dataset:

@@ -29,9 +29,12 @@ def expand_inputs(patterns: list[str], flag: str = "--input") -> list[str]:
             matched = sorted(os.path.join(root, f) for root, _, names in os.walk(pattern) for f in names)
         else:
             matched = sorted(glob.glob(pattern, recursive=True))
+        records = any(f.endswith((".tfrecords", ".tfrecord")) for f in matched)
         matched = [f for f in matched if os.path.isfile(f) and f.endswith(SUFFIXES)]
         if not matched:
-            raise ConfigError(f"{flag} {pattern}: matches no {'/'.join(SUFFIXES)} file")
+            hint = ("; TFRecords are read through a dataset config's path, named in a config's datasets "
+                    "(create_tfrecords.py --write-dataset-config writes one)") if records else ""
+            raise ConfigError(f"{flag} {pattern}: matches no {'/'.join(SUFFIXES)} file{hint}")
         files.extend(matched)
     return files
 
@@ -85,11 +88,20 @@ def _file_lines(path: str) -> Iterator[bytes]:
         yield from f
 
 
+def zstd_module(path: str):
+    """``zstandard``, or a one-line error naming the .zst file that needs it (it is in the [data] extra)."""
+    try:
+        import zstandard
+    except ImportError:
+        raise ConfigError(f"{path}: reading .zst files needs zstandard: pip install zstandard (or NeoMesh's [data] "
+                          "extra)") from None
+    return zstandard
+
+
 def _zstd_lines(path: str) -> Iterator[bytes]:
     """Lines of a zstd-compressed file (one or more frames). A corrupt stream, or one that ends inside a frame
     (a truncated download or copy), is a ``BadFile``, never a silently shorter input."""
-    import zstandard
-
+    zstandard = zstd_module(path)
     decompressor = zstandard.ZstdDecompressor()
     frame, started, pending, read = decompressor.decompressobj(), False, b"", 0
     with open(path, "rb") as f:

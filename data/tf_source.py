@@ -130,11 +130,13 @@ class TFDataSource:
 
     def restore(self, step: int, batch_size: int, rows: slice, saved) -> str:
         """Positions the stream at global batch ``step`` for this process's ``rows`` from ``saved`` (an object with
-        ``meta`` and ``read(shard) -> bytes | None``, or None); returns one line saying what happened. Where no
-        saved position fits, the stream is replayed from its start on the first batch."""
+        ``meta`` and ``read(shard) -> bytes | None``, or None); returns one line saying what happened (none at step
+        0). Where no saved position fits, the stream is replayed from its start on the first batch."""
         from data.tf_import import tensorflow
         tf = tensorflow()
         if saved is None:
+            if step == 0:  # an imported run's checkpoint (python -m convert import): nothing read yet, none to replay
+                return ""
             return (f"note: checkpoint {step} holds no readable input position; the input stream is replayed up to "
                     f"step {step}")
         meta = saved.meta

@@ -94,7 +94,7 @@ class TokenLabelSource(ExampleStream):
         self.bytes_per_token = None
         self._order = None
         scored = self.token_labels[self.token_labels >= 0]
-        names = names or [str(i) for i in range(num_labels)]
+        names = self.label_names = names or [str(i) for i in range(num_labels)]
         counts = np.bincount(scored, minlength=num_labels)
         self.description = (f"{description}: {len(sentences):,} sentences ({cut:,} cut to n_ctx {n_ctx}), "
                             f"{len(scored):,} labelled words; per label: "

@@ -11,7 +11,6 @@ decoding gives the text back exactly.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -19,14 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 
 def main(argv=None) -> int:
-    from neomesh.help import HelpFormatter
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     p.add_argument("--input", nargs="+", default=["embedded"], metavar="PATH",
                    help="files, directories or globs; embedded is the corpus shipped with Python")
     p.add_argument("--base_dir", metavar="DIR", help="GPT-Neo's input: the DIR/*.FILE_TYPE files")
-    p.add_argument("--file_type", choices=("txt", "jsonl", "jsonl.zst", "xz"), default="txt",
-                   help="with --base_dir: which files")
+    p.add_argument("--file_type", choices=("txt", "jsonl", "jsonl.zst", "xz"),
+                   help="with --base_dir: which files (default: txt)")
     p.add_argument("--output-dir", "--output_dir", required=True, help="where tokenizer.json is written")
     p.add_argument("--vocab-size", "--vocab_size", type=int, required=True,
                    help="tokens in all, special tokens included")
@@ -41,6 +40,10 @@ def main(argv=None) -> int:
     try:
         if args.min_frequency < 0:
             raise ConfigError(f"--min-frequency: {args.min_frequency} must be zero or more")
+        if args.file_type and not args.base_dir:  # else the embedded corpus was read, the flag silently unused
+            raise ConfigError(f"--file_type {args.file_type}: only with --base_dir DIR (GPT-Neo's input); --input "
+                              "takes .txt, .jsonl and .jsonl.zst files, folders or globs as they are")
+        args.file_type = args.file_type or "txt"
         if args.base_dir and args.file_type == "xz":
             raise ConfigError("--file_type xz: lm_dataformat archives are not read here; extract them to .txt or "
                               ".jsonl files and pass --file_type txt or jsonl")

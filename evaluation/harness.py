@@ -15,12 +15,21 @@ per jitted call; ``mesh_shape``/``layout`` shard the model as in predict.py. Nee
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError as e:  # requirements.txt leaves it out: the [eval] extra
+    if __name__ != "__main__" or not (e.name or "").startswith("lm_eval"):
+        raise
+    print("error: python -m evaluation.harness runs lm-evaluation-harness, which is not installed: pip install "
+          "lm_eval (or NeoMesh's [eval] extra)", file=sys.stderr)
+    sys.exit(2)
 
 from config import ConfigError
 from evaluation.scorer import LENGTH_STEP, Scorer
@@ -144,11 +153,27 @@ def main(argv=None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     try:
+        _check_include_path(sys.argv[1:])
         cli_evaluate()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ValueError as e:  # lm_eval's way to say a --tasks name is unknown, with a traceback
+        if not str(e).startswith("Tasks not found"):
+            raise
+        print(f"error: --tasks: {e} (lm_eval's own: python -m evaluation.harness ls tasks; a task of your own is a "
+              "YAML file in the folder --include_path names)", file=sys.stderr)
+        return 2
     return 0
+
+
+def _check_include_path(args: list[str]) -> None:
+    """A missing --include_path folder is one line (lm_eval went on to 'Tasks not found' and a traceback)."""
+    for i, arg in enumerate(args):
+        path = args[i + 1] if arg == "--include_path" and i + 1 < len(args) else \
+            arg.split("=", 1)[1] if arg.startswith("--include_path=") else None
+        if path is not None and not os.path.exists(path):
+            raise ConfigError(f"--include_path {path}: no such folder (it holds the YAML files of your own tasks)")
 
 
 if __name__ == "__main__":

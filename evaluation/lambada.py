@@ -88,10 +88,20 @@ def build(path: str) -> int:
     return len(texts)
 
 
-if __name__ == "__main__":
-    import argparse
+def main(argv=None) -> int:
+    """``python -m evaluation.lambada [--build FILE]``: write the embedded-corpus LAMBADA file again."""
+    from neomesh.errors import run_main
+    from neomesh.help import ArgumentParser, HelpFormatter
 
-    parser = argparse.ArgumentParser(description="write the embedded-corpus LAMBADA file")
-    parser.add_argument("--build", metavar="FILE", default=EMBEDDED, help="where (default: the shipped file)")
-    args = parser.parse_args()
-    print(f"wrote {build(args.build)} passages to {args.build}")
+    parser = ArgumentParser(prog="python -m evaluation.lambada", formatter_class=HelpFormatter, allow_abbrev=False,
+                            description="Write the embedded-corpus LAMBADA file (for another Python version's corpus).")
+    parser.add_argument("--build", metavar="FILE", default=EMBEDDED,
+                        help="where to write it (default: %(default)s, the shipped file)")
+    args = parser.parse_args(argv)
+    return run_main(lambda: print(f"wrote {build(args.build)} passages to {args.build}"))
+
+
+if __name__ == "__main__":
+    from neomesh.errors import exit_process
+
+    exit_process(main())

@@ -77,6 +77,10 @@ def evaluate(argv=None) -> int:
 
 
 def lm_eval(argv=None) -> int:
+    if importlib.util.find_spec("lm_eval") is None:  # not in requirements.txt: the [eval] extra
+        print("error: neomesh-lm-eval runs lm-evaluation-harness, which is not installed: pip install lm_eval (or "
+              "NeoMesh's [eval] extra)", file=sys.stderr)
+        return 2
     return _run("evaluation.harness", argv)
 
 

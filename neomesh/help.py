@@ -1,9 +1,11 @@
-"""The help formatter every NeoMesh command line uses: the module docstring keeps its line breaks, and each
-option's help ends with its default when there is one worth showing."""
+"""The help formatter every NeoMesh command line uses (the module docstring keeps its line breaks, and each
+option's help ends with its default when there is one worth showing), and the parser whose usage mistakes are
+one line."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -19,3 +21,31 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
             return f"{text} (default: %(default)s)"
         return text
+
+
+# Other tools' flags a newcomer brings along, and NeoMesh's flag for the same thing (where the command has it).
+FOREIGN_FLAGS = {"--model_name_or_path": ("--init-from", "--hf-model"), "--output_dir": ("--model-path",)}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with a usage mistake as one line, ``error: PROG: MESSAGE; did you mean --X? (PROG --help
+    lists the options)``, instead of the usage block and a second line: an unknown flag gets the command's closest
+    one, in either spelling (``--model_path`` -> ``--model-path``), or its counterpart of another tool's
+    (Hugging Face's ``--model_name_or_path`` -> ``--init-from``). Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        hint = ""
+        if message.startswith("unrecognized arguments: "):
+            flag = next((a.split("=", 1)[0] for a in message.split(": ", 1)[1].split() if a.startswith("-")), None)
+            if flag:
+                close = self.closest_option(flag)
+                hint = f"; did you mean {close}?" if close else ""
+        self.exit(2, f"error: {self.prog}: {message}{hint} ({self.prog} --help lists the options)\n")
+
+    def closest_option(self, flag: str) -> str | None:
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        for candidate in (flag.replace("_", "-"), *FOREIGN_FLAGS.get(flag, ())):
+            if candidate in options:
+                return candidate
+        close = difflib.get_close_matches(flag.replace("_", "-"), options, n=1, cutoff=0.7)
+        return close[0] if close else None

@@ -2,7 +2,7 @@
 
 Each case runs the command's ``main(argv)`` in this process (no subprocess, no model built, no step trained):
 config mistakes fail before jax is needed, the others at the first check that sees them. Argument-parser usage
-errors are argparse's own and are not in the table.
+errors (an unknown flag, a bad value) are one line too: tests/test_cli_help.py.
 """
 
 import json
@@ -39,6 +39,7 @@ def files(tmp_path_factory):
     (d / "empty.txt").write_text("\n\n")
     (d / "bad_line.jsonl").write_text('{"text": "ok"}\nnot json\n')
     (d / "empty_run").mkdir()
+    (d / "a_run" / "checkpoints").mkdir(parents=True)
     for name, config, weights in [
             ("hf_no_config", None, None), ("hf_bad_json", "{not json", None), ("hf_no_weights", NEO, None),
             ("hf_garbage_weights", NEO, b"\x00garbage" * 10), ("hf_nan_weights", NEO, "nan"),
@@ -132,6 +133,14 @@ CASES = [
      "give --mesh-shape x:8"),
     ("predict", ["--model-path", "{d}/empty_run", "--prompt", "x", "--set", "layout=batch:x,heads:y"],
      "give --layout batch:x,heads:y"),
+    ("predict", ["--model-path", "{d}/never_trained", "--prompt", "x"],
+     "model_path: {d}/never_trained: no such run directory (nothing trained there yet)"),
+    ("predict", ["--model-path", "{d}/empty.txt", "--prompt", "x"], "model_path: {d}/empty.txt is a file"),
+    ("predict", ["--model-path", "{d}/hf_no_weights", "--prompt", "x"],
+     "model_path: {d}/hf_no_weights is a Hugging Face model directory (config.json, no checkpoints/): predict.py and "
+     "eval.py read it with --hf-model"),
+    ("predict", ["--hf-model", "{d}/a_run", "--prompt", "x"], "{d}/a_run: a NeoMesh run directory (checkpoints/, no "
+     "config.json), not a Hugging Face model directory: predict.py and eval.py read it with --model-path"),
     ("predict", ["--config", "{d}/binary.json", "--prompt", "x"], "{d}/binary.json: not a JSON text file"),
     ("predict", ["--hf-model", "{d}/hf_no_config", "--prompt", "x"], "{d}/hf_no_config: not a Hugging Face"),
     ("predict", ["--hf-model", "{d}/hf_bad_json", "--prompt", "x"], "{d}/hf_bad_json/config.json: invalid JSON"),
@@ -154,6 +163,8 @@ CASES = [
     ("tokenizer", ["--input", "{d}/nothing_*.txt", "--output-dir", "{d}/tok", "--vocab-size", "300"],
      "--input {d}/nothing_*.txt: matches no"),
     ("tokenizer", ["--output-dir", "{d}/tok", "--vocab-size", "100"], "vocab_size: 100 is below 258"),
+    ("tokenizer", ["--output-dir", "{d}/tok", "--vocab-size", "300", "--file_type", "jsonl"],
+     "--file_type jsonl: only with --base_dir DIR"),
     ("tokenizer", ["--output-dir", "{d}/tok", "--vocab-size", "300", "--min-frequency", "-1"],
      "--min-frequency: -1 must be zero or more"),
     ("tfrecords", ["--input", "{d}/nothing_*.txt", "--output-dir", "{d}/rec", "--name", "x", "--tokenizer",

@@ -14,7 +14,7 @@ from tests.common import ROOT
 MAIN_MODULES = ["train", "predict", "data.train_tokenizer", "data.create_tfrecords", "data.make_dataset",
                 "convert.__main__", "benchmarks.generate", "benchmarks.input_pipeline",
                 "benchmarks.mlm_train_step", "benchmarks.t5_train_step", "benchmarks.vit_train_step",
-                "benchmarks.train_step", "benchmarks.peft_memory"]
+                "benchmarks.train_step", "benchmarks.peft_memory", "eval", "tools.plot", "evaluation.lambada"]
 
 
 class Captured(Exception):
@@ -56,6 +56,34 @@ def test_every_option_has_help_its_default_and_no_abbreviation(module_name, monk
                                  or action.default is argparse.SUPPRESS)
             if worth_showing and not action.required and action.option_strings:
                 assert f"{action.default}" in shown, f"{parser.prog} {action.dest}: default not shown: {shown}"
+
+
+@pytest.mark.parametrize("module_name", MAIN_MODULES)
+def test_a_usage_mistake_is_one_line(module_name, monkeypatch, capsys):
+    """An unknown flag (or a missing argument, a bad value) is one line, not argparse's usage block and a second
+    line."""
+    parser = parser_of(module_name, monkeypatch)
+    monkeypatch.undo()
+    for parser in all_parsers(parser):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(["--no-such-flag"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+
+
+@pytest.mark.parametrize("module_name, argv, hint", [
+    ("train", ["--confg", "quickstart"], "unrecognized arguments: --confg quickstart; did you mean --config?"),
+    ("train", ["--model_path", "runs/x"], "did you mean --model-path?"),
+    ("train", ["--model_name_or_path", "gpt2"], "did you mean --init-from?"),  # Hugging Face's examples' flag
+    ("predict", ["--prompt", "x", "--model_name_or_path", "gpt2"], "did you mean --hf-model?"),
+    ("predict", ["--prompt", "x", "--max_new_tokens=5"], "did you mean --max-new-tokens?"),
+])
+def test_an_unknown_flag_gets_the_closest_one(module_name, argv, hint, capsys):
+    module = importlib.import_module(module_name)
+    with pytest.raises(SystemExit) as e:
+        module.parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and hint in err, err
 
 
 def test_model_is_not_taken_for_model_path():

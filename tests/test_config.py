@@ -174,6 +174,21 @@ def test_a_missing_config_suggests_files_that_exist(tmp_path):
         load_config("configs/quickstat.json")
 
 
+def test_a_dataset_config_or_a_hugging_face_config_json_is_named_as_such(tmp_path, monkeypatch):
+    """Given as --config, they got 'unknown key 'path'; did you mean 'patch_size'?' and 'unknown key
+    'architectures''."""
+    with pytest.raises(ConfigError, match=r"^configs/dataset_configs/embedded.json: a dataset config \(it has "
+                                          r"'path'\), not a model config; name it in a config's datasets, e.g. "
+                                          r"--config quickstart --set 'datasets=\[\[\"configs/dataset_configs/"):
+        load_config("configs/dataset_configs/embedded.json")
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^gpt2/config.json: a Hugging Face model's config.json, not a NeoMesh "
+                                          r"config; give its directory: train.py --init-from gpt2, "):
+        load_config("gpt2/config.json")
+
+
 @pytest.mark.parametrize("overrides, expected", [
     (["bogus=1"], "unknown key 'bogus'"),
     (["mesh_shape=x:3"], "mesh_shape: 'x:3' needs 3 devices but 8 are available"),

@@ -130,6 +130,26 @@ def test_bad_dataset_entries(records):
         make_source(config([["bad", None, None, -1]]), "train")
 
 
+def test_a_datasets_entry_that_is_not_a_dataset_config_says_what_it_is(tmp_path, monkeypatch):
+    """Text, TFRecords or a model config named in datasets got 'no dataset config
+    configs/dataset_configs/NAME.json' (or a model config's first key as unknown)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("some text")
+    (tmp_path / "x_00000.tfrecords").write_bytes(b"")
+    (tmp_path / "mine.json").write_text(json.dumps({"n_layer": 2, "n_embd": 64}))
+    for name, message in [("texts", "datasets: texts is not a dataset config; to train on text, give it as --data "
+                                    "texts"),
+                          ("texts/a.txt", "give it as --data texts/a.txt"),
+                          ("x_00000.tfrecords", "datasets: x_00000.tfrecords is TFRecords, not a dataset config: "
+                                                "name them in a dataset config's path"),
+                          ("mine.json", "mine.json: a model config, not a dataset config (it has 'n_embd'); give it "
+                                        "as --config mine.json")]:
+        with pytest.raises(ConfigError) as e:
+            make_source(config([[name, None, None, None]]), "train")
+        assert message in str(e.value), str(e.value)
+
+
 def test_check_dataset_cli_prints_or_fails_in_one_line(records, capsys):
     args = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--check-dataset", "--set",
             'datasets=[["bad", null, null, null]]', "--set", "n_vocab=1000000", "--set", "n_ctx=16"]
@@ -173,3 +193,39 @@ def test_mlm_training_needs_a_bidirectional_model_and_a_mask_token(capsys):
                                        "false\n")
     assert train.main(base + ["--set", "causal=false"]) == 2  # the quickstart's BPE has no [MASK] or <mask>
     assert capsys.readouterr().err.startswith("error: mlm_mask_token_id: not set, and the tokenizer ")
+
+
+@pytest.mark.parametrize("kind", ["sequence_labels", "token_labels", "seq2seq", "images"])
+def test_check_dataset_shows_every_kind_of_batch(kind, monkeypatch, capsys):
+    """--check-dataset of bert_classify, bert_code_tags, t5_small_spans and vit_digits stopped with KeyError 'mask'
+    (every dict batch was taken for a masked-LM one)."""
+    import types
+
+    import numpy as np
+
+    from data import check
+    from data.tokenizer import load_tokenizer
+    from tests.common import tiny_config
+
+    tok = load_tokenizer("bytes")
+    ids = np.array([[tok.eos_id, *b"def f", tok.eos_id, 0]], np.int32)  # (1, 8)
+    real = (np.arange(8) < 7).astype(np.int32)[None]
+    batches = {
+        "sequence_labels": {"inputs": ids, "segment_ids": real, "labels": np.array([1], np.int32),
+                            "weights": np.ones(1, np.float32)},
+        "token_labels": {"inputs": ids, "segment_ids": real,
+                         "labels": np.array([[-1, 0, -1, -1, 2, 1, -1, -1]], np.int32)},
+        "seq2seq": {"inputs": ids, "segment_ids": real, "targets": ids[:, ::-1].copy(),
+                    "target_segment_ids": real[:, ::-1].copy()},
+        "images": {"images": np.zeros((2, 4, 4, 1), np.float32), "labels": np.array([3, 3], np.int32),
+                   "weights": np.ones(2, np.float32)}}
+    source = types.SimpleNamespace(batch=lambda step, size: batches[kind], tokenizer=tok, description="train: x",
+                                   label_names=["keyword", "name", "operator"])
+    monkeypatch.setattr("data.source.make_source", lambda cfg, split: source)
+    check.check_dataset(tiny_config(n_vocab=300), batch_size=1)
+    out = capsys.readouterr().out
+    assert out.startswith("train: x\nbatch 0: ")
+    assert {"sequence_labels": "first example (label 1: name):\ndef f",
+            "token_labels": "its labelled tokens: 'd'/keyword ' '/operator 'f'/name",
+            "seq2seq": "first targets:\n",
+            "images": "per label: 3 2\nfirst image: label 3"}[kind] in out, out

@@ -52,6 +52,16 @@ def test_a_multi_frame_zst_reads_every_document(inputs):
     assert [t for t in read_documents(str(inputs / "good.jsonl.zst"))] == [d["text"] for d in GOOD]
 
 
+def test_without_zstandard_a_zst_input_says_what_to_install(inputs, monkeypatch, capsys):
+    """zstandard comes with the [data] extra; without it a .jsonl.zst input was an ImportError traceback."""
+    monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # importing it raises ImportError
+    path = inputs / "good.jsonl.zst"
+    assert train_tokenizer.main(["--input", str(path), "--output-dir", str(inputs / "tok"), "--vocab-size", "300",
+                                 "--skip-bad-files"]) == 2  # not a bad file: nothing to skip
+    assert capsys.readouterr().err == (f"error: {path}: reading .zst files needs zstandard: pip install zstandard (or "
+                                       "NeoMesh's [data] extra)\n")
+
+
 @pytest.mark.parametrize("name", BAD)
 def test_create_tfrecords_names_a_bad_file_in_one_line_and_leaves_nothing(inputs, tmp_path, capsys, name):
     out = tmp_path / "out"

@@ -257,7 +257,7 @@ def test_predict_errors_are_one_line(neo_dir, tmp_path):
          "(shorten it, lower --max-new-tokens or pass --truncate-prompt)"),
         (["--hf-model", neo_dir, "--prompt", "x", "--max-new-tokens", "64", "--truncate-prompt"],
          "--max-new-tokens 64: leaves no room for a prompt in the model's n_ctx 64 (at most 63)"),
-        (["--model-path", str(tmp_path / "none"), "--prompt", "x"], "no checkpoint in"),
+        (["--model-path", str(tmp_path / "none"), "--prompt", "x"], "none: no such run directory"),
         (["--hf-model", str(tmp_path), "--prompt", "x"], "not a Hugging Face model directory"),
         (["--hf-model", neo_dir, "--prompt", "x", "--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--hf-model", neo_dir, "--prompt", "x", "--stop", ""], "--stop: an empty text would end every generation"),

@@ -222,12 +222,26 @@ def test_model_name_resolves_configs_name_json(capsys):
     assert model_config_path("quickstart") in ("configs/quickstart.json",
                                                 os.path.join(ROOT, "configs", "quickstart.json"))
     assert model_config_path("x/y.json") == "x/y.json"
-    with pytest.raises(ConfigError, match=r"--model quickstrat: no configs/quickstrat.json \(known: .*quickstart"):
+    with pytest.raises(ConfigError, match=r"--model quickstrat: no configs/quickstrat.json; did you mean --model "
+                                          r"quickstart\? \(known: .*quickstart"):
         model_config_path("quickstrat")
     args = train.parse_args(["--model", "quickstart"])
     assert (args.model, args.model_path, args.config) == ("quickstart", None, None)  # not --model-path
     assert train.main(["--model", "quickstrat"]) == 2
     assert capsys.readouterr().err.startswith("error: --model quickstrat: no configs/quickstrat.json")
+
+
+def test_model_name_finds_the_shipped_configs_of_an_installed_copy(tmp_path, monkeypatch):
+    """Installed, the shipped configs are package data (neomesh/configs), not a configs/ beside config.py."""
+    shipped = tmp_path / "site-packages" / "neomesh" / "configs"
+    shipped.mkdir(parents=True)
+    (shipped / "quickstart.json").write_text("{}")
+    monkeypatch.setattr("neomesh.paths.configs_dir", lambda: str(shipped))
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    assert model_config_path("quickstart") == str(shipped / "quickstart.json")
+    with pytest.raises(ConfigError, match=r"--model quickstat: .*did you mean --model quickstart\? \(known: "
+                                          r"quickstart;"):
+        model_config_path("quickstat")
 
 
 def read_records(path):

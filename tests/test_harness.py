@@ -111,3 +111,45 @@ def test_model_args_are_checked_and_the_command_lines_other_options_left_out(hf_
     lm = NeoMeshLM.create_from_arg_string(f"path={hf_dir},max_gen_toks=4",
                                           {"batch_size": 2, "max_batch_size": None, "device": "cuda"})
     assert lm.max_gen_toks == 4 and lm.scorer.batch_size == 2
+
+
+def test_a_missing_include_path_or_an_unknown_task_is_one_line(tmp_path, monkeypatch, capsys):
+    """The README's harness command run before my_tasks/ exists, or with a task name lm_eval does not know, ended
+    in lm_eval's ValueError traceback."""
+    from evaluation import harness
+
+    argv = ["--model", "neomesh", "--model_args", "path=runs/quickstart", "--tasks", "my_task"]
+    assert harness.main([*argv, "--include_path", str(tmp_path / "my_tasks")]) == 2
+    assert capsys.readouterr().err == (f"error: --include_path {tmp_path / 'my_tasks'}: no such folder (it holds the "
+                                       "YAML files of your own tasks)\n")
+
+    def unknown_task():
+        raise ValueError("Tasks not found: my_task")
+
+    monkeypatch.setattr("lm_eval.__main__.cli_evaluate", unknown_task)
+    assert harness.main([*argv, f"--include_path={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tasks: Tasks not found: my_task (") and len(err.splitlines()) == 1
+
+
+def test_without_lm_eval_the_commands_say_what_to_install(monkeypatch, capsys):
+    """requirements.txt leaves lm_eval out (the [eval] extra): python -m evaluation.harness and neomesh-lm-eval
+    ended in an ImportError traceback."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from neomesh import cli
+
+    code = ("import sys, runpy; sys.modules['lm_eval'] = None; sys.argv = ['harness', '--help']; "
+            "runpy.run_module('evaluation.harness', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 2 and result.stderr == (
+        "error: python -m evaluation.harness runs lm-evaluation-harness, which is not installed: pip install lm_eval "
+        "(or NeoMesh's [eval] extra)\n"), result.stderr
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "lm_eval" else find_spec(name, *a))
+    assert cli.lm_eval(["--help"]) == 2
+    assert "neomesh-lm-eval runs lm-evaluation-harness, which is not installed" in capsys.readouterr().err

@@ -119,3 +119,31 @@ def test_a_run_whose_own_mesh_does_not_fit_the_devices_here_says_how_to_name_one
         "error: mesh_shape: 'x:16' needs 16 devices but 8 are available; on CPU, simulate 16 devices with "
         "XLA_FLAGS=--xla_force_host_platform_device_count=16 (the mesh of the run's own config, from its "
         "checkpoint; --set mesh_shape=... names one for the devices here: a run resumes on any mesh)\n")
+
+
+def test_init_from_notes_only_the_keys_whose_model_changes(tmp_path):
+    """An export of the quickstart spells d_ff as 768 where the config leaves it null (4 * n_embd): the same model,
+    so no note; a wider model is noted with the keys that differ."""
+    from convert.gpt_neo import config_to_hf
+
+    quickstart = load_config("quickstart")[0]
+    same, wider = tmp_path / "same", tmp_path / "wider"
+    for folder, hf in [(same, config_to_hf(quickstart)),
+                       (wider, config_to_hf(quickstart.replace(n_embd=240, d_ff=960)))]:
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(hf))
+    notes = []
+    cfg = train.with_architecture_of(quickstart.replace(init_from=str(same)), "--init-from", notes)
+    assert notes == [] and cfg.intermediate == quickstart.intermediate
+    cfg = train.with_architecture_of(quickstart.replace(init_from=str(wider)), "--init-from", notes)
+    assert notes == [f"--init-from: the model's shape is {wider}'s: n_embd 240, d_ff 960"]
+    assert (cfg.n_embd, cfg.intermediate) == (240, 960)
+
+
+def test_a_peft_run_without_init_from_is_told_its_base_stays_random():
+    """configs/finetune_lora_gpt2.json run without --init-from trained LoRA factors on a random GPT-2, silently."""
+    template = load_config("finetune_lora_gpt2")[0]
+    assert "--init-from DIR or ORG/NAME" in train.peft_base_note(template)
+    assert train.peft_base_note(template.replace(init_from="hf/gpt2")) is None
+    assert train.peft_base_note(load_config("quickstart")[0]) is None
+    assert train.peft_base_note(template.replace(peft={"lora": {}, "trainable": ["all"]})) is None

@@ -129,6 +129,8 @@ def test_restoring_reads_nothing_of_what_came_before(datasets, reads):
     replayed = make_source(cfg, "train")
     note = replayed.restore(60, B, slice(0, B), None)
     assert note.startswith("note: checkpoint 60 holds no readable input position")
+    # An imported run's step-0 checkpoint holds none either: nothing to replay, nothing to say.
+    assert make_source(cfg, "train").restore(0, B, slice(0, B), None) == ""
     assert equal(replayed.batch(60, B), expected)
     # 61 batches of 8 windows of at least 2 documents: the replay reads over 900 records; restoring reads what
     # the prefetch and parallel reads take ahead of one batch (a few dozen), whatever the step.

@@ -256,6 +256,22 @@ def test_data_names_the_flag_and_a_missing_path(tmp_path, work_root):
         make_dataset([str(tmp_path / "missing.txt")])
 
 
+def test_data_names_tfrecords_and_a_model_config_given_as_data(tmp_path, work_root):
+    """create_tfrecords' output folder, or a model config (a .json, as a dataset config is), given to --data."""
+    cfg = tiny_config(n_vocab=300)
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "x_00000.tfrecords").write_bytes(b"")
+    with pytest.raises(ConfigError) as e:
+        config_for_data(cfg, [str(tmp_path / "records")])
+    assert str(e.value) == (f"--data {tmp_path / 'records'}: matches no .txt/.jsonl/.jsonl.zst file; TFRecords are "
+                            "read through a dataset config's path, named in a config's datasets (create_tfrecords.py "
+                            "--write-dataset-config writes one)")
+    model_config = os.path.join(ROOT, "configs", "quickstart.json")
+    with pytest.raises(ConfigError) as e:
+        config_for_data(cfg, [model_config])
+    assert str(e.value) == f"--data {model_config}: a model config, not data; give it as --config {model_config}"
+
+
 def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_path, work_root, capsys,
                                                                           monkeypatch):
     from data import make_dataset as module

@@ -81,6 +81,8 @@ def run_installed(bin_dir, command, *args, cwd, env=None):
 def test_installed_commands_run_from_any_directory(installed, tmp_path):
     listing = run_installed(installed, "neomesh-train", "--config", "quickstart", "--help-config", cwd=tmp_path)
     assert listing.returncode == 0 and "log_every" in listing.stdout
+    by_model = run_installed(installed, "neomesh-predict", "--model", "quickstart", "--prompt", "x", cwd=tmp_path)
+    assert by_model.returncode == 2 and "runs/quickstart: no such run directory" in by_model.stderr, by_model.stderr
     typo = run_installed(installed, "neomesh-train", "--config", "configs/quickstat.json", cwd=tmp_path)
     assert typo.returncode == 2 and "did you mean configs/quickstart.json?" in typo.stderr
     bad_set = run_installed(installed, "neomesh-train", "--config", "configs/quickstart.json", "--set", "n_embed=8",

@@ -62,3 +62,26 @@ def test_command_line_and_its_mistakes(tmp_path):
         wrong = run_command("-m", "tools.plot", run, "-o", str(out))
         assert wrong.returncode == 2 and f"error: -o {out}: {message}" in wrong.stderr, wrong.stderr
     assert sorted(os.listdir(tmp_path)) == ["empty", "out.png", "run"]  # written whole: no temporary left
+
+
+def test_the_installed_command_names_itself_in_its_usage(monkeypatch, capsys):
+    from tools.plot import main
+
+    monkeypatch.setattr("sys.argv", ["/venv/bin/neomesh-plot"])
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: neomesh-plot ")
+    monkeypatch.setattr("sys.argv", ["/repo/tools/plot.py"])  # python -m tools.plot
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m tools.plot ")
+
+
+def test_without_matplotlib_is_one_line(tmp_path, monkeypatch, capsys):
+    """requirements.txt leaves matplotlib out (the [plot] extra): the command said so in a traceback."""
+    from tools.plot import main
+
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # importing it raises ImportError
+    assert main([fake_run(tmp_path / "a", 4, 2), "-o", str(tmp_path / "c.png")]) == 2
+    assert capsys.readouterr().err == ("error: tools.plot draws with matplotlib, which is not installed: pip install "
+                                       "matplotlib (or NeoMesh's [plot] extra)\n")

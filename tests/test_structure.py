@@ -59,3 +59,15 @@ def test_tensorflow_starts_without_keras_and_tf_keras_still_works():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"})
     assert result.stdout.split() == ["False", "False", "6", "keras.src.layers.core.dense"], result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("folder", ["models", "parallel", "convert", "benchmarks"])
+def test_the_readmes_repository_section_names_every_file(folder):
+    """The README's Repository tree names every module of these folders (it left out the ViT family's files and
+    the main train-step benchmark)."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    tree = readme.split("\n## Repository\n", 1)[1].split("\n## ", 1)[0]
+    files = sorted(n for n in os.listdir(os.path.join(ROOT, folder))
+                   if n.endswith((".py", ".sh")) and n not in ("__init__.py", "__main__.py"))
+    missing = [n for n in files if not re.search(rf"\b{re.escape(n)}\b", tree)]
+    assert not missing, f"README.md's Repository section does not name {folder}/ {', '.join(missing)}"

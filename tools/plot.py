@@ -8,8 +8,8 @@ they compare at a glance; eval points are marked. Needs matplotlib (``pip instal
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 
 # (panel title, [(kind, metric, label suffix, line style)]): a panel is drawn when any run logged one of them.
 PANELS = [
@@ -36,12 +36,15 @@ def read_run(run_dir: str) -> dict[str, list[dict]]:
 def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
     """Draws the runs' curves into ``out`` (PNG, or any format matplotlib knows by the extension); returns the
     figure."""
-    import matplotlib
+    from config import ConfigError
 
+    try:
+        import matplotlib
+    except ImportError:  # requirements.txt leaves it out: the [plot] extra
+        raise ConfigError("tools.plot draws with matplotlib, which is not installed: pip install matplotlib (or "
+                          "NeoMesh's [plot] extra)") from None
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
-
-    from config import ConfigError
 
     kinds = plt.figure().canvas.get_supported_filetypes()
     plt.close("all")
@@ -84,9 +87,11 @@ def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
 
 def main(argv=None) -> int:
     from neomesh.errors import run_main
+    from neomesh.help import ArgumentParser
 
-    p = argparse.ArgumentParser(prog="python -m tools.plot", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
+    command = os.path.basename(sys.argv[0])  # neomesh-plot when run as the installed command
+    p = ArgumentParser(prog="python -m tools.plot" if command.endswith(".py") else command,
+                       description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (each with a metrics.jsonl)")
     p.add_argument("-o", "--output", default="curves.png", help="the picture to write (default: curves.png)")
     p.add_argument("--names", nargs="+", help="legend names, one per run (default: the directory names)")

@@ -112,6 +112,14 @@ class Checkpoints:
     def __init__(self, model_path: str, keep: int, read_only: bool = False):
         self.directory = os.path.abspath(os.path.join(model_path, "checkpoints"))
         if read_only and not os.path.isdir(self.directory):
+            if "://" not in model_path and os.path.isfile(model_path):
+                raise ConfigError(f"model_path: {model_path} is a file, not a run directory")
+            if "://" not in model_path and not os.path.exists(model_path):  # predict.py or export before train.py
+                raise ConfigError(f"model_path: {model_path}: no such run directory (nothing trained there yet)")
+            if "://" not in model_path and os.path.isfile(os.path.join(model_path, "config.json")):
+                raise ConfigError(f"model_path: {model_path} is a Hugging Face model directory (config.json, no "
+                                  "checkpoints/): predict.py and eval.py read it with --hf-model; python -m convert "
+                                  "import makes a run of it")
             raise ConfigError(f"model_path: no checkpoint in {self.directory}")
         self.verified = _KeepVerified()
         _set_array_handler()

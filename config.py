@@ -466,7 +466,9 @@ def validated(cfg: Config) -> Config:
     for f in dataclasses.fields(Config):
         value = getattr(cfg, f.name)
         if not _type_ok(value, f.type):
-            raise ConfigError(f"{f.name}: expected {_type_name(f.type)}, got {json.dumps(value)}")
+            example = {"mesh_shape": ' such as "x:4" (axis:size)', "layout": ' such as "batch:x" (dimension:axis)'}
+            raise ConfigError(f"{f.name}: expected {_type_name(f.type)}{example.get(f.name, '')}, got "
+                              f"{json.dumps(value)}")
         if value is None:
             continue
         if isinstance(value, float) and not math.isfinite(value):
@@ -930,16 +932,23 @@ def resolve_config_path(path: str) -> str:
         beside = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".json"))
     stem = os.path.basename(path).removesuffix(".json")
     hint = ""
-    close = difflib.get_close_matches(stem, beside, n=1, cutoff=0.6)
+    close = closest(stem, beside)
     if close:
-        hint = f"; did you mean {os.path.join(folder, close[0] + '.json')}?"
-    elif close := difflib.get_close_matches(stem, known, n=1, cutoff=0.6):
+        hint = f"; did you mean {os.path.join(folder, close + '.json')}?"
+    elif close := closest(stem, known):
         # a shipped config in the path's own spelling only where that spelling finds it (configs/NAME.json)
-        spelled = os.path.join(folder, close[0] + ".json")
+        spelled = os.path.join(folder, close + ".json")
         found = not os.path.isabs(spelled) and os.path.isfile(os.path.join(os.path.dirname(shipped), spelled))
-        hint = f"; did you mean {spelled if found else close[0]}?"
+        hint = f"; did you mean {spelled if found else close}?"
     there = f"; in {folder}: {', '.join(beside)}" if beside else ""
     raise ConfigError(f"{path}: config file not found{hint} (shipped configs: {', '.join(known)}{there})")
+
+
+def closest(name: str, names: list[str]) -> str | None:
+    """The one of ``names`` most like ``name``, case aside (QUICKSTART finds quickstart), or None."""
+    lowered = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(name.lower(), lowered, n=1, cutoff=0.6)
+    return lowered[close[0]] if close else None
 
 
 def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
@@ -996,6 +1005,6 @@ def model_config_path(name: str) -> str:
         if os.path.exists(path):
             return path
     known = sorted(f[:-5] for f in os.listdir(configs_dir()) if f.endswith(".json"))
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    hint = f"; did you mean --model {close[0]}?" if close else ""
+    close = closest(name, known)
+    hint = f"; did you mean --model {close}?" if close else ""
     raise ConfigError(f"--model {name}: no {relative}{hint} (known: {', '.join(known)}; or give a .json path)")

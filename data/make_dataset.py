@@ -173,13 +173,13 @@ def write_splits(directory: str, entries: list[tuple[str, int]], by_document: bo
 def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: int = 8192,
                  tokenizer: str | None = None, eval_fraction: float = EVAL_FRACTION, n_ctx: int = 2048,
                  min_frequency: int = 2, workers: int = 0, say: Callable[[str], None] | None = None,
-                 special_tokens: Sequence[str] = (), input_flag: str = "--input", vocab_flag: str = "--vocab-size"
-                 ) -> str:
+                 special_tokens: Sequence[str] = (), input_flag: str = "--input", vocab_flag: str = "--vocab-size",
+                 tokenizer_flag: str = "--tokenizer") -> str:
     """Prepares (or finds already prepared) the dataset of ``inputs``; returns its folder, holding
     ``dataset.json``, ``tokenizer.json`` (unless the tokenizer is bytes), ``train_*.tfrecords`` and
     ``eval_*.tfrecords`` with their ``.index`` files. A trained BPE holds ``special_tokens`` too (``[MASK]``, T5's
-    sentinels) within its ``vocab_size``. Errors name ``input_flag`` and ``vocab_flag``, the flags that gave
-    those values (train.py's are ``--data`` and the config's ``n_vocab``)."""
+    sentinels) within its ``vocab_size``. Errors name ``input_flag``, ``vocab_flag`` and ``tokenizer_flag``, the
+    flags that gave those values (train.py's are ``--data`` and the config's ``n_vocab`` and ``tokenizer_path``)."""
     from config import ConfigError
     from data.prepare import build_once
     from data.text_files import expand_inputs
@@ -191,7 +191,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     if tokenizer is None:
         check_bpe_size(vocab_size, special_tokens, vocab_flag)
     files = expand_inputs(inputs, input_flag)
-    reused = load_tokenizer(tokenizer) if tokenizer else None
+    reused = load_tokenizer(tokenizer, tokenizer_flag) if tokenizer else None
     cache = os.path.join(work_root(), "data_cache")
     try:
         check_output_dir(output_dir, cache)
@@ -344,7 +344,8 @@ def config_for_data(cfg, inputs: list[str]):
         if cfg.tokenizer_path and (cfg.mlm_training or cfg.span_corruption):
             check_reused_tokenizer(cfg)
         folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx,
-                              special_tokens=objective_tokens(cfg), input_flag="--data", vocab_flag="n_vocab")
+                              special_tokens=objective_tokens(cfg), input_flag="--data", vocab_flag="n_vocab",
+                              tokenizer_flag="tokenizer_path")
         dataset_file = os.path.join(folder, "dataset.json")
     with open(dataset_file) as f:
         dataset = json.load(f)

@@ -266,11 +266,11 @@ def short_of(size: int, asked: int, where: str, min_frequency: int) -> str:
             f"least {min_frequency} times in the text; more text gives more tokens")
 
 
-def load_tokenizer(path: str) -> Tokenizer:
+def load_tokenizer(path: str, where: str = "tokenizer_path") -> Tokenizer:
     """``"bytes"``, a ``tokenizer.json``, or a directory holding ``tokenizer.json``, GPT-2's or RoBERTa's
     ``vocab.json`` and ``merges.txt``, BERT's ``vocab.txt``, or T5's SentencePiece ``spiece.model`` (needs the
     optional ``sentencepiece`` package). Nothing is downloaded: a hub name like ``gpt2`` must be a local
-    directory."""
+    directory. Errors name ``where``, the key or flag that gave ``path``."""
     from tokenizers import Tokenizer as Library
 
     if path == "bytes":
@@ -292,9 +292,9 @@ def load_tokenizer(path: str) -> Tokenizer:
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "vocab.txt")):
         return HFTokenizer(_wordpiece_files(path), path)
     if not os.path.exists(path):
-        raise ConfigError(f"tokenizer_path: {path!r} does not exist; a hub name like 'gpt2' works only as a local "
+        raise ConfigError(f"{where}: {path!r} does not exist; a hub name like 'gpt2' works only as a local "
                           "folder with tokenizer.json, vocab.json + merges.txt or vocab.txt (nothing is downloaded)")
-    raise ConfigError(f"tokenizer_path: {path!r} is neither 'bytes', a tokenizer.json, nor a directory with "
+    raise ConfigError(f"{where}: {path!r} is neither 'bytes', a tokenizer.json, nor a directory with "
                       "tokenizer.json, vocab.json + merges.txt or vocab.txt (nothing is downloaded)")
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from config import ConfigError, describe_keys, from_dict, load_config, parse_override
+from config import ConfigError, describe_keys, from_dict, load_config, model_config_path, parse_override
 from tests.common import TINY, run_cli, run_command
 
 GPT_NEO_SMALL = {  # a config written for GPT-Neo itself (its configs/gpt3_small_256.json)
@@ -172,6 +172,13 @@ def test_a_missing_config_suggests_files_that_exist(tmp_path):
         load_config(str(tmp_path / "mien.json"))
     with pytest.raises(ConfigError, match="did you mean configs/quickstart.json\\?"):
         load_config("configs/quickstat.json")
+    with pytest.raises(ConfigError, match="did you mean quickstart\\?"):  # case aside
+        load_config("QUICKSTART")
+    with pytest.raises(ConfigError, match="did you mean --model quickstart\\?"):
+        model_config_path("QuickStart")
+    with pytest.raises(ConfigError,
+                       match='^--set mesh_shape=4: mesh_shape: expected str such as "x:4" \\(axis:size\\), got 4$'):
+        load_config("quickstart", ("mesh_shape=4",))
 
 
 def test_a_dataset_config_or_a_hugging_face_config_json_is_named_as_such(tmp_path, monkeypatch):

@@ -148,6 +148,8 @@ def test_damaged_checkpoint_falls_back_and_a_torn_metrics_line_is_dropped(refere
     assert convert_main(["export", str(path), str(tmp_path / "exported")]) == 2
     errs = capsys.readouterr().err.strip().splitlines()
     assert len(errs) == 2 and all(f"checkpoint {path}/checkpoints/6 is damaged" in e for e in errs), errs
+    assert all(e.endswith(f"(train.py --model-path {path} --eval moves a damaged checkpoint to damaged_checkpoints/ "
+                          "and evaluates the one before, which this command then reads)") for e in errs), errs
     assert not os.path.exists(tmp_path / "exported" / "model.safetensors")
 
     # Training falls back to checkpoint 4 and redoes 5 and 6 exactly; keep_checkpoints=1 still keeps 4, the

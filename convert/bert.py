@@ -2,8 +2,9 @@
 
 Encoder weights map one to one (torch Linear weights are (out, in); NeoMesh attention kernels (D, N, H) and
 (N, H, D)). Heads map when the checkpoint has them: ``*ForMaskedLM`` carries the MLM head (``cls.predictions`` /
-``lm_head``), ``*ForSequenceClassification`` the pooler and classifier; a bare ``BertModel`` has neither, and a
-model built for a task whose head the checkpoint lacks starts that head fresh (the caller says so).
+``lm_head``), ``*ForSequenceClassification`` the pooler and classifier, ``*ForTokenClassification`` a per-token
+linear ``classifier`` (no pooler); a bare ``BertModel`` has none, and a model built for a task whose head the
+checkpoint lacks starts that head fresh (the caller says so).
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
         raise ConfigError(f"{source}: position_embedding_type '{hf['position_embedding_type']}' is not supported "
                           "(absolute)")
     architecture = (hf.get("architectures") or [""])[0]
-    classify = architecture.endswith("ForSequenceClassification")
+    task = "sequence_classification" if architecture.endswith("ForSequenceClassification") else \
+        "token_classification" if architecture.endswith("ForTokenClassification") else "masked_lm"
     offset = hf.get("pad_token_id", 1) + 1 if kind == "roberta" else 0  # RoBERTa's table reserves the rows below
     keys = dict(model=kind, n_embd=hf["hidden_size"], n_layer=hf["num_hidden_layers"],
                 n_head=hf["num_attention_heads"], d_ff=hf["intermediate_size"], n_vocab=hf["vocab_size"],
                 n_ctx=hf["max_position_embeddings"] - offset, position_offset=offset,
                 n_token_types=hf.get("type_vocab_size", 2), layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
                 activation_function=ACTIVATIONS_FROM_HF[act],
-                task="sequence_classification" if classify else "masked_lm",
+                task=task,
                 num_labels=len(hf.get("id2label") or {0: 0, 1: 1}))
     cfg, _ = from_dict(keys, source=source)
     return cfg
@@ -79,7 +81,10 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
         transform = "cls.predictions.transform." if cfg.model == "bert" else "lm_head."
         params["mlm"] = {"dense": linear(f"{transform}dense"), "bias": get(f"{mlm}bias"),
                          "layer_norm": norm(transform + ("LayerNorm" if cfg.model == "bert" else "layer_norm"))}
-    if cfg.model == "bert" and "classifier.weight" in sd:
+    if cfg.task == "token_classification":  # one linear layer on every token, both families
+        if "classifier.weight" in sd:
+            params["token_classifier"] = {"mlp": {"layers": {0: linear("classifier")}}}
+    elif cfg.model == "bert" and "classifier.weight" in sd:
         params["classifier"] = {"dense": linear("pooler.dense"), "out": linear("classifier")}
     elif cfg.model == "roberta" and "classifier.out_proj.weight" in sd:
         params["classifier"] = {"dense": linear("classifier.dense"), "out": linear("classifier.out_proj")}
@@ -99,7 +104,8 @@ def config_to_hf(cfg: Config) -> dict:
     if set(cfg.attention_layers) != {"global"}:
         raise ConfigError(f"export: {cfg.model} has only global layers, not {sorted(set(cfg.attention_layers))}")
     name = "Bert" if cfg.model == "bert" else "Roberta"
-    head = "ForSequenceClassification" if cfg.task == "sequence_classification" else "ForMaskedLM"
+    head = {"sequence_classification": "ForSequenceClassification",
+            "token_classification": "ForTokenClassification"}.get(cfg.task, "ForMaskedLM")
     hf = {"model_type": cfg.model, "architectures": [name + head], "vocab_size": cfg.n_vocab,
           "hidden_size": cfg.n_embd, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
           "intermediate_size": cfg.intermediate, "hidden_act": ACTIVATIONS_TO_HF[cfg.activation_function],
@@ -109,7 +115,7 @@ def config_to_hf(cfg: Config) -> dict:
           "position_embedding_type": "absolute", "torch_dtype": "float32"}
     if cfg.model == "roberta":
         hf["pad_token_id"] = cfg.position_offset - 1
-    if cfg.task == "sequence_classification":
+    if cfg.task in ("sequence_classification", "token_classification"):
         hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
         hf["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
     return hf
@@ -151,6 +157,8 @@ def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:
         linear(transform + "dense", "mlm/dense")
         norm(transform + ("LayerNorm" if cfg.model == "bert" else "layer_norm"), "mlm/layer_norm")
         out[head + "bias"] = p["mlm/bias"]
+    elif cfg.task == "token_classification":
+        linear("classifier", "token_classifier/mlp/layers/0")
     elif cfg.model == "bert":
         linear(prefix + "pooler.dense", "classifier/dense")
         linear("classifier", "classifier/out")

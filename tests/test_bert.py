@@ -52,7 +52,7 @@ def saved(model, tmp_path):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-@pytest.mark.parametrize("head", [None, "masked_lm", "sequence_classification"])
+@pytest.mark.parametrize("head", [None, "masked_lm", "sequence_classification", "token_classification"])
 def test_outputs_match_transformers(name, head, tmp_path):
     reference = hf_fixtures.encoder(head=head, **SHAPES[name])
     cfg, params = load_hf(saved(reference, tmp_path))
@@ -63,7 +63,7 @@ def test_outputs_match_transformers(name, head, tmp_path):
     real = mask == 1
     if head is None:  # a bare encoder: compare the last hidden states
         got, want = ours(cfg, params, tokens, mask, "hidden_states")[real], out.last_hidden_state.numpy()[real]
-    elif head == "masked_lm":
+    elif head in ("masked_lm", "token_classification"):  # logits per token
         got, want = ours(cfg, params, tokens, mask)[real], out.logits.numpy()[real]
     else:
         got, want = ours(cfg, params, tokens, mask), out.logits.numpy()
@@ -74,7 +74,7 @@ def test_outputs_match_transformers(name, head, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
-@pytest.mark.parametrize("head", ["masked_lm", "sequence_classification"])
+@pytest.mark.parametrize("head", ["masked_lm", "sequence_classification", "token_classification"])
 def test_export_round_trip_is_lossless_and_loads_in_transformers(kind, head, tmp_path):
     reference = hf_fixtures.encoder(kind=kind, head=head)
     source = saved(reference, tmp_path / "in")

@@ -85,10 +85,10 @@ def _load_step(checkpoints, step: int, model_path: str, layout, overrides: tuple
         return cfg, graphdef, checkpoints.restore_params_verified(abstract, step)  # damaged or NaN: refused
     # The checkpoint holds the trained parts only: the base comes from init_from, or the run's seeded init.
     trained = checkpoints.restore_params_verified(split_params(abstract, trainable_filter(peft))[0], step)
-    return cfg, graphdef, _with_base(cfg, make_model, abstract, trained)
+    return cfg, graphdef, _with_base(cfg, make_model, abstract, trained, model_path)
 
 
-def _with_base(cfg: Config, make_model, abstract: dict, trained: dict) -> dict:
+def _with_base(cfg: Config, make_model, abstract: dict, trained: dict, model_path: str) -> dict:
     from parallel.state import init_params, join_params, place_params
 
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
@@ -96,8 +96,14 @@ def _with_base(cfg: Config, make_model, abstract: dict, trained: dict) -> dict:
     if cfg.init_from is None:
         return join_params(trained, fresh())
     from convert.hf import load_hf
+    from neomesh.hf_cache import resolve_model
 
-    return join_params(trained, place_params(load_hf(cfg.init_from)[1], abstract, fresh))
+    try:
+        base = load_hf(resolve_model(cfg.init_from, "init_from"))[1]
+    except ConfigError as e:  # moved or deleted since training: say why that model is read at all
+        raise ConfigError(f"{model_path} holds only its trained parameters (peft checkpoint 'trainable'); the rest "
+                          f"comes from its init_from, which cannot be read: {e}") from None
+    return join_params(trained, place_params(base, abstract, fresh))
 
 
 def check_same_shapes(saved: Config, cfg: Config, overrides: tuple[str, ...], weights: str) -> None:

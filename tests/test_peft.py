@@ -281,6 +281,26 @@ def test_lora_fine_tuning_of_a_hugging_face_gpt2_as_the_readme_shows(tmp_path, m
     assert np.abs(lora_b).max() > 0  # the factors trained (B starts at zero)
 
 
+def test_a_trained_only_run_whose_base_model_is_gone_is_one_line_naming_the_run(tmp_path):
+    """A LoRA run that checkpoints only its factors reads the rest from init_from again (predict.py, export): a
+    base moved or deleted since is an error naming the run and why that model is read, not a bare 'no such
+    directory' about a path the user never typed in this command."""
+    from pretrained import _with_base, default_layout
+    from parallel.state import sharded_abstract_params, split_params
+
+    gone = str(tmp_path / "gpt2_moved")
+    cfg = tiny_config(model="gpt2", attention_types=None, peft={"lora": {}, "checkpoint": "trainable"},
+                      init_from=gone)
+    make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
+    _, abstract = sharded_abstract_params(make_model, default_layout())
+    trained = split_params(abstract, trainable_filter(cfg.peft_settings))[0]
+    with pytest.raises(ConfigError) as e:
+        _with_base(cfg, make_model, abstract, trained, "runs/lora_gpt2")
+    message = str(e.value)
+    assert message.startswith("runs/lora_gpt2 holds only its trained parameters (peft checkpoint 'trainable')")
+    assert f"init_from {gone}: no such directory" in message and "\n" not in message
+
+
 @pytest.mark.parametrize("model", ["bert", "gpt_neo"])
 def test_token_classification_with_an_mlp_head_on_any_backbone(model):
     from training.objectives import objective_for

@@ -124,6 +124,11 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
         tokenizer = load_tokenizer(tokenizer_dir)
         hf_config["eos_token_id"] = tokenizer.eos_id
         hf_config.setdefault("bos_token_id", tokenizer.eos_id)
+        if cfg.model in gpt_neo.MODEL_TYPES and cfg.task == "sequence_classification" and \
+                tokenizer.padding_id != tokenizer.eos_id:
+            # transformers pools each row's last token that is not pad_token_id; padding with end-of-text, which
+            # also ends each NeoMesh row, it would pool the token before it: left out, it pools the last (batch 1)
+            hf_config["pad_token_id"] = tokenizer.padding_id
     write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir)
 
 

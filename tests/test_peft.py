@@ -59,6 +59,20 @@ def test_lora_target_that_matches_nothing_suggests_the_closest_projection():
         apply_peft(model, {"lora": {"targets": ["qq"]}})
 
 
+def test_lora_rank_above_a_projections_input_width_is_one_line_naming_it():
+    """Rank 1000 on a 64-wide model is a full update with more parameters (it was accepted); a rank above the
+    classes of a head it adapts is fine: only the input width bounds it."""
+    model = nnx.eval_shape(lambda: registry.build(tiny_config(), nnx.Rngs(0)))
+    with pytest.raises(ConfigError, match="peft.lora.rank: 1000 is larger than blocks/0/attn/q's input width 64"):
+        apply_peft(model, {"lora": {"rank": 1000}})
+    with pytest.raises(ConfigError, match="blocks/0/mlp/c_proj's input width 256"):
+        apply_peft(model, {"lora": {"targets": ["c_proj"], "rank": 257}})
+    apply_peft(model, {"lora": {"targets": ["c_proj"], "rank": 256}})
+    classifier = nnx.eval_shape(lambda: registry.build(tiny_config(task="sequence_classification", num_labels=2),
+                                                       nnx.Rngs(0)))
+    apply_peft(classifier, {"lora": {"targets": ["score/out"], "rank": 8}})  # (64, 2): rank 8 > 2 classes
+
+
 def test_fresh_lora_and_adapters_equal_the_base_and_merged_equals_unmerged():
     base = registry.build(tiny_config(), nnx.Rngs(0))
     model = apply_peft(registry.build(tiny_config(), nnx.Rngs(0)), {"lora": EVERY_PROJECTION, "adapter": {}}, 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import math
 
 from flax import nnx
 
@@ -18,7 +19,7 @@ from models import registry
 from models.attention import Attention
 from models.block import Block
 from training.peft.adapter import Adapter
-from training.peft.lora import LoraEinsum
+from training.peft.lora import LoraEinsum, factor_einsums
 from training.peft.prefix import Prefix
 
 
@@ -66,8 +67,14 @@ def add_lora(model: nnx.Module, targets: list[str], rank: int, alpha: float, dro
             close = difflib.get_close_matches(target, names, n=1, cutoff=0.5)
             raise ConfigError(f"peft.lora.targets: {target!r} matches no projection"
                               + (f"; did you mean {close[0]!r}?" if close else f" (projections: {', '.join(names)})"))
+    chosen = [(p, m) for p, m in projections if any(_matches(t, p) for t in targets)]
+    for path, module in chosen:  # A is (in, rank): a rank above the input width is a full update, and more
+        width = math.prod(module.kernel.shape[i] for i in factor_einsums(module.einsum_str)[3])
+        if rank > width:
+            raise ConfigError(f"peft.lora.rank: {rank} is larger than {'/'.join(map(str, path))}'s input width "
+                              f"{width}; a low-rank update uses at most that (LoRA typically 4 to 64)")
     replaced = []
-    for salt, (path, module) in enumerate([(p, m) for p, m in projections if any(_matches(t, p) for t in targets)]):
+    for salt, (path, module) in enumerate(chosen):
         _set(model, path, LoraEinsum(module, rank, alpha, dropout, salt, rngs=rngs))
         replaced.append("/".join(map(str, path)))
     return replaced

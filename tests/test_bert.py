@@ -10,6 +10,7 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file
 
+from config import ConfigError
 from convert.hf import export_params, load_hf
 from models import registry
 from parallel.state import match_params
@@ -146,6 +147,10 @@ def test_python_api_loads_any_zoo_model_and_runs_it_on_text(tmp_path):
     assert np.asarray(model(texts)).shape == (*batch["inputs"].shape, hf_fixtures.VOCAB)
     with pytest.raises(Exception, match="does not generate text"):
         model.generate("def ")
+    with pytest.raises(ConfigError, match="tokenize: 2 texts but 1 second texts"):  # zip dropped the second
+        model(texts, ["a pair"])
+    with pytest.raises(ConfigError, match=r"tokenize: texts must be strings, not list \(\[1, 2\]\); pass token ids"):
+        model([[1, 2]])
 
 
 def test_pytorch_model_bin_imports_like_safetensors(tmp_path):

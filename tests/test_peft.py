@@ -57,6 +57,12 @@ def test_lora_target_that_matches_nothing_suggests_the_closest_projection():
     model = nnx.eval_shape(lambda: registry.build(tiny_config(), nnx.Rngs(0)))  # abstract: nothing to compute
     with pytest.raises(ConfigError, match="'qq' matches no projection; did you mean 'q'"):
         apply_peft(model, {"lora": {"targets": ["qq"]}})
+    # a path pattern: the closest path outside the blocks (a ViT's head is 'classifier', a BERT's 'classifier/out')
+    vit = nnx.eval_shape(lambda: registry.build(tiny_config(model="vit", image_size=8, patch_size=2, num_channels=1,
+                                                            n_ctx=17, attention_types=None), nnx.Rngs(0)))
+    with pytest.raises(ConfigError, match=r"'classifier/out' matches no projection; did you mean 'classifier'\? "
+                       r"\(outside the blocks: classifier, patch_embed; in every block: c_fc, c_proj, k, out, q, v\)"):
+        apply_peft(vit, {"lora": {"targets": ["classifier/out"]}})
 
 
 def test_lora_rank_above_a_projections_input_width_is_one_line_naming_it():

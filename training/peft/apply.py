@@ -64,6 +64,13 @@ def add_lora(model: nnx.Module, targets: list[str], rank: int, alpha: float, dro
     for target in targets:
         if not any(_matches(target, p) for p, _ in projections):
             names = sorted({str(p[-1]) for p, _ in projections if "blocks" in p})
+            if "/" in target or "*" in target:  # a path pattern: the heads' and embeddings' paths are candidates
+                paths = sorted("/".join(map(str, p)) for p, _ in projections if "blocks" not in p)
+                close = difflib.get_close_matches(target, paths, n=1, cutoff=0.5)
+                raise ConfigError(f"peft.lora.targets: {target!r} matches no projection"
+                                  + (f"; did you mean {close[0]!r}?" if close else "")
+                                  + f" (outside the blocks: {', '.join(paths) or 'none'}; in every block: "
+                                  f"{', '.join(names)})")
             close = difflib.get_close_matches(target, names, n=1, cutoff=0.5)
             raise ConfigError(f"peft.lora.targets: {target!r} matches no projection"
                               + (f"; did you mean {close[0]!r}?" if close else f" (projections: {', '.join(names)})"))

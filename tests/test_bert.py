@@ -162,3 +162,18 @@ def test_pytorch_model_bin_imports_like_safetensors(tmp_path):
     (cfg_a, a), (cfg_b, b) = load_hf(str(tmp_path / "safetensors")), load_hf(str(tmp_path / "bin"))
     assert cfg_a == cfg_b and jax.tree.structure(a) == jax.tree.structure(b)
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
+
+
+def test_init_from_a_classifier_with_other_labels_names_both_counts(tmp_path):
+    """A 3-label BertForSequenceClassification fine-tuned on an 8-label dataset: one line with both counts (it was
+    a shape error of classifier/out/bias); the same labels load."""
+    import train
+
+    source = saved(hf_fixtures.encoder(kind="bert", head="sequence_classification", num_labels=3), tmp_path)
+    cfg, _ = load_hf(source)
+    with pytest.raises(ConfigError) as error:
+        train.imported_params(cfg.replace(num_labels=8), source)
+    assert str(error.value) == (f"--init-from {source}: its classifier has 3 labels, but num_labels is 8; start "
+                                "from its base model without that head for new labels")
+    assert "classifier" in train.imported_params(cfg, source)
+    assert train.imported_params(cfg.replace(task="masked_lm", num_labels=8), source)  # no classifier: no count

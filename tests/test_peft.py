@@ -256,6 +256,22 @@ def test_attention_hook_on_chosen_layers_of_a_model():
     assert np.abs(np.asarray(model(TOKENS)[0]) - np.asarray(base(TOKENS)[0])).max() > 1e-4
     set_attention_fn(model, None)
     np.testing.assert_array_equal(model(TOKENS)[0], base(TOKENS)[0])
+    with pytest.raises(ConfigError, match="attention_fn: 'alibi' is not a function"):  # it failed only when run
+        set_attention_fn(model, "alibi")
+
+
+def test_a_part_the_model_already_holds_is_refused_not_replaced():
+    """apply_peft on a loaded peft model (Pretrained.from_pretrained of a prefix-tuned run, say) naming a part it
+    already has: a second prefix or adapter silently replaced the trained one; LoRA again said 'q' matches no
+    projection. New parts still plug in beside the old."""
+    model = nnx.eval_shape(lambda: build_model(tiny_config(peft=TRAINED), nnx.Rngs(0)))
+    for part, message in [({"lora": {}}, "peft.lora: blocks/0/attn/q already has LoRA factors"),
+                          ({"prefix": {}}, "peft.prefix: blocks/0/attn already has a prefix"),
+                          ({"adapter": {}}, "peft.adapter: blocks/0 already has adapters")]:
+        with pytest.raises(ConfigError, match=message):
+            apply_peft(model, part)
+    apply_peft(model, {"lora": {"targets": ["k"]}})  # not adapted yet
+    assert type(model.blocks[0].attn.k).__name__ == "LoraEinsum"
 
 
 @pytest.mark.e2e

@@ -61,7 +61,12 @@ def add_lora(model: nnx.Module, targets: list[str], rank: int, alpha: float, dro
     (``blocks/*/attn/out``, ``score/out``) is in ``targets`` by a ``LoraEinsum``; returns the replaced paths. A
     target that matches nothing is an error."""
     projections = [(p, m) for p, m in _modules(model, nnx.Einsum) if not isinstance(m, LoraEinsum)]
+    adapted = [p for p, m in _modules(model, LoraEinsum)]
     for target in targets:
+        done = next((p for p in adapted if _matches(target, p)), None)
+        if done is not None and not any(_matches(target, p) for p, _ in projections):
+            raise ConfigError(f"peft.lora: {'/'.join(map(str, done))} already has LoRA factors (the model holds "
+                              "the peft parts it was built or loaded with; name only new parts)")
         if not any(_matches(target, p) for p, _ in projections):
             names = sorted({str(p[-1]) for p, _ in projections if "blocks" in p})
             if "/" in target or "*" in target:  # a path pattern: the heads' and embeddings' paths are candidates
@@ -92,6 +97,11 @@ def add_prefixes(model: nnx.Module, length: int, hidden: int, rngs: nnx.Rngs) ->
     layers = [m for p, m in _modules(model, Attention) if p[-1] == "attn" and m.spec.kind != "linear"]
     if not layers:
         raise ConfigError("peft.prefix: the model has no softmax self-attention layer to prefix")
+    held = next(("/".join(map(str, p)) for p, m in _modules(model, Attention)
+                 if getattr(m, "prefix", None) is not None), None)
+    if held is not None:  # a second prefix would replace the first, trained or loaded, without a word
+        raise ConfigError(f"peft.prefix: {held} already has a prefix (the model holds the peft parts it was built "
+                          "or loaded with; name only new parts)")
     for attn in layers:
         s = attn.spec
         attn.prefix = Prefix(length, s.n_embd, s.n_head, s.head_dim, hidden, rngs=rngs)
@@ -101,6 +111,11 @@ def add_prefixes(model: nnx.Module, length: int, hidden: int, rngs: nnx.Rngs) ->
 def add_adapters(model: nnx.Module, size: int, activation: str, after: list[str], rngs: nnx.Rngs) -> int:
     """Puts a bottleneck adapter after the self-attention and/or MLP sub-layer of every block."""
     blocks = [m for _, m in _modules(model, Block)]
+    held = next(("/".join(map(str, p)) for p, m in _modules(model, Block)
+                 if getattr(m, "attn_adapter", None) is not None or getattr(m, "mlp_adapter", None) is not None), None)
+    if held is not None:
+        raise ConfigError(f"peft.adapter: {held} already has adapters (the model holds the peft parts it was built "
+                          "or loaded with; name only new parts)")
     for i, block in enumerate(blocks):
         d = block.spec.mlp.n_embd
         if "attn" in after and block.attn is not None:

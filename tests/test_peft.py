@@ -204,6 +204,10 @@ def test_adapter_file_round_trip_and_merged_export(tmp_path):
         lambda p, v: v + 0.1 * jax.random.normal(jax.random.key(3), v.shape) if "lora_b" in path_name(p) else v, params)
     names = save_adapter(str(tmp_path / "adapter.safetensors"), params, cfg.peft)
     assert names and all("lora_" in n for n in names)  # the base weights stay out of the file
+    with pytest.raises(ConfigError, match="save_adapter: settings name adapter, but params hold no adapter"):
+        save_adapter(str(tmp_path / "none.safetensors"), params, {"adapter": {}})  # it wrote an empty file
+    with pytest.raises(ConfigError, match=f"{tmp_path}: cannot write the adapter file"):  # a SafetensorError
+        save_adapter(str(tmp_path), params, cfg.peft)
     fresh = nnx.to_pure_dict(state)
     restored = load_adapter(str(tmp_path / "adapter.safetensors"), fresh)
     for name, value in flat(params).items():

@@ -9,6 +9,8 @@ checkpoint lacks starts that head fresh (the caller says so).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from config import Config, ConfigError, from_dict
@@ -36,6 +38,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
     architecture = (hf.get("architectures") or [""])[0]
     task = "sequence_classification" if architecture.endswith("ForSequenceClassification") else \
         "token_classification" if architecture.endswith("ForTokenClassification") else "masked_lm"
+    if kind == "roberta" and not isinstance(hf.get("pad_token_id", 1), int):
+        raise ConfigError(f"{source}: pad_token_id {json.dumps(hf['pad_token_id'])}: RoBERTa counts positions from "
+                          "pad_token_id + 1, so it must be an id (RoBERTa's is 1)")
     offset = hf.get("pad_token_id", 1) + 1 if kind == "roberta" else 0  # RoBERTa's table reserves the rows below
     keys = dict(model=kind, n_embd=hf["hidden_size"], n_layer=hf["num_hidden_layers"],
                 n_head=hf["num_attention_heads"], d_ff=hf["intermediate_size"], n_vocab=hf["vocab_size"],

@@ -177,3 +177,13 @@ def test_init_from_a_classifier_with_other_labels_names_both_counts(tmp_path):
                                 "from its base model without that head for new labels")
     assert "classifier" in train.imported_params(cfg, source)
     assert train.imported_params(cfg.replace(task="masked_lm", num_labels=8), source)  # no classifier: no count
+
+
+def test_roberta_config_without_a_pad_token_id_is_one_line():
+    """RoBERTa's positions start after pad_token_id: null there was a TypeError traceback."""
+    from convert import bert
+
+    hf = hf_fixtures.encoder(kind="roberta", head="masked_lm").config.to_dict()
+    assert bert.config_from_hf(hf).position_offset == 2
+    with pytest.raises(ConfigError, match=r"^x/config.json: pad_token_id null: RoBERTa counts positions from "):
+        bert.config_from_hf({**hf, "pad_token_id": None}, "x/config.json")

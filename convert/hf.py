@@ -61,7 +61,13 @@ def load_hf(hf_dir: str) -> tuple[Config, dict]:
     source = f"{hf_dir}/config.json"
     mapping = _mapping(hf_config.get("model_type"), source)
     cfg = _config_of(hf_config, source)
-    return cfg, mapping.params_from_hf(cfg, tensors, hf_dir)
+    try:
+        return cfg, mapping.params_from_hf(cfg, tensors, hf_dir)
+    except ValueError as e:  # a reshape to the shape config.json gives
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{hf_dir}: the weights do not have the shapes its config.json gives (n_embd {cfg.n_embd}, "
+                          f"n_head {cfg.n_head}, n_layer {cfg.n_layer}): {e}; were they saved together?") from None
 
 
 def check_finite(params: dict, what: str) -> None:

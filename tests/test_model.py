@@ -250,3 +250,18 @@ def test_classifiers_import_and_export_with_hugging_face(kind, task, tmp_path):
     assert again.architectures == [reference.__name__] and again.num_labels == 3
     # with the end-of-text id as pad_token_id, transformers would pool the token before a row's end-of-text
     assert again.pad_token_id is None
+
+
+def test_weights_of_another_shape_than_config_json_are_one_line(tmp_path):
+    """config.json edited (or weights copied from another model): the mapping's reshape was a ValueError traceback."""
+    import json
+
+    from config import ConfigError
+    from convert.hf import load_hf
+
+    path = hf_fixtures.save(hf_fixtures.gpt_neo(n_embd=64, n_head=2), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 48}))
+    with pytest.raises(ConfigError, match=rf"^{path}: the weights do not have the shapes its config.json gives "
+                       r"\(n_embd 48, n_head 2, n_layer 2\): cannot reshape"):
+        load_hf(path)

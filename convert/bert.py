@@ -4,7 +4,8 @@ Encoder weights map one to one (torch Linear weights are (out, in); NeoMesh atte
 (N, H, D)). Heads map when the checkpoint has them: ``*ForMaskedLM`` carries the MLM head (``cls.predictions`` /
 ``lm_head``), ``*ForSequenceClassification`` the pooler and classifier, ``*ForTokenClassification`` a per-token
 linear ``classifier`` (no pooler); a bare ``BertModel`` has none, and a model built for a task whose head the
-checkpoint lacks starts that head fresh (the caller says so).
+checkpoint lacks starts that head fresh (the caller says so). A masked-LM decoder saved untied
+(``tie_word_embeddings`` false) loads as ``no_weight_tie``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
                 n_ctx=hf["max_position_embeddings"] - offset, position_offset=offset,
                 n_token_types=hf.get("type_vocab_size", 2), layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
                 activation_function=ACTIVATIONS_FROM_HF[act],
-                task=task,
+                task=task, no_weight_tie=hf.get("tie_word_embeddings", True) is False,
                 num_labels=len(hf.get("id2label") or {0: 0, 1: 1}))
     cfg, _ = from_dict(keys, source=source)
     return cfg
@@ -86,6 +87,8 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
         transform = "cls.predictions.transform." if cfg.model == "bert" else "lm_head."
         params["mlm"] = {"dense": linear(f"{transform}dense"), "bias": get(f"{mlm}bias"),
                          "layer_norm": norm(transform + ("LayerNorm" if cfg.model == "bert" else "layer_norm"))}
+        if cfg.no_weight_tie:  # its own decoder (tie_word_embeddings false), not the word embeddings
+            params["mlm"]["decoder"] = {"kernel": get(f"{mlm}decoder.weight").T}
     if cfg.task == "token_classification":  # one linear layer on every token, both families
         if "classifier.weight" in sd:
             params["token_classifier"] = {"mlp": {"layers": {0: linear("classifier")}}}
@@ -117,7 +120,8 @@ def config_to_hf(cfg: Config) -> dict:
           "max_position_embeddings": cfg.n_ctx + cfg.position_offset, "type_vocab_size": max(cfg.n_token_types, 1),
           "layer_norm_eps": cfg.layer_norm_epsilon, "hidden_dropout_prob": cfg.res_dropout,
           "attention_probs_dropout_prob": cfg.attn_dropout, "initializer_range": 0.02,
-          "position_embedding_type": "absolute", "torch_dtype": "float32"}
+          "position_embedding_type": "absolute", "torch_dtype": "float32",
+          "tie_word_embeddings": not (cfg.no_weight_tie and cfg.task == "masked_lm")}
     if cfg.model == "roberta":
         hf["pad_token_id"] = cfg.position_offset - 1
     if cfg.task in ("sequence_classification", "token_classification"):
@@ -162,6 +166,8 @@ def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:
         linear(transform + "dense", "mlm/dense")
         norm(transform + ("LayerNorm" if cfg.model == "bert" else "layer_norm"), "mlm/layer_norm")
         out[head + "bias"] = p["mlm/bias"]
+        if cfg.no_weight_tie:  # transformers then keeps the decoder's bias apart too: the same values
+            out[head + "decoder.weight"], out[head + "decoder.bias"] = p["mlm/decoder/kernel"].T, p["mlm/bias"]
     elif cfg.task == "token_classification":
         linear("classifier", "token_classifier/mlp/layers/0")
     elif cfg.model == "bert":

@@ -187,3 +187,29 @@ def test_roberta_config_without_a_pad_token_id_is_one_line():
     assert bert.config_from_hf(hf).position_offset == 2
     with pytest.raises(ConfigError, match=r"^x/config.json: pad_token_id null: RoBERTa counts positions from "):
         bert.config_from_hf({**hf, "pad_token_id": None}, "x/config.json")
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_an_untied_masked_lm_decoder_loads_and_exports_as_its_own(kind, tmp_path):
+    """tie_word_embeddings false: the decoder is not the word embeddings. It loaded tied without a word (logits
+    off by 13 on this model); now it is no_weight_tie's own kernel, and export writes it back."""
+    config = hf_fixtures.encoder(kind=kind, head="masked_lm").config
+    config.tie_word_embeddings = False
+    torch.manual_seed(2)
+    reference = hf_fixtures.ENCODERS[kind, "masked_lm"](config).eval()
+    reference.load_state_dict(hf_fixtures.encoder(kind=kind, head="masked_lm").state_dict(), strict=False)
+    with torch.no_grad():
+        decoder = reference.cls.predictions.decoder if kind == "bert" else reference.lm_head.decoder
+        decoder.weight.normal_(0.0, 0.5)
+    source = saved(reference, tmp_path / "in")
+    cfg, params = load_hf(source)
+    assert cfg.no_weight_tie
+    tokens, mask = padded_batch(hf_fixtures.VOCAB)
+    with torch.no_grad():
+        want = reference(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    real = mask == 1
+    np.testing.assert_allclose(ours(cfg, params, tokens, mask)[real], want[real], atol=1e-4, rtol=0)
+    export_params(cfg, params, str(tmp_path / "out"))
+    original, exported = load_file(f"{source}/model.safetensors"), load_file(str(tmp_path / "out/model.safetensors"))
+    for name in set(original) - {k for k in original if k.endswith("position_ids") or ".pooler." in k}:
+        assert np.array_equal(original[name], exported[name]), name

@@ -782,6 +782,18 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def _check_json_value(key: str, value: Any, text: str) -> None:
+    """A ``--set`` value that looks like a JSON object or list but does not parse, for a key that holds no string
+    (``peft={"lora": {}``): the JSON error, rather than 'expected dict, got' the text as a string."""
+    kind = next((f.type for f in dataclasses.fields(Config) if f.name == key), "str")
+    if not isinstance(value, str) or "str" in kind or value.lstrip()[:1] not in ("{", "["):
+        return
+    try:
+        json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--set {text}: the value is not valid JSON ({e.msg} at column {e.colno})") from None
+
+
 def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
     """Builds a validated ``Config``; returns it with notes about GPT-Neo keys that were accepted or translated.
     An error in a ``--set`` override names ``--set``, not ``source``."""
@@ -790,6 +802,7 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     overridden = {}
     for text in overrides:
         key, value = parse_override(text)
+        _check_json_value(ALIASES.get(key, key), value, text)
         given = {ALIASES.get(key, key): value}
         if key in LEGACY_KEYS or key in AUTO_KEYS:
             notes += _drop_legacy_keys(given, f"--set {text}")

@@ -90,10 +90,10 @@ def _load_step(checkpoints, step: int, model_path: str, layout, overrides: tuple
         return cfg, graphdef, checkpoints.restore_params_verified(abstract, step)  # damaged or NaN: refused
     # The checkpoint holds the trained parts only: the base comes from init_from, or the run's seeded init.
     trained = checkpoints.restore_params_verified(split_params(abstract, trainable_filter(peft))[0], step)
-    return cfg, graphdef, _with_base(cfg, make_model, abstract, trained)
+    return cfg, graphdef, _with_base(cfg, make_model, abstract, trained, model_path)
 
 
-def _with_base(cfg: Config, make_model, abstract: dict, trained: dict) -> dict:
+def _with_base(cfg: Config, make_model, abstract: dict, trained: dict, model_path: str) -> dict:
     from parallel.state import init_params, join_params, place_params
 
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
@@ -101,8 +101,14 @@ def _with_base(cfg: Config, make_model, abstract: dict, trained: dict) -> dict:
     if cfg.init_from is None:
         return join_params(trained, fresh())
     from convert.hf import load_hf
+    from neomesh.hf_cache import resolve_model
 
-    return join_params(trained, place_params(load_hf(cfg.init_from)[1], abstract, fresh))
+    try:
+        base = load_hf(resolve_model(cfg.init_from, "init_from"))[1]
+    except ConfigError as e:  # moved or deleted since training: say why that model is read at all
+        raise ConfigError(f"{model_path} holds only its trained parameters (peft checkpoint 'trainable'); the rest "
+                          f"comes from its init_from, which cannot be read: {e}") from None
+    return join_params(trained, place_params(base, abstract, fresh))
 
 
 def check_same_shapes(saved: Config, cfg: Config, overrides: tuple[str, ...], weights: str) -> None:
@@ -203,6 +209,7 @@ class Pretrained:
         import warnings
 
         layout = layout or default_layout()
+        overrides = (overrides,) if isinstance(overrides, str) else tuple(overrides)  # one "key=value" alone
         notes: list[str] = []
         cfg, graphdef, params, tokenizer = load(path, layout, overrides, notes=notes)
         for note in notes:
@@ -229,6 +236,13 @@ class Pretrained:
         if not texts:
             raise ConfigError("tokenize: texts is empty; pass a text or a list of at least one")
         pairs = [pairs] if isinstance(pairs, str) else list(pairs) if pairs is not None else [None] * len(texts)
+        if len(pairs) != len(texts):  # zip would drop the texts without a pair
+            raise ConfigError(f"tokenize: {len(texts)} texts but {len(pairs)} second texts; give one per text")
+        for what, items in (("texts", texts), ("pairs", pairs)):
+            for x in items:
+                if not isinstance(x, str) and not (what == "pairs" and x is None):
+                    raise ConfigError(f"tokenize: {what} must be strings, not {type(x).__name__} ({str(x):.40}); "
+                                      "pass token ids as a batch dict {\"inputs\": (B, T) ids, \"segment_ids\": ...}")
         cfg = self.config
         if cfg.task == "seq2seq":  # T5's encoder inputs: the text, then end-of-text
             if any(p is not None for p in pairs):
@@ -266,12 +280,27 @@ class Pretrained:
         """Texts (and second texts), or a batch dict from ``tokenize`` -> the model's outputs: logits for every
         position, or class logits for a sequence classifier."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts, pairs)
-        return self._forward(self.params, batch, "__call__")
+        return self._forward(self.params, self._checked(batch), "__call__")
 
     def hidden_states(self, texts) -> jax.Array:
         """Texts (or a batch dict) -> (B, T, D) final hidden states (after the final norm for decoders)."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts)
-        return self._forward(self.params, batch, "hidden_states")
+        return self._forward(self.params, self._checked(batch), "hidden_states")
+
+    def _checked(self, batch: dict) -> dict:
+        """A batch dict's images, for a model that reads them: (B, H, W, num_channels), H and W whole patches
+        (an array of another layout failed deep inside the patch reshape or an einsum)."""
+        import numpy as np
+
+        cfg = self.config
+        if cfg.reads_text or "inputs" not in batch:
+            return batch
+        shape = np.shape(batch["inputs"])
+        if len(shape) != 4 or shape[-1] != cfg.num_channels or shape[1] % cfg.patch_size or shape[2] % cfg.patch_size:
+            raise ConfigError(f"inputs: images of shape {tuple(shape)}; a {cfg.model} model reads (B, H, W, "
+                              f"{cfg.num_channels}) images, channels last, H and W multiples of patch_size "
+                              f"{cfg.patch_size} (e.g. (B, {cfg.image_size}, {cfg.image_size}, {cfg.num_channels}))")
+        return batch
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
         """The text a decoder writes after ``prompt``, or an encoder-decoder (T5) writes for it (until end-of-text

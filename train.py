@@ -847,7 +847,10 @@ def restore_input_position(source, checkpoints, step: int, shardings: dict, shap
 
 ARCHITECTURE = ("n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "attention_types", "activation_function",
                 "no_weight_tie", "qkv_bias", "attention_scale", "d_ff", "norm_position", "n_token_types",
-                "local_attention_radius", "layer_norm_epsilon")
+                "local_attention_radius", "layer_norm_epsilon", "position_offset", "mlp_glu",
+                # T5's and ViT's own (a T5's n_ctx is only its data's length: relative positions hold no table)
+                "n_decoder_layer", "d_kv", "relative_attention_num_buckets", "relative_attention_max_distance",
+                "decoder_start_token_id", "image_size", "patch_size", "num_channels")
 
 
 def with_architecture_of(cfg, where: str, notes: list[str]):
@@ -860,6 +863,7 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     from convert.hf import hf_config
 
     theirs = hf_config(cfg.init_from)
+    theirs = theirs.replace(n_ctx=cfg.n_ctx) if theirs.model == "t5" else theirs  # relative positions: any length
     if theirs.model != cfg.model:
         raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}")
     from config import MODEL_VALUE
@@ -881,13 +885,17 @@ def imported_params(cfg, hf_dir: str):
     from convert.hf import load_hf
 
     theirs, params = load_hf(hf_dir)
-    keys = ["model", "n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "attention_layers", "activation_function",
+    keys = ["model", "n_embd", "n_layer", "n_head", "n_vocab", "attention_layers", "activation_function",
             "no_weight_tie", "qkv_bias", "attention_scale", "intermediate", "norm_position", "n_token_types"] + (
-        ["local_attention_radius"] if "local" in cfg.attention_layers else [])
+        ["local_attention_radius"] if "local" in cfg.attention_layers else []) + (
+        [] if cfg.model == "t5" else ["n_ctx"])  # T5's relative positions fit any length
     for key in keys:
         if getattr(theirs, key) != getattr(cfg, key):
             raise ConfigError(f"--init-from {hf_dir}: {key} is {getattr(theirs, key)} there but "
                               f"{getattr(cfg, key)} in the config")
+    if theirs.task == cfg.task and cfg.task.endswith("classification") and theirs.num_labels != cfg.num_labels:
+        raise ConfigError(f"--init-from {hf_dir}: its classifier has {theirs.num_labels} labels, but num_labels is "
+                          f"{cfg.num_labels}; start from its base model without that head for new labels")
     return params
 
 

@@ -2,11 +2,15 @@
 
 Encoder weights map one to one (torch Linear weights are (out, in); NeoMesh attention kernels (D, N, H) and
 (N, H, D)). Heads map when the checkpoint has them: ``*ForMaskedLM`` carries the MLM head (``cls.predictions`` /
-``lm_head``), ``*ForSequenceClassification`` the pooler and classifier; a bare ``BertModel`` has neither, and a
-model built for a task whose head the checkpoint lacks starts that head fresh (the caller says so).
+``lm_head``), ``*ForSequenceClassification`` the pooler and classifier, ``*ForTokenClassification`` a per-token
+linear ``classifier`` (no pooler); a bare ``BertModel`` has none, and a model built for a task whose head the
+checkpoint lacks starts that head fresh (the caller says so). A masked-LM decoder saved untied
+(``tie_word_embeddings`` false) loads as ``no_weight_tie``.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 
@@ -33,14 +37,18 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
         raise ConfigError(f"{source}: position_embedding_type '{hf['position_embedding_type']}' is not supported "
                           "(absolute)")
     architecture = (hf.get("architectures") or [""])[0]
-    classify = architecture.endswith("ForSequenceClassification")
+    task = "sequence_classification" if architecture.endswith("ForSequenceClassification") else \
+        "token_classification" if architecture.endswith("ForTokenClassification") else "masked_lm"
+    if kind == "roberta" and not isinstance(hf.get("pad_token_id", 1), int):
+        raise ConfigError(f"{source}: pad_token_id {json.dumps(hf['pad_token_id'])}: RoBERTa counts positions from "
+                          "pad_token_id + 1, so it must be an id (RoBERTa's is 1)")
     offset = hf.get("pad_token_id", 1) + 1 if kind == "roberta" else 0  # RoBERTa's table reserves the rows below
     keys = dict(model=kind, n_embd=hf["hidden_size"], n_layer=hf["num_hidden_layers"],
                 n_head=hf["num_attention_heads"], d_ff=hf["intermediate_size"], n_vocab=hf["vocab_size"],
                 n_ctx=hf["max_position_embeddings"] - offset, position_offset=offset,
                 n_token_types=hf.get("type_vocab_size", 2), layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
                 activation_function=ACTIVATIONS_FROM_HF[act],
-                task="sequence_classification" if classify else "masked_lm",
+                task=task, no_weight_tie=hf.get("tie_word_embeddings", True) is False,
                 num_labels=len(hf.get("id2label") or {0: 0, 1: 1}))
     cfg, _ = from_dict(keys, source=source)
     return cfg
@@ -79,7 +87,12 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
         transform = "cls.predictions.transform." if cfg.model == "bert" else "lm_head."
         params["mlm"] = {"dense": linear(f"{transform}dense"), "bias": get(f"{mlm}bias"),
                          "layer_norm": norm(transform + ("LayerNorm" if cfg.model == "bert" else "layer_norm"))}
-    if cfg.model == "bert" and "classifier.weight" in sd:
+        if cfg.no_weight_tie:  # its own decoder (tie_word_embeddings false), not the word embeddings
+            params["mlm"]["decoder"] = {"kernel": get(f"{mlm}decoder.weight").T}
+    if cfg.task == "token_classification":  # one linear layer on every token, both families
+        if "classifier.weight" in sd:
+            params["token_classifier"] = {"mlp": {"layers": {0: linear("classifier")}}}
+    elif cfg.model == "bert" and "classifier.weight" in sd:
         params["classifier"] = {"dense": linear("pooler.dense"), "out": linear("classifier")}
     elif cfg.model == "roberta" and "classifier.out_proj.weight" in sd:
         params["classifier"] = {"dense": linear("classifier.dense"), "out": linear("classifier.out_proj")}
@@ -99,17 +112,19 @@ def config_to_hf(cfg: Config) -> dict:
     if set(cfg.attention_layers) != {"global"}:
         raise ConfigError(f"export: {cfg.model} has only global layers, not {sorted(set(cfg.attention_layers))}")
     name = "Bert" if cfg.model == "bert" else "Roberta"
-    head = "ForSequenceClassification" if cfg.task == "sequence_classification" else "ForMaskedLM"
+    head = {"sequence_classification": "ForSequenceClassification",
+            "token_classification": "ForTokenClassification"}.get(cfg.task, "ForMaskedLM")
     hf = {"model_type": cfg.model, "architectures": [name + head], "vocab_size": cfg.n_vocab,
           "hidden_size": cfg.n_embd, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
           "intermediate_size": cfg.intermediate, "hidden_act": ACTIVATIONS_TO_HF[cfg.activation_function],
           "max_position_embeddings": cfg.n_ctx + cfg.position_offset, "type_vocab_size": max(cfg.n_token_types, 1),
           "layer_norm_eps": cfg.layer_norm_epsilon, "hidden_dropout_prob": cfg.res_dropout,
           "attention_probs_dropout_prob": cfg.attn_dropout, "initializer_range": 0.02,
-          "position_embedding_type": "absolute", "torch_dtype": "float32"}
+          "position_embedding_type": "absolute", "torch_dtype": "float32",
+          "tie_word_embeddings": not (cfg.no_weight_tie and cfg.task == "masked_lm")}
     if cfg.model == "roberta":
         hf["pad_token_id"] = cfg.position_offset - 1
-    if cfg.task == "sequence_classification":
+    if cfg.task in ("sequence_classification", "token_classification"):
         hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
         hf["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
     return hf
@@ -151,6 +166,10 @@ def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:
         linear(transform + "dense", "mlm/dense")
         norm(transform + ("LayerNorm" if cfg.model == "bert" else "layer_norm"), "mlm/layer_norm")
         out[head + "bias"] = p["mlm/bias"]
+        if cfg.no_weight_tie:  # transformers then keeps the decoder's bias apart too: the same values
+            out[head + "decoder.weight"], out[head + "decoder.bias"] = p["mlm/decoder/kernel"].T, p["mlm/bias"]
+    elif cfg.task == "token_classification":
+        linear("classifier", "token_classifier/mlp/layers/0")
     elif cfg.model == "bert":
         linear(prefix + "pooler.dense", "classifier/dense")
         linear("classifier", "classifier/out")

@@ -2,7 +2,8 @@
 
 torch Linear weights are (out, in), GPT-2's Conv1D weights (in, out); NeoMesh attention kernels are (D, N, H) and
 (N, H, D). GPT-2 is NeoMesh's ``gpt2`` family: q/k/v biases and logits scaled by 1/sqrt(head_dim), as in
-transformers, so its weights map one to one.
+transformers, so its weights map one to one. ``*ForSequenceClassification`` (a bias-free ``score`` on the last real
+token) and ``*ForTokenClassification`` (a ``classifier`` on every token) carry NeoMesh's classification heads.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from config import Config, ConfigError, from_dict
 from convert.hf_dir import flatten, getter, strip_prefix
 
 MODEL_TYPES = ("gpt_neo", "gpt2")
+HEADS = {"causal_lm": ("LMHeadModel", "ForCausalLM"), "sequence_classification": ("ForSequenceClassification",) * 2,
+         "token_classification": ("ForTokenClassification",) * 2}  # task -> GPT-2's and GPT-Neo's class suffix
 ACTIVATIONS_FROM_HF = {"gelu_new": "gelu", "gelu": "gelu_exact", "relu": "relu", "silu": "silu", "swish": "silu",
                        "tanh": "tanh", "sigmoid": "sigmoid"}
 ACTIVATIONS_TO_HF = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "silu": "silu", "swish": "silu",
@@ -44,6 +47,11 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
                     attention_scale="inverse_sqrt_head_dim" if hf.get("scale_attn_weights", True) else "unscaled")
     else:
         raise ConfigError(f"{source}: model_type '{kind}' is not a GPT-Neo or GPT-2 model")
+    architecture = (hf.get("architectures") or [""])[0]
+    for suffix, task in (("ForSequenceClassification", "sequence_classification"),
+                         ("ForTokenClassification", "token_classification")):
+        if architecture.endswith(suffix):
+            keys.update(task=task, num_labels=len(hf.get("id2label") or {0: 0, 1: 1}))
     cfg, _ = from_dict({**keys, "n_vocab": hf["vocab_size"], "activation_function": ACTIVATIONS_FROM_HF[act],
                         "layer_norm_epsilon": hf.get("layer_norm_epsilon", 1e-5),
                         "no_weight_tie": not hf.get("tie_word_embeddings", True)}, source=source)
@@ -84,6 +92,10 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
               "ln_f": norm("ln_f")}
     if cfg.no_weight_tie:
         params["lm_head"] = {"kernel": get("lm_head.weight").T}
+    if cfg.task == "sequence_classification" and "score.weight" in sd:
+        params["score"] = {"out": {"kernel": get("score.weight").T}}
+    elif cfg.task == "token_classification" and "classifier.weight" in sd:
+        params["token_classifier"] = {"mlp": {"layers": {0: linear("classifier")}}}
     return params
 
 
@@ -94,7 +106,7 @@ def check_exportable(cfg: Config) -> None:
                    "axial_pos_emb": cfg.axial_pos_emb, "position_offset": cfg.position_offset,
                    "norm": cfg.norm_kind != "layernorm", "norm_position": cfg.norm_position != "pre",
                    "dense_bias": not cfg.dense_bias, "causal": not cfg.causal,
-                   "task": cfg.task != "causal_lm"}
+                   "task": cfg.task not in HEADS}
     if cfg.model == "gpt_neo":
         unsupported.update(qkv_bias=cfg.qkv_bias, attention_scale=cfg.attention_scale != "unscaled")
     else:
@@ -112,14 +124,18 @@ def check_exportable(cfg: Config) -> None:
 def config_to_hf(cfg: Config) -> dict:
     """The transformers config (as a dict) of an exportable NeoMesh GPT-Neo or GPT-2 config."""
     check_exportable(cfg)
-    common = {"vocab_size": cfg.n_vocab, "activation_function": ACTIVATIONS_TO_HF[cfg.activation_function],
+    gpt2_head, neo_head = HEADS[cfg.task]
+    labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)},
+              "label2id": {f"LABEL_{i}": i for i in range(cfg.num_labels)}} if cfg.task != "causal_lm" else {}
+    common = {**labels, "vocab_size": cfg.n_vocab, "activation_function": ACTIVATIONS_TO_HF[cfg.activation_function],
               "layer_norm_epsilon": cfg.layer_norm_epsilon, "initializer_range": 0.02, "use_cache": True,
-              "tie_word_embeddings": not cfg.no_weight_tie, "torch_dtype": "float32"}
+              "tie_word_embeddings": not cfg.no_weight_tie or cfg.task != "causal_lm",  # a classifier has no lm_head
+              "torch_dtype": "float32"}
     if cfg.model == "gpt2":
-        return {**common, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_positions": cfg.n_ctx,
+        return {**common, "model_type": "gpt2", "architectures": ["GPT2" + gpt2_head], "n_positions": cfg.n_ctx,
                 "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.intermediate,
                 "resid_pdrop": cfg.res_dropout, "embd_pdrop": cfg.embed_dropout, "attn_pdrop": cfg.attn_dropout}
-    return {**common, "model_type": "gpt_neo", "architectures": ["GPTNeoForCausalLM"],
+    return {**common, "model_type": "gpt_neo", "architectures": ["GPTNeo" + neo_head],
             "max_position_embeddings": cfg.n_ctx, "hidden_size": cfg.n_embd, "num_layers": cfg.n_layer,
             "num_heads": cfg.n_head, "attention_types": cfg.attention_types or [[["global"], cfg.n_layer]],
             "window_size": cfg.local_attention_radius, "intermediate_size": cfg.intermediate,
@@ -153,6 +169,11 @@ def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:
         for name in ("c_fc", "c_proj"):
             out[f"{hb}mlp.{name}.weight"] = p[f"{b}mlp/{name}/kernel"].T
             out[f"{hb}mlp.{name}.bias"] = p[f"{b}mlp/{name}/bias"]
-    if cfg.no_weight_tie:
+    if cfg.task == "sequence_classification":  # the classifiers hold no lm_head
+        out["score.weight"] = p["score/out/kernel"].T
+    elif cfg.task == "token_classification":
+        out["classifier.weight"], out["classifier.bias"] = (p["token_classifier/mlp/layers/0/kernel"].T,
+                                                             p["token_classifier/mlp/layers/0/bias"])
+    elif cfg.no_weight_tie:
         out["lm_head.weight"] = p["lm_head/kernel"].T
     return out

@@ -21,10 +21,25 @@ MAPPINGS = {model_type: module for module in (gpt_neo, bert, t5, vit) for model_
 
 
 def _mapping(model_type: str, source: str):
-    if model_type not in MAPPINGS:
+    if not isinstance(model_type, str) or model_type not in MAPPINGS:
         raise ConfigError(f"{source}: model_type '{model_type}' is not supported (supported: "
                           f"{', '.join(MAPPINGS)})")
     return MAPPINGS[model_type]
+
+
+def _config_of(hf: dict, source: str) -> Config:
+    """The NeoMesh config of a config.json's content: a key missing or of another type than transformers writes
+    is one line naming the file (the families' mappings index and compute with the values)."""
+    mapping = _mapping(hf.get("model_type"), source)
+    try:
+        return mapping.config_from_hf(hf, source)
+    except KeyError as e:
+        raise ConfigError(f"{source}: no {e.args[0]!r} (a {hf['model_type']} config.json has it, as transformers "
+                          "writes it)") from None
+    except (TypeError, AttributeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{source}: a value of another type than transformers writes ({e})") from None
 
 
 def hf_config(hf_dir: str) -> Config:
@@ -37,7 +52,7 @@ def hf_config(hf_dir: str) -> Config:
     hf = read_json(path)
     if not isinstance(hf, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    return _mapping(hf.get("model_type"), path).config_from_hf(hf, path)
+    return _config_of(hf, path)
 
 
 def load_hf(hf_dir: str) -> tuple[Config, dict]:
@@ -45,8 +60,14 @@ def load_hf(hf_dir: str) -> tuple[Config, dict]:
     hf_config, tensors = read_hf_dir(hf_dir)
     source = f"{hf_dir}/config.json"
     mapping = _mapping(hf_config.get("model_type"), source)
-    cfg = mapping.config_from_hf(hf_config, source)
-    return cfg, mapping.params_from_hf(cfg, tensors, hf_dir)
+    cfg = _config_of(hf_config, source)
+    try:
+        return cfg, mapping.params_from_hf(cfg, tensors, hf_dir)
+    except ValueError as e:  # a reshape to the shape config.json gives
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{hf_dir}: the weights do not have the shapes its config.json gives (n_embd {cfg.n_embd}, "
+                          f"n_head {cfg.n_head}, n_layer {cfg.n_layer}): {e}; were they saved together?") from None
 
 
 def check_finite(params: dict, what: str) -> None:
@@ -124,6 +145,11 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
         tokenizer = load_tokenizer(tokenizer_dir)
         hf_config["eos_token_id"] = tokenizer.eos_id
         hf_config.setdefault("bos_token_id", tokenizer.eos_id)
+        if cfg.model in gpt_neo.MODEL_TYPES and cfg.task == "sequence_classification" and \
+                tokenizer.padding_id != tokenizer.eos_id:
+            # transformers pools each row's last token that is not pad_token_id; padding with end-of-text, which
+            # also ends each NeoMesh row, it would pool the token before it: left out, it pools the last (batch 1)
+            hf_config["pad_token_id"] = tokenizer.padding_id
     write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir)
 
 

@@ -1,6 +1,7 @@
 """BERT and RoBERTa on the backbone: word, position and token-type embeddings with a LayerNorm, post-LayerNorm
 bidirectional blocks (registry defaults), and the head of the config's task: the masked-LM head (tied decoder plus
-a bias) or a classification head over the first token ([CLS] / <s>) through BERT's pooler.
+a bias; untied with ``no_weight_tie``) or a classification head over the first token ([CLS] / <s>) through BERT's
+pooler.
 
 RoBERTa differs by data only: its position table starts at ``position_offset`` 2 (rows 0 and 1 belong to padding),
 and a padded row's positions count its real tokens, as transformers computes them from the padding mask.
@@ -36,8 +37,8 @@ class Bert(nnx.Module):
         self.blocks = nnx.List([Block(block_spec(cfg, layer, *BERT_INIT), rngs=rngs) for layer in range(cfg.n_layer)])
         if cfg.share_parameters:  # ALBERT-style: one block's weights for every layer
             share_parameters(self.blocks)
-        self.mlm = MlmHead(d, cfg.n_vocab, cfg.activation_function, cfg.layer_norm_epsilon,
-                           rngs=rngs) if cfg.task == "masked_lm" else None
+        self.mlm = MlmHead(d, cfg.n_vocab, cfg.activation_function, cfg.layer_norm_epsilon, rngs=rngs,
+                           untied=cfg.no_weight_tie) if cfg.task == "masked_lm" else None
         self.classifier = ClassificationHead(d, cfg.num_labels, pool="first", pooler=True, bias=True,
                                              dropout_rate=cfg.res_dropout, rngs=rngs, hidden=cfg.head_hidden,
                                              activation=cfg.activation_function) \

@@ -159,27 +159,29 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
         return log_prob / length.astype(jnp.float32) ** s.length_penalty
 
     model = nnx.merge(graphdef, nnx.State(params))
-    logits, cache, _ = model.prefill(prompts, pad, n, params_dtype(params))  # (B, V)
+    logits, cache, seen = model.prefill(prompts, pad, n, params_dtype(params))  # (B, V)
     # Every beam starts from the prompt: repeat rows, and let only beam 0 be alive at first.
     cache = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0) if x.ndim and x.shape[0] == b else x, cache)
-    last = jnp.repeat(logits, k, axis=0)  # (B*K, V)
+    last, seen = jnp.repeat(logits, k, axis=0), jnp.repeat(seen, k, axis=0)  # (B*K, V)
     alive_seq = jnp.full((b, k, n), fill, jnp.int32)
     alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (b, 1))  # (B, K)
     fin_seq = jnp.full((b, k, n), fill, jnp.int32)
     fin_score = jnp.full((b, k), NEG_INF)
 
     def cond(carry):
-        i, _, _, _, alive_lp, _, fin_score = carry
+        i, _, _, _, _, alive_lp, _, fin_score = carry
         # Log probabilities only fall, so an alive beam's best possible score uses the longest length.
         best_alive = score(alive_lp[:, 0], jnp.asarray(n)) if s.length_penalty >= 0 else alive_lp[:, 0]
         finished = jnp.all(fin_score[:, -1] >= best_alive)
         return (i < n) & ~finished
 
     def body(carry):
-        i, last, cache, alive_seq, alive_lp, fin_seq, fin_score = carry
+        i, last, cache, seen, alive_seq, alive_lp, fin_seq, fin_score = carry
         model = nnx.merge(graphdef, nnx.State(params))  # per trace level: layers that sow (MoE) mutate it
         v = last.shape[-1]
-        log_p = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1).reshape(b, k, v)
+        # Hugging Face penalises the log probabilities (each beam's own tokens), which then add up as scores.
+        log_p = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1)
+        log_p = apply_repetition_penalty(log_p, seen, s.repetition_penalty).reshape(b, k, v)
         candidates = (alive_lp[:, :, None] + log_p).reshape(b, k * v)
         top_lp, top_idx = jax.lax.top_k(candidates, 2 * k)  # (B, 2K)
         beam, token = top_idx // v, (top_idx % v).astype(jnp.int32)
@@ -197,11 +199,12 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
         parent = (jnp.take_along_axis(beam, keep, axis=1) + jnp.arange(b)[:, None] * k).reshape(-1)
         cache = jax.tree.map(lambda x: x[parent] if x.ndim and x.shape[0] == b * k else x, cache)
         tokens = jnp.take_along_axis(token, keep, axis=1).reshape(-1)
+        seen = seen[parent].at[jnp.arange(b * k), tokens].set(True)
         logits, cache = model.decode_step(tokens, cache)
-        return i + 1, logits, cache, alive_seq, alive_lp, fin_seq, fin_score
+        return i + 1, logits, cache, seen, alive_seq, alive_lp, fin_seq, fin_score
 
-    carry = (jnp.zeros((), jnp.int32), last, cache, alive_seq, alive_lp, fin_seq, fin_score)
-    i, _, _, alive_seq, alive_lp, fin_seq, fin_score = jax.lax.while_loop(cond, body, carry)
+    carry = (jnp.zeros((), jnp.int32), last, cache, seen, alive_seq, alive_lp, fin_seq, fin_score)
+    i, _, _, _, alive_seq, alive_lp, fin_seq, fin_score = jax.lax.while_loop(cond, body, carry)
     # An alive beam that reached the length limit competes with the finished ones, as in Hugging Face.
     use_alive = score(alive_lp[:, 0], jnp.maximum(i, 1)) > fin_score[:, 0]
     return jnp.where(use_alive[:, None], alive_seq[:, 0], fin_seq[:, 0])

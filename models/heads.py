@@ -18,17 +18,22 @@ from models.layers import ACTIVATIONS, BASE_STDDEV, dropout, norm, over_flat_pos
 
 
 class MlmHead(nnx.Module):
-    """(B, T, D) -> (B, T, V): ``decode(LayerNorm(act(dense(x)))) + bias``, decode being the tied embedding."""
+    """(B, T, D) -> (B, T, V): ``decode(LayerNorm(act(dense(x)))) + bias``, decode being the tied embedding, or its
+    own ``decoder`` kernel when ``untied`` (a checkpoint saved with tie_word_embeddings false)."""
 
-    def __init__(self, n_embd: int, n_vocab: int, activation: str, epsilon: float, *, rngs: nnx.Rngs):
+    def __init__(self, n_embd: int, n_vocab: int, activation: str, epsilon: float, *, rngs: nnx.Rngs,
+                 untied: bool = False):
         self.dense = projection("BTD,DE->BTE", (n_embd, n_embd), ("embd", None), BASE_STDDEV, rngs, bias=(None,))
         self.layer_norm = norm("layernorm", n_embd, epsilon, rngs)
         self.bias = nnx.Param(jnp.zeros((n_vocab,)), **axes("vocab"))
+        self.decoder = nnx.Einsum("PD,DV->PV", (n_embd, n_vocab), kernel_init=nnx.initializers.normal(BASE_STDDEV),
+                                  kernel_metadata=axes("embd", "vocab"), rngs=rngs) if untied else None
         self.activation = ACTIVATIONS[activation]
 
     def __call__(self, x: jax.Array, embedding: nnx.Embed) -> jax.Array:
         h = self.layer_norm(self.activation(self.dense(x)))  # (B, T, D)
-        return over_flat_positions(embedding.attend, h) + self.bias[...].astype(h.dtype)  # (B, T, V)
+        decode = embedding.attend if self.decoder is None else self.decoder
+        return over_flat_positions(decode, h) + self.bias[...].astype(h.dtype)  # (B, T, V)
 
 
 class MlpHead(nnx.Module):

@@ -62,6 +62,8 @@ def resolve_model(name: str, option: str = "--hf-model") -> str:
 
     if os.path.isdir(name):
         return name
+    if os.path.isfile(name):  # config.json or model.safetensors itself
+        raise ConfigError(f"{option} {name}: a file; give the model's directory ({os.path.dirname(name) or '.'})")
     repo, _, revision = name.partition("@")
     if not _REPO_ID.match(repo) or repo.startswith((".", "/")):
         raise ConfigError(f"{option} {name}: no such directory")

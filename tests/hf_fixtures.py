@@ -73,12 +73,15 @@ ENCODERS = {  # (model_type, head) -> transformers class
     ("bert", "sequence_classification"): transformers.BertForSequenceClassification,
     ("roberta", None): transformers.RobertaModel, ("roberta", "masked_lm"): transformers.RobertaForMaskedLM,
     ("roberta", "sequence_classification"): transformers.RobertaForSequenceClassification,
+    ("bert", "token_classification"): transformers.BertForTokenClassification,
+    ("roberta", "token_classification"): transformers.RobertaForTokenClassification,
 }
 
 
 def encoder(kind="bert", head="masked_lm", n_embd=48, n_head=4, n_layer=2, n_ctx=40, vocab=VOCAB, d_ff=80,
             num_labels=3, act="gelu"):
-    """A randomly initialised BERT or RoBERTa (with ``head``: None, "masked_lm" or "sequence_classification")."""
+    """A randomly initialised BERT or RoBERTa (with ``head``: None, "masked_lm", "sequence_classification" or
+    "token_classification")."""
     config_class = transformers.BertConfig if kind == "bert" else transformers.RobertaConfig
     extra = dict(max_position_embeddings=n_ctx + 2, pad_token_id=1, type_vocab_size=1) if kind == "roberta" else \
         dict(max_position_embeddings=n_ctx, type_vocab_size=2)

@@ -43,7 +43,9 @@ def files(tmp_path_factory):
     for name, config, weights in [
             ("hf_no_config", None, None), ("hf_bad_json", "{not json", None), ("hf_no_weights", NEO, None),
             ("hf_garbage_weights", NEO, b"\x00garbage" * 10), ("hf_nan_weights", NEO, "nan"),
-            ("hf_t5", {**NEO, "model_type": "t5"}, "ok"), ("hf_binary_config", b"\xff\xd8\xff", None)]:
+            ("hf_t5", {**NEO, "model_type": "t5"}, "ok"), ("hf_binary_config", b"\xff\xd8\xff", None),
+            ("hf_no_width", {k: v for k, v in NEO.items() if k != "hidden_size"}, "ok"),
+            ("hf_null_ffn", {**NEO, "model_type": "t5", "d_model": 32, "d_ff": 64, "feed_forward_proj": None}, "ok")]:
         hf_dir = d / name
         hf_dir.mkdir()
         if isinstance(config, dict):
@@ -152,6 +154,10 @@ CASES = [
     ("predict", ["--hf-model", "{d}/hf_nan_weights", "--prompt", "x"],
      "weight transformer.wte.weight holds NaN or infinity"),
     ("predict", ["--hf-model", "{d}/hf_t5", "--prompt", "x"], "hf_t5/config.json: no 'd_model'"),
+    ("predict", ["--hf-model", "{d}/hf_no_width", "--prompt", "x"],  # a KeyError traceback
+     "{d}/hf_no_width/config.json: no 'hidden_size' (a gpt_neo config.json has it"),
+    ("convert", ["import", "{d}/hf_null_ffn", "{d}/imported"],  # an AttributeError traceback
+     "{d}/hf_null_ffn/config.json: a value of another type than transformers writes"),
     # python -m convert
     ("convert", ["import", "{d}/hf_no_config", "{d}/imported"], "{d}/hf_no_config: not a Hugging Face"),
     ("convert", ["import", "{d}/hf_bad_json", "{d}/imported"], "{d}/hf_bad_json/config.json: invalid JSON"),

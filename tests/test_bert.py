@@ -10,6 +10,7 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file
 
+from config import ConfigError
 from convert.hf import export_params, load_hf
 from models import registry
 from parallel.state import match_params
@@ -52,7 +53,7 @@ def saved(model, tmp_path):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-@pytest.mark.parametrize("head", [None, "masked_lm", "sequence_classification"])
+@pytest.mark.parametrize("head", [None, "masked_lm", "sequence_classification", "token_classification"])
 def test_outputs_match_transformers(name, head, tmp_path):
     reference = hf_fixtures.encoder(head=head, **SHAPES[name])
     cfg, params = load_hf(saved(reference, tmp_path))
@@ -63,7 +64,7 @@ def test_outputs_match_transformers(name, head, tmp_path):
     real = mask == 1
     if head is None:  # a bare encoder: compare the last hidden states
         got, want = ours(cfg, params, tokens, mask, "hidden_states")[real], out.last_hidden_state.numpy()[real]
-    elif head == "masked_lm":
+    elif head in ("masked_lm", "token_classification"):  # logits per token
         got, want = ours(cfg, params, tokens, mask)[real], out.logits.numpy()[real]
     else:
         got, want = ours(cfg, params, tokens, mask), out.logits.numpy()
@@ -74,7 +75,7 @@ def test_outputs_match_transformers(name, head, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
-@pytest.mark.parametrize("head", ["masked_lm", "sequence_classification"])
+@pytest.mark.parametrize("head", ["masked_lm", "sequence_classification", "token_classification"])
 def test_export_round_trip_is_lossless_and_loads_in_transformers(kind, head, tmp_path):
     reference = hf_fixtures.encoder(kind=kind, head=head)
     source = saved(reference, tmp_path / "in")
@@ -146,6 +147,10 @@ def test_python_api_loads_any_zoo_model_and_runs_it_on_text(tmp_path):
     assert np.asarray(model(texts)).shape == (*batch["inputs"].shape, hf_fixtures.VOCAB)
     with pytest.raises(Exception, match="does not generate text"):
         model.generate("def ")
+    with pytest.raises(ConfigError, match="tokenize: 2 texts but 1 second texts"):  # zip dropped the second
+        model(texts, ["a pair"])
+    with pytest.raises(ConfigError, match=r"tokenize: texts must be strings, not list \(\[1, 2\]\); pass token ids"):
+        model([[1, 2]])
 
 
 def test_pytorch_model_bin_imports_like_safetensors(tmp_path):
@@ -157,3 +162,54 @@ def test_pytorch_model_bin_imports_like_safetensors(tmp_path):
     (cfg_a, a), (cfg_b, b) = load_hf(str(tmp_path / "safetensors")), load_hf(str(tmp_path / "bin"))
     assert cfg_a == cfg_b and jax.tree.structure(a) == jax.tree.structure(b)
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
+
+
+def test_init_from_a_classifier_with_other_labels_names_both_counts(tmp_path):
+    """A 3-label BertForSequenceClassification fine-tuned on an 8-label dataset: one line with both counts (it was
+    a shape error of classifier/out/bias); the same labels load."""
+    import train
+
+    source = saved(hf_fixtures.encoder(kind="bert", head="sequence_classification", num_labels=3), tmp_path)
+    cfg, _ = load_hf(source)
+    with pytest.raises(ConfigError) as error:
+        train.imported_params(cfg.replace(num_labels=8), source)
+    assert str(error.value) == (f"--init-from {source}: its classifier has 3 labels, but num_labels is 8; start "
+                                "from its base model without that head for new labels")
+    assert "classifier" in train.imported_params(cfg, source)
+    assert train.imported_params(cfg.replace(task="masked_lm", num_labels=8), source)  # no classifier: no count
+
+
+def test_roberta_config_without_a_pad_token_id_is_one_line():
+    """RoBERTa's positions start after pad_token_id: null there was a TypeError traceback."""
+    from convert import bert
+
+    hf = hf_fixtures.encoder(kind="roberta", head="masked_lm").config.to_dict()
+    assert bert.config_from_hf(hf).position_offset == 2
+    with pytest.raises(ConfigError, match=r"^x/config.json: pad_token_id null: RoBERTa counts positions from "):
+        bert.config_from_hf({**hf, "pad_token_id": None}, "x/config.json")
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_an_untied_masked_lm_decoder_loads_and_exports_as_its_own(kind, tmp_path):
+    """tie_word_embeddings false: the decoder is not the word embeddings. It loaded tied without a word (logits
+    off by 13 on this model); now it is no_weight_tie's own kernel, and export writes it back."""
+    config = hf_fixtures.encoder(kind=kind, head="masked_lm").config
+    config.tie_word_embeddings = False
+    torch.manual_seed(2)
+    reference = hf_fixtures.ENCODERS[kind, "masked_lm"](config).eval()
+    reference.load_state_dict(hf_fixtures.encoder(kind=kind, head="masked_lm").state_dict(), strict=False)
+    with torch.no_grad():
+        decoder = reference.cls.predictions.decoder if kind == "bert" else reference.lm_head.decoder
+        decoder.weight.normal_(0.0, 0.5)
+    source = saved(reference, tmp_path / "in")
+    cfg, params = load_hf(source)
+    assert cfg.no_weight_tie
+    tokens, mask = padded_batch(hf_fixtures.VOCAB)
+    with torch.no_grad():
+        want = reference(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    real = mask == 1
+    np.testing.assert_allclose(ours(cfg, params, tokens, mask)[real], want[real], atol=1e-4, rtol=0)
+    export_params(cfg, params, str(tmp_path / "out"))
+    original, exported = load_file(f"{source}/model.safetensors"), load_file(str(tmp_path / "out/model.safetensors"))
+    for name in set(original) - {k for k in original if k.endswith("position_ids") or ".pooler." in k}:
+        assert np.array_equal(original[name], exported[name]), name

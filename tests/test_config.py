@@ -145,6 +145,11 @@ def test_set_overrides_parse_json_or_string():
     assert (cfg.n_layer, cfg.mesh_shape, cfg.precision) == (4, "x:4,y:2", "bfloat16")
     assert "unknown key 'n_layers'" in error_of(overrides=["n_layers=3"])
     assert "expected key=value" in error_of(overrides=["n_layer"])
+    # JSON that does not parse is that error, not "expected dict, got" the text; a string key keeps the text
+    assert error_of(overrides=['peft={"lora": {"rank": 4}']) == \
+        '--set peft={"lora": {"rank": 4}: the value is not valid JSON (Expecting \',\' delimiter at column 21)'
+    assert "not valid JSON" in error_of(overrides=['attention_types=[[["local"],2]'])
+    assert from_dict(TINY, overrides=("sample_prompt={",))[0].sample_prompt == "{"
 
 
 def test_load_config_files(tmp_path):

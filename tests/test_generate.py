@@ -151,6 +151,20 @@ def test_beam_search_matches_transformers(neo_dir):
     assert want != hf_generate(reference, ids, do_sample=False, max_new_tokens=16)  # beams found another path
 
 
+def test_beam_search_with_a_repetition_penalty_matches_transformers(neo_dir):
+    """predict.py --num-beams 4 --repetition-penalty 1.2 (the README's command): the penalty was ignored with
+    beams. Hugging Face penalises each beam's log probabilities by the tokens of that beam and its prompt."""
+    graphdef, params, tokenizer, reference = load(neo_dir)
+    ids = tokenizer.encode(PROMPT)
+    want = hf_generate(reference, ids, do_sample=False, num_beams=3, max_new_tokens=16, repetition_penalty=1.8,
+                       length_penalty=1.0, early_stopping=True)
+    beams = lambda penalty: trim(np.asarray(beam_search(  # noqa: E731
+        graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
+        Sampling(max_new_tokens=16, num_beams=3, repetition_penalty=penalty, eos_id=0)))[0].tolist(), 0)
+    assert beams(1.8) == want
+    assert want != beams(1.0)  # the penalty changed the search
+
+
 def test_one_beam_and_top_k_one_equal_greedy_and_seeds_reproduce(neo_dir):
     graphdef, params, tokenizer, _ = load(neo_dir)
     ids = tokenizer.encode(PROMPT)

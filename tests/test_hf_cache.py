@@ -84,6 +84,12 @@ def test_missing_model_is_one_line_saying_how_to_download(clean_env, tmp_path):
         resolve_model("EleutherAI/gpt-neo-125M")
     with pytest.raises(ConfigError, match=r"^--init-from \./nope: no such directory$"):
         resolve_model("./nope", "--init-from")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    file = str(tmp_path / "model" / "config.json")  # a file of the model, not its directory ("no such directory")
+    with pytest.raises(ConfigError) as a_file:
+        resolve_model(file)
+    assert str(a_file.value) == f"--hf-model {file}: a file; give the model's directory ({tmp_path}/model)"
 
 
 def test_predict_reads_a_cached_model_by_name(clean_env, tmp_path):

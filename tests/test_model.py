@@ -191,3 +191,77 @@ def test_parameters_follow_the_options():
     assert set(rezero["blocks"][0]) == {"attn", "rezero_1", "rezero_2", "mlp"}
     assert set(params_of(cfg.replace(scalenorm=True))["blocks"][0]["ln_1"]) == {"g"}
     assert set(params_of(cfg.replace(norm="rmsnorm"))["blocks"][0]["ln_1"]) == {"scale"}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gpt_neo"])
+@pytest.mark.parametrize("task", ["sequence_classification", "token_classification"])
+def test_classifiers_import_and_export_with_hugging_face(kind, task, tmp_path):
+    """GPT2/GPTNeo ForSequenceClassification (last real token, bias-free score) and ForTokenClassification load
+    with their heads (they loaded as causal LMs, the classifier dropped without a word), match transformers on a
+    right-padded batch, and export back as the same class, tensors unchanged."""
+    import transformers
+    from safetensors.numpy import load_file
+
+    from convert.hf import export_params, load_hf
+    from models import registry
+
+    head = "ForSequenceClassification" if task == "sequence_classification" else "ForTokenClassification"
+    vocab = hf_fixtures.VOCAB
+    if kind == "gpt2":
+        hf_cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                         num_labels=3, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0)
+        reference = getattr(transformers, "GPT2" + head)
+    else:
+        hf_cfg = transformers.GPTNeoConfig(vocab_size=vocab, max_position_embeddings=32, hidden_size=32, num_layers=2,
+                                           num_heads=4, attention_types=[[["global", "local"], 1]], window_size=4,
+                                           num_labels=3, pad_token_id=0, resid_dropout=0.0, embed_dropout=0.0,
+                                           attention_dropout=0.0)
+        reference = getattr(transformers, "GPTNeo" + head)
+    hf_cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = reference(hf_cfg).eval()
+    hf_fixtures.randomize(model)
+    model.save_pretrained(str(tmp_path / "in"))
+    cfg, params = load_hf(str(tmp_path / "in"))
+    assert (cfg.model, cfg.task, cfg.num_labels) == (kind, task, 3)
+    lengths = np.array([12, 7])
+    tokens = np.random.default_rng(0).integers(1, vocab, (2, 12))
+    mask = (np.arange(12)[None] < lengths[:, None]).astype(np.int64)
+    tokens = np.where(mask == 1, tokens, 0)  # padded with pad_token_id, as transformers finds the last token
+    with torch.no_grad():
+        want = model(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: registry.build(cfg, nnx.Rngs(0))))
+    got = np.asarray(nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params)))(
+        jnp.asarray(tokens, jnp.int32), segment_ids=jnp.asarray(mask, jnp.int32))[0])
+    real = mask == 1 if task == "token_classification" else slice(None)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got[real], want[real], atol=1e-4, rtol=0)
+    (tmp_path / "tokenizer").mkdir()
+    hf_fixtures.tokenizer().save(str(tmp_path / "tokenizer/tokenizer.json"))  # pads with end-of-text
+    export_params(cfg, params, str(tmp_path / "out"), str(tmp_path / "tokenizer"))
+    original = load_file(str(tmp_path / "in/model.safetensors"))
+    exported = load_file(str(tmp_path / "out/model.safetensors"))
+    unused = {k for k in original if k.endswith((".attn.bias", ".attn.masked_bias", ".attention.bias"))}
+    assert set(original) - unused == set(exported)
+    for name in exported:
+        assert np.array_equal(original[name], exported[name]), name
+    again = transformers.AutoConfig.from_pretrained(str(tmp_path / "out"))
+    assert again.architectures == [reference.__name__] and again.num_labels == 3
+    # with the end-of-text id as pad_token_id, transformers would pool the token before a row's end-of-text
+    assert again.pad_token_id is None
+
+
+def test_weights_of_another_shape_than_config_json_are_one_line(tmp_path):
+    """config.json edited (or weights copied from another model): the mapping's reshape was a ValueError traceback."""
+    import json
+
+    from config import ConfigError
+    from convert.hf import load_hf
+
+    path = hf_fixtures.save(hf_fixtures.gpt_neo(n_embd=64, n_head=2), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 48}))
+    with pytest.raises(ConfigError, match=rf"^{path}: the weights do not have the shapes its config.json gives "
+                       r"\(n_embd 48, n_head 2, n_layer 2\): cannot reshape"):
+        load_hf(path)

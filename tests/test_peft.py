@@ -57,6 +57,26 @@ def test_lora_target_that_matches_nothing_suggests_the_closest_projection():
     model = nnx.eval_shape(lambda: registry.build(tiny_config(), nnx.Rngs(0)))  # abstract: nothing to compute
     with pytest.raises(ConfigError, match="'qq' matches no projection; did you mean 'q'"):
         apply_peft(model, {"lora": {"targets": ["qq"]}})
+    # a path pattern: the closest path outside the blocks (a ViT's head is 'classifier', a BERT's 'classifier/out')
+    vit = nnx.eval_shape(lambda: registry.build(tiny_config(model="vit", image_size=8, patch_size=2, num_channels=1,
+                                                            n_ctx=17, attention_types=None), nnx.Rngs(0)))
+    with pytest.raises(ConfigError, match=r"'classifier/out' matches no projection; did you mean 'classifier'\? "
+                       r"\(outside the blocks: classifier, patch_embed; in every block: c_fc, c_proj, k, out, q, v\)"):
+        apply_peft(vit, {"lora": {"targets": ["classifier/out"]}})
+
+
+def test_lora_rank_above_a_projections_input_width_is_one_line_naming_it():
+    """Rank 1000 on a 64-wide model is a full update with more parameters (it was accepted); a rank above the
+    classes of a head it adapts is fine: only the input width bounds it."""
+    model = nnx.eval_shape(lambda: registry.build(tiny_config(), nnx.Rngs(0)))
+    with pytest.raises(ConfigError, match="peft.lora.rank: 1000 is larger than blocks/0/attn/q's input width 64"):
+        apply_peft(model, {"lora": {"rank": 1000}})
+    with pytest.raises(ConfigError, match="blocks/0/mlp/c_proj's input width 256"):
+        apply_peft(model, {"lora": {"targets": ["c_proj"], "rank": 257}})
+    apply_peft(model, {"lora": {"targets": ["c_proj"], "rank": 256}})
+    classifier = nnx.eval_shape(lambda: registry.build(tiny_config(task="sequence_classification", num_labels=2),
+                                                       nnx.Rngs(0)))
+    apply_peft(classifier, {"lora": {"targets": ["score/out"], "rank": 8}})  # (64, 2): rank 8 > 2 classes
 
 
 def test_fresh_lora_and_adapters_equal_the_base_and_merged_equals_unmerged():
@@ -184,6 +204,10 @@ def test_adapter_file_round_trip_and_merged_export(tmp_path):
         lambda p, v: v + 0.1 * jax.random.normal(jax.random.key(3), v.shape) if "lora_b" in path_name(p) else v, params)
     names = save_adapter(str(tmp_path / "adapter.safetensors"), params, cfg.peft)
     assert names and all("lora_" in n for n in names)  # the base weights stay out of the file
+    with pytest.raises(ConfigError, match="save_adapter: settings name adapter, but params hold no adapter"):
+        save_adapter(str(tmp_path / "none.safetensors"), params, {"adapter": {}})  # it wrote an empty file
+    with pytest.raises(ConfigError, match=f"{tmp_path}: cannot write the adapter file"):  # a SafetensorError
+        save_adapter(str(tmp_path), params, cfg.peft)
     fresh = nnx.to_pure_dict(state)
     restored = load_adapter(str(tmp_path / "adapter.safetensors"), fresh)
     for name, value in flat(params).items():
@@ -236,6 +260,22 @@ def test_attention_hook_on_chosen_layers_of_a_model():
     assert np.abs(np.asarray(model(TOKENS)[0]) - np.asarray(base(TOKENS)[0])).max() > 1e-4
     set_attention_fn(model, None)
     np.testing.assert_array_equal(model(TOKENS)[0], base(TOKENS)[0])
+    with pytest.raises(ConfigError, match="attention_fn: 'alibi' is not a function"):  # it failed only when run
+        set_attention_fn(model, "alibi")
+
+
+def test_a_part_the_model_already_holds_is_refused_not_replaced():
+    """apply_peft on a loaded peft model (Pretrained.from_pretrained of a prefix-tuned run, say) naming a part it
+    already has: a second prefix or adapter silently replaced the trained one; LoRA again said 'q' matches no
+    projection. New parts still plug in beside the old."""
+    model = nnx.eval_shape(lambda: build_model(tiny_config(peft=TRAINED), nnx.Rngs(0)))
+    for part, message in [({"lora": {}}, "peft.lora: blocks/0/attn/q already has LoRA factors"),
+                          ({"prefix": {}}, "peft.prefix: blocks/0/attn already has a prefix"),
+                          ({"adapter": {}}, "peft.adapter: blocks/0 already has adapters")]:
+        with pytest.raises(ConfigError, match=message):
+            apply_peft(model, part)
+    apply_peft(model, {"lora": {"targets": ["k"]}})  # not adapted yet
+    assert type(model.blocks[0].attn.k).__name__ == "LoraEinsum"
 
 
 @pytest.mark.e2e
@@ -279,6 +319,26 @@ def test_lora_fine_tuning_of_a_hugging_face_gpt2_as_the_readme_shows(tmp_path, m
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
     lora_b = flat(tuned.params)["blocks/0/attn/q/lora_b"]
     assert np.abs(lora_b).max() > 0  # the factors trained (B starts at zero)
+
+
+def test_a_trained_only_run_whose_base_model_is_gone_is_one_line_naming_the_run(tmp_path):
+    """A LoRA run that checkpoints only its factors reads the rest from init_from again (predict.py, export): a
+    base moved or deleted since is an error naming the run and why that model is read, not a bare 'no such
+    directory' about a path the user never typed in this command."""
+    from pretrained import _with_base, default_layout
+    from parallel.state import sharded_abstract_params, split_params
+
+    gone = str(tmp_path / "gpt2_moved")
+    cfg = tiny_config(model="gpt2", attention_types=None, peft={"lora": {}, "checkpoint": "trainable"},
+                      init_from=gone)
+    make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
+    _, abstract = sharded_abstract_params(make_model, default_layout())
+    trained = split_params(abstract, trainable_filter(cfg.peft_settings))[0]
+    with pytest.raises(ConfigError) as e:
+        _with_base(cfg, make_model, abstract, trained, "runs/lora_gpt2")
+    message = str(e.value)
+    assert message.startswith("runs/lora_gpt2 holds only its trained parameters (peft checkpoint 'trainable')")
+    assert f"init_from {gone}: no such directory" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("model", ["bert", "gpt_neo"])

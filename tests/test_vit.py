@@ -180,6 +180,21 @@ def test_tfds_image_dataset_by_name(tmp_path):
         image_source(cfg.replace(image_size=32, patch_size=8, n_ctx=17), "train")
 
 
+def test_python_api_names_images_of_the_wrong_layout(tmp_path):
+    """Channels first (transformers' pixel_values), another channel count or one image without its batch axis was
+    an einsum, reshape or unpack error from deep inside the model: one line with the shape the model reads."""
+    from pretrained import Pretrained
+
+    model = Pretrained.from_pretrained(saved(hf_vit(8, 2, 1, 16, 2, 1, 3), tmp_path))
+    assert np.asarray(model({"inputs": images_for(8, 1, batch=2)})).shape == (2, 3)
+    for shape in [(2, 1, 8, 8), (2, 8, 8, 3), (8, 8, 1), (2, 9, 9, 1)]:
+        with pytest.raises(ConfigError, match=rf"inputs: images of shape \({', '.join(map(str, shape))},?\); a vit "
+                           r"model reads \(B, H, W, 1\) images, channels last, H and W multiples of patch_size 2"):
+            model({"inputs": np.zeros(shape, np.float32)})
+    # one override as a plain string, not a tuple of them (it was read letter by letter: "--set p: expected key=value")
+    assert Pretrained.from_pretrained(str(tmp_path), overrides="precision=bfloat16").config.precision == "bfloat16"
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"patch_size": 3}, "patch_size: 3 does not divide image_size 8"),
     ({"task": "sequence_classification"}, "task: model vit trains task image_classification"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import math
 
 from flax import nnx
 
@@ -18,7 +19,7 @@ from models import registry
 from models.attention import Attention
 from models.block import Block
 from training.peft.adapter import Adapter
-from training.peft.lora import LoraEinsum
+from training.peft.lora import LoraEinsum, factor_einsums
 from training.peft.prefix import Prefix
 
 
@@ -60,14 +61,32 @@ def add_lora(model: nnx.Module, targets: list[str], rank: int, alpha: float, dro
     (``blocks/*/attn/out``, ``score/out``) is in ``targets`` by a ``LoraEinsum``; returns the replaced paths. A
     target that matches nothing is an error."""
     projections = [(p, m) for p, m in _modules(model, nnx.Einsum) if not isinstance(m, LoraEinsum)]
+    adapted = [p for p, m in _modules(model, LoraEinsum)]
     for target in targets:
+        done = next((p for p in adapted if _matches(target, p)), None)
+        if done is not None and not any(_matches(target, p) for p, _ in projections):
+            raise ConfigError(f"peft.lora: {'/'.join(map(str, done))} already has LoRA factors (the model holds "
+                              "the peft parts it was built or loaded with; name only new parts)")
         if not any(_matches(target, p) for p, _ in projections):
             names = sorted({str(p[-1]) for p, _ in projections if "blocks" in p})
+            if "/" in target or "*" in target:  # a path pattern: the heads' and embeddings' paths are candidates
+                paths = sorted("/".join(map(str, p)) for p, _ in projections if "blocks" not in p)
+                close = difflib.get_close_matches(target, paths, n=1, cutoff=0.5)
+                raise ConfigError(f"peft.lora.targets: {target!r} matches no projection"
+                                  + (f"; did you mean {close[0]!r}?" if close else "")
+                                  + f" (outside the blocks: {', '.join(paths) or 'none'}; in every block: "
+                                  f"{', '.join(names)})")
             close = difflib.get_close_matches(target, names, n=1, cutoff=0.5)
             raise ConfigError(f"peft.lora.targets: {target!r} matches no projection"
                               + (f"; did you mean {close[0]!r}?" if close else f" (projections: {', '.join(names)})"))
+    chosen = [(p, m) for p, m in projections if any(_matches(t, p) for t in targets)]
+    for path, module in chosen:  # A is (in, rank): a rank above the input width is a full update, and more
+        width = math.prod(module.kernel.shape[i] for i in factor_einsums(module.einsum_str)[3])
+        if rank > width:
+            raise ConfigError(f"peft.lora.rank: {rank} is larger than {'/'.join(map(str, path))}'s input width "
+                              f"{width}; a low-rank update uses at most that (LoRA typically 4 to 64)")
     replaced = []
-    for salt, (path, module) in enumerate([(p, m) for p, m in projections if any(_matches(t, p) for t in targets)]):
+    for salt, (path, module) in enumerate(chosen):
         _set(model, path, LoraEinsum(module, rank, alpha, dropout, salt, rngs=rngs))
         replaced.append("/".join(map(str, path)))
     return replaced
@@ -78,6 +97,11 @@ def add_prefixes(model: nnx.Module, length: int, hidden: int, rngs: nnx.Rngs) ->
     layers = [m for p, m in _modules(model, Attention) if p[-1] == "attn" and m.spec.kind != "linear"]
     if not layers:
         raise ConfigError("peft.prefix: the model has no softmax self-attention layer to prefix")
+    held = next(("/".join(map(str, p)) for p, m in _modules(model, Attention)
+                 if getattr(m, "prefix", None) is not None), None)
+    if held is not None:  # a second prefix would replace the first, trained or loaded, without a word
+        raise ConfigError(f"peft.prefix: {held} already has a prefix (the model holds the peft parts it was built "
+                          "or loaded with; name only new parts)")
     for attn in layers:
         s = attn.spec
         attn.prefix = Prefix(length, s.n_embd, s.n_head, s.head_dim, hidden, rngs=rngs)
@@ -87,6 +111,11 @@ def add_prefixes(model: nnx.Module, length: int, hidden: int, rngs: nnx.Rngs) ->
 def add_adapters(model: nnx.Module, size: int, activation: str, after: list[str], rngs: nnx.Rngs) -> int:
     """Puts a bottleneck adapter after the self-attention and/or MLP sub-layer of every block."""
     blocks = [m for _, m in _modules(model, Block)]
+    held = next(("/".join(map(str, p)) for p, m in _modules(model, Block)
+                 if getattr(m, "attn_adapter", None) is not None or getattr(m, "mlp_adapter", None) is not None), None)
+    if held is not None:
+        raise ConfigError(f"peft.adapter: {held} already has adapters (the model holds the peft parts it was built "
+                          "or loaded with; name only new parts)")
     for i, block in enumerate(blocks):
         d = block.spec.mlp.n_embd
         if "attn" in after and block.attn is not None:

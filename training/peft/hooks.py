@@ -21,6 +21,9 @@ from models.attention import Attention, softmax_attention
 def set_attention_fn(model: nnx.Module, fn: Callable | None, layers: Sequence[int] | None = None) -> list[str]:
     """Makes ``fn`` (None: the built-in) the attention of every softmax self-attention layer of ``model``, or of
     the blocks numbered in ``layers``; returns the paths it set. In place."""
+    if fn is not None and not callable(fn):  # it would fail only when the model runs
+        raise ConfigError(f"attention_fn: {fn!r:.60} is not a function (give one with softmax_attention's "
+                          "signature, e.g. training.peft.hooks.alibi_attention, or None for the built-in)")
     chosen = []
     for path, module in nnx.iter_graph(model):
         if isinstance(module, Attention) and (not path or path[-1] == "attn") and module.spec.kind != "linear":

@@ -30,12 +30,17 @@ def save_adapter(path: str, params: dict, settings: dict) -> list[str]:
     from safetensors.numpy import save_file
 
     settings = check_peft(settings)
+    names = list(_flat(params))
+    for part, marks in (("lora", ("/lora_a", "/lora_b")), ("prefix", ("/prefix/",)), ("adapter", ("_adapter/",))):
+        if part in settings and not any(mark in name for name in names for mark in marks):
+            raise ConfigError(f"save_adapter: settings name {part}, but params hold no {part} parameters (an empty "
+                              "file would have been written); name the parts the model has, or apply_peft first")
     trained, _ = split_params(params, trainable_filter(settings))
     tensors = {name: np.ascontiguousarray(v, np.float32) for name, v in _flat(trained).items()}
     try:
         save_file(tensors, path, metadata={"peft": json.dumps(settings)})
-    except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror}") from None
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type for a directory or a missing folder
+        raise ConfigError(f"{path}: cannot write the adapter file ({str(e).splitlines()[0][:160]})") from None
     return sorted(tensors)
 
 

@@ -724,6 +724,8 @@ def check_peft(peft, where: str = "peft") -> dict:
         if value < low or (high is not None and value > high) or (kind is float and option == "alpha" and value == 0):
             raise ConfigError(f"{name}: {value} is outside its range ({'above' if option == 'alpha' else 'from'} "
                               f"{low}{'' if high is None else f' to {high}'})")
+        if option == "dropout" and value == 1:  # every input dropped: the factors would never learn
+            raise ConfigError(f"{name}: 1 drops every input, so LoRA would learn nothing (from 0 to below 1)")
     if "lora" in out:
         _check_strings(out["lora"]["targets"], f"{where}.lora.targets")
     if "adapter" in out:

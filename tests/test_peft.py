@@ -44,6 +44,7 @@ TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 32)), jnp.int
     ({"lora": {"rnk": 4}}, "peft.lora: unknown key 'rnk'; did you mean 'peft.lora.rank'?"),
     ({"lorra": {}}, "peft: unknown key 'lorra'; did you mean 'peft.lora'?"),
     ({"lora": {"rank": 0}}, "peft.lora.rank: 0 is outside its range"),
+    ({"lora": {"dropout": 1.0}}, "peft.lora.dropout: 1 drops every input, so LoRA would learn nothing"),
     ({"trainable": ["biass"]}, "did you mean 'bias'?"),
     ({"checkpoint": "some"}, "peft.checkpoint: \"some\" is not one of all, trainable"),
 ])
@@ -262,6 +263,14 @@ def test_attention_hook_on_chosen_layers_of_a_model():
     np.testing.assert_array_equal(model(TOKENS)[0], base(TOKENS)[0])
     with pytest.raises(ConfigError, match="attention_fn: 'alibi' is not a function"):  # it failed only when run
         set_attention_fn(model, "alibi")
+    with pytest.raises(ConfigError, match=r"^attention_fn: two_inputs\(q, k\) cannot be called as the layers call "
+                                          r"attention, fn\(q, k, v, causal=\.\.\."):  # their TypeError, on first run
+        set_attention_fn(model, two_inputs)
+    set_attention_fn(model, lambda q, k, v, **options: v)  # what it does not use, it takes as **options
+
+
+def two_inputs(q, k):
+    return q
 
 
 def test_a_part_the_model_already_holds_is_refused_not_replaced():

@@ -8,6 +8,7 @@ sequence (training, evaluation, scoring); a decoding cache's keys are buffer slo
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Sequence
 
 import jax
@@ -24,6 +25,8 @@ def set_attention_fn(model: nnx.Module, fn: Callable | None, layers: Sequence[in
     if fn is not None and not callable(fn):  # it would fail only when the model runs
         raise ConfigError(f"attention_fn: {fn!r:.60} is not a function (give one with softmax_attention's "
                           "signature, e.g. training.peft.hooks.alibi_attention, or None for the built-in)")
+    if fn is not None:
+        _check_signature(fn)
     chosen = []
     for path, module in nnx.iter_graph(model):
         if isinstance(module, Attention) and (not path or path[-1] == "attn") and module.spec.kind != "linear":
@@ -34,6 +37,26 @@ def set_attention_fn(model: nnx.Module, fn: Callable | None, layers: Sequence[in
     for _, module in chosen:
         module.attention_fn = fn
     return [name for name, _ in chosen]
+
+
+# What an attention layer passes its attention function (models/attention.py): q, k, v and these keywords.
+CALL_KEYWORDS = ("causal", "window", "scale", "segment_ids", "mask", "dropout_rate", "dropout_key", "kernel", "bias")
+
+
+def _check_signature(fn: Callable) -> None:
+    """A function the layers cannot call as they call softmax_attention is one line now, not the user's own
+    TypeError when the model first runs."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function without one: the call will tell
+        return
+    try:
+        signature.bind(None, None, None, **dict.fromkeys(CALL_KEYWORDS))
+    except TypeError as e:
+        name = getattr(fn, "__name__", repr(fn))
+        raise ConfigError(f"attention_fn: {name}{signature} cannot be called as the layers call attention, "
+                          f"fn(q, k, v, {', '.join(k + '=...' for k in CALL_KEYWORDS)}) ({e}); take **options for "
+                          "the keywords it does not use") from None
 
 
 def alibi_bias(n_head: int, t: int, s: int) -> jax.Array:

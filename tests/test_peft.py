@@ -399,3 +399,18 @@ def test_lora_with_scan_layers_keeps_parameters_per_layer_and_trains_as_unrolled
     assert jax.tree.structure(scanned.params) == jax.tree.structure(unrolled.params)  # a filter may pick one layer
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=2e-5), jax.device_get(scanned.params),
                  jax.device_get(unrolled.params))
+
+
+def test_export_of_a_prefix_or_adapter_run_is_one_line_naming_the_export(tmp_path, monkeypatch):
+    """It said 'merge: blocks/0/attn/prefix/... belongs to a prefix or an adapter', a step the user never named."""
+    import pretrained
+    from convert.hf import export_hf
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = tiny_config(peft={"prefix": {"length": 2}, "adapter": {}})
+    monkeypatch.setattr(pretrained, "load_run", lambda path: (cfg, None, None))
+    with pytest.raises(ConfigError, match=f"^export: {run} trains peft.prefix and peft.adapter, which change the "
+                                          "computation rather than a weight"):
+        export_hf(str(run), str(tmp_path / "hf"))
+    assert not (tmp_path / "hf").exists()

@@ -167,8 +167,11 @@ class Layout:
             ways = math.prod(self.mesh.shape[a] for a in axes)
             if size % ways:
                 where = f"mesh axis '{axes[0]}'" if len(axes) == 1 else f"mesh axes '{'+'.join(axes)}'"
+                padded = -(-size // (ways * 64)) * ways * 64
+                hint = (f" (n_vocab {padded}, a multiple of {ways * 64}, splits, as GPT-Neo padded 50257 to 50304; "
+                        "or leave vocab whole)" if name == "vocab" else "")
                 raise ConfigError(f"layout: {what} dimension '{name}' has size {size}, not divisible by {where} "
-                                  f"of size {ways}")
+                                  f"of size {ways}{hint}")
         return NamedSharding(self.mesh, spec)
 
     @contextlib.contextmanager

@@ -95,7 +95,7 @@ def evaluate(args) -> dict:
     from evaluation.tasks import run_tasks
     from pretrained import layout_for
 
-    layout = layout_for(args.mesh_shape, args.layout)
+    layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     path = args.hf_model or args.model_path
     scorer = Scorer.from_pretrained(path, layout, args.batch_size, tuple(args.set),
                                     kind="hf" if args.hf_model else "run")

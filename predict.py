@@ -251,7 +251,7 @@ def predict(args) -> None:
         raise ConfigError(f"--output {args.output}: is a directory; name a file")
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         raise ConfigError(f"--output {args.output}: no such directory")
-    layout = layout_for(args.mesh_shape, args.layout)
+    layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     cfg, graphdef, params, tokenizer = load_model(args, layout)
     if args.max_new_tokens is None:
         args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS

@@ -27,13 +27,25 @@ def default_layout():
     return layout_for()
 
 
-def layout_for(mesh_shape: str | None = None, layout: str = "batch:x"):
+def layout_for(mesh_shape: str | None = None, layout: str = "batch:x", names: tuple[str, str] = ("mesh_shape",
+                                                                                                "layout")):
     """The layout of the commands' ``--mesh-shape`` and ``--layout``: ``layout`` on that mesh, or on one device
-    when there is no mesh shape."""
+    when there is no mesh shape. Errors name the two as ``names`` (the flags that gave them)."""
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
 
-    return Layout.from_config(make_mesh(mesh_shape) if mesh_shape else make_mesh("x:1", jax.devices()[:1]), layout)
+    for name, value in zip(names, (mesh_shape, layout)):
+        if value == "auto":  # parallel/auto.py sizes a train state; a model alone goes on x:-1 with batch:x
+            raise ConfigError(f"{name}: 'auto' chooses a mesh and layout for training (train.py); here give one, "
+                              "e.g. x:-1 (every device) with the batch split over it, the default layout")
+    try:
+        mesh = make_mesh(mesh_shape) if mesh_shape else make_mesh("x:1", jax.devices()[:1])
+        return Layout.from_config(mesh, layout)
+    except ConfigError as e:
+        for key, name in zip(("mesh_shape", "layout"), names):
+            if str(e).startswith(f"{key}:") and name != key:
+                raise ConfigError(f"{name}{str(e)[len(key):]}") from None
+        raise
 
 
 def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> tuple[Config, object, dict]:

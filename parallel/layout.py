@@ -54,7 +54,7 @@ def layout_rules(text: str) -> tuple[Rule, ...]:
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, value = (s.strip() for s in part.partition(":"))
         if not sep or not name or not value:
-            hint = "; did you mean 'auto'?" if part.lower() == "auto" else ""
+            hint = "; did you mean 'auto'?" if part.lower() == "auto" != part else ""
             raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x' or 'batch:x+z'){hint}")
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)

@@ -20,7 +20,7 @@ def mesh_axes(text: str) -> dict[str, int]:
     for part in (p.strip() for p in text.split(",")):
         match = _AXIS.match(part)
         if not match:
-            hint = "; did you mean 'auto'?" if part.lower() == "auto" else ""
+            hint = "; did you mean 'auto'?" if part.lower() == "auto" != part else ""
             raise ConfigError(f"mesh_shape: '{part}' is not axis:size (e.g. 'x:4,y:2'){hint}")
         name, size = match.group(1), int(match.group(2))
         if name == "none":

@@ -255,3 +255,20 @@ def test_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch, cli, argv, target, sa
     main = {**CLIS, "make_dataset": make_dataset.main}[cli]
     assert main([a.format(d=tmp_path) for a in argv]) == 130
     assert capsys.readouterr().err == said.format(d=tmp_path) + "\n"
+
+
+def test_mesh_and_layout_flags_of_predict_and_eval_are_named_as_flags():
+    """They were named as the config keys mesh_shape and layout, and 'auto' (train.py's) was 'not axis:size'."""
+    from config import ConfigError
+    from pretrained import layout_for
+
+    flags = ("--mesh-shape", "--layout")
+    with pytest.raises(ConfigError, match=r"^--mesh-shape: 'auto' chooses a mesh and layout for training"):
+        layout_for("auto", "batch:x", flags)
+    with pytest.raises(ConfigError, match=r"^--mesh-shape: 'x:16' needs 16 devices but 8 are available"):
+        layout_for("x:16", "batch:x", flags)
+    with pytest.raises(ConfigError, match=r"^--layout: unknown dimension 'hedas'; did you mean 'heads'\?$"):
+        layout_for("x:8", "batch:x,hedas:x", flags)
+    with pytest.raises(ConfigError, match=r"^mesh_shape: 'x:16' needs"):  # the harness's model_args keep the keys
+        layout_for("x:16")
+    assert dict(layout_for("x:-1", "batch:x", flags).mesh.shape) == {"x": 8}

@@ -422,6 +422,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from training.peft import build_model, trainable_filter
     from training.peft.trainable import check_trainable
     from training.progress import Progress, wants_bar
+    from neomesh import label_names
 
     lead = jax.process_index() == 0
     say = tqdm.write if lead else (lambda *a, **k: None)
@@ -525,6 +526,9 @@ def run_training(args, cfg, notes, signals, run) -> int:
                     + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
         if lead and train_data is not None and hasattr(train_data.tokenizer, "save"):  # kept for predict.py, export
             save_tokenizer(train_data.tokenizer, os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
+        names = getattr(train_data, "label_names", None)
+        if lead and label_names.named(names):  # export writes them as the Hugging Face config's id2label
+            label_names.save(cfg.model_path, names)
         n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
         say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
         if trainable is not None:

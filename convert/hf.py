@@ -16,6 +16,7 @@ import numpy as np
 from config import Config, ConfigError
 from convert import bert, gpt_neo, t5, vit
 from convert.hf_dir import TOKENIZER_FILES, load_tokenizer, read_hf_dir, write_hf_dir
+from neomesh import label_names
 
 MAPPINGS = {model_type: module for module in (gpt_neo, bert, t5, vit) for model_type in module.MODEL_TYPES}
 
@@ -85,7 +86,7 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     weights. ``hf_dir`` may be ORG/NAME from the local Hugging Face cache."""
     import jax
 
-    from convert.hf_dir import copy_tokenizer, has_tokenizer
+    from convert.hf_dir import copy_tokenizer, has_tokenizer, read_json
     from models import registry
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
@@ -116,6 +117,9 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
         os.makedirs(model_path, exist_ok=True)
         if tokenizer:
             copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
+        names = label_names.from_hf(read_json(os.path.join(hf_dir, "config.json")))
+        if names and len(names) == cfg.num_labels:  # kept for the run's export
+            label_names.save(model_path, names)
         config_path = os.path.join(model_path, "config.json")
         with open(config_path + ".tmp", "w") as f:
             json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)
@@ -127,8 +131,10 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     return cfg
 
 
-def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | None = None) -> None:
-    """Writes ``params`` of a ``cfg`` model as a Hugging Face directory of its family (from_pretrained loads it)."""
+def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | None = None,
+                  labels: list[str] | None = None) -> None:
+    """Writes ``params`` of a ``cfg`` model as a Hugging Face directory of its family (from_pretrained loads it);
+    a classifier's ``labels`` (names in id order) become its ``id2label``."""
     mapping = _mapping(cfg.model, "export: model")
     if cfg.activation_function not in mapping.ACTIVATIONS_TO_HF:
         raise ConfigError(f"export: activation_function {cfg.activation_function!r} has no Hugging Face equivalent")
@@ -138,6 +144,8 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
         raise ConfigError("export: share_parameters: Hugging Face's families hold weights per layer; this model has "
                           "one set for all layers")
     hf_config = mapping.config_to_hf(cfg)
+    if labels and "id2label" in hf_config:
+        hf_config.update(label_names.to_hf(labels))
     params = jax.tree.map(np.asarray, params)
     check_finite(params, "export")
     tensors = mapping.params_to_hf(cfg, params)
@@ -214,5 +222,6 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
 
         params, cfg = merged_params(graphdef, params), cfg.replace(peft=None)
     tokenizer_dir = os.path.join(model_path, "tokenizer")  # not read for a ViT (an older import left it empty)
-    export_params(cfg, params, hf_dir, tokenizer_dir if cfg.reads_text and os.path.isdir(tokenizer_dir) else None)
+    export_params(cfg, params, hf_dir, tokenizer_dir if cfg.reads_text and os.path.isdir(tokenizer_dir) else None,
+                  label_names.load(model_path, cfg.num_labels))
     return cfg

@@ -213,3 +213,20 @@ def test_an_untied_masked_lm_decoder_loads_and_exports_as_its_own(kind, tmp_path
     original, exported = load_file(f"{source}/model.safetensors"), load_file(str(tmp_path / "out/model.safetensors"))
     for name in set(original) - {k for k in original if k.endswith("position_ids") or ".pooler." in k}:
         assert np.array_equal(original[name], exported[name]), name
+
+
+def test_a_classifiers_label_names_survive_import_and_export(tmp_path):
+    """id2label went to LABEL_i on the way back out, and a trained run's labels were never written."""
+    import json
+
+    from convert.hf import export_hf, import_hf
+
+    reference = hf_fixtures.encoder(head="sequence_classification")
+    reference.config.id2label = {0: "negative", 1: "neutral", 2: "positive"}
+    reference.config.label2id = {v: k for k, v in reference.config.id2label.items()}
+    import_hf(saved(reference, tmp_path / "in"), str(tmp_path / "run"))
+    assert json.loads((tmp_path / "run" / "labels.json").read_text()) == ["negative", "neutral", "positive"]
+    export_hf(str(tmp_path / "run"), str(tmp_path / "out"))
+    reloaded = transformers.AutoConfig.from_pretrained(str(tmp_path / "out"))
+    assert reloaded.id2label == {0: "negative", 1: "neutral", 2: "positive"} and reloaded.label2id["positive"] == 2
+

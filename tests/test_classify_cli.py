@@ -1,6 +1,8 @@
 """Sequence classification through train.py as a user runs it: configs/bert_classify.json (shrunk) on the stdlib
 docstrings example it ships with, and on a two-class TFDS dataset read by name, where eval rows add F1."""
 
+import json
+
 import pytest
 
 from tests import hf_fixtures
@@ -26,6 +28,12 @@ def classify(model_path, *sets, extra=()):
 @pytest.mark.e2e
 def test_bert_classify_reports_accuracy_and_two_class_f1(tmp_path):
     assert "f1" not in classify(tmp_path / "docstrings")  # 8 modules: accuracy only
+    names = json.loads((tmp_path / "docstrings" / "labels.json").read_text())  # the modules, in id order
+    assert len(names) == 8 and names == sorted(names)
+    exported = run_command("-m", "convert", "export", str(tmp_path / "docstrings"), str(tmp_path / "hf_classify"))
+    assert exported.returncode == 0, exported.stderr
+    hf = json.loads((tmp_path / "hf_classify" / "config.json").read_text())  # a pipeline says the module's name
+    assert hf["id2label"] == {str(i): name for i, name in enumerate(names)} and hf["label2id"][names[3]] == 3
     pairs = [(f"sentence {i} says {'yes' if i % 3 else 'no'}", f"reply {i}", int(i % 3 != 0)) for i in range(12)]
     prepare_tiny_glue(str(tmp_path / "tfds"), pairs)
     # Fine-tuning a Hugging Face BERT on it: --init-from its directory loads the encoder; the classifier starts fresh.

@@ -39,9 +39,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
                     local_attention_radius=hf.get("window_size", 256), d_ff=hf.get("intermediate_size"))
     elif kind == "gpt2":
         d, layers = hf["n_embd"], hf["n_layer"]
-        for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
-            if hf.get(key):
-                raise ConfigError(f"{source}: GPT-2 option {key}=true is not supported")
+        # reorder_and_upcast_attn computes the logits in float32, as NeoMesh's attention always does: the same model
+        if hf.get("scale_attn_by_inverse_layer_idx"):
+            raise ConfigError(f"{source}: GPT-2 option scale_attn_by_inverse_layer_idx=true is not supported")
         keys = dict(model="gpt2", n_embd=d, n_layer=layers, n_head=hf["n_head"], n_ctx=hf["n_positions"],
                     attention_types=[[["global"], layers]], d_ff=hf.get("n_inner"),
                     attention_scale="inverse_sqrt_head_dim" if hf.get("scale_attn_weights", True) else "unscaled")

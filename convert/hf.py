@@ -28,12 +28,27 @@ def _mapping(model_type: str, source: str):
     return MAPPINGS[model_type]
 
 
+# The config.json keys NeoMesh's keys are read from, across the families (for errors that name the file's key).
+HF_NAMES = {"n_ctx": ("max_position_embeddings", "n_positions"), "n_embd": ("hidden_size", "n_embd", "d_model"),
+            "n_layer": ("num_hidden_layers", "num_layers", "n_layer"), "n_vocab": ("vocab_size",),
+            "n_head": ("num_attention_heads", "num_heads", "n_head"), "d_ff": ("intermediate_size", "n_inner", "d_ff"),
+            "layer_norm_epsilon": ("layer_norm_epsilon", "layer_norm_eps"), "local_attention_radius": ("window_size",),
+            "n_decoder_layer": ("num_decoder_layers",)}
+
+
 def _config_of(hf: dict, source: str) -> Config:
     """The NeoMesh config of a config.json's content: a key missing or of another type than transformers writes
     is one line naming the file (the families' mappings index and compute with the values)."""
     mapping = _mapping(hf.get("model_type"), source)
     try:
         return mapping.config_from_hf(hf, source)
+    except ConfigError as e:  # a NeoMesh key's check: named as the file's key it was read from
+        key, sep, why = str(e).partition(": ")
+        theirs = next((name for name in HF_NAMES.get(key, ()) if name in hf), None)
+        if not sep or str(e).startswith(source):
+            raise
+        raise ConfigError(f"{source}: {theirs}: {why} (read as NeoMesh's {key})" if theirs else f"{source}: {e}") \
+            from None
     except KeyError as e:
         raise ConfigError(f"{source}: no {e.args[0]!r} (a {hf['model_type']} config.json has it, as transformers "
                           "writes it)") from None

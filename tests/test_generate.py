@@ -13,6 +13,7 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file
 
+from config import ConfigError
 from convert import hf_dir
 from convert.gpt_neo import config_from_hf
 from convert.hf import load_hf
@@ -108,6 +109,30 @@ def test_gpt2_logits_match_transformers(gpt2_dir):
         want = reference(torch.from_numpy(tokens)).logits.numpy()
     got = np.asarray(nnx.merge(graphdef, nnx.State(params))(jnp.asarray(tokens))[0])
     assert np.max(np.abs(got - want)) <= 1e-4
+
+
+def test_a_gpt2_that_reorders_and_upcasts_its_attention_imports_with_parity(tmp_path):
+    """reorder_and_upcast_attn computes the logits in float32, as NeoMesh always does: it was refused."""
+    reference = hf_fixtures.gpt2()
+    reference.config.reorder_and_upcast_attn = True
+    graphdef, params, _, reference = load(hf_fixtures.save(reference, tmp_path))
+    assert reference.config.reorder_and_upcast_attn
+    tokens = np.random.default_rng(2).integers(0, hf_fixtures.VOCAB, (2, 40))
+    with torch.no_grad():
+        want = reference(torch.from_numpy(tokens)).logits.numpy()
+    got = np.asarray(nnx.merge(graphdef, nnx.State(params))(jnp.asarray(tokens))[0])
+    assert np.max(np.abs(got - want)) <= 1e-4
+
+
+def test_a_config_json_value_of_another_type_names_the_files_key(tmp_path):
+    """It said 'n_ctx: expected int, got null', a key the file does not have."""
+    path = hf_fixtures.save(hf_fixtures.gpt2(), tmp_path)
+    hf = json.loads(open(f"{path}/config.json").read())
+    hf["n_positions"] = None
+    open(f"{path}/config.json", "w").write(json.dumps(hf))
+    with pytest.raises(ConfigError, match=f"^{path}/config.json: n_positions: expected int, got null \\(read as "
+                                          "NeoMesh's n_ctx\\)$"):
+        load_hf(path)
 
 
 def test_pytorch_model_bin_imports_like_safetensors(gpt2_dir, tmp_path):

@@ -102,26 +102,27 @@ def test_caches_keep_only_what_each_kind_needs():
 
 # --- Hugging Face import --------------------------------------------------------------------------------------
 
-def test_gpt2_logits_match_transformers(gpt2_dir):
-    graphdef, params, _, reference = load(gpt2_dir)
-    tokens = np.random.default_rng(1).integers(0, hf_fixtures.VOCAB, (2, 40))
+def logits_difference(path, seed=1) -> float:
+    """Max abs difference of NeoMesh's logits and transformers' for the model in ``path``."""
+    graphdef, params, _, reference = load(path)
+    tokens = np.random.default_rng(seed).integers(0, hf_fixtures.VOCAB, (2, 40))
     with torch.no_grad():
         want = reference(torch.from_numpy(tokens)).logits.numpy()
     got = np.asarray(nnx.merge(graphdef, nnx.State(params))(jnp.asarray(tokens))[0])
-    assert np.max(np.abs(got - want)) <= 1e-4
+    return float(np.max(np.abs(got - want)))
+
+
+def test_gpt2_logits_match_transformers(gpt2_dir):
+    assert logits_difference(gpt2_dir) <= 1e-4
 
 
 def test_a_gpt2_that_reorders_and_upcasts_its_attention_imports_with_parity(tmp_path):
     """reorder_and_upcast_attn computes the logits in float32, as NeoMesh always does: it was refused."""
     reference = hf_fixtures.gpt2()
     reference.config.reorder_and_upcast_attn = True
-    graphdef, params, _, reference = load(hf_fixtures.save(reference, tmp_path))
-    assert reference.config.reorder_and_upcast_attn
-    tokens = np.random.default_rng(2).integers(0, hf_fixtures.VOCAB, (2, 40))
-    with torch.no_grad():
-        want = reference(torch.from_numpy(tokens)).logits.numpy()
-    got = np.asarray(nnx.merge(graphdef, nnx.State(params))(jnp.asarray(tokens))[0])
-    assert np.max(np.abs(got - want)) <= 1e-4
+    path = hf_fixtures.save(reference, tmp_path)
+    assert json.loads(open(f"{path}/config.json").read())["reorder_and_upcast_attn"]
+    assert logits_difference(path, seed=2) <= 1e-4
 
 
 def test_a_config_json_value_of_another_type_names_the_files_key(tmp_path):

@@ -206,6 +206,8 @@ def train(args, cfg, notes: list[str]) -> int:
         from data.check import check_dataset
         return check_dataset(cfg)
     distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
+    distributed.check_same_command({**cfg.to_dict(), "--eval": args.eval, "--new": args.new,
+                                    "--resume": args.resume, "--stop-at-step": args.stop_at_step})
     signals = StopSignals(multi_process=jax.process_count() > 1)
     signals.install()
     try:

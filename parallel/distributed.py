@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 import jax
@@ -20,6 +21,33 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
         jax.distributed.initialize()
     else:
         jax.distributed.initialize(coordinator, num_processes, process_id)
+
+
+def check_same_command(settings: dict) -> None:
+    """Raises ConfigError, in every process at once, where the processes of a multi-process run were given
+    different ``settings`` ({config key or flag: value}, JSON-able): a run of different configs would meet at its
+    first collective with arrays of other shapes and abort inside gloo or NCCL, or hang. A no-op alone."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    from config import ConfigError
+
+    text = json.dumps(settings, sort_keys=True, default=str).encode()
+    lengths = np.asarray(multihost_utils.process_allgather(np.int32(len(text)))).reshape(-1)
+    mine = np.zeros(int(lengths.max()), np.uint8)
+    mine[:len(text)] = np.frombuffer(text, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(mine))  # (processes, longest)
+    everyone = [json.loads(bytes(row[:n]).decode()) for row, n in zip(rows, lengths)]
+    differ = [key for key in sorted(set().union(*everyone))
+              if any(d.get(key) != everyone[0].get(key) for d in everyone)]
+    if not differ:
+        return
+    key = differ[0]
+    values = ", ".join(f"process {i}: {json.dumps(d.get(key))}" for i, d in enumerate(everyone))
+    more = f" (and {', '.join(differ[1:4])}{', ...' if len(differ) > 4 else ''})" if len(differ) > 1 else ""
+    raise ConfigError(f"{key} differs between the {len(everyone)} processes ({values}){more}: every process "
+                      "must run the same command, config and --set values")
 
 
 def process_rows(sharding: NamedSharding, global_shape: tuple[int, ...]) -> slice:

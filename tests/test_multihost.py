@@ -265,3 +265,29 @@ def test_two_processes_read_disjoint_files_and_assemble_the_one_process_batches(
     assert np.array_equal(one, two)
     assert "input: continues at step 2" in out and "replayed 0" in out, out
     assert np.array_equal(np.load(single / "resumed.npy"), one[2:])
+
+
+def test_processes_given_different_configs_or_flags_stop_at_start_with_one_line_naming_the_key(tmp_path):
+    """2 processes whose --set values and flags differ (another n_embd, --eval on one only) would meet at their
+    first collective with arrays of other shapes and abort inside gloo with a C++ stack: both say at start-up,
+    in one line, which key differs and its value in each process, and exit 2 before creating the run."""
+    port = free_port()
+    run = str(tmp_path / "run")
+    commands = [train_command(run, "x:-1", "batch:x", 2, "--coordinator", f"127.0.0.1:{port}",
+                              "--num-processes", "2", "--process-id", str(i), *extra)
+                for i, extra in enumerate([(), ("--set", "n_embd=128", "--eval")])]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=environment(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for cmd in commands]
+    try:
+        results = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (out, err) in zip(procs, results):
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert p.returncode == 2 and lines == [
+            "error: --eval differs between the 2 processes (process 0: false, process 1: true) (and n_embd): "
+            "every process must run the same command, config and --set values"], (p.returncode, out, err[-4000:])
+        assert "Traceback" not in err and "gloo" not in err.lower().replace("[gloo]", ""), err[-4000:]
+    assert not os.path.exists(run)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+import threading
 from typing import Callable
 
 import jax
@@ -17,10 +20,50 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
         return
     # CPU processes need a collectives backend to talk to each other; GPUs and TPUs ignore this setting.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if coordinator is None:
-        jax.distributed.initialize()
-    else:
-        jax.distributed.initialize(coordinator, num_processes, process_id)
+    timeout = join_timeout()
+    joined = threading.Event()
+    where = f"--coordinator {coordinator}" if coordinator else "--distributed"
+    count = f"the {num_processes} processes" if num_processes else "the cluster's processes"
+    this = f" (this is process {process_id})" if process_id is not None else ""
+
+    def watch():
+        # jax gives up after its initialization_timeout by aborting the process from C++ with a stack trace, and
+        # says nothing before: say that this process waits, and give up first (jax's timeout is set later), in one line.
+        if joined.wait(min(10.0, timeout / 2)):
+            return
+        at = f" at {coordinator}" if coordinator else ""
+        print(f"waiting for {count} to join{at}{this}", file=sys.stderr, flush=True)
+        if joined.wait(timeout - min(10.0, timeout / 2)):
+            return
+        how = ("start each one with the same --coordinator and --num-processes and its own --process-id"
+               if coordinator else "start the command on every host of the cluster")
+        print(f"error: {where}: {count} did not all join within {timeout} s{this}; {how} (NEOMESH_JOIN_TIMEOUT="
+              "SECONDS waits longer)", file=sys.stderr, flush=True)
+        os._exit(2)
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        if coordinator is None:
+            jax.distributed.initialize(initialization_timeout=timeout + 30)
+        else:
+            jax.distributed.initialize(coordinator, num_processes, process_id,
+                                       initialization_timeout=timeout + 30)
+    finally:
+        joined.set()
+
+
+def join_timeout() -> int:
+    """Seconds a process waits at start-up for the others to join: ``NEOMESH_JOIN_TIMEOUT``, else jax's 300."""
+    from config import ConfigError
+
+    text = os.environ.get("NEOMESH_JOIN_TIMEOUT", "300")
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = 0
+    if seconds < 10:
+        raise ConfigError(f"NEOMESH_JOIN_TIMEOUT: {text!r} is not a number of seconds of at least 10")
+    return seconds
 
 
 def check_same_command(settings: dict) -> None:

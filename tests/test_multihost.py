@@ -291,3 +291,24 @@ def test_processes_given_different_configs_or_flags_stop_at_start_with_one_line_
             "every process must run the same command, config and --set values"], (p.returncode, out, err[-4000:])
         assert "Traceback" not in err and "gloo" not in err.lower().replace("[gloo]", ""), err[-4000:]
     assert not os.path.exists(run)
+
+
+def test_a_process_whose_peers_never_start_says_so_and_gives_up_in_one_line(tmp_path):
+    """Process 0 of 2 started alone waited jax's 300 s in silence and then aborted from C++ with a stack trace
+    (DEADLINE_EXCEEDED in RegisterTask): it says that it waits, and within NEOMESH_JOIN_TIMEOUT gives up in one
+    line naming the coordinator and the count, exit 2, no run created."""
+    port = free_port()
+    run = str(tmp_path / "run")
+    command = train_command(run, "x:-1", "batch:x", 2, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+                            "--process-id", "0")
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=ROOT, env={**environment(1), "NEOMESH_JOIN_TIMEOUT": "10"},
+                            capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - start
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines == [
+        f"waiting for the 2 processes to join at 127.0.0.1:{port} (this is process 0)",
+        f"error: --coordinator 127.0.0.1:{port}: the 2 processes did not all join within 10 s (this is process 0); "
+        "start each one with the same --coordinator and --num-processes and its own --process-id "
+        "(NEOMESH_JOIN_TIMEOUT=SECONDS waits longer)"], (result.returncode, result.stdout, result.stderr[-4000:])
+    assert took < 60 and not os.path.exists(run)

@@ -50,6 +50,23 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
                                        initialization_timeout=timeout + 30)
     finally:
         joined.set()
+    check_device_counts()
+
+
+def check_device_counts() -> None:
+    """Raises ConfigError where the processes hold different numbers of devices: jax's collectives between
+    processes (multihost_utils) and a mesh over them assume the same count everywhere, and failed with a reshape
+    error ('cannot reshape array of size 3 into shape (2,2)')."""
+    counts = [0] * jax.process_count()
+    for device in jax.devices():
+        counts[device.process_index] += 1
+    if len(set(counts)) > 1:
+        from config import ConfigError
+
+        each = ", ".join(f"process {i}: {n}" for i, n in enumerate(counts))
+        raise ConfigError(f"the {len(counts)} processes hold different numbers of devices ({each}); every process "
+                          "must see the same number (CUDA_VISIBLE_DEVICES, XLA_FLAGS' "
+                          "--xla_force_host_platform_device_count)")
 
 
 def join_timeout() -> int:

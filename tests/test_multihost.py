@@ -312,3 +312,28 @@ def test_a_process_whose_peers_never_start_says_so_and_gives_up_in_one_line(tmp_
         "start each one with the same --coordinator and --num-processes and its own --process-id "
         "(NEOMESH_JOIN_TIMEOUT=SECONDS waits longer)"], (result.returncode, result.stdout, result.stderr[-4000:])
     assert took < 60 and not os.path.exists(run)
+
+
+def test_processes_holding_different_device_counts_stop_with_one_line_naming_each_count(tmp_path):
+    """Process 0 with 2 CPU devices and process 1 with 1: jax's cross-process collectives failed with a
+    ValueError traceback ('cannot reshape array of size 3 into shape (2,2)'); both now name each count."""
+    port = free_port()
+    run = str(tmp_path / "run")
+    procs = [subprocess.Popen(train_command(run, "x:-1", "batch:x", 2, "--coordinator", f"127.0.0.1:{port}",
+                                            "--num-processes", "2", "--process-id", str(i)),
+                              cwd=ROOT, env=environment(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i, devices in enumerate([2, 1])]
+    try:
+        results = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (out, err) in zip(procs, results):
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert p.returncode == 2 and lines == [
+            "error: the 2 processes hold different numbers of devices (process 0: 2, process 1: 1); every process "
+            "must see the same number (CUDA_VISIBLE_DEVICES, XLA_FLAGS' --xla_force_host_platform_device_count)"
+        ], (p.returncode, out, err[-4000:])
+        assert "Traceback" not in err, err[-4000:]
+    assert not os.path.exists(run)

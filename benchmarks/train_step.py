@@ -42,7 +42,7 @@ def shape_config(name: str, args):
     """The validated config of shape ``name`` with the command line's sequence, batch and options."""
     import json
 
-    from config import load_config
+    from config import ConfigError, load_config
 
     path, overrides = SHAPES[name]
     settings = {**overrides, "n_ctx": args.seq, "train_batch_size": args.batch, "precision": args.precision,
@@ -51,7 +51,20 @@ def shape_config(name: str, args):
                 "layout": "batch:x"}
     if args.layers is not None:  # the shape's width at another depth, GPT-Neo's global/local pattern kept
         settings.update(n_layer=args.layers, attention_types=[[["global", "local"], args.layers // 2]])
-    return load_config(path, overrides=tuple(f"{k}={json.dumps(v)}" for k, v in settings.items()))[0]
+    try:
+        return load_config(path, overrides=tuple(f"{k}={json.dumps(v)}" for k, v in settings.items()))[0]
+    except ConfigError as e:  # the flag that set the key, not a --set the command line never had
+        for key, flag in FLAG_OF_KEY.items():
+            prefix = f"--set {key}="
+            if str(e).startswith(prefix):
+                raise ConfigError(f"{flag} {json.dumps(settings[key])}:{str(e)[len(prefix):].split(':', 1)[1]}") \
+                    from None
+        raise
+
+
+# The config keys the command line sets, by flag.
+FLAG_OF_KEY = {"n_ctx": "--seq", "train_batch_size": "--batch", "loss_chunk": "--loss-chunk", "n_layer": "--layers",
+               "attention_types": "--layers"}
 
 
 def neomesh(cfg, tokens) -> dict:
@@ -195,6 +208,8 @@ def check(args) -> None:
     if args.hf_flax and not os.path.isdir(os.path.join(args.hf_flax, "transformers")):
         from benchmarks.hf_flax_peer import INSTALL
         raise ConfigError(f"--hf-flax: {args.hf_flax} holds no transformers; {INSTALL.replace('DIR', args.hf_flax)}")
+    for name in args.shape.split(","):
+        shape_config(name, args)
 
 
 def main(argv=None) -> None:

@@ -69,6 +69,8 @@ def test_train_step_benchmark_mistakes(module_name, argv, message, capsys):
     (["--layers", "3"], "--layers: 3 is not a positive even depth"),
     (["--shape", "7B"], "--shape: unknown shape '7B' (known: cpu, 125M, 1.3B, 2.7B)"),
     (["--hf-flax", "/nonexistent"], "--hf-flax: /nonexistent holds no transformers; pip install"),
+    # a value the config rejects names the flag that set it, not a --set the command line never had
+    (["--loss-chunk", "-5"], "error: --loss-chunk -5: loss_chunk: -5 is below the minimum 0"),
 ])
 def test_train_step_benchmark_mistakes_exit_2(argv, message, capsys):
     assert message in one_line_error("benchmarks.train_step", argv, capsys)

@@ -151,6 +151,32 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
         estimates=tuple(estimate(hlo, live, model_flops, devices, a, kernel_flops) for a in accelerators))
 
 
+def memory_advice(run: DryRun, cfg, layout: Layout) -> str | None:
+    """One line for a plan that does not fit some accelerator: which, and the keys of this config that would need
+    less memory per device; None where it fits them all."""
+    low = run.peak_bytes - run.hlo.whole_before_scatter
+    short = [e.accelerator for e in run.estimates if low > e.accelerator.memory]
+    if not short:
+        return None
+    smallest = min(a.memory for a in short)
+    state = run.parameter_bytes + run.optimizer_bytes
+    ways = []
+    if state > smallest / 2 and "embd" not in layout.text:
+        ways.append(f"split the parameters and optimizer state ({human_bytes(state)} per device) over the data "
+                    "axis too (FSDP: layout embd:AXIS) or more devices")
+    elif state > smallest / 2:
+        ways.append(f"more devices (the parameters and optimizer state alone take {human_bytes(state)} per device)")
+    if cfg.remat_policy == "none":
+        ways.append("--set recompute_grad=full")
+    if not cfg.scan_layers:
+        ways.append("--set scan_layers=true")
+    per_mb = cfg.tokens_per_mb_per_replica
+    ways.append(f"a smaller train_batch_size (now {cfg.train_batch_size}) or microbatches "
+                f"(tokens_per_mb_per_replica{f', now {per_mb}' if per_mb else ''})")
+    return (f"does not fit {', '.join(a.name for a in short)} (peak {human_bytes(low)} per device); to need less: "
+            + "; ".join(ways))
+
+
 def report(run: DryRun, cfg, layout: Layout) -> str:
     """The dry run as Markdown tables (they read in a terminal and paste into a README)."""
     devices = layout.mesh.size
@@ -212,6 +238,9 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
         lines.append(f"| {e.accelerator.name} | {human_seconds(e.compute_s)} | {human_seconds(e.memory_s)} | "
                      f"{human_seconds(e.collectives_s)} | {human_seconds(e.step_s)} "
                      f"({human_seconds(e.overlapped_s)}) | {e.mfu:.0%} | {fits} |")
+    advice = memory_advice(run, cfg, layout)
+    if advice:
+        lines.append(advice)
     links = {"tpu": "one ICI torus axis", "gpu": "NVLink (8 per node) / network"}.get(
         platform, "NVLink (8 per node) / network, or one ICI torus axis")
     lines.append(f"step time model: compute at {UTILISATION:.0%} of bf16 peak on the compiled matmul FLOPs"

@@ -332,3 +332,31 @@ def test_generation_compiles_for_an_h100_without_one_and_its_loop_is_not_double_
         assert header == "| batch | KV cache | temporaries | kernels per new token | compile s |"
         kernels.append(float(row.strip("|").split("|")[3]))
     assert kernels[0] == kernels[1] > 0
+
+
+def test_a_plan_that_does_not_fit_says_which_accelerators_and_what_to_change():
+    """A 'no' in the fits column came without a word on what would need less memory; the line under the table
+    names the accelerators it does not fit and this config's keys that would help (and no key already set)."""
+    from types import SimpleNamespace
+
+    from parallel.dry_run import memory_advice
+
+    GB = 10 ** 9
+    by_name = {a.name: a for a in ACCELERATORS.values()}
+    run = SimpleNamespace(peak_bytes=50 * GB, hlo=SimpleNamespace(whole_before_scatter=0), parameter_bytes=6 * GB,
+                          optimizer_bytes=12 * GB,
+                          estimates=[SimpleNamespace(accelerator=by_name[n]) for n in ("H100", "TPU v4", "TPU v5e")])
+    cfg, _ = load_config("gpt_neo_1.3B", ("train_batch_size=8", "recompute_grad=false"))
+    advice = memory_advice(run, cfg, SimpleNamespace(text="batch:x"))
+    assert advice == (
+        "does not fit TPU v4, TPU v5e (peak 50 GB per device); to need less: split the parameters and optimizer "
+        "state (18 GB per device) over the data axis too (FSDP: layout embd:AXIS) or more devices; --set "
+        "recompute_grad=full; --set scan_layers=true; a smaller train_batch_size (now 8) or microbatches "
+        "(tokens_per_mb_per_replica)"), advice
+    scanned, _ = load_config("gpt_neo_1.3B", ("scan_layers=true", "recompute_grad=full"))
+    run.parameter_bytes, run.optimizer_bytes = GB, 2 * GB
+    advice = memory_advice(run, scanned, SimpleNamespace(text="batch:x,embd:x"))
+    assert advice.endswith("to need less: a smaller train_batch_size (now 512) or microbatches "
+                           "(tokens_per_mb_per_replica)"), advice
+    run.peak_bytes = 10 * GB
+    assert memory_advice(run, cfg, SimpleNamespace(text="batch:x")) is None

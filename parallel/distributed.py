@@ -61,12 +61,10 @@ def check_device_counts() -> None:
     for device in jax.devices():
         counts[device.process_index] += 1
     if len(set(counts)) > 1:
-        from config import ConfigError
-
         each = ", ".join(f"process {i}: {n}" for i, n in enumerate(counts))
-        raise ConfigError(f"the {len(counts)} processes hold different numbers of devices ({each}); every process "
-                          "must see the same number (CUDA_VISIBLE_DEVICES, XLA_FLAGS' "
-                          "--xla_force_host_platform_device_count)")
+        stop_together(f"the {len(counts)} processes hold different numbers of devices ({each}); every process "
+                      "must see the same number (CUDA_VISIBLE_DEVICES, XLA_FLAGS' "
+                      "--xla_force_host_platform_device_count)")
 
 
 def join_timeout() -> int:
@@ -91,7 +89,6 @@ def check_same_command(settings: dict) -> None:
         return
     from jax.experimental import multihost_utils
 
-    from config import ConfigError
 
     text = json.dumps(settings, sort_keys=True, default=str).encode()
     lengths = np.asarray(multihost_utils.process_allgather(np.int32(len(text)))).reshape(-1)
@@ -106,8 +103,18 @@ def check_same_command(settings: dict) -> None:
     key = differ[0]
     values = ", ".join(f"process {i}: {json.dumps(d.get(key))}" for i, d in enumerate(everyone))
     more = f" (and {', '.join(differ[1:4])}{', ...' if len(differ) > 4 else ''})" if len(differ) > 1 else ""
-    raise ConfigError(f"{key} differs between the {len(everyone)} processes ({values}){more}: every process "
-                      "must run the same command, config and --set values")
+    stop_together(f"{key} differs between the {len(everyone)} processes ({values}){more}: every process "
+                  "must run the same command, config and --set values")
+
+
+def stop_together(message: str) -> None:
+    """Raises ConfigError(message) in a problem every process found: first all of them leave jax.distributed
+    together (its shutdown is a barrier), since a process that exits while the others are still joined makes
+    the coordination service abort them from C++ before they can print their one line."""
+    from config import ConfigError
+
+    jax.distributed.shutdown()
+    raise ConfigError(message)
 
 
 def process_rows(sharding: NamedSharding, global_shape: tuple[int, ...]) -> slice:

@@ -587,6 +587,10 @@ def _check_images(cfg: Config) -> None:
 def _check_encoder_decoder(cfg: Config) -> None:
     """seq2seq is the t5 family's task; its blocks take a relative position bias, which only global softmax
     layers without extra positions or slots have been built for."""
+    if cfg.num_mem_kv and "global" not in cfg.attention_layers:  # it added nothing, without a word
+        raise ConfigError(f"num_mem_kv: {cfg.num_mem_kv}, but no layer is global "
+                          f"({', '.join(sorted(set(cfg.attention_layers)))}); memory key/values join global attention "
+                          "only")
     if (cfg.task == "seq2seq") != (cfg.model == "t5"):
         raise ConfigError(f"task: {cfg.task} does not fit model {cfg.model} (seq2seq is the encoder-decoder "
                           "family's task: model t5)")

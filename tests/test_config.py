@@ -212,6 +212,8 @@ def test_a_dataset_config_or_a_hugging_face_config_json_is_named_as_such(tmp_pat
     (["attention_kernel=cudnn"], "attention_kernel: 'cudnn' cannot run here (the platform is cpu, not a CUDA GPU"),
     (["moe_layers=[1]", "moe_params={\"num_experts\": 4}", "layout=batch:x,experts:x"],
      "parameter blocks/1/mlp/b_in dimension 'experts' has size 4, not divisible by mesh axis 'x' of size 8"),
+    (['attention_types=[[["linear","none"],2]]', "num_mem_kv=2"],  # silently no effect
+     "num_mem_kv: 2, but no layer is global (linear, none); memory key/values join global attention only"),
     (["n_vocab=1001", "layout=batch:x,vocab:x"], "dimension 'vocab' has size 1001, not divisible by mesh axis 'x' of "
      "size 8 (n_vocab 1024, a multiple of 512, splits, as GPT-Neo padded 50257 to 50304; or leave vocab whole)"),
 ])

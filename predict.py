@@ -219,7 +219,7 @@ def read_prompts(args) -> list[str]:
     texts = []
     for path in files:
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:  # a BOM would be the first prompt's first token
                 texts.append(f.read())
         except OSError as e:
             raise ConfigError(f"{path}: {e.strerror}") from None

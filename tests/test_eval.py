@@ -173,6 +173,16 @@ def test_multiple_choice_file_errors(tmp_path):
         multiple_choice.read_questions(str(path))
 
 
+def test_files_saved_with_a_byte_order_mark_and_crlf_read_as_without(tmp_path):
+    """Windows editors save UTF-8 with a BOM and CRLF line ends: the first line was 'not a JSON line'."""
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"context": "a", "choices": ["b", "c"], "label": 1}\r\n'
+                     b'{"context": "d", "choices": ["e", "f"], "label": 0}\r\n')
+    assert [q["context"] for q in multiple_choice.read_questions(str(path))] == ["a", "d"]
+    path.write_bytes(b'\xef\xbb\xbf{"text": "fine words here"}\r\n')
+    assert len(lambada.read_examples(str(path))) == 1
+
+
 def test_shipped_lambada_file_is_the_embedded_corpus_format():
     examples = lambada.read_examples(lambada.EMBEDDED)
     assert len(examples) >= 300

@@ -384,3 +384,13 @@ def test_a_set_that_changes_the_models_shapes_is_named_before_any_restore():
     with pytest.raises(ConfigError, match=r"^--set n_ctx=64: the model would change shape \(wpe/embedding: "
                                           r"\(128, 192\) in checkpoint C, \(64, 192\) with --set\)"):
         check_same_shapes(trained, load_config("quickstart", ("n_ctx=64",))[0], ("n_ctx=64",), "checkpoint C")
+
+
+def test_prompt_files_saved_with_a_byte_order_mark_lose_it(tmp_path):
+    """A BOM (Windows editors' UTF-8) became the first prompt's first token, printed back as its first text."""
+    import predict
+
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(b"\xef\xbb\xbfdef f\r\n   \r\nclass A\r\n")
+    assert predict.read_prompts(predict.parse_args(["--prompt-file", str(path)])) == ["def f", "class A"]
+    assert predict.read_prompts(predict.parse_args(["--prompt-from-file", str(path)])) == ["def f\n   \nclass A\n"]

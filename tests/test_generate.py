@@ -1,6 +1,7 @@
 """Generation and Hugging Face interop: KV-cached decoding, sampling rules and beam search against transformers,
 GPT-Neo/GPT-2 import, GPT-Neo export, predict.py and train.py --init-from as a user runs them."""
 
+import collections
 import json
 import os
 
@@ -189,6 +190,30 @@ def test_beam_search_with_a_repetition_penalty_matches_transformers(neo_dir):
         Sampling(max_new_tokens=16, num_beams=3, repetition_penalty=penalty, eos_id=0)))[0].tolist(), 0)
     assert beams(1.8) == want
     assert want != beams(1.0)  # the penalty changed the search
+
+
+def test_beam_search_with_length_penalties_and_an_eos_matches_transformers_in_any_batch(neo_dir):
+    """--length-penalty only matters once beams end, so end them with frequent tokens as eos. transformers' defaults
+    (early_stopping=False) stop a row when its best beam, scored at its present length, cannot beat the worst
+    finished one, and take finished hypotheses only from the best num_beams candidates; the search stopped on a
+    bound at the longest length and pooled the spare candidates too, so it wrote other text for length penalties
+    such as 0.5 or -1. That stop is no bound, so each row stops on its own: batching must not change a row."""
+    graphdef, params, tokenizer, reference = load(neo_dir)
+    ids = tokenizer.encode(PROMPT)
+    other = tokenizer.encode("x = [")
+    frequent = [t for t, _ in collections.Counter(hf_generate(reference, ids, do_sample=False,
+                                                               max_new_tokens=30)).most_common(2)]
+    batch = np.array([ids, [0] * (len(ids) - len(other)) + other], np.int32)
+    pad = np.array([0, len(ids) - len(other)], np.int32)
+    for eos in frequent:
+        for penalty in (0.5, -1.0):
+            s = Sampling(max_new_tokens=16, num_beams=3, length_penalty=penalty, eos_id=eos)
+            want = hf_generate(reference, ids, do_sample=False, num_beams=3, max_new_tokens=16,
+                               length_penalty=penalty, eos_token_id=eos)
+            alone = beam_search(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32), s)
+            assert trim(np.asarray(alone)[0].tolist(), eos) == want, (eos, penalty)
+            batched = np.asarray(beam_search(graphdef, params, jnp.asarray(batch), jnp.asarray(pad), s))
+            assert trim(batched[0].tolist(), eos) == want, (eos, penalty)
 
 
 def test_one_beam_and_top_k_one_equal_greedy_and_seeds_reproduce(neo_dir):

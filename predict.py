@@ -93,12 +93,16 @@ def main(argv=None) -> int:
 
 def check_options(args) -> None:
     """Checks the options and resolves --hf-model and the config's model_path, all without jax."""
+    import math
+
     from config import ConfigError
 
     checks = [(args.max_new_tokens is None or args.max_new_tokens >= 1, "--max-new-tokens must be at least 1"),
-              (args.temperature >= 0, "--temperature must be >= 0"), (args.top_k >= 0, "--top-k must be >= 0"),
-              (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
-              (args.repetition_penalty > 0, "--repetition-penalty must be > 0"),
+              (0 <= args.temperature < math.inf, "--temperature must be a number >= 0"),
+              (args.top_k >= 0, "--top-k must be >= 0"), (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
+              (0 < args.repetition_penalty < math.inf, "--repetition-penalty must be a number > 0"),
+              (math.isfinite(args.length_penalty), "--length-penalty must be a number (nan or inf made every beam's "
+                                                   "score nan)"),
               (args.num_beams >= 1, "--num-beams must be at least 1"),
               (args.num_samples >= 1, "--num-samples must be at least 1"),
               (args.num_beams == 1 or args.num_samples == 1, "--num-samples > 1 needs sampling, not --num-beams"),

@@ -346,6 +346,19 @@ def test_predict_errors_are_one_line(neo_dir, tmp_path):
     assert result.returncode == 2 and "no tokenizer" in result.stderr
 
 
+@pytest.mark.parametrize("flag, value", [("--length-penalty", "nan"), ("--length-penalty", "inf"),
+                                         ("--temperature", "inf"), ("--repetition-penalty", "inf")])
+def test_predict_refuses_numbers_that_are_not_finite(flag, value):
+    """--length-penalty nan printed the prompt with nothing after it (every beam scored nan), and an infinite
+    temperature or penalty was taken as given."""
+    import predict
+    from config import ConfigError
+
+    args = predict.parse_args(["--hf-model", "nowhere", "--prompt", "x", flag, value])
+    with pytest.raises(ConfigError, match=f"^{flag} must be a number"):
+        predict.check_options(args)
+
+
 def test_predict_truncates_long_prompts_and_stops_at_stop_strings(neo_dir):
     _, _, tokenizer, reference = load(neo_dir)
     result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", "x " * 80, "--truncate-prompt",

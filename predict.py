@@ -257,13 +257,16 @@ def predict(args) -> None:
         raise ConfigError(f"--output {args.output}: no such directory")
     layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     cfg, graphdef, params, tokenizer = load_model(args, layout)
+    flag = "--max-new-tokens"
     if args.max_new_tokens is None:
         args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS
+        if cfg.predict_max_steps:  # no flag given: name where the number came from
+            flag = "predict_max_steps (the config's default --max-new-tokens)"
 
     seq2seq = cfg.task == "seq2seq"
     room = cfg.n_ctx if seq2seq else cfg.n_ctx - args.max_new_tokens  # T5: the prompt fills the encoder
     if room < 1:
-        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: leaves no room for a prompt in the model's n_ctx "
+        raise ConfigError(f"{flag} {args.max_new_tokens}: leaves no room for a prompt in the model's n_ctx "
                           f"{cfg.n_ctx} (at most {cfg.n_ctx - 1})")
     encoded = []
     for i, text in enumerate(prompts):

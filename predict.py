@@ -93,12 +93,16 @@ def main(argv=None) -> int:
 
 def check_options(args) -> None:
     """Checks the options and resolves --hf-model and the config's model_path, all without jax."""
+    import math
+
     from config import ConfigError
 
     checks = [(args.max_new_tokens is None or args.max_new_tokens >= 1, "--max-new-tokens must be at least 1"),
-              (args.temperature >= 0, "--temperature must be >= 0"), (args.top_k >= 0, "--top-k must be >= 0"),
-              (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
-              (args.repetition_penalty > 0, "--repetition-penalty must be > 0"),
+              (0 <= args.temperature < math.inf, "--temperature must be a number >= 0"),
+              (args.top_k >= 0, "--top-k must be >= 0"), (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
+              (0 < args.repetition_penalty < math.inf, "--repetition-penalty must be a number > 0"),
+              (math.isfinite(args.length_penalty), "--length-penalty must be a number (nan or inf made every beam's "
+                                                   "score nan)"),
               (args.num_beams >= 1, "--num-beams must be at least 1"),
               (args.num_samples >= 1, "--num-samples must be at least 1"),
               (args.num_beams == 1 or args.num_samples == 1, "--num-samples > 1 needs sampling, not --num-beams"),
@@ -219,7 +223,7 @@ def read_prompts(args) -> list[str]:
     texts = []
     for path in files:
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:  # a BOM would be the first prompt's first token
                 texts.append(f.read())
         except OSError as e:
             raise ConfigError(f"{path}: {e.strerror}") from None
@@ -253,13 +257,16 @@ def predict(args) -> None:
         raise ConfigError(f"--output {args.output}: no such directory")
     layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     cfg, graphdef, params, tokenizer = load_model(args, layout)
+    flag = "--max-new-tokens"
     if args.max_new_tokens is None:
         args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS
+        if cfg.predict_max_steps:  # no flag given: name where the number came from
+            flag = "predict_max_steps (the config's default --max-new-tokens)"
 
     seq2seq = cfg.task == "seq2seq"
     room = cfg.n_ctx if seq2seq else cfg.n_ctx - args.max_new_tokens  # T5: the prompt fills the encoder
     if room < 1:
-        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: leaves no room for a prompt in the model's n_ctx "
+        raise ConfigError(f"{flag} {args.max_new_tokens}: leaves no room for a prompt in the model's n_ctx "
                           f"{cfg.n_ctx} (at most {cfg.n_ctx - 1})")
     encoded = []
     for i, text in enumerate(prompts):

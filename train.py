@@ -717,6 +717,9 @@ def task_scorer(cfg, graphdef, params, train_data, layout):
         return None
     from data.source import make_tokenizer
     from evaluation.scorer import Scorer
+    from evaluation.tasks import check_config_tasks
+
+    check_config_tasks(cfg)
 
     tokenizer = train_data.tokenizer if train_data is not None else make_tokenizer(cfg)
     return Scorer(cfg, graphdef, params, tokenizer, layout, batch_size=cfg.eval_batch_size)

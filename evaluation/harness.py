@@ -164,6 +164,11 @@ def main(argv=None) -> int:
         print(f"error: --tasks: {e} (lm_eval's own: python -m evaluation.harness ls tasks; a task of your own is a "
               "YAML file in the folder --include_path names)", file=sys.stderr)
         return 2
+    except ConnectionError as e:  # datasets' word for a task whose data is neither cached nor reachable
+        print(f"error: --tasks: {e}: the task's data set comes from the Hugging Face Hub; run it once with network "
+              "(it is cached, then HF_DATASETS_OFFLINE=1 reads the cache), or give a task of your own whose YAML "
+              "names local files (--include_path)", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -13,7 +13,7 @@ def json_objects(path: str, limit: int | None, kind: str, noun: str) -> Iterator
     ("no such ``kind`` file"), text that is not UTF-8 or not JSON, and a file without any ``noun``."""
     count = 0
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a BOM (Notepad's UTF-8) is no part of the first line
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue

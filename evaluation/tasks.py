@@ -25,6 +25,17 @@ def run_tasks(scorer, tasks, lambada_path: str | None = None, multiple_choice_pa
     return result
 
 
+def check_config_tasks(cfg) -> None:
+    """Reads the files of the config's ``eval_tasks`` as their evaluation will: a line they cannot score is a
+    one-line error before training, not after ``eval_every`` steps of it."""
+    from evaluation import lambada, multiple_choice
+
+    if "lambada" in cfg.eval_tasks:
+        lambada.read_examples(cfg.lambada_path or lambada.EMBEDDED, cfg.eval_task_examples)
+    if "multiple_choice" in cfg.eval_tasks and cfg.multiple_choice_path is not None:
+        multiple_choice.read_questions(cfg.multiple_choice_path, cfg.eval_task_examples)
+
+
 def run_config_tasks(scorer, cfg) -> dict:
     """``run_tasks`` with the config's ``eval_tasks`` and their files."""
     return run_tasks(scorer, cfg.eval_tasks, cfg.lambada_path, cfg.multiple_choice_path, cfg.eval_task_examples)

@@ -15,9 +15,10 @@ Sampling follows Hugging Face's order: the repetition penalty edits the logits (
 then temperature, top-k and top-p shape the distribution; temperature 0 is greedy. With ``entmax`` the token is
 drawn from entmax of those logits instead of their softmax (GPT-Neo's entmax sampling, for models trained with
 its entmax loss): tokens outside entmax's support are never drawn. Beam search keeps ``num_beams``
-alive hypotheses and a pool of finished ones scored by ``sum log p / length ** length_penalty``, and stops when
-no alive beam can beat the finished pool. An optional host callback sees each new token (streaming, stop strings)
-and can end a row.
+alive hypotheses and a pool of finished ones scored by ``sum log p / length ** length_penalty`` (length: the new
+tokens), as transformers' ``generate`` does with its defaults (``early_stopping=False``): a row stops when its best
+alive beam, scored at its present length, cannot beat the worst of a full pool. An optional host callback sees
+each new token (streaming, stop strings) and can end a row.
 """
 
 from __future__ import annotations
@@ -167,47 +168,48 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
     alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (b, 1))  # (B, K)
     fin_seq = jnp.full((b, k, n), fill, jnp.int32)
     fin_score = jnp.full((b, k), NEG_INF)
+    open_ = jnp.ones((b,), bool)  # rows whose alive beams may still beat their finished pool
 
     def cond(carry):
-        i, _, _, _, _, alive_lp, _, fin_score = carry
-        # Log probabilities only fall, so an alive beam's best possible score uses the longest length.
-        best_alive = score(alive_lp[:, 0], jnp.asarray(n)) if s.length_penalty >= 0 else alive_lp[:, 0]
-        finished = jnp.all(fin_score[:, -1] >= best_alive)
-        return (i < n) & ~finished
+        i, *_, open_ = carry
+        return (i < n) & jnp.any(open_)
 
     def body(carry):
-        i, last, cache, seen, alive_seq, alive_lp, fin_seq, fin_score = carry
+        i, last, cache, seen, alive_seq, alive_lp, fin_seq, fin_score, open_ = carry
         model = nnx.merge(graphdef, nnx.State(params))  # per trace level: layers that sow (MoE) mutate it
         v = last.shape[-1]
         # Hugging Face penalises the log probabilities (each beam's own tokens), which then add up as scores.
         log_p = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1)
         log_p = apply_repetition_penalty(log_p, seen, s.repetition_penalty).reshape(b, k, v)
         candidates = (alive_lp[:, :, None] + log_p).reshape(b, k * v)
-        top_lp, top_idx = jax.lax.top_k(candidates, 2 * k)  # (B, 2K)
+        top_lp, top_idx = jax.lax.top_k(candidates, 2 * k)  # (B, 2K): K spares for the ones that end
         beam, token = top_idx // v, (top_idx % v).astype(jnp.int32)
         seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, i].set(token)  # (B, 2K, N)
-        is_eos = token == eos
-        # Finished pool: the best K of the old pool and the candidates that just emitted eos.
-        new_scores = jnp.where(is_eos, score(top_lp, i + 1), NEG_INF)
-        pool_scores = jnp.concatenate([fin_score, new_scores], axis=1)
+        ends = (token == eos) | (i + 1 == n)  # eos, or the length limit
+        # Finished pool: the best K of the old pool and the candidates that just ended, as Hugging Face keeps it:
+        # only among the best K candidates (the spares are not hypotheses), and only while the row is open.
+        finishing = ends & (jnp.arange(2 * k) < k) & open_[:, None]
+        pool_scores = jnp.concatenate([fin_score, jnp.where(finishing, score(top_lp, i + 1), NEG_INF)], axis=1)
         pool_seqs = jnp.concatenate([fin_seq, seqs], axis=1)
         fin_score, keep = jax.lax.top_k(pool_scores, k)
         fin_seq = jnp.take_along_axis(pool_seqs, keep[:, :, None], axis=1)
-        # Alive: the best K candidates that did not emit eos.
-        alive_lp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_lp), k)
+        # Alive: the best K candidates that did not end.
+        alive_lp, keep = jax.lax.top_k(jnp.where(ends, NEG_INF, top_lp), k)
         alive_seq = jnp.take_along_axis(seqs, keep[:, :, None], axis=1)
+        # Hugging Face's default stop (early_stopping=False): a row closes once its best alive beam, scored at
+        # the length it has now, no longer beats the worst of a full pool. Rows close on their own, so a prompt's
+        # result does not depend on the prompts batched with it.
+        open_ = open_ & (score(alive_lp[:, 0], i + 1) > fin_score[:, -1])
         parent = (jnp.take_along_axis(beam, keep, axis=1) + jnp.arange(b)[:, None] * k).reshape(-1)
         cache = jax.tree.map(lambda x: x[parent] if x.ndim and x.shape[0] == b * k else x, cache)
         tokens = jnp.take_along_axis(token, keep, axis=1).reshape(-1)
         seen = seen[parent].at[jnp.arange(b * k), tokens].set(True)
         logits, cache = model.decode_step(tokens, cache)
-        return i + 1, logits, cache, seen, alive_seq, alive_lp, fin_seq, fin_score
+        return i + 1, logits, cache, seen, alive_seq, alive_lp, fin_seq, fin_score, open_
 
-    carry = (jnp.zeros((), jnp.int32), last, cache, seen, alive_seq, alive_lp, fin_seq, fin_score)
-    i, _, _, _, alive_seq, alive_lp, fin_seq, fin_score = jax.lax.while_loop(cond, body, carry)
-    # An alive beam that reached the length limit competes with the finished ones, as in Hugging Face.
-    use_alive = score(alive_lp[:, 0], jnp.maximum(i, 1)) > fin_score[:, 0]
-    return jnp.where(use_alive[:, None], alive_seq[:, 0], fin_seq[:, 0])
+    carry = (jnp.zeros((), jnp.int32), last, cache, seen, alive_seq, alive_lp, fin_seq, fin_score, open_)
+    # The length limit ends every open row's best K candidates, so each pool holds the answer.
+    return jax.lax.while_loop(cond, body, carry)[6][:, 0]
 
 
 def params_dtype(params) -> jnp.dtype:

@@ -173,6 +173,16 @@ def test_multiple_choice_file_errors(tmp_path):
         multiple_choice.read_questions(str(path))
 
 
+def test_files_saved_with_a_byte_order_mark_and_crlf_read_as_without(tmp_path):
+    """Windows editors save UTF-8 with a BOM and CRLF line ends: the first line was 'not a JSON line'."""
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"context": "a", "choices": ["b", "c"], "label": 1}\r\n'
+                     b'{"context": "d", "choices": ["e", "f"], "label": 0}\r\n')
+    assert [q["context"] for q in multiple_choice.read_questions(str(path))] == ["a", "d"]
+    path.write_bytes(b'\xef\xbb\xbf{"text": "fine words here"}\r\n')
+    assert len(lambada.read_examples(str(path))) == 1
+
+
 def test_shipped_lambada_file_is_the_embedded_corpus_format():
     examples = lambada.read_examples(lambada.EMBEDDED)
     assert len(examples) >= 300
@@ -213,6 +223,24 @@ def test_eval_cli_on_a_run_and_its_mistakes(tmp_path):
                                                            "--multiple-choice-path")]:
         result = run_command("eval.py", "--model-path", str(model_path), *args)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("task, key, line", [
+    ("multiple_choice", "multiple_choice_path", '{"context": "a", "choices": ["b", "c"], "label": 2}'),
+    ("lambada", "lambada_path", '{"text": "oneword"}'),
+])
+def test_train_reads_the_eval_task_files_before_its_first_step(tmp_path, task, key, line):
+    """A line the evaluation cannot score stopped the run at its first evaluation, eval_every steps in."""
+    from tests.test_train_cli import TINY_SETS
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine words here", "context": "a", "choices": ["b", "c"], "label": 0}\n' + line + "\n")
+    sets = [*TINY_SETS, "train_steps=2", "eval_every=2", f'eval_tasks=["{task}"]', f"{key}={path}"]
+    result = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", str(tmp_path / "run"),
+                         "--no-progress", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(f"error: {path}:2: "), \
+        result.stderr[-2000:]
+    assert "step 1" not in result.stdout + result.stderr  # no training before the error
 
 
 def test_eval_refuses_a_set_that_would_place_nothing(tmp_path):

@@ -1,6 +1,7 @@
 """Generation and Hugging Face interop: KV-cached decoding, sampling rules and beam search against transformers,
 GPT-Neo/GPT-2 import, GPT-Neo export, predict.py and train.py --init-from as a user runs them."""
 
+import collections
 import json
 import os
 
@@ -191,6 +192,30 @@ def test_beam_search_with_a_repetition_penalty_matches_transformers(neo_dir):
     assert want != beams(1.0)  # the penalty changed the search
 
 
+def test_beam_search_with_length_penalties_and_an_eos_matches_transformers_in_any_batch(neo_dir):
+    """--length-penalty only matters once beams end, so end them with frequent tokens as eos. transformers' defaults
+    (early_stopping=False) stop a row when its best beam, scored at its present length, cannot beat the worst
+    finished one, and take finished hypotheses only from the best num_beams candidates; the search stopped on a
+    bound at the longest length and pooled the spare candidates too, so it wrote other text for length penalties
+    such as 0.5 or -1. That stop is no bound, so each row stops on its own: batching must not change a row."""
+    graphdef, params, tokenizer, reference = load(neo_dir)
+    ids = tokenizer.encode(PROMPT)
+    other = tokenizer.encode("x = [")
+    frequent = [t for t, _ in collections.Counter(hf_generate(reference, ids, do_sample=False,
+                                                               max_new_tokens=30)).most_common(2)]
+    batch = np.array([ids, [0] * (len(ids) - len(other)) + other], np.int32)
+    pad = np.array([0, len(ids) - len(other)], np.int32)
+    for eos in frequent:
+        for penalty in (0.5, -1.0):
+            s = Sampling(max_new_tokens=16, num_beams=3, length_penalty=penalty, eos_id=eos)
+            want = hf_generate(reference, ids, do_sample=False, num_beams=3, max_new_tokens=16,
+                               length_penalty=penalty, eos_token_id=eos)
+            alone = beam_search(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32), s)
+            assert trim(np.asarray(alone)[0].tolist(), eos) == want, (eos, penalty)
+            batched = np.asarray(beam_search(graphdef, params, jnp.asarray(batch), jnp.asarray(pad), s))
+            assert trim(batched[0].tolist(), eos) == want, (eos, penalty)
+
+
 def test_one_beam_and_top_k_one_equal_greedy_and_seeds_reproduce(neo_dir):
     graphdef, params, tokenizer, _ = load(neo_dir)
     ids = tokenizer.encode(PROMPT)
@@ -321,6 +346,27 @@ def test_predict_errors_are_one_line(neo_dir, tmp_path):
     assert result.returncode == 2 and "no tokenizer" in result.stderr
 
 
+@pytest.mark.parametrize("flag, value", [("--length-penalty", "nan"), ("--length-penalty", "inf"),
+                                         ("--temperature", "inf"), ("--repetition-penalty", "inf")])
+def test_predict_refuses_numbers_that_are_not_finite(flag, value):
+    """--length-penalty nan printed the prompt with nothing after it (every beam scored nan), and an infinite
+    temperature or penalty was taken as given."""
+    import predict
+    from config import ConfigError
+
+    args = predict.parse_args(["--hf-model", "nowhere", "--prompt", "x", flag, value])
+    with pytest.raises(ConfigError, match=f"^{flag} must be a number"):
+        predict.check_options(args)
+
+
+def test_a_configs_predict_max_steps_too_long_for_n_ctx_is_named(neo_dir):
+    """Without --max-new-tokens the error named that flag, which the command never gave."""
+    result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", "x", "--set", "predict_max_steps=64")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: predict_max_steps (the config's default --max-new-tokens) 64: leaves no room for a prompt in the "
+        "model's n_ctx 64 (at most 63)"), result.stderr[-2000:]
+
+
 def test_predict_truncates_long_prompts_and_stops_at_stop_strings(neo_dir):
     _, _, tokenizer, reference = load(neo_dir)
     result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", "x " * 80, "--truncate-prompt",
@@ -384,3 +430,13 @@ def test_a_set_that_changes_the_models_shapes_is_named_before_any_restore():
     with pytest.raises(ConfigError, match=r"^--set n_ctx=64: the model would change shape \(wpe/embedding: "
                                           r"\(128, 192\) in checkpoint C, \(64, 192\) with --set\)"):
         check_same_shapes(trained, load_config("quickstart", ("n_ctx=64",))[0], ("n_ctx=64",), "checkpoint C")
+
+
+def test_prompt_files_saved_with_a_byte_order_mark_lose_it(tmp_path):
+    """A BOM (Windows editors' UTF-8) became the first prompt's first token, printed back as its first text."""
+    import predict
+
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(b"\xef\xbb\xbfdef f\r\n   \r\nclass A\r\n")
+    assert predict.read_prompts(predict.parse_args(["--prompt-file", str(path)])) == ["def f", "class A"]
+    assert predict.read_prompts(predict.parse_args(["--prompt-from-file", str(path)])) == ["def f\n   \nclass A\n"]

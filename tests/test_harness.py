@@ -132,6 +132,21 @@ def test_a_missing_include_path_or_an_unknown_task_is_one_line(tmp_path, monkeyp
     assert err.startswith("error: --tasks: Tasks not found: my_task (") and len(err.splitlines()) == 1
 
 
+def test_a_task_whose_data_set_cannot_be_fetched_is_one_line(monkeypatch, capsys):
+    """python -m evaluation.harness --tasks lambada_openai offline ended in datasets' ConnectionError traceback."""
+    from evaluation import harness
+
+    def offline():
+        raise ConnectionError("Couldn't reach 'EleutherAI/lambada_openai' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr("lm_eval.__main__.cli_evaluate", offline)
+    argv = ["--model", "neomesh", "--model_args", "path=runs/quickstart", "--tasks", "lambada_openai"]
+    assert harness.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tasks: Couldn't reach 'EleutherAI/lambada_openai' on the Hub") and \
+        "HF_DATASETS_OFFLINE=1" in err and len(err.splitlines()) == 1
+
+
 def test_without_lm_eval_the_commands_say_what_to_install(monkeypatch, capsys):
     """requirements.txt leaves lm_eval out (the [eval] extra): python -m evaluation.harness and neomesh-lm-eval
     ended in an ImportError traceback."""

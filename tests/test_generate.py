@@ -170,8 +170,7 @@ def test_repetition_penalty_matches_transformers(neo_dir):
 def test_beam_search_matches_transformers(neo_dir):
     graphdef, params, tokenizer, reference = load(neo_dir)
     ids = tokenizer.encode(PROMPT)
-    want = hf_generate(reference, ids, do_sample=False, num_beams=3, max_new_tokens=16, length_penalty=1.0,
-                       early_stopping=True)
+    want = hf_generate(reference, ids, do_sample=False, num_beams=3, max_new_tokens=16, length_penalty=1.0)
     got = beam_search(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
                       Sampling(max_new_tokens=16, num_beams=3, eos_id=0))
     assert trim(np.asarray(got)[0].tolist(), 0) == want
@@ -184,7 +183,7 @@ def test_beam_search_with_a_repetition_penalty_matches_transformers(neo_dir):
     graphdef, params, tokenizer, reference = load(neo_dir)
     ids = tokenizer.encode(PROMPT)
     want = hf_generate(reference, ids, do_sample=False, num_beams=3, max_new_tokens=16, repetition_penalty=1.8,
-                       length_penalty=1.0, early_stopping=True)
+                       length_penalty=1.0)
     beams = lambda penalty: trim(np.asarray(beam_search(  # noqa: E731
         graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
         Sampling(max_new_tokens=16, num_beams=3, repetition_penalty=penalty, eos_id=0)))[0].tolist(), 0)

@@ -187,7 +187,7 @@ def test_greedy_and_beam_search_equal_transformers_generate(name, directories):
     got = sample(graphdef, params, prompt, pad, Sampling(max_new_tokens=20, temperature=0, eos_id=1),
                  jax.random.key(0))
     assert np.asarray(got)[0, :len(want)].tolist() == want
-    want = theirs(max_new_tokens=12, num_beams=3, early_stopping=True)
+    want = theirs(max_new_tokens=12, num_beams=3)
     got = beam_search(graphdef, params, prompt, pad, Sampling(max_new_tokens=12, num_beams=3, eos_id=1))
     assert np.asarray(got)[0, :len(want)].tolist() == want
 

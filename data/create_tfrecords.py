@@ -12,6 +12,8 @@ Input files are tokenized in parallel, one output file ``NAME_00000.tfrecords`` 
 ``--files-per N``, files of at most N records: ``NAME_00000_00000.tfrecords`` ...). ``NAME.index`` (JSON) lists
 every output file with its documents, records, tokens and bytes, and the tokenizer's vocabulary size, which the
 reader checks. No document and no token is dropped unless ``--minimum-size`` asks for it; the counts are printed.
+An input that leaves no record (no document in it, or all under ``--minimum-size``) gets no file, which the reader
+would refuse as empty; the index lists it under ``no_records`` and the summary counts it.
 Outputs are written under temporary names (``*.tmp``, which no ``*.tfrecords`` glob matches) and renamed once every
 file is done, then the index: a failure leaves no partial output. An input that cannot be decoded (invalid UTF-8,
 binary, corrupt or truncated ``.zst``, bad JSON) is an error naming it, or with ``--skip-bad-files`` is left out
@@ -170,15 +172,17 @@ def _job(args) -> dict:
 
 
 def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mode: str, chunk_size: int,
-                separator: tuple[int, ...] | None = None, skipped: list[dict] = ()) -> dict:
+                separator: tuple[int, ...] | None = None, skipped: list[dict] = (),
+                no_records: list[dict] = ()) -> dict:
     """``NAME.index``, written under a temporary name and renamed: the files, their counts and totals, the
-    tokenizer's size and separator, and the input files skipped as bad (with why)."""
-    totals = {k: sum(f.get(k, 0) for f in files) for k in ("documents", "records", "tokens", "bytes",
-                                                            "dropped_documents")}
+    tokenizer's size and separator, the input files skipped as bad (with why), and those that gave no record
+    (with the documents they dropped, counted in the totals)."""
+    totals = {k: sum(f.get(k, 0) for f in [*files, *no_records]) for k in ("documents", "records", "tokens",
+                                                                            "bytes", "dropped_documents")}
     index = {"format": INDEX_FORMAT, "mode": mode, "chunk_size": chunk_size, "tokenizer": tokenizer_path,
              "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
              "separator": list(separator) if separator else [tokenizer.eos_id], "totals": totals, "files": files,
-             "skipped": list(skipped)}
+             "skipped": list(skipped), "no_records": list(no_records)}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(index, f, indent=1)
@@ -228,13 +232,28 @@ def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, m
         raise
     if pool:
         pool.shutdown()
-    written = [counts for r in results for counts in r.get("written", ())]
     skipped = [r for r in results if "skipped" in r]
+    # An input with no record left (no document in it, or all under --minimum-size) would be a 0-byte file that
+    # the reader refuses as a failed write: it is not published, and the index names it with what it dropped.
+    no_records = [{"input": job[0], "dropped_documents": sum(c["dropped_documents"] for c in r["written"])}
+                  for job, r in zip(jobs, results) if "written" in r and not any(c["records"] for c in r["written"])]
+    for result in results:
+        for counts in result.get("written", ()):
+            if not counts["records"]:
+                _remove(os.path.join(output_dir, counts["file"] + ".tmp"))
+    written = [counts for r in results for counts in r.get("written", ()) if counts["records"]]
     if not written:
-        raise ConfigError(f"every input file is bad; the first: {skipped[0]['error']}")
+        if skipped and not no_records:
+            raise ConfigError(f"every input file is bad; the first: {skipped[0]['error']}")
+        dropped = sum(e["dropped_documents"] for e in no_records)
+        why = (f"every document is under --minimum-size {options.minimum_size} ({dropped:,} dropped)" if dropped
+               else "no document in them")
+        raise ConfigError(f"--input: no record to write from {len(files)} file(s) ({no_records[0]['input']}"
+                          f"{', ...' if len(no_records) > 1 else ''}): {why}"
+                          + (f"; {len(skipped)} bad file(s) skipped" if skipped else ""))
     publish(output_dir, written)
     return write_index(os.path.join(output_dir, f"{name}.index"), written, tokenizer, tokenizer_path, mode,
-                       chunk_size, options.separator, skipped)
+                       chunk_size, options.separator, skipped, no_records)
 
 
 def write_dataset_config(directory: str, name: str, output_dir: str, tokenizer_path: str, index: dict) -> str:
@@ -334,6 +353,10 @@ def main(argv=None) -> int:
                                     "no document or token of the other files was dropped")
         dropped = (f"skipped {len(skipped)} bad input file(s) ({skipped[0]['error']}"
                    f"{', ...' if len(skipped) > 1 else ''}); {of_others}")
+    empty = index["no_records"]
+    if empty:
+        dropped += (f"; {len(empty)} input file(s) gave no record, so no file ({empty[0]['input']}"
+                    f"{', ...' if len(empty) > 1 else ''})")
     print(f"wrote {len(index['files'])} file(s) to {args.output_dir}: {t['documents']:,} documents, "
           f"{t['records']:,} records, {t['tokens']:,} tokens ({t['bytes'] / max(t['tokens'], 1):.2f} bytes/token), "
           f"index {os.path.join(args.output_dir, args.name + '.index')}; {dropped}")

@@ -275,6 +275,34 @@ def test_create_tfrecords_takes_gpt_neo_flags(tmp_path, monkeypatch, capsys):
     assert dataset["path"] == str(tmp_path / "out" / "wiki_*.tfrecords") and dataset["n_vocab"] == 257
 
 
+def test_create_tfrecords_writes_no_empty_file(tmp_path, capsys):
+    """An input left with no record (every document under --minimum_size, a .jsonl of blank lines) gets no
+    0-byte file, which training refuses as a failed write; it is counted, and with nothing at all to write the
+    command fails naming the input."""
+    from data import create_tfrecords
+    from data.tfrecords import list_files
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("a long enough document")
+    (tmp_path / "in" / "b.txt").write_text("x")
+    (tmp_path / "in" / "c.jsonl").write_text("\n\n")
+    argv = ["--input_dir", str(tmp_path / "in"), "--name", "n", "--output_dir", str(tmp_path / "out"),
+            "--encoder_path", "bytes", "--processes", "1", "--minimum_size", "2"]
+    assert create_tfrecords.main(argv) == 0, capsys.readouterr().err
+    assert [os.path.basename(f) for f in list_files(str(tmp_path / "out" / "n_*.tfrecords"), "path")] == \
+        ["n_00000.tfrecords"]
+    index = json.loads((tmp_path / "out" / "n.index").read_text())
+    assert index["no_records"] == [{"input": str(tmp_path / "in" / "b.txt"), "dropped_documents": 1},
+                                   {"input": str(tmp_path / "in" / "c.jsonl"), "dropped_documents": 0}]
+    assert index["totals"]["dropped_documents"] == 1
+    assert "2 input file(s) gave no record, so no file" in capsys.readouterr().out
+    argv[1] = str(tmp_path / "in" / "b.txt")
+    assert create_tfrecords.main(argv + ["--output_dir", str(tmp_path / "out2")]) == 2
+    assert capsys.readouterr().err == (f"error: --input: no record to write from 1 file(s) ({tmp_path}/in/b.txt): "
+                                       "every document is under --minimum-size 2 (1 dropped)\n")
+    assert not list((tmp_path / "out2").glob("*.tfrecords*"))
+
+
 def test_create_tfrecords_errors(tmp_path, monkeypatch, capsys):
     from data import create_tfrecords
 

@@ -60,6 +60,23 @@ def test_bpe_training_is_deterministic():
     assert a.tok.to_str() == b.tok.to_str()
 
 
+def test_a_huge_word_trains_in_linear_time():
+    """A long run without whitespace (a minified file, base64, a line of Chinese) is one pre-token, and the BPE
+    trainer's time grows with the square of its length (150 KB: about 20 s; 3 MB: hours). Training
+    sees it in pieces; the tokenizer still encodes it whole and exactly."""
+    import time
+    from data.tokenizer import LONGEST_WORD, _training_pieces
+
+    text = "some words " * 50 + "x" * 2500 + " and " + "中文" * 25_000
+    pieces = list(_training_pieces([text, "short"]))
+    assert "".join(pieces[:-1]) == text and pieces[-1] == "short"
+    assert max(len(w) for piece in pieces for w in piece.split()) == LONGEST_WORD
+    start = time.perf_counter()
+    tok = train_bpe([text] * 2, 300)
+    assert time.perf_counter() - start < 10
+    assert tok.decode(tok.encode(text)) == text
+
+
 def test_train_tokenizer_cli_reads_txt_jsonl_and_zst(tmp_path):
     (tmp_path / "a.txt").write_text(TEXTS[0])
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in TEXTS[1:3]) + "\n")

@@ -199,9 +199,10 @@ def test_eos_id_and_hub_tokenizer_names_are_one_line_errors(neo_records, tmp_pat
                         pile={"path": neo_records, "tokenizer_path": "gpt2", "tokenizer_is_pretrained": True})
     with pytest.raises(ConfigError, match="example.json: eos_id 1 is not the tokenizer's end-of-text id 256"):
         make_source(config([["example", None, None, None]]), "train")
-    with pytest.raises(ConfigError, match=r"gpt2' does not exist; a hub name like 'gpt2' works only as a local "
-                                          r"folder with tokenizer.json, vocab.json \+ merges.txt or vocab.txt"):
-        make_source(config([["pile", None, None, None]]), "train")
+    with pytest.raises(ConfigError, match=r"^configs/dataset_configs/pile.json tokenizer_path: '.*gpt2' does not "
+                                          r"exist; a hub name like 'gpt2' works only as a local folder with "
+                                          r"tokenizer.json, vocab.json \+ merges.txt or vocab.txt"):
+        make_source(config([["example", None, None, None], ["pile", None, None, None]]), "train")
 
 
 def test_check_dataset_with_mlm_training(neo_records, tmp_path, monkeypatch, capsys):

@@ -192,7 +192,7 @@ def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mo
 
 def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, mode: str = "chunks",
            chunk_size: int = 2049, workers: int = 0, options: Options = Options(),
-           skip_bad_files: bool = False) -> dict:
+           skip_bad_files: bool = False, tokenizer_flag: str = "--tokenizer") -> dict:
     """Writes TFRecord files (one per input file, or several of ``options.files_per`` records; in parallel over
     ``workers`` processes) and ``NAME.index``. Outputs are renamed into place only once every file is done, then
     the index is written: a failure leaves no partial output. A file that cannot be decoded is an error naming it,
@@ -208,7 +208,7 @@ def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, m
         raise ConfigError(f"--files-per: {options.files_per} must be positive")
     if options.minimum_size < 0:
         raise ConfigError(f"--minimum-size: {options.minimum_size} must not be negative")
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, tokenizer_flag)
     bad = [i for i in options.separator or () if not 0 <= i < tokenizer.vocab_size]
     if bad:
         raise ConfigError(f"--separator: id {bad[0]} is outside the tokenizer's [0, {tokenizer.vocab_size})")
@@ -276,6 +276,11 @@ def write_dataset_config(directory: str, name: str, output_dir: str, tokenizer_p
     return path
 
 
+def flag_as_typed(typed: list[str], names: tuple[str, ...]) -> str:
+    """The one of ``names`` (ours, or GPT-Neo's alias) that the command line used, for errors that name it."""
+    return next((a.split("=")[0] for a in typed if a.split("=")[0] in names), names[0])
+
+
 def check_sizes(args, typed: list[str]) -> None:
     """Each size flag in range, or a one-line error naming it as typed (ours, or GPT-Neo's alias)."""
     from config import ConfigError
@@ -285,7 +290,7 @@ def check_sizes(args, typed: list[str]) -> None:
               (("--minimum-size", "--minimum_size"), args.minimum_size, 0))
     for names, value, least in limits:
         if value is not None and value < least:
-            flag = next((a.split("=")[0] for a in typed if a.split("=")[0] in names), names[0])
+            flag = flag_as_typed(typed, names)
             raise ConfigError(f"{flag}: {value} must be {'positive' if least else 'zero or more'}")
 
 
@@ -333,7 +338,7 @@ def main(argv=None) -> int:
                               "tokenizer, works from a local folder with vocab.json + merges.txt")
         index = create(args.input, args.output_dir, args.name, args.tokenizer, args.mode,
                        args.n_ctx + 1 if args.chunk_size is None else args.chunk_size, args.workers, options,
-                       args.skip_bad_files)
+                       args.skip_bad_files, flag_as_typed(typed, ("--tokenizer", "--encoder_path")))
         config_path = write_dataset_config(DATASET_CONFIG_DIR, args.name, args.output_dir, args.tokenizer, index) \
             if args.write_dataset_config else None
     except ConfigError as e:

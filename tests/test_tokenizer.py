@@ -77,6 +77,19 @@ def test_a_huge_word_trains_in_linear_time():
     assert tok.decode(tok.encode(text)) == text
 
 
+def test_files_a_folder_holds_of_other_kinds_are_named_not_silently_left_out(tmp_path, capsys):
+    from data.text_files import expand_inputs
+
+    (tmp_path / "sub").mkdir()
+    for name in ("a.txt", "sub/b.jsonl", "notes.md", "sub/README"):
+        (tmp_path / name).write_text("text")
+    assert expand_inputs([str(tmp_path)]) == [str(tmp_path / "a.txt"), str(tmp_path / "sub" / "b.jsonl")]
+    assert capsys.readouterr().err == (f"note: --input {tmp_path}: 2 file(s) left out, not .txt/.jsonl/.jsonl.zst "
+                                       f"(the first: {tmp_path / 'notes.md'}); rename them to be read\n")
+    assert expand_inputs([str(tmp_path / "*.txt")]) == [str(tmp_path / "a.txt")]
+    assert capsys.readouterr().err == ""  # a glob that asks for .txt files leaves nothing out
+
+
 def test_train_tokenizer_cli_reads_txt_jsonl_and_zst(tmp_path):
     (tmp_path / "a.txt").write_text(TEXTS[0])
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in TEXTS[1:3]) + "\n")

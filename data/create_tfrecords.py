@@ -13,7 +13,8 @@ Input files are tokenized in parallel, one output file ``NAME_00000.tfrecords`` 
 every output file with its documents, records, tokens and bytes, and the tokenizer's vocabulary size, which the
 reader checks. No document and no token is dropped unless ``--minimum-size`` asks for it; the counts are printed.
 An input that leaves no record (no document in it, or all under ``--minimum-size``) gets no file, which the reader
-would refuse as empty; the index lists it under ``no_records`` and the summary counts it.
+would refuse as empty; the index lists it under ``no_records`` and the summary counts it. A rerun under the same
+name removes the files the index it replaces listed and it does not write, with a line saying so.
 Outputs are written under temporary names (``*.tmp``, which no ``*.tfrecords`` glob matches) and renamed once every
 file is done, then the index: a failure leaves no partial output. An input that cannot be decoded (invalid UTF-8,
 binary, corrupt or truncated ``.zst``, bad JSON) is an error naming it, or with ``--skip-bad-files`` is left out
@@ -251,9 +252,28 @@ def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, m
         raise ConfigError(f"--input: no record to write from {len(files)} file(s) ({no_records[0]['input']}"
                           f"{', ...' if len(no_records) > 1 else ''}): {why}"
                           + (f"; {len(skipped)} bad file(s) skipped" if skipped else ""))
+    index_path = os.path.join(output_dir, f"{name}.index")
+    previous = _listed_files(index_path)
     publish(output_dir, written)
-    return write_index(os.path.join(output_dir, f"{name}.index"), written, tokenizer, tokenizer_path, mode,
-                       chunk_size, options.separator, skipped, no_records)
+    index = write_index(index_path, written, tokenizer, tokenizer_path, mode, chunk_size, options.separator,
+                        skipped, no_records)
+    # A rerun under the same name that writes fewer files replaced the index listing the earlier ones: those left
+    # would still match NAME_*.tfrecords and be trained on unchecked, as data this run never wrote.
+    index["removed"] = sorted(set(previous) - {c["file"] for c in written})
+    for file in index["removed"]:
+        _remove(os.path.join(output_dir, file))
+    return index
+
+
+def _listed_files(index_path: str) -> list[str]:
+    """The files an existing ``NAME.index`` lists (none when there is none, or it cannot be read)."""
+    try:
+        with open(index_path) as f:
+            files = json.load(f).get("files", [])
+        return [e["file"] for e in files if isinstance(e, dict) and isinstance(e.get("file"), str)
+                and os.path.basename(e["file"]) == e["file"]]
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def write_dataset_config(directory: str, name: str, output_dir: str, tokenizer_path: str, index: dict) -> str:
@@ -365,6 +385,10 @@ def main(argv=None) -> int:
     print(f"wrote {len(index['files'])} file(s) to {args.output_dir}: {t['documents']:,} documents, "
           f"{t['records']:,} records, {t['tokens']:,} tokens ({t['bytes'] / max(t['tokens'], 1):.2f} bytes/token), "
           f"index {os.path.join(args.output_dir, args.name + '.index')}; {dropped}")
+    if index["removed"]:
+        print(f"removed {len(index['removed'])} file(s) the previous {args.name}.index listed and this run did not "
+              f"write ({index['removed'][0]}{', ...' if len(index['removed']) > 1 else ''}), so that "
+              f"{args.name}_*.tfrecords matches only this run's files")
     if config_path:
         print(f"wrote {config_path}: name it in a config as \"datasets\": [[\"{args.name}\", null, null, null]]")
     return 0

@@ -304,6 +304,24 @@ def test_create_tfrecords_writes_no_empty_file(tmp_path, capsys):
     assert not list((tmp_path / "out2").glob("*.tfrecords*"))
 
 
+def test_create_tfrecords_rerun_leaves_no_file_of_the_run_before(tmp_path, capsys):
+    """Run again under the same name with fewer files, the files the replaced index listed are removed: they matched
+    NAME_*.tfrecords and were trained on, unlisted and unchecked, beside this run's."""
+    from data import create_tfrecords
+
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        (tmp_path / "in" / f"{i}.txt").write_text(f"document {i}")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "n_99999.tfrecords").write_bytes(b"the user's own")  # not in the index: kept
+    argv = ["--output_dir", str(tmp_path / "out"), "--name", "n", "--encoder_path", "bytes", "--processes", "1"]
+    assert create_tfrecords.main(["--input_dir", str(tmp_path / "in"), *argv, "--files_per", "1"]) == 0
+    assert create_tfrecords.main(["--input_dir", str(tmp_path / "in" / "0.txt"), *argv]) == 0
+    assert sorted(os.listdir(tmp_path / "out")) == ["n.index", "n_00000.tfrecords", "n_99999.tfrecords"]
+    assert ("removed 3 file(s) the previous n.index listed and this run did not write (n_00000_00000.tfrecords, "
+            "...), so that n_*.tfrecords matches only this run's files") in capsys.readouterr().out
+
+
 def test_create_tfrecords_errors(tmp_path, monkeypatch, capsys):
     from data import create_tfrecords
 

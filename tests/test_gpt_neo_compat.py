@@ -206,7 +206,8 @@ def test_eos_id_and_hub_tokenizer_names_are_one_line_errors(neo_records, tmp_pat
 
 
 def test_check_dataset_with_mlm_training(neo_records, tmp_path, monkeypatch, capsys):
-    use_dataset_configs(monkeypatch, tmp_path / "dc", neo={"path": neo_records, "tokenizer_path": "bytes"})
+    use_dataset_configs(monkeypatch, tmp_path / "dc", neo={"path": neo_records, "eval_path": neo_records,
+                                                           "tokenizer_path": "bytes"})
     args = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--check-dataset", "--set",
             'datasets=[["neo", null, null, null]]', "--set", "n_ctx=16", "--set", "mlm_training=true",
             "--set", "mlm_mask_token_id=3", "--set", "mlm_mask_prob=0.5", "--set", "train_batch_size=8",
@@ -214,6 +215,7 @@ def test_check_dataset_with_mlm_training(neo_records, tmp_path, monkeypatch, cap
     assert train.main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "batch 0 inputs: shape (8, 16) int32" in out and "masked-LM: " in out and "first text (" in out
+    assert "its first batch of 16 reads" in out  # the eval split, read as train.py reads it at start
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -8,8 +8,29 @@ from config import Config
 
 
 def check_dataset(cfg: Config, batch_size: int | None = None) -> None:
-    """Builds the train source, decodes its first batch and prints the token id range, counts and first text.
-    With ``mlm_training`` the batch is a dict: its ``inputs`` are described, with the masked share."""
+    """Builds the train source, decodes its first batch and prints the token id range, counts and first text; then
+    reads the first eval batch, as train.py does at start (a missing or bad eval_path passed the check and stopped
+    the run). With ``mlm_training`` the batch is a dict: its ``inputs`` are described, with the masked share."""
+    _check_train(cfg, batch_size)
+    _check_eval(cfg)
+
+
+def _check_eval(cfg: Config) -> None:
+    from data.source import NoEvalSet, make_source
+
+    if not cfg.eval_steps:
+        print("eval: none (eval_steps 0)")
+        return
+    try:
+        source = make_source(cfg, "eval")
+    except NoEvalSet as e:
+        print(f"note: {e}; train.py skips evaluation")
+        return
+    source.batch(0, cfg.eval_batch_size)
+    print(f"{source.description}; its first batch of {cfg.eval_batch_size} reads")
+
+
+def _check_train(cfg: Config, batch_size: int | None) -> None:
     from data.source import make_source, with_mask_token
 
     source = make_source(cfg, "train")

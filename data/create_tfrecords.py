@@ -12,6 +12,9 @@ Input files are tokenized in parallel, one output file ``NAME_00000.tfrecords`` 
 ``--files-per N``, files of at most N records: ``NAME_00000_00000.tfrecords`` ...). ``NAME.index`` (JSON) lists
 every output file with its documents, records, tokens and bytes, and the tokenizer's vocabulary size, which the
 reader checks. No document and no token is dropped unless ``--minimum-size`` asks for it; the counts are printed.
+An input that leaves no record (no document in it, or all under ``--minimum-size``) gets no file, which the reader
+would refuse as empty; the index lists it under ``no_records`` and the summary counts it. A rerun under the same
+name removes the files the index it replaces listed and it does not write, with a line saying so.
 Outputs are written under temporary names (``*.tmp``, which no ``*.tfrecords`` glob matches) and renamed once every
 file is done, then the index: a failure leaves no partial output. An input that cannot be decoded (invalid UTF-8,
 binary, corrupt or truncated ``.zst``, bad JSON) is an error naming it, or with ``--skip-bad-files`` is left out
@@ -170,15 +173,17 @@ def _job(args) -> dict:
 
 
 def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mode: str, chunk_size: int,
-                separator: tuple[int, ...] | None = None, skipped: list[dict] = ()) -> dict:
+                separator: tuple[int, ...] | None = None, skipped: list[dict] = (),
+                no_records: list[dict] = ()) -> dict:
     """``NAME.index``, written under a temporary name and renamed: the files, their counts and totals, the
-    tokenizer's size and separator, and the input files skipped as bad (with why)."""
-    totals = {k: sum(f.get(k, 0) for f in files) for k in ("documents", "records", "tokens", "bytes",
-                                                            "dropped_documents")}
+    tokenizer's size and separator, the input files skipped as bad (with why), and those that gave no record
+    (with the documents they dropped, counted in the totals)."""
+    totals = {k: sum(f.get(k, 0) for f in [*files, *no_records]) for k in ("documents", "records", "tokens",
+                                                                            "bytes", "dropped_documents")}
     index = {"format": INDEX_FORMAT, "mode": mode, "chunk_size": chunk_size, "tokenizer": tokenizer_path,
              "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
              "separator": list(separator) if separator else [tokenizer.eos_id], "totals": totals, "files": files,
-             "skipped": list(skipped)}
+             "skipped": list(skipped), "no_records": list(no_records)}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(index, f, indent=1)
@@ -188,7 +193,7 @@ def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mo
 
 def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, mode: str = "chunks",
            chunk_size: int = 2049, workers: int = 0, options: Options = Options(),
-           skip_bad_files: bool = False) -> dict:
+           skip_bad_files: bool = False, tokenizer_flag: str = "--tokenizer") -> dict:
     """Writes TFRecord files (one per input file, or several of ``options.files_per`` records; in parallel over
     ``workers`` processes) and ``NAME.index``. Outputs are renamed into place only once every file is done, then
     the index is written: a failure leaves no partial output. A file that cannot be decoded is an error naming it,
@@ -204,7 +209,7 @@ def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, m
         raise ConfigError(f"--files-per: {options.files_per} must be positive")
     if options.minimum_size < 0:
         raise ConfigError(f"--minimum-size: {options.minimum_size} must not be negative")
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, tokenizer_flag)
     bad = [i for i in options.separator or () if not 0 <= i < tokenizer.vocab_size]
     if bad:
         raise ConfigError(f"--separator: id {bad[0]} is outside the tokenizer's [0, {tokenizer.vocab_size})")
@@ -228,13 +233,47 @@ def create(inputs: list[str], output_dir: str, name: str, tokenizer_path: str, m
         raise
     if pool:
         pool.shutdown()
-    written = [counts for r in results for counts in r.get("written", ())]
     skipped = [r for r in results if "skipped" in r]
+    # An input with no record left (no document in it, or all under --minimum-size) would be a 0-byte file that
+    # the reader refuses as a failed write: it is not published, and the index names it with what it dropped.
+    no_records = [{"input": job[0], "dropped_documents": sum(c["dropped_documents"] for c in r["written"])}
+                  for job, r in zip(jobs, results) if "written" in r and not any(c["records"] for c in r["written"])]
+    for result in results:
+        for counts in result.get("written", ()):
+            if not counts["records"]:
+                _remove(os.path.join(output_dir, counts["file"] + ".tmp"))
+    written = [counts for r in results for counts in r.get("written", ()) if counts["records"]]
     if not written:
-        raise ConfigError(f"every input file is bad; the first: {skipped[0]['error']}")
+        if skipped and not no_records:
+            raise ConfigError(f"every input file is bad; the first: {skipped[0]['error']}")
+        dropped = sum(e["dropped_documents"] for e in no_records)
+        why = (f"every document is under --minimum-size {options.minimum_size} ({dropped:,} dropped)" if dropped
+               else "no document in them")
+        raise ConfigError(f"--input: no record to write from {len(files)} file(s) ({no_records[0]['input']}"
+                          f"{', ...' if len(no_records) > 1 else ''}): {why}"
+                          + (f"; {len(skipped)} bad file(s) skipped" if skipped else ""))
+    index_path = os.path.join(output_dir, f"{name}.index")
+    previous = _listed_files(index_path)
     publish(output_dir, written)
-    return write_index(os.path.join(output_dir, f"{name}.index"), written, tokenizer, tokenizer_path, mode,
-                       chunk_size, options.separator, skipped)
+    index = write_index(index_path, written, tokenizer, tokenizer_path, mode, chunk_size, options.separator,
+                        skipped, no_records)
+    # A rerun under the same name that writes fewer files replaced the index listing the earlier ones: those left
+    # would still match NAME_*.tfrecords and be trained on unchecked, as data this run never wrote.
+    index["removed"] = sorted(set(previous) - {c["file"] for c in written})
+    for file in index["removed"]:
+        _remove(os.path.join(output_dir, file))
+    return index
+
+
+def _listed_files(index_path: str) -> list[str]:
+    """The files an existing ``NAME.index`` lists (none when there is none, or it cannot be read)."""
+    try:
+        with open(index_path) as f:
+            files = json.load(f).get("files", [])
+        return [e["file"] for e in files if isinstance(e, dict) and isinstance(e.get("file"), str)
+                and os.path.basename(e["file"]) == e["file"]]
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def write_dataset_config(directory: str, name: str, output_dir: str, tokenizer_path: str, index: dict) -> str:
@@ -257,6 +296,11 @@ def write_dataset_config(directory: str, name: str, output_dir: str, tokenizer_p
     return path
 
 
+def flag_as_typed(typed: list[str], names: tuple[str, ...]) -> str:
+    """The one of ``names`` (ours, or GPT-Neo's alias) that the command line used, for errors that name it."""
+    return next((a.split("=")[0] for a in typed if a.split("=")[0] in names), names[0])
+
+
 def check_sizes(args, typed: list[str]) -> None:
     """Each size flag in range, or a one-line error naming it as typed (ours, or GPT-Neo's alias)."""
     from config import ConfigError
@@ -266,7 +310,7 @@ def check_sizes(args, typed: list[str]) -> None:
               (("--minimum-size", "--minimum_size"), args.minimum_size, 0))
     for names, value, least in limits:
         if value is not None and value < least:
-            flag = next((a.split("=")[0] for a in typed if a.split("=")[0] in names), names[0])
+            flag = flag_as_typed(typed, names)
             raise ConfigError(f"{flag}: {value} must be {'positive' if least else 'zero or more'}")
 
 
@@ -314,7 +358,7 @@ def main(argv=None) -> int:
                               "tokenizer, works from a local folder with vocab.json + merges.txt")
         index = create(args.input, args.output_dir, args.name, args.tokenizer, args.mode,
                        args.n_ctx + 1 if args.chunk_size is None else args.chunk_size, args.workers, options,
-                       args.skip_bad_files)
+                       args.skip_bad_files, flag_as_typed(typed, ("--tokenizer", "--encoder_path")))
         config_path = write_dataset_config(DATASET_CONFIG_DIR, args.name, args.output_dir, args.tokenizer, index) \
             if args.write_dataset_config else None
     except ConfigError as e:
@@ -334,9 +378,17 @@ def main(argv=None) -> int:
                                     "no document or token of the other files was dropped")
         dropped = (f"skipped {len(skipped)} bad input file(s) ({skipped[0]['error']}"
                    f"{', ...' if len(skipped) > 1 else ''}); {of_others}")
+    empty = index["no_records"]
+    if empty:
+        dropped += (f"; {len(empty)} input file(s) gave no record, so no file ({empty[0]['input']}"
+                    f"{', ...' if len(empty) > 1 else ''})")
     print(f"wrote {len(index['files'])} file(s) to {args.output_dir}: {t['documents']:,} documents, "
           f"{t['records']:,} records, {t['tokens']:,} tokens ({t['bytes'] / max(t['tokens'], 1):.2f} bytes/token), "
           f"index {os.path.join(args.output_dir, args.name + '.index')}; {dropped}")
+    if index["removed"]:
+        print(f"removed {len(index['removed'])} file(s) the previous {args.name}.index listed and this run did not "
+              f"write ({index['removed'][0]}{', ...' if len(index['removed']) > 1 else ''}), so that "
+              f"{args.name}_*.tfrecords matches only this run's files")
     if config_path:
         print(f"wrote {config_path}: name it in a config as \"datasets\": [[\"{args.name}\", null, null, null]]")
     return 0

@@ -24,6 +24,8 @@ The functions the stages map are plain TensorFlow (no Python ``if``/``for`` over
 
 from __future__ import annotations
 
+import os
+
 from config import ConfigError
 
 MODES = ("chunks", "documents_fixed", "documents_random")
@@ -101,8 +103,10 @@ def open_tfds(name: str, data_dir: str | None, split: str, text_key: str):
         if not builder.is_prepared():
             raise FileNotFoundError(f"not prepared in {builder.data_dir}")
     except Exception as e:  # tfds raises many types; all mean "not here"
-        raise ConfigError(f"datasets: tfds:{name}: not found in {data_dir or 'the default TFDS data dir'} "
-                          f"({str(e).splitlines()[0][:200]}); nothing is downloaded: prepare it there first") from None
+        where = data_dir or f"{os.path.expanduser(tfds.core.constants.DATA_DIR)}, TFDS's default"
+        raise ConfigError(f"datasets: tfds:{name}: not found in {where} ({str(e).splitlines()[0][:200]}); "
+                          "nothing is downloaded: prepare it there first"
+                          + ("" if data_dir else ", or set tfds_data_dir to where it is")) from None
     if split not in splits:
         raise ConfigError(f"datasets: tfds:{name} has no split {split!r} (splits: {', '.join(splits)})")
     if text_key not in builder.info.features:

@@ -132,7 +132,7 @@ def _embedded_source(cfg: Config, dataset: dict, split: str) -> WindowSource:
     if len(cfg.datasets) != 1 or cfg.datasets[0][2] not in (None, "chunks") or cfg.datasets[0][1] is not None:
         raise ConfigError(f"datasets: {where} (the in-memory embedded corpus) is read alone, in 'chunks' mode; "
                           "mixing and sampling modes are for TFRecord datasets (e.g. embedded_bpe)")
-    tokenizer = load_tokenizer(dataset.get("tokenizer_path", "bytes"))
+    tokenizer = load_tokenizer(dataset.get("tokenizer_path", "bytes"), f"{where} tokenizer_path")
     if tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the {tokenizer.vocab_size} tokens of "
                           f"{where}'s tokenizer")
@@ -185,7 +185,7 @@ def make_tokenizer(cfg: Config) -> Tokenizer:
     if dataset.get("prepare"):
         from data.prepare import ensure_prepared
         ensure_prepared(dataset, dataset["where"], cfg.n_ctx)
-    return load_tokenizer(dataset.get("tokenizer_path", "bytes"))
+    return load_tokenizer(dataset.get("tokenizer_path", "bytes"), f"{dataset['where']} tokenizer_path")
 
 
 def window_length(cfg: Config) -> int:
@@ -230,14 +230,18 @@ def make_source(cfg: Config, split: str):
     if any(d["path"] == "embedded" for d in datasets):
         return _embedded_source(cfg, datasets[0], split)
     # Text datasets (TFDS) take the tokenizer of the first dataset config when none is set.
-    default_tokenizer = cfg.tokenizer_path or next(
-        (d["tokenizer_path"] for d in datasets if "tokenizer_path" in d), "bytes")
+    # Errors name the key that gave the path: a dataset config's, else the config's own tokenizer_path.
+    first = next((d for d in datasets if "tokenizer_path" in d), None)
+    default_tokenizer = cfg.tokenizer_path or (first["tokenizer_path"] if first else "bytes")
+    default_where = f"{first['where']} tokenizer_path" if first and not cfg.tokenizer_path else "tokenizer_path"
+    wheres = [f"{d['where']} tokenizer_path" if "tokenizer_path" in d and not d["where"].startswith("tfds:")
+              else default_where for d in datasets]
     for d in datasets:
         d.setdefault("tokenizer_path", default_tokenizer)
         if d.get("prepare"):
             from data.prepare import ensure_prepared
             ensure_prepared(d, d["where"], cfg.n_ctx)
-    tokenizers = [load_tokenizer(d["tokenizer_path"]) for d in datasets]
+    tokenizers = [load_tokenizer(d["tokenizer_path"], where) for d, where in zip(datasets, wheres)]
     for tokenizer, dataset in zip(tokenizers, datasets):
         check_tokenizer(tokenizer, dataset, cfg)
     if cfg.mlm_training:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import sys
 from typing import Iterator
 
 from config import ConfigError
@@ -30,11 +31,15 @@ def expand_inputs(patterns: list[str], flag: str = "--input") -> list[str]:
         else:
             matched = sorted(glob.glob(pattern, recursive=True))
         records = any(f.endswith((".tfrecords", ".tfrecord")) for f in matched)
+        other = [f for f in matched if os.path.isfile(f) and not f.endswith(SUFFIXES)]
         matched = [f for f in matched if os.path.isfile(f) and f.endswith(SUFFIXES)]
         if not matched:
             hint = ("; TFRecords are read through a dataset config's path, named in a config's datasets "
                     "(create_tfrecords.py --write-dataset-config writes one)") if records else ""
             raise ConfigError(f"{flag} {pattern}: matches no {'/'.join(SUFFIXES)} file{hint}")
+        if other:  # a folder of notes.md and README: said, not silently left out
+            print(f"note: {flag} {pattern}: {len(other)} file(s) left out, not {'/'.join(SUFFIXES)} (the first: "
+                  f"{other[0]}); rename them to be read", file=sys.stderr)
         files.extend(matched)
     return files
 

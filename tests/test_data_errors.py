@@ -153,9 +153,18 @@ def test_a_datasets_entry_that_is_not_a_dataset_config_says_what_it_is(tmp_path,
 def test_check_dataset_cli_prints_or_fails_in_one_line(records, capsys):
     args = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--check-dataset", "--set",
             'datasets=[["bad", null, null, null]]', "--set", "n_vocab=1000000", "--set", "n_ctx=16"]
-    assert train.main(args) == 0
+    # The eval split is checked too, as train.py reads it at start: 'bad' has no eval_path (the check passed, and
+    # then train.py stopped on it).
+    assert train.main(args) == 2
+    captured = capsys.readouterr()
+    assert "batch 0: shape (16, 17) int32; token ids min 1 max 6029" in captured.out
+    assert captured.err == ("error: configs/dataset_configs/bad.json: no 'eval_path' for evaluation; add one or "
+                            "set eval_steps to 0\n")
+    assert train.main(args + ["--set", "eval_steps=0"]) == 0
     out = capsys.readouterr().out
     assert "batch 0: shape (16, 17) int32; token ids min 1 max 6029" in out and "first text (" in out
+    assert out.endswith("eval: none (eval_steps 0)\n")
+    args += ["--set", "eval_steps=0"]
     data = bytearray(open(records, "rb").read())
     data[record_offsets(records)[1] + 20] ^= 0xFF
     open(records, "wb").write(data)

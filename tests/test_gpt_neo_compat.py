@@ -199,13 +199,15 @@ def test_eos_id_and_hub_tokenizer_names_are_one_line_errors(neo_records, tmp_pat
                         pile={"path": neo_records, "tokenizer_path": "gpt2", "tokenizer_is_pretrained": True})
     with pytest.raises(ConfigError, match="example.json: eos_id 1 is not the tokenizer's end-of-text id 256"):
         make_source(config([["example", None, None, None]]), "train")
-    with pytest.raises(ConfigError, match=r"gpt2' does not exist; a hub name like 'gpt2' works only as a local "
-                                          r"folder with tokenizer.json, vocab.json \+ merges.txt or vocab.txt"):
-        make_source(config([["pile", None, None, None]]), "train")
+    with pytest.raises(ConfigError, match=r"^configs/dataset_configs/pile.json tokenizer_path: '.*gpt2' does not "
+                                          r"exist; a hub name like 'gpt2' works only as a local folder with "
+                                          r"tokenizer.json, vocab.json \+ merges.txt or vocab.txt"):
+        make_source(config([["example", None, None, None], ["pile", None, None, None]]), "train")
 
 
 def test_check_dataset_with_mlm_training(neo_records, tmp_path, monkeypatch, capsys):
-    use_dataset_configs(monkeypatch, tmp_path / "dc", neo={"path": neo_records, "tokenizer_path": "bytes"})
+    use_dataset_configs(monkeypatch, tmp_path / "dc", neo={"path": neo_records, "eval_path": neo_records,
+                                                           "tokenizer_path": "bytes"})
     args = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--check-dataset", "--set",
             'datasets=[["neo", null, null, null]]', "--set", "n_ctx=16", "--set", "mlm_training=true",
             "--set", "mlm_mask_token_id=3", "--set", "mlm_mask_prob=0.5", "--set", "train_batch_size=8",
@@ -213,6 +215,7 @@ def test_check_dataset_with_mlm_training(neo_records, tmp_path, monkeypatch, cap
     assert train.main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "batch 0 inputs: shape (8, 16) int32" in out and "masked-LM: " in out and "first text (" in out
+    assert "its first batch of 16 reads" in out  # the eval split, read as train.py reads it at start
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -273,6 +276,52 @@ def test_create_tfrecords_takes_gpt_neo_flags(tmp_path, monkeypatch, capsys):
     assert "1 documents under --minimum-size 2 were dropped" in capsys.readouterr().out
     dataset = json.loads((tmp_path / "wiki.json").read_text())
     assert dataset["path"] == str(tmp_path / "out" / "wiki_*.tfrecords") and dataset["n_vocab"] == 257
+
+
+def test_create_tfrecords_writes_no_empty_file(tmp_path, capsys):
+    """An input left with no record (every document under --minimum_size, a .jsonl of blank lines) gets no
+    0-byte file, which training refuses as a failed write; it is counted, and with nothing at all to write the
+    command fails naming the input."""
+    from data import create_tfrecords
+    from data.tfrecords import list_files
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("a long enough document")
+    (tmp_path / "in" / "b.txt").write_text("x")
+    (tmp_path / "in" / "c.jsonl").write_text("\n\n")
+    argv = ["--input_dir", str(tmp_path / "in"), "--name", "n", "--output_dir", str(tmp_path / "out"),
+            "--encoder_path", "bytes", "--processes", "1", "--minimum_size", "2"]
+    assert create_tfrecords.main(argv) == 0, capsys.readouterr().err
+    assert [os.path.basename(f) for f in list_files(str(tmp_path / "out" / "n_*.tfrecords"), "path")] == \
+        ["n_00000.tfrecords"]
+    index = json.loads((tmp_path / "out" / "n.index").read_text())
+    assert index["no_records"] == [{"input": str(tmp_path / "in" / "b.txt"), "dropped_documents": 1},
+                                   {"input": str(tmp_path / "in" / "c.jsonl"), "dropped_documents": 0}]
+    assert index["totals"]["dropped_documents"] == 1
+    assert "2 input file(s) gave no record, so no file" in capsys.readouterr().out
+    argv[1] = str(tmp_path / "in" / "b.txt")
+    assert create_tfrecords.main(argv + ["--output_dir", str(tmp_path / "out2")]) == 2
+    assert capsys.readouterr().err == (f"error: --input: no record to write from 1 file(s) ({tmp_path}/in/b.txt): "
+                                       "every document is under --minimum-size 2 (1 dropped)\n")
+    assert not list((tmp_path / "out2").glob("*.tfrecords*"))
+
+
+def test_create_tfrecords_rerun_leaves_no_file_of_the_run_before(tmp_path, capsys):
+    """Run again under the same name with fewer files, the files the replaced index listed are removed: they matched
+    NAME_*.tfrecords and were trained on, unlisted and unchecked, beside this run's."""
+    from data import create_tfrecords
+
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        (tmp_path / "in" / f"{i}.txt").write_text(f"document {i}")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "n_99999.tfrecords").write_bytes(b"the user's own")  # not in the index: kept
+    argv = ["--output_dir", str(tmp_path / "out"), "--name", "n", "--encoder_path", "bytes", "--processes", "1"]
+    assert create_tfrecords.main(["--input_dir", str(tmp_path / "in"), *argv, "--files_per", "1"]) == 0
+    assert create_tfrecords.main(["--input_dir", str(tmp_path / "in" / "0.txt"), *argv]) == 0
+    assert sorted(os.listdir(tmp_path / "out")) == ["n.index", "n_00000.tfrecords", "n_99999.tfrecords"]
+    assert ("removed 3 file(s) the previous n.index listed and this run did not write (n_00000_00000.tfrecords, "
+            "...), so that n_*.tfrecords matches only this run's files") in capsys.readouterr().out
 
 
 def test_create_tfrecords_errors(tmp_path, monkeypatch, capsys):

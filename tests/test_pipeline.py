@@ -147,6 +147,16 @@ def test_tfds_text_dataset_by_name(tmp_path):
                            tfds_data_dir=str(tmp_path)), "train")
 
 
+def test_a_missing_tfds_dataset_names_the_directory_searched(tmp_path, monkeypatch):
+    from data.tf_import import tensorflow_datasets
+
+    monkeypatch.setattr(tensorflow_datasets().core.constants, "DATA_DIR", str(tmp_path / "default"))
+    with pytest.raises(ConfigError, match=rf"^datasets: tfds:no_such_dataset: not found in {tmp_path}/default, "
+                                          r"TFDS's default \(.*\); nothing is downloaded: prepare it there first, "
+                                          r"or set tfds_data_dir to where it is$"):
+        make_source(config([["tfds:no_such_dataset", None, None, None]], 32, n_vocab=257), "train")
+
+
 def test_mlm_stage_masks_with_the_configured_probabilities():
     from data.mlm import mlm_stage
 

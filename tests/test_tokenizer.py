@@ -60,6 +60,36 @@ def test_bpe_training_is_deterministic():
     assert a.tok.to_str() == b.tok.to_str()
 
 
+def test_a_huge_word_trains_in_linear_time():
+    """A long run without whitespace (a minified file, base64, a line of Chinese) is one pre-token, and the BPE
+    trainer's time grows with the square of its length (150 KB: about 20 s; 3 MB: hours). Training
+    sees it in pieces; the tokenizer still encodes it whole and exactly."""
+    import time
+    from data.tokenizer import LONGEST_WORD, _training_pieces
+
+    text = "some words " * 50 + "x" * 2500 + " and " + "中文" * 25_000
+    pieces = list(_training_pieces([text, "short"]))
+    assert "".join(pieces[:-1]) == text and pieces[-1] == "short"
+    assert max(len(w) for piece in pieces for w in piece.split()) == LONGEST_WORD
+    start = time.perf_counter()
+    tok = train_bpe([text] * 2, 300)
+    assert time.perf_counter() - start < 10
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_files_a_folder_holds_of_other_kinds_are_named_not_silently_left_out(tmp_path, capsys):
+    from data.text_files import expand_inputs
+
+    (tmp_path / "sub").mkdir()
+    for name in ("a.txt", "sub/b.jsonl", "notes.md", "sub/README"):
+        (tmp_path / name).write_text("text")
+    assert expand_inputs([str(tmp_path)]) == [str(tmp_path / "a.txt"), str(tmp_path / "sub" / "b.jsonl")]
+    assert capsys.readouterr().err == (f"note: --input {tmp_path}: 2 file(s) left out, not .txt/.jsonl/.jsonl.zst "
+                                       f"(the first: {tmp_path / 'notes.md'}); rename them to be read\n")
+    assert expand_inputs([str(tmp_path / "*.txt")]) == [str(tmp_path / "a.txt")]
+    assert capsys.readouterr().err == ""  # a glob that asks for .txt files leaves nothing out
+
+
 def test_train_tokenizer_cli_reads_txt_jsonl_and_zst(tmp_path):
     (tmp_path / "a.txt").write_text(TEXTS[0])
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in TEXTS[1:3]) + "\n")

@@ -279,7 +279,11 @@ def predict(args) -> None:
                     (f"n_ctx {cfg.n_ctx} with --max-new-tokens {args.max_new_tokens}", ", lower --max-new-tokens")
                 raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; only {room} fit in {limit} (shorten it"
                                   f"{lower} or pass --truncate-prompt)")
+            print(f"note: prompt {i + 1}: its last {room} of {len(ids)} tokens are read (--truncate-prompt)",
+                  file=sys.stderr)
             ids = ids[-room:]
+            # what the model reads is what the output shows: the prompt's tail, not the text given
+            prompts[i] = tokenizer.decode(ids[:-1] if seq2seq and ids[-1] == tokenizer.eos_id else ids)
         encoded += [ids] * args.num_samples
     width = max(map(len, encoded))
     pad = np.array([width - len(ids) for ids in encoded], np.int32)

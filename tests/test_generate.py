@@ -371,6 +371,11 @@ def test_predict_truncates_long_prompts_and_stops_at_stop_strings(neo_dir):
     result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", "x " * 80, "--truncate-prompt",
                      "--temperature", "0", "--max-new-tokens", "8")
     assert result.returncode == 0, result.stderr[-2000:]
+    given = len(tokenizer.encode("x " * 80))
+    assert f"note: prompt 1: its last 56 of {given} tokens are read (--truncate-prompt)" in result.stderr
+    # the output shows what the model read, not the whole prompt given (n_ctx 64 - 8 new tokens)
+    assert result.stdout.startswith(tokenizer.decode(tokenizer.encode("x " * 80)[-56:])) and \
+        not result.stdout.startswith("x " * 80)
     full = hf_generate(reference, tokenizer.encode(PROMPT), do_sample=False, max_new_tokens=20)
     text = tokenizer.decode([t for t in full if t != 0])
     stop = text[5:8]  # a piece of what greedy decoding will produce

@@ -275,6 +275,9 @@ def check_devices_fit(mesh_shape: str, device_count: int | None) -> None:
                           f"--devices {fixed} or leave --devices out")
 
 
+MOST_SIMULATED = 16384  # simulated CPU devices a dry run creates at most
+
+
 def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, topology: str | None = None) -> str:
     """``train.py --dry-run``: the report for ``cfg`` on ``device_count`` simulated devices (default: the count
     ``mesh_shape`` fixes), or compiled for ``topology``, a TPU slice or a GPU node; an ``auto`` mesh or layout is
@@ -285,6 +288,9 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, t
 
     if device_count is not None and device_count < 1:
         raise ConfigError(f"--devices: {device_count} is not a device count; it must be at least 1")
+    if device_count is not None and device_count > MOST_SIMULATED:  # minutes to create, then XLA:CPU aborts
+        raise ConfigError(f"--devices: {device_count:,} is more than the {MOST_SIMULATED:,} CPU devices one process "
+                          "simulates (16,384 take 15 s to create; 32,768 aborted XLA:CPU after a minute)")
     if topology:
         if device_count is not None:
             raise ConfigError("--devices: not with --topology, which fixes the device count")

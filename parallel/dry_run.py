@@ -288,9 +288,6 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, t
 
     if device_count is not None and device_count < 1:
         raise ConfigError(f"--devices: {device_count} is not a device count; it must be at least 1")
-    if device_count is not None and device_count > MOST_SIMULATED:  # minutes to create, then XLA:CPU aborts
-        raise ConfigError(f"--devices: {device_count:,} is more than the {MOST_SIMULATED:,} CPU devices one process "
-                          "simulates (16,384 take 15 s to create; 32,768 aborted XLA:CPU after a minute)")
     if topology:
         if device_count is not None:
             raise ConfigError("--devices: not with --topology, which fixes the device count")
@@ -314,6 +311,10 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, t
         if count is None:
             raise ConfigError(f"--dry-run: mesh_shape '{cfg.mesh_shape}' leaves the device count open; "
                               "give --devices N")
+        if count > MOST_SIMULATED:  # minutes to create, then XLA:CPU aborts
+            given = "--devices" if device_count else f"mesh_shape '{cfg.mesh_shape}'"
+            raise ConfigError(f"{given}: {count:,} devices are more than the {MOST_SIMULATED:,} CPU devices one "
+                              "process simulates (16,384 take 15 s to create; 32,768 aborted XLA:CPU after a minute)")
         simulate_devices(count)
         if jax.device_count() != count:  # a backend started before us (e.g. inside a test process)
             raise ConfigError(f"--devices: jax already runs with {jax.device_count()} devices, not {count}")

@@ -242,7 +242,9 @@ def test_dry_run_mistakes_name_the_real_problem():
                                          ("x4", 4, "mesh_shape: 'x4' is not axis:size"),
                                          ("x:-1,y:-1", None, "mesh_shape: only one axis may be -1, got x, y"),
                                          ("x:-1", 0, "--devices: 0 is not a device count; it must be at least 1"),
-                                         ("x:-1", 100000, "--devices: 100,000 is more than the 16,384 CPU devices"),
+                                         ("x:-1", 100000, "--devices: 100,000 devices are more than the 16,384"),
+                                         ("x:256,y:128", None, "mesh_shape 'x:256,y:128': 32,768 devices are more "
+                                                               "than the 16,384 CPU devices one process simulates"),
                                          ("x:-1", None, "mesh_shape 'x:-1' leaves the device count open"),
                                          # the dry run sets the device count, so XLA_FLAGS is not the advice
                                          ("x:8", 4, "--devices 4: mesh_shape 'x:8' needs 8 devices; give --devices 8 "

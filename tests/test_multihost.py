@@ -117,6 +117,20 @@ def launch(commands: list[list[str]], devices: int, envs: list[dict] | None = No
     return results
 
 
+def run_to_the_end(commands: list[list[str]], envs: list[dict]) -> list[tuple[int, str, str]]:
+    """(returncode, stdout, stderr) of ``commands`` started together, each run to its own end (``launch`` stops
+    the others at the first failure); none is left running past the deadline."""
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for cmd, env in zip(commands, envs)]
+    try:
+        outputs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+
+
 def in_this_process(command: list[str]) -> str:
     """Runs a one-process ``train_command`` in this test process (8 simulated devices, like conftest's): the same
     ``main(argv)``, without a second interpreter start and compile. Returns its stdout."""
@@ -276,19 +290,11 @@ def test_processes_given_different_configs_or_flags_stop_at_start_with_one_line_
     commands = [train_command(run, "x:-1", "batch:x", 2, "--coordinator", f"127.0.0.1:{port}",
                               "--num-processes", "2", "--process-id", str(i), *extra)
                 for i, extra in enumerate([(), ("--set", "n_embd=128", "--eval")])]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=environment(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for cmd in commands]
-    try:
-        results = [p.communicate(timeout=TIMEOUT) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (out, err) in zip(procs, results):
+    for code, out, err in run_to_the_end(commands, [environment(1)] * 2):
         lines = [line for line in err.splitlines() if line.startswith("error:")]
-        assert p.returncode == 2 and lines == [
+        assert code == 2 and lines == [
             "error: --eval differs between the 2 processes (process 0: false, process 1: true) (and n_embd): "
-            "every process must run the same command, config and --set values"], (p.returncode, out, err[-4000:])
+            "every process must run the same command, config and --set values"], (code, out, err[-4000:])
         assert "Traceback" not in err and "gloo" not in err.lower().replace("[gloo]", ""), err[-4000:]
     assert not os.path.exists(run)
 
@@ -319,21 +325,13 @@ def test_processes_holding_different_device_counts_stop_with_one_line_naming_eac
     ValueError traceback ('cannot reshape array of size 3 into shape (2,2)'); both now name each count."""
     port = free_port()
     run = str(tmp_path / "run")
-    procs = [subprocess.Popen(train_command(run, "x:-1", "batch:x", 2, "--coordinator", f"127.0.0.1:{port}",
-                                            "--num-processes", "2", "--process-id", str(i)),
-                              cwd=ROOT, env=environment(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i, devices in enumerate([2, 1])]
-    try:
-        results = [p.communicate(timeout=TIMEOUT) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (out, err) in zip(procs, results):
+    commands = [train_command(run, "x:-1", "batch:x", 2, "--coordinator", f"127.0.0.1:{port}", "--num-processes",
+                              "2", "--process-id", str(i)) for i in range(2)]
+    for code, out, err in run_to_the_end(commands, [environment(2), environment(1)]):
         lines = [line for line in err.splitlines() if line.startswith("error:")]
-        assert p.returncode == 2 and lines == [
+        assert code == 2 and lines == [
             "error: the 2 processes hold different numbers of devices (process 0: 2, process 1: 1); every process "
             "must see the same number (CUDA_VISIBLE_DEVICES, XLA_FLAGS' --xla_force_host_platform_device_count)"
-        ], (p.returncode, out, err[-4000:])
+        ], (code, out, err[-4000:])
         assert "Traceback" not in err, err[-4000:]
     assert not os.path.exists(run)

@@ -130,11 +130,8 @@ def main(argv=None) -> int:
     def run():
         # Everything that needs no jax is checked first, so a mistake costs well under a second.
         config = args.config or (model_config_path(args.model) if args.model else None)
-        if config:
-            cfg, notes = load_config(config, tuple(args.set))
-        else:  # a run directory's own config, else the quickstart's
-            own = run_config(args)
-            cfg, notes = own or load_config("quickstart", tuple(args.set))
+        own = None if config else run_config(args)  # a run directory's own config, else the quickstart's
+        cfg, notes = own or load_config(config or "quickstart", tuple(args.set))
         check_batches_can_be_made(cfg)
         goes_on = not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset)
         if goes_on:  # before --data prepares text with another tokenizer than the run's
@@ -165,7 +162,7 @@ def main(argv=None) -> int:
         try:
             return train(args, cfg, notes)
         except ConfigError as e:
-            if config or not own or not str(e).startswith("mesh_shape:") or any(
+            if not own or not str(e).startswith("mesh_shape:") or any(
                     s.startswith("mesh_shape=") for s in args.set):
                 raise
             raise ConfigError(f"{e} (the mesh of the run's own config, from its checkpoint; --set mesh_shape=... "
@@ -255,16 +252,13 @@ def _trained_without_checkpoints(cfg) -> int | None:
     is only sure to be on disk once the second has begun (which waits for it). Process 0 decides for all."""
     import jax
 
+    from parallel.distributed import process_zero_value
     from training.metrics import read_rows
 
     last = 0
     if jax.process_index() == 0 and not _has_checkpoint(cfg.model_path):
         last = max((row["step"] for row in read_rows(os.path.join(cfg.model_path, "metrics.jsonl"))[0]), default=0)
-    if jax.process_count() > 1:
-        import numpy as np
-        from jax.experimental import multihost_utils
-
-        last = int(multihost_utils.broadcast_one_to_all(np.int32(last)))
+    last = process_zero_value(last)
     return last if last > 2 * cfg.steps_per_checkpoint else None
 
 
@@ -539,8 +533,9 @@ def run_training(args, cfg, notes, signals, run) -> int:
             n_trained = sum(math.prod(p.shape) for p in jax.tree.leaves(split_params(state.params, trainable)[0]))
             say(f"peft: {n_trained:,} of {n_params:,} parameters train ({100 * n_trained / n_params:.2f}%); the "
                 "rest are frozen (no gradients, no optimizer state)")
-            if peft_base_note(cfg):
-                say(peft_base_note(cfg))
+            base_note = peft_base_note(cfg)
+            if base_note:
+                say(base_note)
         start = int(state.step)
         if args.stop_at_step is not None and args.stop_at_step <= start:
             raise ConfigError(f"--stop-at-step: {args.stop_at_step} is not after the run's step {start}")
@@ -681,19 +676,14 @@ def eval_missed(cfg, step: int) -> bool:
     after it, and would never write its row. Process 0's file decides for every process (eval is collective)."""
     import jax
 
+    from parallel.distributed import process_zero_value
     from training.metrics import read_rows
 
     due = step > 0 and (step == cfg.train_steps or bool(cfg.eval_every and step % cfg.eval_every == 0))
     if not due:
         return False
     rows = read_rows(os.path.join(cfg.model_path, "metrics.jsonl"))[0] if jax.process_index() == 0 else []
-    missed = not any(row["step"] == step and row.get("kind") == "eval" for row in rows)
-    if jax.process_count() > 1:
-        import numpy as np
-        from jax.experimental import multihost_utils
-
-        missed = bool(multihost_utils.broadcast_one_to_all(np.int32(missed)))
-    return missed
+    return bool(process_zero_value(not any(row["step"] == step and row.get("kind") == "eval" for row in rows)))
 
 
 def eval_text(result: dict) -> str:

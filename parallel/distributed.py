@@ -107,6 +107,15 @@ def check_same_command(settings: dict) -> None:
                   "must run the same command, config and --set values")
 
 
+def process_zero_value(value: int) -> int:
+    """Process 0's ``value`` in every process (what its files say decides for all; a no-op alone)."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
 def stop_together(message: str) -> None:
     """Raises ConfigError(message) in a problem every process found: first all of them leave jax.distributed
     together (its shutdown is a barrier), since a process that exits while the others are still joined makes

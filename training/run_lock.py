@@ -134,13 +134,9 @@ def move_run_aside(model_path: str, lead: bool) -> str | None:
 def _agree(error: str | None, elsewhere: str) -> None:
     """Raises ``error`` on process 0 and ``elsewhere`` on the others when process 0 failed (multi-host: all
     processes must leave together, or the others would wait for it forever)."""
-    import jax
+    from parallel.distributed import process_zero_value
 
-    if jax.process_count() > 1:
-        import numpy as np
-        from jax.experimental import multihost_utils
-
-        if int(multihost_utils.broadcast_one_to_all(np.int32(error is not None))) and error is None:
-            error = elsewhere
+    if process_zero_value(error is not None) and error is None:
+        error = elsewhere
     if error:
         raise ConfigError(error)

@@ -64,13 +64,14 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
                 # while it was read: that is no damage, the newest one is what was asked for.
                 checkpoints.manager.reload()
                 newer = checkpoints.latest_step()
-                if "is damaged" not in str(e) or step is None or newer is None or newer <= step:
-                    if " is damaged: " in str(e):  # what train.py does with one: the way to the previous step
-                        raise ConfigError(f"{e} (train.py --model-path {shlex.quote(model_path)} --eval moves a "
-                                          "damaged checkpoint to damaged_checkpoints/ and evaluates the one "
-                                          "before, which this command then reads)") from None
-                    raise
-                step = newer
+                if "is damaged" in str(e) and step is not None and newer is not None and newer > step:
+                    step = newer
+                    continue
+                if " is damaged: " in str(e):  # what train.py does with one: the way to the previous step
+                    raise ConfigError(f"{e} (train.py --model-path {shlex.quote(model_path)} --eval moves a "
+                                      "damaged checkpoint to damaged_checkpoints/ and evaluates the one before, "
+                                      "which this command then reads)") from None
+                raise
         return _load_step(checkpoints, step, model_path, layout, overrides)
 
 

@@ -587,10 +587,6 @@ def _check_images(cfg: Config) -> None:
 def _check_encoder_decoder(cfg: Config) -> None:
     """seq2seq is the t5 family's task; its blocks take a relative position bias, which only global softmax
     layers without extra positions or slots have been built for."""
-    if cfg.num_mem_kv and "global" not in cfg.attention_layers:  # it added nothing, without a word
-        raise ConfigError(f"num_mem_kv: {cfg.num_mem_kv}, but no layer is global "
-                          f"({', '.join(sorted(set(cfg.attention_layers)))}); memory key/values join global attention "
-                          "only")
     if (cfg.task == "seq2seq") != (cfg.model == "t5"):
         raise ConfigError(f"task: {cfg.task} does not fit model {cfg.model} (seq2seq is the encoder-decoder "
                           "family's task: model t5)")
@@ -635,6 +631,10 @@ def _check_attention_types(cfg: Config) -> None:
     n = len(cfg.attention_layers)
     if n != cfg.n_layer:
         raise ConfigError(f"attention_types: expands to {n} layers but n_layer is {cfg.n_layer}")
+    if cfg.num_mem_kv and "global" not in cfg.attention_layers:  # it added nothing, without a word
+        raise ConfigError(f"num_mem_kv: {cfg.num_mem_kv}, but no layer is global "
+                          f"({', '.join(sorted(set(cfg.attention_layers)))}); memory key/values join global attention "
+                          "only")
 
 
 def _check_moe(cfg: Config) -> None:
@@ -944,11 +944,11 @@ def resolve_config_path(path: str) -> str:
     for candidate in candidates:
         if os.path.isfile(candidate):
             return candidate
-    known = sorted(f[:-5] for f in os.listdir(shipped) if f.endswith(".json"))
+    known = json_names(shipped)
     folder = os.path.dirname(path)
     beside = []  # the folder's own configs, when the path names a folder that exists and is not configs/
     if folder and os.path.isdir(folder) and os.path.abspath(folder) != os.path.abspath(shipped):
-        beside = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".json"))
+        beside = json_names(folder)
     stem = os.path.basename(path).removesuffix(".json")
     hint = ""
     close = closest(stem, beside)
@@ -961,6 +961,11 @@ def resolve_config_path(path: str) -> str:
         hint = f"; did you mean {spelled if found else close}?"
     there = f"; in {folder}: {', '.join(beside)}" if beside else ""
     raise ConfigError(f"{path}: config file not found{hint} (shipped configs: {', '.join(known)}{there})")
+
+
+def json_names(folder: str) -> list[str]:
+    """The configs in ``folder`` by name: its ``.json`` files without the extension, sorted."""
+    return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".json"))
 
 
 def closest(name: str, names: list[str]) -> str | None:
@@ -1023,7 +1028,7 @@ def model_config_path(name: str) -> str:
     for path in (relative, os.path.join(configs_dir(), f"{name}.json")):
         if os.path.exists(path):
             return path
-    known = sorted(f[:-5] for f in os.listdir(configs_dir()) if f.endswith(".json"))
+    known = json_names(configs_dir())
     close = closest(name, known)
     hint = f"; did you mean --model {close}?" if close else ""
     raise ConfigError(f"--model {name}: no {relative}{hint} (known: {', '.join(known)}; or give a .json path)")

@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 
-from config import Config, ConfigError
+from config import Config, ConfigError, json_names
 from data import corpus
 from data.shards import shard_files, shard_seed
 from data.tf_source import TFDataSource
@@ -64,8 +64,8 @@ def load_dataset_config(name: str) -> dict:
         if os.path.isdir(name) or name.endswith(SUFFIXES):
             raise ConfigError(f"datasets: {name} is not a dataset config; to train on text, give it as --data {name}")
     if not os.path.exists(path):
-        known = sorted(f[:-5] for f in os.listdir(DATASET_CONFIG_DIR) if f.endswith(".json"))
-        raise ConfigError(f"datasets: no dataset config {path} (known: {', '.join(known)}; or tfds:NAME, or the "
+        known = ", ".join(json_names(DATASET_CONFIG_DIR))
+        raise ConfigError(f"datasets: no dataset config {path} (known: {known}; or tfds:NAME, or the "
                           "path of a dataset config .json)")
     where = name if by_path else f"configs/dataset_configs/{name}.json"
     base = os.path.dirname(os.path.abspath(path)) if by_path else ROOT

@@ -180,7 +180,6 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     ``eval_*.tfrecords`` with their ``.index`` files. A trained BPE holds ``special_tokens`` too (``[MASK]``, T5's
     sentinels) within its ``vocab_size``. Errors name ``input_flag``, ``vocab_flag`` and ``tokenizer_flag``, the
     flags that gave those values (train.py's are ``--data`` and the config's ``n_vocab`` and ``tokenizer_path``)."""
-    from config import ConfigError
     from data.prepare import build_once
     from data.text_files import expand_inputs
     from data.tokenizer import check_bpe_size, load_tokenizer
@@ -261,7 +260,6 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
 
 def check_settings(eval_fraction: float, n_ctx: int, min_frequency: int, workers: int) -> None:
     """The numbers in range, or a one-line error naming the flag (n_ctx 0 would write a record per token)."""
-    from config import ConfigError
 
     if not 0 <= eval_fraction < 1:
         raise ConfigError(f"--eval-fraction: {eval_fraction} is not in [0, 1)")
@@ -284,7 +282,6 @@ def manifest(folder: str) -> dict:
 def check_output_dir(output_dir: str | None, cache: str) -> None:
     """Refuses, before any work, an ``--output-dir`` that cannot be written, or that holds files this module did
     not write (publishing replaces the folder); without one, the ``cache`` folder must be writable."""
-    from config import ConfigError
 
     if output_dir is None:
         writable_folder(cache, "")
@@ -333,7 +330,6 @@ def config_for_data(cfg, inputs: list[str]):
     files, prepared here once (cached by content) with a tokenizer of ``n_vocab`` tokens (or the config's
     ``tokenizer_path``) and a 5% eval split. The run directory becomes ``runs/<data folder name>``; with no eval
     split, ``eval_steps`` becomes 0. A task that plain text cannot feed is refused before anything is prepared."""
-    from config import ConfigError
 
     dataset_file = given_dataset_file(inputs)
     check_is_dataset_config(dataset_file)
@@ -341,8 +337,7 @@ def config_for_data(cfg, inputs: list[str]):
     if refusal and (dataset_file is None or token_data(dataset_file)):
         raise ConfigError(f"--data: {refusal}")
     if dataset_file is None:
-        if cfg.tokenizer_path and (cfg.mlm_training or cfg.span_corruption):
-            check_reused_tokenizer(cfg)
+        check_reused_tokenizer(cfg)
         folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx,
                               special_tokens=objective_tokens(cfg), input_flag="--data", vocab_flag="n_vocab",
                               tokenizer_flag="tokenizer_path")
@@ -373,31 +368,33 @@ def objective_tokens(cfg) -> list[str]:
     return []
 
 
-def check_reused_tokenizer(cfg) -> None:
-    """Before preparing: the config's ``tokenizer_path`` has what the objective needs (one line otherwise)."""
+def check_reused_tokenizer(cfg, where: str = "tokenizer_path") -> None:
+    """Before preparing: a reused tokenizer (the config's ``tokenizer_path``, given by ``where``) has the special
+    tokens the objective needs (one line otherwise); nothing to check without one, or for an objective without."""
     from data.source import with_mask_token
     from data.spans import sentinel_count, sentinel_ids
     from data.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(cfg.tokenizer_path)
+    if not cfg.tokenizer_path or not (cfg.mlm_training or cfg.span_corruption):
+        return
+    tokenizer = load_tokenizer(cfg.tokenizer_path, where)
     if cfg.mlm_training:
         with_mask_token(cfg, tokenizer)
     if cfg.span_corruption:  # n_vocab grows to the tokenizer's size (config_for_data)
         sentinel_ids(tokenizer, max(cfg.n_vocab, tokenizer.vocab_size), sentinel_count(cfg),
-                     f"tokenizer_path {cfg.tokenizer_path}")
+                     f"{where} {cfg.tokenizer_path}")
 
 
 def config_to_prepare_for(path: str, tokenizer: str | None):
     """The config ``--config`` names, checked as ``train.py --data`` checks it: a task plain text can feed, and a
     reused ``tokenizer`` holding the objective's special tokens."""
-    from config import ConfigError, load_config
+    from config import load_config
 
     cfg = load_config(path)[0]
     refusal = text_cannot_feed(cfg)
     if refusal:
         raise ConfigError(f"--config {path}: {refusal}")
-    if tokenizer and (cfg.mlm_training or cfg.span_corruption):
-        check_reused_tokenizer(cfg.replace(tokenizer_path=tokenizer))
+    check_reused_tokenizer(cfg.replace(tokenizer_path=tokenizer), "--tokenizer")
     return cfg
 
 
@@ -415,7 +412,7 @@ def given_dataset_file(inputs: list[str]) -> str | None:
 def check_is_dataset_config(dataset_file: str | None) -> None:
     """A model config given to --data (a .json, as a dataset config is) is named as one (it was read as a dataset
     config, whose first unknown key was the error)."""
-    from config import KNOWN_KEYS, ConfigError
+    from config import KNOWN_KEYS
     from data.source import DATASET_KEYS
 
     try:
@@ -483,7 +480,6 @@ def main(argv=None) -> int:
     p.add_argument("--config", metavar="FILE", help="prepare for this config (a path, or a shipped config by "
                    "name): its objective's special tokens ([MASK], T5's sentinels) go into the BPE")
     args = p.parse_args(argv)
-    from config import ConfigError
     try:
         cfg = config_to_prepare_for(args.config, args.tokenizer) if args.config else None
         vocab_size = (cfg.n_vocab if cfg else 8192) if args.vocab_size is None else args.vocab_size

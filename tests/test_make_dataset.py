@@ -404,3 +404,5 @@ def test_make_dataset_for_a_config_trains_its_objectives_tokens(tmp_path, work_r
     assert capsys.readouterr().err.startswith("error: mlm_mask_token_id: not set, and the tokenizer has no [MASK]")
     assert main(["--input", texts, "--tokenizer", str(tmp_path / "nope")]) == 2  # named as the flag, not the key
     assert capsys.readouterr().err.startswith(f"error: --tokenizer: '{tmp_path / 'nope'}' does not exist")
+    assert main(["--input", texts, "--config", "bert_mlm", "--tokenizer", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --tokenizer: '{tmp_path / 'nope'}' does not exist")

@@ -201,6 +201,10 @@ def blocked_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, window: in
     return out.reshape(b, c * window, n, h)[:, :t]
 
 
+# What an attention layer passes its attention function (below, in Attention): q, k, v and these keywords.
+CALL_KEYWORDS = ("causal", "window", "scale", "segment_ids", "mask", "dropout_rate", "dropout_key", "kernel", "bias")
+
+
 def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, window: int | None,
                       scale: float = 1.0, segment_ids: jax.Array | None = None, mask: jax.Array | None = None,
                       dropout_rate: float = 0.0, dropout_key: jax.Array | None = None, kernel: str = "xla",
@@ -355,7 +359,7 @@ class Attention(nnx.Module):
             mask = jnp.concatenate([jnp.ones((b, t, slots), bool), mask], axis=2)
             if bias is not None:  # the slots have no position: no bias for them
                 bias = jnp.pad(bias, [(0, 0), (0, 0), (0, 0), (slots, 0)])
-        attend = self.attention_fn or softmax_attention
+        attend = self.attention_fn or softmax_attention  # called with q, k, v and CALL_KEYWORDS
         return attend(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
                       window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
                       mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,

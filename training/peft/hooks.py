@@ -16,16 +16,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from config import ConfigError
-from models.attention import Attention, softmax_attention
+from models.attention import CALL_KEYWORDS, Attention, softmax_attention
 
 
 def set_attention_fn(model: nnx.Module, fn: Callable | None, layers: Sequence[int] | None = None) -> list[str]:
     """Makes ``fn`` (None: the built-in) the attention of every softmax self-attention layer of ``model``, or of
     the blocks numbered in ``layers``; returns the paths it set. In place."""
-    if fn is not None and not callable(fn):  # it would fail only when the model runs
-        raise ConfigError(f"attention_fn: {fn!r:.60} is not a function (give one with softmax_attention's "
-                          "signature, e.g. training.peft.hooks.alibi_attention, or None for the built-in)")
-    if fn is not None:
+    if fn is not None:  # a mistake here would fail only when the model runs
+        if not callable(fn):
+            raise ConfigError(f"attention_fn: {fn!r:.60} is not a function (give one with softmax_attention's "
+                              "signature, e.g. training.peft.hooks.alibi_attention, or None for the built-in)")
         _check_signature(fn)
     chosen = []
     for path, module in nnx.iter_graph(model):
@@ -37,10 +37,6 @@ def set_attention_fn(model: nnx.Module, fn: Callable | None, layers: Sequence[in
     for _, module in chosen:
         module.attention_fn = fn
     return [name for name, _ in chosen]
-
-
-# What an attention layer passes its attention function (models/attention.py): q, k, v and these keywords.
-CALL_KEYWORDS = ("causal", "window", "scale", "segment_ids", "mask", "dropout_rate", "dropout_key", "kernel", "bias")
 
 
 def _check_signature(fn: Callable) -> None:

@@ -92,7 +92,7 @@ def test_metrics_drop_a_torn_line_and_rows_past_the_checkpoint(tmp_path):
     notes = []
     writer = MetricsWriter(str(tmp_path), start_step=2, say=notes.append)
     assert len(notes) == 1 and "dropped its torn last line" in notes[0]
-    assert writer.has_eval(2) and not writer.has_eval(3)
+    assert writer.stored_eval(2) == {"step": 2, "kind": "eval"} and writer.stored_eval(3) is None
     writer.write({"step": 3, "kind": "train", "loss": math.nan, "grad_norm": math.inf})
     writer.close()
     text = path.read_text()

@@ -115,10 +115,6 @@ class MetricsWriter:
         except OSError as e:
             raise ConfigError(f"{self.path}: {e.strerror}") from None
 
-    def has_eval(self, step: int) -> bool:
-        """Whether the file already holds an eval row for ``step``."""
-        return self.stored_eval(step) is not None
-
     def stored_eval(self, step: int) -> dict | None:
         """The eval row the file holds for ``step`` (None if none, or on a process that does not write)."""
         return self.evals.get(step) if self.enabled else None

@@ -185,6 +185,12 @@ def test_unretrieved_orbax_read_failures_are_not_logged():
     assert not asyncio_logger.filter(record(orbax_read))
     assert asyncio_logger.filter(record(failure("/home/user/job.py")))
     assert asyncio_logger.filter(record(orbax_read, "Exception in callback"))
+    # tensorstore's own futures fail in C++: no Python frame, the spec they read in the message.
+    tensorstore_read = ValueError('DATA_LOSS: Error opening "zarr" driver: Error reading "params.wte/.zarray" in OCDBT '
+                                  'database [tensorstore_spec=\'{"driver":"zarr"}\']')
+    unretrieved_future = "Future exception was never retrieved\nfuture: <Future finished>"
+    assert not asyncio_logger.filter(record((ValueError, tensorstore_read, None), unretrieved_future))
+    assert asyncio_logger.filter(record((ValueError, ValueError("bad input"), None), unretrieved_future))
 
 
 def test_orbax_step_metadata_damage_is_one_line(capsys):

@@ -35,13 +35,18 @@ INTEGRITY = "integrity"  # the checkpoint item holding the checksums (training/i
 class _UnretrievedReadFailures(logging.Filter):
     """A damaged checkpoint fails several of orbax's concurrent array reads: orbax raises the first (reported in
     one line, see ``restore_verified``) and asyncio later logs each other one, never retrieved, with its
-    traceback. Those records are dropped; any other asyncio record passes."""
+    traceback. Those records are dropped: a task failed in orbax's code, or a tensorstore future (it fails in
+    C++, with no Python frame, and its error names the tensorstore spec it read); any other asyncio record passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if "exception was never retrieved" not in record.getMessage().split("\n", 1)[0]:  # a task or future
+            return True
         error = record.exc_info[1] if record.exc_info else None
-        frames = traceback.extract_tb(error.__traceback__) if error is not None else []
-        return not ("exception was never retrieved" in record.getMessage().split("\n", 1)[0]  # a task or future
-                    and any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in frames))
+        if error is None:
+            return True
+        frames = traceback.extract_tb(error.__traceback__)
+        in_orbax = any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in frames)
+        return not (in_orbax or "[tensorstore_spec=" in str(error))
 
 
 logging.getLogger("asyncio").addFilter(_UnretrievedReadFailures())

@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", nargs="+", metavar="PATH", help="train on your own text: .txt / .jsonl / .jsonl.zst "
                    "files, folders or globs (prepared once into data_cache/, cached by content, with a tokenizer "
                    "of n_vocab tokens and a 5%% eval split), or a folder data/make_dataset.py wrote")
+    p.add_argument("--skip-bad-files", action="store_true", help="with --data: leave out text files that cannot be "
+                   "read or decoded (not UTF-8, binary, corrupt or truncated .zst, bad JSON), each named in a warning "
+                   "line, instead of stopping")
     p.add_argument("--model-path", help="run directory; overrides the config's model_path (with --data: "
                    "runs/NAME-HASH, named like the prepared data's folder)")
     fresh = p.add_mutually_exclusive_group()
@@ -79,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                          ("--accelerator", args.accelerator)) if value is not None]
     if dry_only and not args.dry_run:
         p.error(f"{dry_only[0]}: only with --dry-run")
+    if args.skip_bad_files and not args.data:
+        p.error("--skip-bad-files: only with --data (it leaves out the bad text files --data prepares)")
     return args
 
 
@@ -148,7 +153,7 @@ def main(argv=None) -> int:
             from data.make_dataset import config_for_data
             if cfg.init_from and cfg.tokenizer_path is None:  # fine-tuning reads text with the model's tokenizer
                 cfg = cfg.replace(tokenizer_path=cfg.init_from)
-            cfg = config_for_data(cfg, args.data)
+            cfg = config_for_data(cfg, args.data, args.skip_bad_files)
             if goes_on and not args.model_path:  # the run directory named after the data
                 check_init_from_given(cfg.model_path, cfg)
         elif cfg.init_from:

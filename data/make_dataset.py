@@ -2,6 +2,7 @@
 
     python data/make_dataset.py --input 'my_texts/*.txt' [--vocab-size 8192 | --tokenizer PATH]
                                 [--eval-fraction 0.05] [--n-ctx 2048] [--output-dir DIR] [--config FILE]
+                                [--skip-bad-files]
 
 Inputs are ``.txt`` (a document per file), ``.jsonl`` and ``.jsonl.zst`` (a ``text`` field per line) files,
 folders or globs. The command trains a byte-level BPE on the train documents (data/tokenizer.py, as
@@ -86,23 +87,57 @@ def documents(entries: list[tuple[str, int]], split: str, by_document: bool, fra
                 yield part
 
 
-def _count_documents(path: str) -> int:
-    from data.text_files import read_documents
+SKIP_HINT = "--skip-bad-files skips such files"
 
-    return 1 if path.endswith(".txt") else sum(1 for _ in read_documents(path))
+
+def count_documents(files: list[str], skip_bad_files: bool, say: Callable[[str], None]) -> tuple[
+        list[tuple[str, int]], list[dict]]:
+    """``([(file, its documents), ...], [{"file", "error"} of each bad file skipped])``: every file is read through
+    once, before any work, so a bad one (unreadable, not UTF-8, binary, corrupt .zst) stops the command at once,
+    naming it, or with ``skip_bad_files`` is left out with a warning line; and the documents are counted as they
+    will be read (an empty .txt file holds none)."""
+    from data.text_files import BadFile, read_documents
+
+    counts, skipped = [], []
+    for path in files:
+        try:
+            counts.append((path, sum(1 for _ in read_documents(path))))
+        except BadFile as e:
+            if not skip_bad_files:
+                raise BadFile(f"{e}; {SKIP_HINT}") from None
+            say(f"data: warning: {e}; skipped (--skip-bad-files)")
+            skipped.append({"file": path, "error": str(e)})
+    return counts, skipped
+
+
+def check_skipped(folder: str, skip_bad_files: bool, say: Callable[[str], None]) -> str:
+    """Before reusing ``folder``: the bad files its build skipped are an error again without ``skip_bad_files``
+    (as they would be for a fresh build), else each is a warning line again; returns a note saying how many."""
+    from data.text_files import BadFile
+
+    skipped = manifest(folder).get("skipped") or []
+    if skipped and not skip_bad_files:
+        raise BadFile(f"{skipped[0]['error']}; {SKIP_HINT}")
+    for bad in skipped:
+        say(f"data: warning: {bad['error']}; skipped (--skip-bad-files)")
+    return f"; {len(skipped)} bad file{'s' * (len(skipped) != 1)} skipped" if skipped else ""
 
 
 def content_key(files: list[str], settings: dict) -> str:
-    """A hash of the settings and of every input file's bytes, in input order."""
+    """A hash of the settings and of every input file's bytes, in input order (for a file that cannot be read, a
+    mark saying so)."""
     digest = hashlib.sha256(json.dumps({"format": FORMAT, **settings}, sort_keys=True).encode())
     for path in files:
         digest.update(os.path.splitext(path)[1].encode() + b"\0")  # the suffix decides how a file is read
         if path == "embedded":
             digest.update(b"embedded")
             continue
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError as e:  # named (or skipped) when the files are read; made readable, it gives a new key
+            digest.update(f"\0unreadable: {e.strerror}".encode())
     return digest.hexdigest()
 
 
@@ -118,14 +153,16 @@ def _write_shard(job) -> dict:
     return counts
 
 
-def plan_split(files: list[str], eval_fraction: float) -> tuple[list[tuple[str, int, int]], bool, str]:
+def plan_split(counts: list[tuple[str, int]], eval_fraction: float) -> tuple[list[tuple[str, int, int]], bool,
+                                                                            str]:
     """``([(file, index of its first document, documents up to its end), ...], split by whole documents?,
-    a description of the eval split)``. Counting documents first lets every file be split on its own (in
-    parallel) while the held-out documents stay spread evenly through the whole input."""
+    a description of the eval split)`` of ``[(file, its documents), ...]``. Counting documents first lets every
+    file be split on its own (in parallel) while the held-out documents stay spread evenly through the whole
+    input."""
     entries, total = [], 0
-    for path in files:
+    for path, count in counts:
         first = total
-        total += _count_documents(path)
+        total += count
         entries.append((path, first, total))
     by_document = math.floor(total * eval_fraction) >= 1
     if eval_fraction == 0:
@@ -174,12 +211,14 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
                  tokenizer: str | None = None, eval_fraction: float = EVAL_FRACTION, n_ctx: int = 2048,
                  min_frequency: int = 2, workers: int = 0, say: Callable[[str], None] | None = None,
                  special_tokens: Sequence[str] = (), input_flag: str = "--input", vocab_flag: str = "--vocab-size",
-                 tokenizer_flag: str = "--tokenizer") -> str:
+                 tokenizer_flag: str = "--tokenizer", skip_bad_files: bool = False) -> str:
     """Prepares (or finds already prepared) the dataset of ``inputs``; returns its folder, holding
     ``dataset.json``, ``tokenizer.json`` (unless the tokenizer is bytes), ``train_*.tfrecords`` and
     ``eval_*.tfrecords`` with their ``.index`` files. A trained BPE holds ``special_tokens`` too (``[MASK]``, T5's
     sentinels) within its ``vocab_size``. Errors name ``input_flag``, ``vocab_flag`` and ``tokenizer_flag``, the
-    flags that gave those values (train.py's are ``--data`` and the config's ``n_vocab`` and ``tokenizer_path``)."""
+    flags that gave those values (train.py's are ``--data`` and the config's ``n_vocab`` and ``tokenizer_path``).
+    A file that cannot be read or decoded is an error naming it, or with ``skip_bad_files`` is left out (a warning
+    line each, counted in the summary); every file bad is an error still."""
     from data.prepare import build_once
     from data.text_files import expand_inputs
     from data.tokenizer import check_bpe_size, load_tokenizer
@@ -215,15 +254,28 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
         return manifest(target).get("key") == key
 
     if finished():
-        say(f"data: reusing {_shown(target)} (prepared from the same files and settings)")
+        skipped = check_skipped(target, skip_bad_files, say)
+        say(f"data: reusing {_shown(target)} (prepared from the same files and settings{skipped})")
         return target
     if unwritable is not None:
         raise unwritable
 
     def build(directory: str) -> None:
         os.makedirs(directory)
-        entries, by_document, held = plan_split(files, eval_fraction)
-        say(f"data: {len(files)} files, {entries[-1][2]:,} documents, {size / 1e6:.1f} MB; eval: {held}")
+        counts, skipped = count_documents(files, skip_bad_files, say)
+        if not counts:
+            raise ConfigError(f"{input_flag} {' '.join(inputs)}: every file is bad ({len(skipped)} skipped); the "
+                              f"first: {skipped[0]['error']}")
+        entries, by_document, held = plan_split(counts, eval_fraction)
+        if not entries[-1][2]:
+            raise ConfigError(f"{input_flag} {' '.join(inputs)}: no text to train on" +
+                              (f" ({len(skipped)} bad file{'s' * (len(skipped) != 1)} skipped)" if skipped else ""))
+        textless = sum(1 for _, n in counts if not n)
+        notes = [f"{len(skipped)} bad, skipped" if skipped else "", f"{textless} with no text" if textless else ""]
+        notes = "; ".join(n for n in notes if n)
+        used = sum(os.path.getsize(path) for path, _ in counts if path != "embedded")
+        say(f"data: {len(files)} files{f' ({notes})' if notes else ''}, {entries[-1][2]:,} documents, "
+            f"{used / 1e6:.1f} MB; eval: {held}")
         entries = [(path, first) for path, first, _ in entries]
         tok = reused
         if tok is None:
@@ -247,14 +299,17 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
             json.dump(dataset, f, indent=2)
         with open(os.path.join(directory, "DONE"), "w") as f:
             json.dump({"format": FORMAT, "key": key, "inputs": inputs, "files": len(files), "settings":
-                       {k: v for k, v in settings.items() if k != "tokenizer"}, "totals": totals}, f, indent=1)
+                       {k: v for k, v in settings.items() if k != "tokenizer"}, "totals": totals,
+                       "skipped": skipped}, f, indent=1)
         parts = [f"{split} {t['tokens']:,} tokens ({t['documents']:,} document{'s' * (t['documents'] != 1)})"
                  for split, t in totals.items()]
+        skipped_note = f", {len(skipped)} bad file{'s' * (len(skipped) != 1)} skipped" if skipped else ""
         say(f"data: {', '.join(parts)}, {totals['train']['bytes'] / max(totals['train']['tokens'], 1):.2f} "
-            "bytes/token")
+            f"bytes/token{skipped_note}")
 
-    build_once(target, build, f"data: first use: preparing {_shown(target)} (later runs with the same files "
-                              "reuse it)", done=finished)
+    if not build_once(target, build, f"data: first use: preparing {_shown(target)} (later runs with the same "
+                                     "files reuse it)", done=finished):
+        check_skipped(target, skip_bad_files, say)  # another process built it while this one waited
     return target
 
 
@@ -325,11 +380,12 @@ def _shown(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
-def config_for_data(cfg, inputs: list[str]):
+def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
     """``cfg`` training on ``inputs`` (train.py --data): a folder this module wrote (or its dataset.json), or text
     files, prepared here once (cached by content) with a tokenizer of ``n_vocab`` tokens (or the config's
     ``tokenizer_path``) and a 5% eval split. The run directory becomes ``runs/<data folder name>``; with no eval
-    split, ``eval_steps`` becomes 0. A task that plain text cannot feed is refused before anything is prepared."""
+    split, ``eval_steps`` becomes 0. A task that plain text cannot feed is refused before anything is prepared.
+    ``skip_bad_files`` (--skip-bad-files) leaves out text files that cannot be read or decoded, as make_dataset."""
 
     dataset_file = given_dataset_file(inputs)
     check_is_dataset_config(dataset_file)
@@ -340,7 +396,7 @@ def config_for_data(cfg, inputs: list[str]):
         check_reused_tokenizer(cfg)
         folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx,
                               special_tokens=objective_tokens(cfg), input_flag="--data", vocab_flag="n_vocab",
-                              tokenizer_flag="tokenizer_path")
+                              tokenizer_flag="tokenizer_path", skip_bad_files=skip_bad_files)
         dataset_file = os.path.join(folder, "dataset.json")
     with open(dataset_file) as f:
         dataset = json.load(f)
@@ -479,13 +535,17 @@ def main(argv=None) -> int:
                    "CPU)")
     p.add_argument("--config", metavar="FILE", help="prepare for this config (a path, or a shipped config by "
                    "name): its objective's special tokens ([MASK], T5's sentinels) go into the BPE")
+    p.add_argument("--skip-bad-files", action="store_true", help="leave out input files that cannot be read or "
+                   "decoded (not UTF-8, binary, corrupt or truncated .zst, bad JSON), each named in a warning line, "
+                   "instead of stopping")
     args = p.parse_args(argv)
     try:
         cfg = config_to_prepare_for(args.config, args.tokenizer) if args.config else None
         vocab_size = (cfg.n_vocab if cfg else 8192) if args.vocab_size is None else args.vocab_size
         n_ctx = (cfg.n_ctx if cfg else 2048) if args.n_ctx is None else args.n_ctx
         folder = make_dataset(args.input, args.output_dir, vocab_size, args.tokenizer, args.eval_fraction, n_ctx,
-                              args.min_frequency, args.workers, special_tokens=objective_tokens(cfg) if cfg else ())
+                              args.min_frequency, args.workers, special_tokens=objective_tokens(cfg) if cfg else (),
+                              skip_bad_files=args.skip_bad_files)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -45,12 +45,24 @@ def expand_inputs(patterns: list[str], flag: str = "--input") -> list[str]:
 
 
 class BadFile(ConfigError):
-    """An input file that cannot be decoded (invalid UTF-8, binary, corrupt or truncated zstd, bad JSON line); the
-    message names the file and where. The tools stop on it, or skip the file with ``--skip-bad-files``."""
+    """An input file that cannot be read or decoded (no permission, invalid UTF-8, binary, corrupt or truncated
+    zstd, bad JSON line); the message names the file and where. The tools stop on it, or skip the file with
+    ``--skip-bad-files``."""
 
 
 def read_documents(path: str) -> Iterator[str]:
-    """The documents of one input file, in file order; ``BadFile`` if it cannot be decoded."""
+    """The documents of one input file, in file order; ``BadFile`` if it cannot be read or decoded. A text of
+    only whitespace (an empty .txt file, a ``"text": ""`` line) is no document: it would train on end-of-text
+    tokens alone, and count as a document that is not there."""
+    try:
+        for text in _documents(path):
+            if text.strip():
+                yield text
+    except OSError as e:  # no permission, an I/O error: a file that cannot be read is a bad file too
+        raise BadFile(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def _documents(path: str) -> Iterator[str]:
     if path == "embedded":
         from data import corpus
         for _, text in corpus.documents():

@@ -65,10 +65,10 @@ def main(argv=None) -> int:
                     bad.append(str(e))  # the documents read before the bad spot were used
 
         tok = train_bpe(texts(), args.vocab_size, args.min_frequency)
-        if not counts["documents"]:
-            raise ConfigError(f"--input: no document read from {len(files)} file(s)" +
-                              (f" ({len(bad)} bad; the first: {bad[0]})" if bad else ""))
-        if not counts["bytes"]:  # empty files or texts: refused as make_dataset.py refuses them
+        if not counts["documents"] and bad:
+            raise ConfigError(f"--input: no document read from {len(files)} file(s) ({len(bad)} bad; the first: "
+                              f"{bad[0]})")
+        if not counts["documents"]:  # empty files or texts (no document): refused as make_dataset.py refuses them
             given = f"--base_dir {args.base_dir}" if args.base_dir else f"--input {' '.join(inputs)}"
             raise ConfigError(f"{given}: no text to train on")
         os.makedirs(args.output_dir, exist_ok=True)

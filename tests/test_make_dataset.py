@@ -406,3 +406,99 @@ def test_make_dataset_for_a_config_trains_its_objectives_tokens(tmp_path, work_r
     assert capsys.readouterr().err.startswith(f"error: --tokenizer: '{tmp_path / 'nope'}' does not exist")
     assert main(["--input", texts, "--config", "bert_mlm", "--tokenizer", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.startswith(f"error: --tokenizer: '{tmp_path / 'nope'}' does not exist")
+
+
+def bad_folder(tmp_path):
+    """25 good documents, a file that is not UTF-8, an empty file and one of whitespace only."""
+    texts = write_texts(tmp_path / "texts", 25)
+    (texts / "bad.txt").write_bytes("café".encode("latin-1"))
+    (texts / "empty.txt").write_text("")
+    (texts / "blank.txt").write_text("  \n\n")
+    return texts
+
+
+def test_a_bad_file_stops_make_dataset_naming_it_or_is_skipped_with_a_warning(tmp_path, work_root, capsys):
+    """One file that is not UTF-8 stopped the whole folder, and the error did not say how to go on without it.
+    Empty and whitespace-only .txt files counted (and were written) as documents."""
+    from data.make_dataset import main
+
+    texts, out = bad_folder(tmp_path), tmp_path / "out"
+    base = ["--input", str(texts), "--vocab-size", "300", "--n-ctx", "32", "--workers", "1", "--output-dir", str(out)]
+    error = f"error: {texts / 'bad.txt'}: not UTF-8 text (byte offset 3: 0xe9); --skip-bad-files skips such files\n"
+    warning = f"data: warning: {texts / 'bad.txt'}: not UTF-8 text (byte offset 3: 0xe9); skipped (--skip-bad-files)"
+    assert main(base) == 2
+    assert capsys.readouterr().err == error and not out.exists()
+
+    assert main(base + ["--skip-bad-files"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if "warning" in line or "bad.txt" in line] == [warning]
+    assert "data: 28 files (1 bad, skipped; 2 with no text), 25 documents, " in "\n".join(lines)
+    assert any(line.startswith("data: train ") and line.endswith(", 1 bad file skipped") for line in lines)
+    with open(out / "DONE") as f:
+        done = json.load(f)
+    assert done["totals"]["train"]["documents"] + done["totals"]["eval"]["documents"] == 25  # none empty
+    assert done["skipped"] == [{"file": str(texts / "bad.txt"),
+                                "error": f"{texts / 'bad.txt'}: not UTF-8 text (byte offset 3: 0xe9)"}]
+    eos = json.loads((out / "dataset.json").read_text())["eos_id"]
+    assert sum(t == eos for r in records(str(out / "*.tfrecords")) for t in r) == 25  # one per document written
+
+    # Found again: without the flag the bad file is the same error, with it the same warning.
+    assert main(base) == 2 and capsys.readouterr().err == error
+    assert main(base + ["--skip-bad-files"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [warning, f"data: reusing {out} (prepared from the same files and settings; 1 bad file "
+                                  "skipped)"]
+
+
+def test_every_file_bad_is_an_error_with_skip_bad_files(tmp_path, work_root, capsys):
+    from data.make_dataset import main
+
+    texts = bad_folder(tmp_path)
+    assert main(["--input", str(texts / "bad.txt"), "--skip-bad-files", "--output-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"error: --input {texts / 'bad.txt'}: every file is bad (1 skipped); the "
+                                       f"first: {texts / 'bad.txt'}: not UTF-8 text (byte offset 3: 0xe9)\n")
+    assert main(["--input", str(texts / "bad.txt"), str(texts / "blank.txt"), "--skip-bad-files"]) == 2
+    assert capsys.readouterr().err.endswith(": no text to train on (1 bad file skipped)\n")
+    assert not os.path.exists(tmp_path / "o") and os.listdir(work_root / "data_cache") == []
+
+
+def test_an_unreadable_file_is_a_bad_file(tmp_path, work_root, capsys, monkeypatch):
+    """A file without read permission (patched: the tests may run as root) was a bare OSError, never skippable."""
+    import builtins
+
+    from data.make_dataset import main
+
+    texts = write_texts(tmp_path / "texts", 25)
+    locked, real_open = str(texts / "003.txt"), builtins.open
+
+    def no_permission(file, *args, **kwargs):
+        if file == locked:
+            raise PermissionError(13, "Permission denied", file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_permission)
+    base = ["--input", str(texts), "--vocab-size", "300", "--n-ctx", "32", "--workers", "1"]
+    assert main(base) == 2
+    assert capsys.readouterr().err == (f"error: {locked}: cannot be read (Permission denied); --skip-bad-files "
+                                       "skips such files\n")
+    assert main(base + ["--skip-bad-files"]) == 0
+    out = capsys.readouterr().out
+    assert f"data: warning: {locked}: cannot be read (Permission denied); skipped" in out
+    assert "data: 25 files (1 bad, skipped), 24 documents" in out
+
+
+def test_train_data_takes_skip_bad_files(tmp_path, work_root, capsys):
+    """train.py --data prepares through make_dataset: the same error naming the flag, and the same flag."""
+    import train
+
+    texts = bad_folder(tmp_path)
+    sets = ["--set", "n_vocab=300", "--set", "n_ctx=32", "--set", "train_batch_size=4", "--set", "eval_batch_size=4"]
+    assert train.main(["--data", str(texts), "--check-dataset"] + sets) == 2
+    assert capsys.readouterr().err == (f"error: {texts / 'bad.txt'}: not UTF-8 text (byte offset 3: 0xe9); "
+                                       "--skip-bad-files skips such files\n")
+    assert train.main(["--data", str(texts), "--skip-bad-files", "--check-dataset"] + sets) == 0
+    out = capsys.readouterr().out
+    assert f"data: warning: {texts / 'bad.txt'}: not UTF-8 text" in out and "(1 bad, skipped; 2 with no text)" in out
+    with pytest.raises(SystemExit):
+        train.parse_args(["--config", "quickstart", "--skip-bad-files"])
+    assert ": --skip-bad-files: only with --data (" in capsys.readouterr().err

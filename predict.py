@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "
-                         "line is a line break)")
+                         "line is a line break; empty lines are skipped)")
     prompts.add_argument("--prompt-from-file", action="append", metavar="FILE",
                          help="a file whose whole text is one prompt (GPT-Neo's --prompt FILE; repeatable)")
     p.add_argument("--output", metavar="FILE", help="also write the generations to FILE")
@@ -234,7 +234,9 @@ def read_prompts(args) -> list[str]:
         if empty:
             raise ConfigError(f"{empty[0]}: the prompt file is empty")
         return texts
-    prompts = [line.rstrip("\n").replace("\\n", "\n") for line in texts[0].splitlines() if line.strip()]
+    # Empty lines separate prompts; a line of spaces is a prompt, as --prompt '    ' is (indentation is text to a code
+    # model, and a prompt's trailing spaces are kept too).
+    prompts = [line.replace("\\n", "\n") for line in texts[0].splitlines() if line]
     if not prompts:
         raise ConfigError(f"{args.prompt_file}: no prompts in it")
     return prompts

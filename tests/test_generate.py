@@ -441,6 +441,17 @@ def test_prompt_files_saved_with_a_byte_order_mark_lose_it(tmp_path):
     import predict
 
     path = tmp_path / "prompts.txt"
-    path.write_bytes(b"\xef\xbb\xbfdef f\r\n   \r\nclass A\r\n")
+    path.write_bytes(b"\xef\xbb\xbfdef f\r\n\r\nclass A\r\n")
     assert predict.read_prompts(predict.parse_args(["--prompt-file", str(path)])) == ["def f", "class A"]
-    assert predict.read_prompts(predict.parse_args(["--prompt-from-file", str(path)])) == ["def f\n   \nclass A\n"]
+    assert predict.read_prompts(predict.parse_args(["--prompt-from-file", str(path)])) == ["def f\n\nclass A\n"]
+
+
+def test_a_prompt_file_line_of_spaces_is_a_prompt_as_the_same_prompt_flag_is(tmp_path):
+    """--prompt '    ' was a prompt, the same line in --prompt-file was dropped: whitespace is text (indentation to a
+    code model, as a prompt's trailing space is); only empty lines separate prompts."""
+    import predict
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("def f \n\n    \n\t\nclass A\n\n")
+    assert predict.read_prompts(predict.parse_args(["--prompt-file", str(path)])) == ["def f ", "    ", "\t", "class A"]
+    assert predict.read_prompts(predict.parse_args(["--prompt", "    "])) == ["    "]

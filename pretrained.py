@@ -182,8 +182,10 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
         kind = "run" if os.path.isdir(os.path.join(path, "checkpoints")) else "hf" if os.path.exists(
             os.path.join(path, "config.json")) else None
     if kind == "run":
+        from neomesh.paths import run_tokenizer_dir
+
+        tokenizer_dir = run_tokenizer_dir(path)  # before the checkpoint is read
         cfg, graphdef, params = load_run(path, layout, overrides)
-        tokenizer_dir = os.path.join(path, "tokenizer")
         if not cfg.reads_text:
             tokenizer = None
         else:

@@ -424,9 +424,11 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from training.peft.trainable import check_trainable
     from training.progress import Progress, wants_bar
     from neomesh import label_names
+    from neomesh.paths import run_tokenizer_dir
 
     lead = jax.process_index() == 0
     say = tqdm.write if lead else (lambda *a, **k: None)
+    tokenizer_dir = run_tokenizer_dir(cfg.model_path)  # found here, not once the model is built
     for note in notes:
         say(f"note: {note}")
     tx, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
@@ -526,7 +528,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                                                            else "")
                     + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
         if lead and train_data is not None and hasattr(train_data.tokenizer, "save"):  # kept for predict.py, export
-            save_tokenizer(train_data.tokenizer, os.path.join(cfg.model_path, "tokenizer", "tokenizer.json"))
+            save_tokenizer(train_data.tokenizer, os.path.join(tokenizer_dir, "tokenizer.json"))
         names = getattr(train_data, "label_names", None)
         if lead and label_names.named(names):  # export writes them as the Hugging Face config's id2label
             label_names.save(cfg.model_path, names)

@@ -149,6 +149,7 @@ def convert(checkpoint: str, model_path: str, config_path: str | None = None, to
 
     from data.tokenizer import load_tokenizer
     from models import registry
+    from neomesh.paths import run_tokenizer_dir
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
     from parallel.state import create_train_state
@@ -158,6 +159,7 @@ def convert(checkpoint: str, model_path: str, config_path: str | None = None, to
     existing = os.path.join(model_path, "checkpoints")
     if os.path.isdir(existing) and os.listdir(existing):  # as convert import: never beside another run's steps
         raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")
+    tokenizer_dir = run_tokenizer_dir(model_path)
     prefix = checkpoint_prefix(checkpoint)
     config_path = config_path or os.path.join(checkpoint if os.path.isdir(checkpoint) else
                                               os.path.dirname(checkpoint), "config.json")
@@ -184,8 +186,8 @@ def convert(checkpoint: str, model_path: str, config_path: str | None = None, to
     checkpoints.save(step, state, cfg.to_dict())
     checkpoints.close()
     if tok is not None:
-        os.makedirs(os.path.join(model_path, "tokenizer"), exist_ok=True)
-        tok.save(os.path.join(model_path, "tokenizer", "tokenizer.json"))
+        os.makedirs(tokenizer_dir, exist_ok=True)
+        tok.save(os.path.join(tokenizer_dir, "tokenizer.json"))
     with open(os.path.join(model_path, "config.json"), "w") as f:
         json.dump({k: v for k, v in cfg.to_dict().items() if v is not None}, f, indent=2)
     return cfg, step

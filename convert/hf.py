@@ -17,6 +17,7 @@ from config import Config, ConfigError
 from convert import bert, gpt_neo, t5, vit
 from convert.hf_dir import TOKENIZER_FILES, load_tokenizer, read_hf_dir, write_hf_dir
 from neomesh import label_names
+from neomesh.paths import run_tokenizer_dir
 
 MAPPINGS = {model_type: module for module in (gpt_neo, bert, t5, vit) for model_type in module.MODEL_TYPES}
 
@@ -123,6 +124,7 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     existing = os.path.join(model_path, "checkpoints")
     if os.path.isdir(existing) and any(name.isdigit() for name in os.listdir(existing)):  # a save in flight: none
         raise ConfigError(f"{model_path}: already holds a run's checkpoints; import into a new directory")
+    run_tokenizer_dir(model_path)
     layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
     _, state, _ = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), layout,
                                      cfg.seed, params=params)
@@ -131,7 +133,7 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     try:
         os.makedirs(model_path, exist_ok=True)
         if tokenizer:
-            copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
+            copy_tokenizer(hf_dir, run_tokenizer_dir(model_path))
         names = label_names.from_hf(read_json(os.path.join(hf_dir, "config.json")))
         if names and len(names) == cfg.num_labels:  # kept for the run's export
             label_names.save(model_path, names)
@@ -224,6 +226,7 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
     if not os.path.isdir(model_path):
         raise ConfigError(f"export: {model_path}: no such directory (a NeoMesh run directory)")
     check_export_dir(hf_dir)
+    tokenizer_dir = run_tokenizer_dir(model_path)  # before the checkpoint is read
     cfg, graphdef, params = load_run(model_path)
     check_export_sources(cfg, model_path, hf_dir)
     parts = [part for part in ("prefix", "adapter") if part in (cfg.peft_settings or {})]
@@ -236,7 +239,7 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
         from training.peft.weights import merged_params
 
         params, cfg = merged_params(graphdef, params), cfg.replace(peft=None)
-    tokenizer_dir = os.path.join(model_path, "tokenizer")  # not read for a ViT (an older import left it empty)
+    # A ViT's tokenizer/ is not read (an older import left it empty).
     export_params(cfg, params, hf_dir, tokenizer_dir if cfg.reads_text and os.path.isdir(tokenizer_dir) else None,
                   label_names.load(model_path, cfg.num_labels))
     return cfg

@@ -47,3 +47,16 @@ def remove_stale_staging(target: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
         except OSError:  # alive, another user's
             pass
+
+
+def run_tokenizer_dir(model_path: str) -> str:
+    """``MODEL_PATH/tokenizer``, the folder where a run keeps its tokenizer (train.py and the imports write it,
+    predict.py, eval.py and export read it). A file of that name is a one-line error saying what to do: making
+    the folder failed with a bare "File exists", and reading fell back to the config's tokenizer without a word."""
+    from config import ConfigError
+
+    path = os.path.join(model_path, "tokenizer")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{path}: a file, not a folder: a run keeps its tokenizer in a folder of that name "
+                          f"({path}/tokenizer.json); move the file away (a tokenizer.json goes inside that folder)")
+    return path

@@ -40,6 +40,8 @@ def files(tmp_path_factory):
     (d / "bad_line.jsonl").write_text('{"text": "ok"}\nnot json\n')
     (d / "empty_run").mkdir()
     (d / "a_run" / "checkpoints").mkdir(parents=True)
+    (d / "tokenizer_file_run" / "checkpoints").mkdir(parents=True)
+    (d / "tokenizer_file_run" / "tokenizer").write_text("{}")  # a tokenizer.json copied to the folder's name
     for name, config, weights in [
             ("hf_no_config", None, None), ("hf_bad_json", "{not json", None), ("hf_no_weights", NEO, None),
             ("hf_garbage_weights", NEO, b"\x00garbage" * 10), ("hf_nan_weights", NEO, "nan"),
@@ -110,6 +112,8 @@ CASES = [
     ("train", T("--model-path", "{d}/fresh_init2", "--init-from", "{d}/hf_bad_json"),
      "{d}/hf_bad_json/config.json: invalid JSON"),
     ("train", T("--model-path", "{d}/locked_run"), "{d}/locked_run/run.lock: another run is using"),
+    ("train", T("--model-path", "{d}/tokenizer_file_run"),  # "File exists", once the model was built
+     "{d}/tokenizer_file_run/tokenizer: a file, not a folder: a run keeps its tokenizer in a folder of that name"),
     # train.py: multi-host options, checked where jax.distributed raised (or ran one process alone)
     ("train", T("--num-processes", "2", "--process-id", "1"), "--num-processes: only with --coordinator HOST:PORT"),
     ("train", T("--coordinator", "localhost", "--num-processes", "1", "--process-id", "0"),
@@ -138,6 +142,8 @@ CASES = [
     ("predict", ["--model-path", "{d}/never_trained", "--prompt", "x"],
      "model_path: {d}/never_trained: no such run directory (nothing trained there yet)"),
     ("predict", ["--model-path", "{d}/empty.txt", "--prompt", "x"], "model_path: {d}/empty.txt is a file"),
+    ("predict", ["--model-path", "{d}/tokenizer_file_run", "--prompt", "x"],  # read with the config's tokenizer
+     "{d}/tokenizer_file_run/tokenizer: a file, not a folder"),
     ("predict", ["--model-path", "{d}/hf_no_weights", "--prompt", "x"],
      "model_path: {d}/hf_no_weights is a Hugging Face model directory (config.json, no checkpoints/): predict.py and "
      "eval.py read it with --hf-model"),
@@ -165,6 +171,8 @@ CASES = [
     ("convert", ["export", "{d}/empty_run", "{d}/exported"], "no checkpoint in {d}/empty_run/checkpoints"),
     ("convert", ["export", "{d}/missing_run", "{d}/exported"], "{d}/missing_run: no such directory"),
     ("convert", ["export", "{d}/empty_run", "{d}"], "export: {d} is not empty and not a previous export"),
+    ("convert", ["export", "{d}/tokenizer_file_run", "{d}/exported"],  # exported without a tokenizer
+     "{d}/tokenizer_file_run/tokenizer: a file, not a folder"),
     # the data tools
     ("tokenizer", ["--input", "{d}/nothing_*.txt", "--output-dir", "{d}/tok", "--vocab-size", "300"],
      "--input {d}/nothing_*.txt: matches no"),

@@ -161,7 +161,7 @@ def _job(args) -> dict:
     """One input file's TFRecords, under temporary names; a file that cannot be decoded leaves nothing and, with
     ``skip_bad``, is reported instead."""
     in_path, out_stem, tokenizer_path, mode, chunk_size, options, skip_bad = args
-    from data.text_files import BadFile, read_documents
+    from data.text_files import SKIP_HINT, BadFile, read_documents
     from data.tokenizer import load_tokenizer
     try:
         return {"written": write_files(read_documents(in_path), load_tokenizer(tokenizer_path), out_stem, mode,
@@ -169,7 +169,7 @@ def _job(args) -> dict:
     except BadFile as e:
         if skip_bad:
             return {"skipped": in_path, "error": str(e)}
-        raise
+        raise BadFile(f"{e}; {SKIP_HINT}") from None
 
 
 def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mode: str, chunk_size: int,

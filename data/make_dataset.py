@@ -87,16 +87,13 @@ def documents(entries: list[tuple[str, int]], split: str, by_document: bool, fra
                 yield part
 
 
-SKIP_HINT = "--skip-bad-files skips such files"
-
-
 def count_documents(files: list[str], skip_bad_files: bool, say: Callable[[str], None]) -> tuple[
         list[tuple[str, int]], list[dict]]:
     """``([(file, its documents), ...], [{"file", "error"} of each bad file skipped])``: every file is read through
     once, before any work, so a bad one (unreadable, not UTF-8, binary, corrupt .zst) stops the command at once,
     naming it, or with ``skip_bad_files`` is left out with a warning line; and the documents are counted as they
     will be read (an empty .txt file holds none)."""
-    from data.text_files import BadFile, read_documents
+    from data.text_files import SKIP_HINT, BadFile, read_documents
 
     counts, skipped = [], []
     for path in files:
@@ -113,7 +110,7 @@ def count_documents(files: list[str], skip_bad_files: bool, say: Callable[[str],
 def check_skipped(folder: str, skip_bad_files: bool, say: Callable[[str], None]) -> str:
     """Before reusing ``folder``: the bad files its build skipped are an error again without ``skip_bad_files``
     (as they would be for a fresh build), else each is a warning line again; returns a note saying how many."""
-    from data.text_files import BadFile
+    from data.text_files import SKIP_HINT, BadFile
 
     skipped = manifest(folder).get("skipped") or []
     if skipped and not skip_bad_files:

@@ -44,6 +44,9 @@ def expand_inputs(patterns: list[str], flag: str = "--input") -> list[str]:
     return files
 
 
+SKIP_HINT = "--skip-bad-files skips such files"  # what a bad file's error adds where the command has the flag
+
+
 class BadFile(ConfigError):
     """An input file that cannot be read or decoded (no permission, invalid UTF-8, binary, corrupt or truncated
     zstd, bad JSON line); the message names the file and where. The tools stop on it, or skip the file with

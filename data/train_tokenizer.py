@@ -34,7 +34,7 @@ def main(argv=None) -> int:
                    "decoded (invalid UTF-8, binary, corrupt or truncated .zst) and count it, instead of stopping")
     args = p.parse_args(argv)
     from config import ConfigError
-    from data.text_files import BadFile, expand_inputs, read_documents
+    from data.text_files import SKIP_HINT, BadFile, expand_inputs, read_documents
     from data.tokenizer import short_of, train_bpe
 
     try:
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
                         yield text
                 except BadFile as e:
                     if not args.skip_bad_files:
-                        raise
+                        raise BadFile(f"{e}; {SKIP_HINT}") from None
                     bad.append(str(e))  # the documents read before the bad spot were used
 
         tok = train_bpe(texts(), args.vocab_size, args.min_frequency)

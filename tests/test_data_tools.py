@@ -71,7 +71,7 @@ def test_create_tfrecords_names_a_bad_file_in_one_line_and_leaves_nothing(inputs
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(f"error: {inputs / name}: "), err
-    assert re.search(BAD[name][1], err), err
+    assert re.search(BAD[name][1], err) and err.endswith("; --skip-bad-files skips such files\n"), err
     assert outputs(out) == []  # neither the good file's records, nor a partial file, nor an index
 
 
@@ -112,6 +112,7 @@ def test_train_tokenizer_names_or_skips_bad_files(inputs, tmp_path, capsys):
     assert train_tokenizer.main(["--input", str(inputs / "good.jsonl.zst"), str(truncated)] + base) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {truncated}: truncated zstd data"), err
+    assert err.endswith("; --skip-bad-files skips such files\n"), err
     assert outputs(out) == []
     assert train_tokenizer.main(["--input", str(inputs)] + base + ["--skip-bad-files"]) == 0
     stdout = capsys.readouterr().out

@@ -76,7 +76,7 @@ def documents(entries: list[tuple[str, int]], split: str, by_document: bool, fra
     from data.text_files import read_documents
 
     for path, first in entries:
-        for j, text in enumerate(read_documents(path)):
+        for j, text in enumerate(read_documents(path, keep_blank=False)):
             if fraction <= 0:
                 part = text if split == "train" else ""
             elif by_document:
@@ -98,7 +98,7 @@ def count_documents(files: list[str], skip_bad_files: bool, say: Callable[[str],
     counts, skipped = [], []
     for path in files:
         try:
-            counts.append((path, sum(1 for _ in read_documents(path))))
+            counts.append((path, sum(1 for _ in read_documents(path, keep_blank=False))))
         except BadFile as e:
             if not skip_bad_files:
                 raise BadFile(f"{e}; {SKIP_HINT}") from None

@@ -53,13 +53,14 @@ class BadFile(ConfigError):
     ``--skip-bad-files``."""
 
 
-def read_documents(path: str) -> Iterator[str]:
-    """The documents of one input file, in file order; ``BadFile`` if it cannot be read or decoded. A text of
-    only whitespace (an empty .txt file, a ``"text": ""`` line) is no document: it would train on end-of-text
-    tokens alone, and count as a document that is not there."""
+def read_documents(path: str, keep_blank: bool = True) -> Iterator[str]:
+    """The documents of one input file, in file order; ``BadFile`` if it cannot be read or decoded. Without
+    ``keep_blank`` a text of only whitespace (an empty .txt file, a ``"text": ""`` line) is no document: to train
+    on your text (make_dataset, train_tokenizer) it would be end-of-text tokens alone, counted as a document that is
+    not there; create_tfrecords keeps it, as GPT-Neo's did (a record of the separator alone)."""
     try:
         for text in _documents(path):
-            if text.strip():
+            if keep_blank or text.strip():
                 yield text
     except OSError as e:  # no permission, an I/O error: a file that cannot be read is a bad file too
         raise BadFile(f"{path}: cannot be read ({e.strerror or e})") from None

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         def texts():
             for path in files:
                 try:
-                    for text in read_documents(path):
+                    for text in read_documents(path, keep_blank=False):
                         counts["documents"] += 1
                         counts["bytes"] += len(text.encode("utf-8"))
                         yield text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import jax
 import numpy as np
@@ -173,6 +174,10 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
             # transformers pools each row's last token that is not pad_token_id; padding with end-of-text, which
             # also ends each NeoMesh row, it would pool the token before it: left out, it pools the last (batch 1)
             hf_config["pad_token_id"] = tokenizer.padding_id
+        note = bert.pad_as_tokenizer(cfg, hf_config, tensors, tokenizer, tokenizer_dir) \
+            if cfg.model == "roberta" else None
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
     write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir)
 
 

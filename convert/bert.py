@@ -105,7 +105,9 @@ def config_to_hf(cfg: Config) -> dict:
                    "num_mem_kv": cfg.num_mem_kv, "norm": cfg.norm_kind != "layernorm",
                    "norm_position": cfg.norm_position != "post", "causal": cfg.causal, "rezero": cfg.rezero,
                    "attention_scale": cfg.attention_scale != "inverse_sqrt_head_dim", "qkv_bias": not cfg.qkv_bias,
-                   "dense_bias": not cfg.dense_bias, "macaron": cfg.macaron}
+                   "dense_bias": not cfg.dense_bias, "macaron": cfg.macaron,
+                   # BERT counts positions from 0, RoBERTa from pad_token_id + 1 (its config's only way to say it)
+                   "position_offset": (cfg.position_offset == 0) == (cfg.model == "roberta")}
     for key, value in unsupported.items():
         if value:
             raise ConfigError(f"export: {key}={getattr(cfg, key)!r} has no {cfg.model} equivalent in transformers")

@@ -189,6 +189,17 @@ def test_roberta_config_without_a_pad_token_id_is_one_line():
         bert.config_from_hf({**hf, "pad_token_id": None}, "x/config.json")
 
 
+@pytest.mark.parametrize("kind, offset", [("bert", 2), ("roberta", 0)])
+def test_a_position_offset_transformers_cannot_hold_is_refused(kind, offset):
+    """BERT counts positions from 0 and RoBERTa from pad_token_id + 1: a bert with position_offset 2 was written
+    with positions from row 0 (other logits), a roberta with 0 with pad_token_id -1 (an index error on padding)."""
+    from config import from_dict
+    from convert import bert
+
+    with pytest.raises(ConfigError, match=f"^export: position_offset={offset} has no {kind} equivalent in "):
+        bert.config_to_hf(from_dict(dict(model=kind, position_offset=offset))[0])
+
+
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
 def test_an_untied_masked_lm_decoder_loads_and_exports_as_its_own(kind, tmp_path):
     """tie_word_embeddings false: the decoder is not the word embeddings. It loaded tied without a word (logits

@@ -229,14 +229,17 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
     if not os.path.isdir(model_path):
         raise ConfigError(f"export: {model_path}: no such directory (a NeoMesh run directory)")
     check_export_dir(hf_dir)
-    cfg, graphdef, params = load_run(model_path)
-    check_export_sources(cfg, model_path, hf_dir)
-    parts = [part for part in ("prefix", "adapter") if part in (cfg.peft_settings or {})]
-    if parts:
-        raise ConfigError(f"export: {model_path} trains {' and '.join(f'peft.{p}' for p in parts)}, which "
-                          f"change{'s' * (len(parts) == 1)} the computation rather than a weight, so no Hugging Face "
-                          "model of its family holds it (only LoRA runs export, merged); "
-                          "training.peft.weights.save_adapter writes its parameters")
+
+    def check(cfg: Config) -> None:  # before the weights are restored (minutes for a big run)
+        check_export_sources(cfg, model_path, hf_dir)
+        parts = [part for part in ("prefix", "adapter") if part in (cfg.peft_settings or {})]
+        if parts:
+            raise ConfigError(f"export: {model_path} trains {' and '.join(f'peft.{p}' for p in parts)}, which "
+                              f"change{'s' * (len(parts) == 1)} the computation rather than a weight, so no Hugging "
+                              "Face model of its family holds it (only LoRA runs export, merged); "
+                              "training.peft.weights.save_adapter writes its parameters")
+
+    cfg, graphdef, params = load_run(model_path, check_config=check)
     if cfg.peft is not None:  # LoRA folded into the base weights, the factors dropped: the base family's layout
         from training.peft.weights import merged_params
 

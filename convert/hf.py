@@ -74,7 +74,11 @@ def hf_config(hf_dir: str) -> Config:
 
 def load_hf(hf_dir: str) -> tuple[Config, dict]:
     """(NeoMesh config, parameter tree of float32 numpy arrays) of a Hugging Face model directory."""
-    hf_config, tensors = read_hf_dir(hf_dir)
+    return model_of(hf_dir, *read_hf_dir(hf_dir))
+
+
+def model_of(hf_dir: str, hf_config: dict, tensors: dict) -> tuple[Config, dict]:
+    """``load_hf`` of what ``read_hf_dir(hf_dir)`` read: its config.json's content and its weights."""
     source = f"{hf_dir}/config.json"
     mapping = _mapping(hf_config.get("model_type"), source)
     cfg = _config_of(hf_config, source)
@@ -102,7 +106,7 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     weights. ``hf_dir`` may be ORG/NAME from the local Hugging Face cache."""
     import jax
 
-    from convert.hf_dir import copy_tokenizer, has_tokenizer, read_json
+    from convert.hf_dir import copy_tokenizer, has_tokenizer
     from models import registry
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
@@ -112,7 +116,8 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     from training.optimizer import make_optimizer
 
     hf_dir = resolve_model(hf_dir, "import")  # a directory, or a name from the local Hugging Face cache
-    cfg, params = load_hf(hf_dir)
+    hf_config, tensors = read_hf_dir(hf_dir)  # config.json read once: the model's keys and its label names
+    cfg, params = model_of(hf_dir, hf_config, tensors)
     cfg = cfg.replace(model_path=model_path)
     tokenizer = has_tokenizer(hf_dir)
     if cfg.reads_text and not tokenizer:
@@ -133,7 +138,7 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
         os.makedirs(model_path, exist_ok=True)
         if tokenizer:
             copy_tokenizer(hf_dir, os.path.join(model_path, "tokenizer"))
-        names = label_names.from_hf(read_json(os.path.join(hf_dir, "config.json")))
+        names = label_names.from_hf(hf_config)
         if names and len(names) == cfg.num_labels:  # kept for the run's export
             label_names.save(model_path, names)
         config_path = os.path.join(model_path, "config.json")

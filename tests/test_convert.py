@@ -128,3 +128,23 @@ def test_an_import_writes_its_checkpoint_last_and_can_be_redone(tmp_path, monkey
     import_hf(source, str(run))
     assert seen == [["checkpoints", "config.json", "tokenizer"]]
     assert sorted(os.listdir(run / "checkpoints")) == ["0"]
+
+
+def test_an_import_reads_config_json_once(tmp_path, monkeypatch):
+    """The model's keys and its label names come from one read: it was read twice (and could change between)."""
+    import builtins
+
+    from convert.hf import import_hf
+
+    source = hf_fixtures.save(hf_fixtures.gpt_neo(), tmp_path / "hf")
+    config_json, reads = os.path.join(source, "config.json"), []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, str) and os.path.abspath(file) == os.path.abspath(config_json):
+            reads.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    import_hf(source, str(tmp_path / "run"))
+    assert len(reads) == 1, reads

@@ -16,7 +16,7 @@ import numpy as np
 
 from config import Config, ConfigError
 from convert import bert, gpt_neo, t5, vit
-from convert.hf_dir import TOKENIZER_FILES, load_tokenizer, read_hf_dir, write_hf_dir
+from convert.hf_dir import TOKENIZER_FILES, load_tokenizer, read_hf_dir, restore_replaced, write_hf_dir
 from neomesh import label_names
 
 MAPPINGS = {model_type: module for module in (gpt_neo, bert, t5, vit) for model_type in module.MODEL_TYPES}
@@ -190,9 +190,13 @@ EXPORT_FILES = frozenset(("config.json", "model.safetensors", *TOKENIZER_FILES))
 
 
 def check_export_dir(hf_dir: str) -> None:
-    """Refuses an export directory that holds anything but a previous export (which export replaces)."""
+    """Refuses an export directory that holds anything but a previous export (which export replaces), and one
+    whose parent is not writable (where it is staged)."""
+    from convert.hf_dir import check_staging_place
+
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise ConfigError(f"export: {hf_dir} is a file, not a directory")
+    check_staging_place(hf_dir)
     names = set(os.listdir(hf_dir)) if os.path.isdir(hf_dir) else set()
     names -= {name + ".tmp" for name in EXPORT_FILES}  # an earlier version's export, killed mid-write: replaced too
     if names and not ({"config.json", "model.safetensors"} <= names and names <= EXPORT_FILES):
@@ -233,6 +237,7 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
 
     if not os.path.isdir(model_path):
         raise ConfigError(f"export: {model_path}: no such directory (a NeoMesh run directory)")
+    restore_replaced(hf_dir)  # the previous export, back in place if an export was killed while replacing it
     check_export_dir(hf_dir)
 
     def check(cfg: Config) -> None:  # before the weights are restored (minutes for a big run)

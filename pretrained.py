@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from typing import Callable
 
 import jax
 
@@ -48,17 +49,19 @@ def layout_for(mesh_shape: str | None = None, layout: str = "batch:x", names: tu
         raise
 
 
-def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> tuple[Config, object, dict]:
+def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = (),
+             check_config: Callable[[Config], None] | None = None) -> tuple[Config, object, dict]:
     """(config, graphdef, parameters) of the latest checkpoint in ``model_path``, on ``layout`` (default: one
     device). The checkpoint may have been written on any mesh. A damaged checkpoint (its checksums differ) or one
-    holding NaN or infinity is a one-line error."""
+    holding NaN or infinity is a one-line error. ``check_config`` sees the checkpoint's config before any weight is
+    read (a refusal that needs no weights costs no restore)."""
     from training.checkpoint import Checkpoints
 
     with Checkpoints(model_path, keep=1, read_only=True) as checkpoints:
         step = checkpoints.latest_step()
         for _ in range(RETRIES):
             try:
-                return _load_step(checkpoints, step, model_path, layout, overrides)
+                return _load_step(checkpoints, step, model_path, layout, overrides, check_config)
             except ConfigError as e:
                 # A run in progress saved a newer checkpoint and its keep_checkpoints rotation deleted this one
                 # while it was read: that is no damage, the newest one is what was asked for.
@@ -72,13 +75,13 @@ def load_run(model_path: str, layout=None, overrides: tuple[str, ...] = ()) -> t
                                       "damaged checkpoint to damaged_checkpoints/ and evaluates the one before, "
                                       "which this command then reads)") from None
                 raise
-        return _load_step(checkpoints, step, model_path, layout, overrides)
+        return _load_step(checkpoints, step, model_path, layout, overrides, check_config)
 
 
 RETRIES = 5  # newer checkpoints tried, one after another, while a running run rotates the ones being read away
 
 
-def _load_step(checkpoints, step: int, model_path: str, layout, overrides: tuple[str, ...]):
+def _load_step(checkpoints, step: int, model_path: str, layout, overrides: tuple[str, ...], check_config=None):
     from parallel.state import per_layer_params, sharded_abstract_params, split_params
     from training.checkpoint import DamagedCheckpoint
     from training.layer_stack import stack_abstract
@@ -89,6 +92,8 @@ def _load_step(checkpoints, step: int, model_path: str, layout, overrides: tuple
     if overrides:
         check_same_shapes(from_dict(saved, source=f"{model_path} checkpoint config")[0], cfg, overrides,
                           f"checkpoint {checkpoints.directory}/{step}")
+    if check_config is not None:
+        check_config(cfg)
     make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
     graphdef, abstract = sharded_abstract_params(make_model, layout or default_layout())
     peft = cfg.peft_settings

@@ -105,7 +105,9 @@ def config_to_hf(cfg: Config) -> dict:
                    "num_mem_kv": cfg.num_mem_kv, "norm": cfg.norm_kind != "layernorm",
                    "norm_position": cfg.norm_position != "post", "causal": cfg.causal, "rezero": cfg.rezero,
                    "attention_scale": cfg.attention_scale != "inverse_sqrt_head_dim", "qkv_bias": not cfg.qkv_bias,
-                   "dense_bias": not cfg.dense_bias, "macaron": cfg.macaron}
+                   "dense_bias": not cfg.dense_bias, "macaron": cfg.macaron,
+                   # BERT counts positions from 0, RoBERTa from pad_token_id + 1 (its config's only way to say it)
+                   "position_offset": (cfg.position_offset == 0) == (cfg.model == "roberta")}
     for key, value in unsupported.items():
         if value:
             raise ConfigError(f"export: {key}={getattr(cfg, key)!r} has no {cfg.model} equivalent in transformers")
@@ -128,6 +130,34 @@ def config_to_hf(cfg: Config) -> dict:
         hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
         hf["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
     return hf
+
+
+def pad_as_tokenizer(cfg: Config, hf: dict, tensors: dict[str, np.ndarray], tokenizer, where: str) -> str | None:
+    """Makes a RoBERTa export (``hf`` and ``tensors``, changed in place) pad as the run's ``tokenizer`` does;
+    returns a note where transformers cannot match NeoMesh on every input.
+
+    transformers' RobertaEmbeddings takes ``pad_token_id`` for padding wherever it appears in the ids and counts
+    the other tokens' positions from ``pad_token_id + 1``; NeoMesh reads padding from ``segment_ids`` and counts
+    from ``position_offset``. So ``pad_token_id`` is the tokenizer's pad token, and the position table is shifted
+    to put NeoMesh's row ``position_offset + i`` at ``pad_token_id + 1 + i`` (its padding row, ``position_offset -
+    1``, at ``pad_token_id``; rows below that are never read: zeros). Where the two agree (RoBERTa's own tokenizer,
+    NeoMesh's BPE: pad 1, offset 2) nothing changes. A tokenizer without a pad token pads with end-of-text, which
+    also ends every row: ``pad_token_id`` stays ``position_offset - 1``, a token transformers then takes for
+    padding wherever it appears."""
+    offset = cfg.position_offset
+    if tokenizer.padding_id == tokenizer.eos_id:
+        return (f"export: the tokenizer {where} has no pad token, so pad_token_id is {offset - 1} (position_offset - "
+                f"1: transformers' RoBERTa counts positions from pad_token_id + 1), its token "
+                f"{tokenizer.decode([offset - 1])!r}, which transformers takes for padding wherever it appears: the "
+                "positions after it differ from NeoMesh's")
+    pad = tokenizer.padding_id
+    name = "roberta.embeddings.position_embeddings.weight"
+    table, shift = tensors[name], pad + 1 - offset  # (n_ctx + offset, D)
+    if shift > 0:
+        table = np.concatenate([np.zeros((shift, table.shape[1]), table.dtype), table])
+    tensors[name] = table[-shift:] if shift < 0 else table  # (n_ctx + pad + 1, D)
+    hf["pad_token_id"], hf["max_position_embeddings"] = pad, cfg.n_ctx + pad + 1
+    return None
 
 
 def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import jax
 import numpy as np
 
 from config import Config, ConfigError
 from convert import bert, gpt_neo, t5, vit
-from convert.hf_dir import TOKENIZER_FILES, load_tokenizer, read_hf_dir, write_hf_dir
+from convert.hf_dir import TOKENIZER_FILES, load_tokenizer, read_hf_dir, restore_replaced, write_hf_dir
 from neomesh import label_names
 from neomesh.paths import run_tokenizer_dir
 
@@ -74,7 +75,11 @@ def hf_config(hf_dir: str) -> Config:
 
 def load_hf(hf_dir: str) -> tuple[Config, dict]:
     """(NeoMesh config, parameter tree of float32 numpy arrays) of a Hugging Face model directory."""
-    hf_config, tensors = read_hf_dir(hf_dir)
+    return model_of(hf_dir, *read_hf_dir(hf_dir))
+
+
+def model_of(hf_dir: str, hf_config: dict, tensors: dict) -> tuple[Config, dict]:
+    """``load_hf`` of what ``read_hf_dir(hf_dir)`` read: its config.json's content and its weights."""
     source = f"{hf_dir}/config.json"
     mapping = _mapping(hf_config.get("model_type"), source)
     cfg = _config_of(hf_config, source)
@@ -102,7 +107,7 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     weights. ``hf_dir`` may be ORG/NAME from the local Hugging Face cache."""
     import jax
 
-    from convert.hf_dir import copy_tokenizer, has_tokenizer, read_json
+    from convert.hf_dir import copy_tokenizer, has_tokenizer
     from models import registry
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
@@ -112,7 +117,8 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     from training.optimizer import make_optimizer
 
     hf_dir = resolve_model(hf_dir, "import")  # a directory, or a name from the local Hugging Face cache
-    cfg, params = load_hf(hf_dir)
+    hf_config, tensors = read_hf_dir(hf_dir)  # config.json read once: the model's keys and its label names
+    cfg, params = model_of(hf_dir, hf_config, tensors)
     cfg = cfg.replace(model_path=model_path)
     tokenizer = has_tokenizer(hf_dir)
     if cfg.reads_text and not tokenizer:
@@ -134,7 +140,7 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
         os.makedirs(model_path, exist_ok=True)
         if tokenizer:
             copy_tokenizer(hf_dir, run_tokenizer_dir(model_path))
-        names = label_names.from_hf(read_json(os.path.join(hf_dir, "config.json")))
+        names = label_names.from_hf(hf_config)
         if names and len(names) == cfg.num_labels:  # kept for the run's export
             label_names.save(model_path, names)
         config_path = os.path.join(model_path, "config.json")
@@ -175,6 +181,10 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
             # transformers pools each row's last token that is not pad_token_id; padding with end-of-text, which
             # also ends each NeoMesh row, it would pool the token before it: left out, it pools the last (batch 1)
             hf_config["pad_token_id"] = tokenizer.padding_id
+        note = bert.pad_as_tokenizer(cfg, hf_config, tensors, tokenizer, tokenizer_dir) \
+            if cfg.model == "roberta" else None
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
     write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir)
 
 
@@ -182,9 +192,13 @@ EXPORT_FILES = frozenset(("config.json", "model.safetensors", *TOKENIZER_FILES))
 
 
 def check_export_dir(hf_dir: str) -> None:
-    """Refuses an export directory that holds anything but a previous export (which export replaces)."""
+    """Refuses an export directory that holds anything but a previous export (which export replaces), and one
+    whose parent is not writable (where it is staged)."""
+    from convert.hf_dir import check_staging_place
+
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise ConfigError(f"export: {hf_dir} is a file, not a directory")
+    check_staging_place(hf_dir)
     names = set(os.listdir(hf_dir)) if os.path.isdir(hf_dir) else set()
     names -= {name + ".tmp" for name in EXPORT_FILES}  # an earlier version's export, killed mid-write: replaced too
     if names and not ({"config.json", "model.safetensors"} <= names and names <= EXPORT_FILES):
@@ -225,16 +239,20 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
 
     if not os.path.isdir(model_path):
         raise ConfigError(f"export: {model_path}: no such directory (a NeoMesh run directory)")
+    restore_replaced(hf_dir)  # the previous export, back in place if an export was killed while replacing it
     check_export_dir(hf_dir)
+
+    def check(cfg: Config) -> None:  # before the weights are restored (minutes for a big run)
+        check_export_sources(cfg, model_path, hf_dir)
+        parts = [part for part in ("prefix", "adapter") if part in (cfg.peft_settings or {})]
+        if parts:
+            raise ConfigError(f"export: {model_path} trains {' and '.join(f'peft.{p}' for p in parts)}, which "
+                              f"change{'s' * (len(parts) == 1)} the computation rather than a weight, so no Hugging "
+                              "Face model of its family holds it (only LoRA runs export, merged); "
+                              "training.peft.weights.save_adapter writes its parameters")
+
     tokenizer_dir = run_tokenizer_dir(model_path)  # before the checkpoint is read
-    cfg, graphdef, params = load_run(model_path)
-    check_export_sources(cfg, model_path, hf_dir)
-    parts = [part for part in ("prefix", "adapter") if part in (cfg.peft_settings or {})]
-    if parts:
-        raise ConfigError(f"export: {model_path} trains {' and '.join(f'peft.{p}' for p in parts)}, which "
-                          f"change{'s' * (len(parts) == 1)} the computation rather than a weight, so no Hugging Face "
-                          "model of its family holds it (only LoRA runs export, merged); "
-                          "training.peft.weights.save_adapter writes its parameters")
+    cfg, graphdef, params = load_run(model_path, check_config=check)
     if cfg.peft is not None:  # LoRA folded into the base weights, the factors dropped: the base family's layout
         from training.peft.weights import merged_params
 

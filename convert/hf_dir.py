@@ -7,6 +7,7 @@ SentencePiece spiece.model).
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -83,24 +84,64 @@ def read_json(path: str):
         raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
 
 
+def export_target(out_dir: str) -> str:
+    """The directory an export to ``out_dir`` replaces (a link's target, which it is staged beside)."""
+    return os.path.realpath(out_dir) if os.path.islink(out_dir) else os.path.normpath(out_dir)
+
+
+def check_staging_place(out_dir: str) -> None:
+    """Refuses an export whose target's parent is not writable (one line saying why it must be), before any work."""
+    parent = os.path.dirname(export_target(out_dir)) or "."
+    if os.path.isdir(parent) and not os.access(parent, os.W_OK):
+        raise staging_refused(out_dir, parent)
+
+
+def staging_refused(out_dir: str, where: str, why: str | None = None) -> ConfigError:
+    """The error for an export that cannot stage beside its target: a writable ``out_dir`` is not enough."""
+    return ConfigError(f"export: {where} is not writable{f' ({why})' if why else ''}: an export is staged beside "
+                       f"{out_dir} and renamed into its place, the only way to replace a directory at once (so a kill "
+                       "leaves it whole); export to a writable place and move the directory")
+
+
+def restore_replaced(out_dir: str) -> None:
+    """Puts back the previous export that an export killed between its two renames left as ``<out_dir>.old-PID``
+    with no ``out_dir``; one beside ``out_dir`` (killed while removing it) is removed."""
+    from neomesh.paths import left_by_the_dead
+
+    target = export_target(out_dir)
+    for path in left_by_the_dead(target, "old"):  # the newest first
+        if os.path.lexists(target):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.rename(path, target)
+
+
 def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
                  tokenizer_dir: str | None = None) -> None:
     """Writes config.json, model.safetensors and (if given) the tokenizer files for from_pretrained.
 
     All of it goes into a staging directory beside ``out_dir`` that then takes its place, so an export that is
     killed or fails (a full disk) leaves ``out_dir`` as it was: a previous export whole, never its weights beside
-    another run's tokenizer, and no half-written file that a later export would refuse."""
+    another run's tokenizer, and no half-written file that a later export would refuse. The previous export is
+    renamed aside first (``<out_dir>.old-PID``): killed before the new one takes its place, the next export puts
+    it back, and reading ``out_dir`` meanwhile names it."""
     from safetensors.numpy import save_file
 
     from neomesh.paths import remove_stale_staging
 
     tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
-    out_dir = os.path.realpath(out_dir) if os.path.islink(out_dir) else os.path.normpath(out_dir)
+    out_dir = export_target(out_dir)
     staging, old = f"{out_dir}.tmp-{os.getpid()}", f"{out_dir}.old-{os.getpid()}"
     weights_path = os.path.join(staging, "model.safetensors")
     try:
+        restore_replaced(out_dir)
         remove_stale_staging(out_dir)  # left by exports that were killed
-        os.makedirs(staging)
+        try:
+            os.makedirs(staging)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            raise staging_refused(out_dir, os.path.dirname(e.filename or staging), e.strerror) from None
         if tokenizer_dir:
             copy_tokenizer(tokenizer_dir, staging)
         with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:
@@ -110,7 +151,7 @@ def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
             os.rename(out_dir, old)
             try:
                 os.rename(staging, out_dir)
-            except OSError:
+            except BaseException:  # a failure, or Ctrl-C: the previous export back in place
                 os.rename(old, out_dir)
                 raise
             shutil.rmtree(old, ignore_errors=True)

@@ -53,6 +53,17 @@ def cached_snapshot(repo: str, revision: str = "main") -> str | None:
     return max(found, key=os.path.getmtime) if found else None
 
 
+def left_behind_export(path: str) -> str | None:
+    """The previous export that an export killed between its two renames left beside ``path`` (``path.old-PID``,
+    see convert.hf_dir.write_hf_dir), when ``path`` is gone."""
+    from neomesh.paths import left_by_the_dead
+
+    if not path or (os.path.lexists(path) and not os.path.islink(path)):
+        return None
+    found = left_by_the_dead(os.path.realpath(path) if os.path.islink(path) else os.path.normpath(path), "old")
+    return found[0] if found else None
+
+
 def resolve_model(name: str, option: str = "--hf-model") -> str:
     """A local directory for ``name``: ``name`` itself when it is a directory, else the cached snapshot of the
     Hugging Face model ``ORG/NAME[@REVISION]``. Raises ``ConfigError`` (one line, with how to download) when
@@ -62,6 +73,10 @@ def resolve_model(name: str, option: str = "--hf-model") -> str:
 
     if os.path.isdir(name):
         return name
+    replaced = left_behind_export(name)
+    if replaced:
+        raise ConfigError(f"{option} {name}: no such directory; {replaced} holds the export that was there (an "
+                          f"export killed while replacing it left it): rename it to {name}, or export again")
     if os.path.isfile(name):  # config.json or model.safetensors itself
         raise ConfigError(f"{option} {name}: a file; give the model's directory ({os.path.dirname(name) or '.'})")
     repo, _, revision = name.partition("@")

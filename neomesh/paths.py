@@ -31,22 +31,39 @@ def work_root() -> str:
     return ROOT if in_checkout() else os.getcwd()
 
 
-def remove_stale_staging(target: str) -> None:
-    """Removes ``<target>.tmp-PID`` directories whose process is gone from this host: what a build or an export
-    killed before publishing its staging directory left beside ``target`` (a live one's is left alone)."""
+def left_by_the_dead(target: str, kind: str) -> list[str]:
+    """The ``<target>.<kind>-PID`` paths whose process is gone from this host, newest first (a live process's, or
+    another user's, are not listed)."""
     import glob
-    import shutil
 
-    for path in glob.glob(glob.escape(target) + ".tmp-*"):
+    found = []
+    for path in glob.glob(glob.escape(target) + f".{kind}-*"):
         pid = path.rsplit("-", 1)[-1]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
+            found.append(path)
         except OSError:  # alive, another user's
             pass
+    return sorted(found, key=_modified, reverse=True)
+
+
+def _modified(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:  # removed meanwhile
+        return 0.0
+
+
+def remove_stale_staging(target: str) -> None:
+    """Removes ``<target>.tmp-PID`` directories whose process is gone from this host: what a build or an export
+    killed before publishing its staging directory left beside ``target`` (a live one's is left alone)."""
+    import shutil
+
+    for path in left_by_the_dead(target, "tmp"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def run_tokenizer_dir(model_path: str) -> str:

@@ -189,6 +189,17 @@ def test_roberta_config_without_a_pad_token_id_is_one_line():
         bert.config_from_hf({**hf, "pad_token_id": None}, "x/config.json")
 
 
+@pytest.mark.parametrize("kind, offset", [("bert", 2), ("roberta", 0)])
+def test_a_position_offset_transformers_cannot_hold_is_refused(kind, offset):
+    """BERT counts positions from 0 and RoBERTa from pad_token_id + 1: a bert with position_offset 2 was written
+    with positions from row 0 (other logits), a roberta with 0 with pad_token_id -1 (an index error on padding)."""
+    from config import from_dict
+    from convert import bert
+
+    with pytest.raises(ConfigError, match=f"^export: position_offset={offset} has no {kind} equivalent in "):
+        bert.config_to_hf(from_dict(dict(model=kind, position_offset=offset))[0])
+
+
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
 def test_an_untied_masked_lm_decoder_loads_and_exports_as_its_own(kind, tmp_path):
     """tie_word_embeddings false: the decoder is not the word embeddings. It loaded tied without a word (logits
@@ -230,3 +241,59 @@ def test_a_classifiers_label_names_survive_import_and_export(tmp_path):
     reloaded = transformers.AutoConfig.from_pretrained(str(tmp_path / "out"))
     assert reloaded.id2label == {0: "negative", 1: "neutral", 2: "positive"} and reloaded.label2id["positive"] == 2
 
+
+
+def roberta_tokenizer(path, specials):
+    """A byte-level BPE of the test vocabulary whose special tokens take the first ids, in ``specials``' order."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from data import corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=hf_fixtures.VOCAB, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text for _, text in corpus.documents()[:40]], trainer)
+    path.mkdir()
+    tok.save(str(path / "tokenizer.json"))
+    return str(path)
+
+
+@pytest.mark.parametrize("specials, pad", [(["<|endoftext|>", "<|padding|>"], 1), (["<pad>", "</s>"], 0),
+                                           (["<s>", "</s>", "<unk>", "<pad>"], 3)])
+def test_a_roberta_export_pads_as_its_tokenizer_and_keeps_its_positions(specials, pad, tmp_path, capsys):
+    """transformers' RoBERTa takes pad_token_id for padding wherever it appears and counts positions from
+    pad_token_id + 1; the export wrote position_offset - 1 whatever the tokenizer padded with, so a real token 1
+    (here '</s>', which ends every row) was padding to transformers, and the tokens after it had other positions
+    than in NeoMesh. It writes the tokenizer's pad id, with the position table shifted to start after it
+    (unchanged where the two agree), and gives NeoMesh's logits."""
+    cfg, params = load_hf(saved(hf_fixtures.encoder(kind="roberta", head="masked_lm"), tmp_path / "in"))
+    assert cfg.position_offset == 2
+    capsys.readouterr()  # what saving the reference printed
+    export_params(cfg, params, str(tmp_path / "out"), roberta_tokenizer(tmp_path / "tok", specials))
+    assert capsys.readouterr().err == ""
+    exported = transformers.AutoConfig.from_pretrained(str(tmp_path / "out"))
+    assert (exported.pad_token_id, exported.max_position_embeddings) == (pad, cfg.n_ctx + pad + 1)
+    table = load_file(str(tmp_path / "out/model.safetensors"))["roberta.embeddings.position_embeddings.weight"]
+    np.testing.assert_array_equal(table[pad:], params["wpe"]["embedding"][cfg.position_offset - 1:])
+    model = transformers.RobertaForMaskedLM.from_pretrained(str(tmp_path / "out"), attn_implementation="eager")
+    tokens, mask = padded_batch(hf_fixtures.VOCAB, lengths=(40, 23, 7))  # real ids 3.., padded with 1
+    tokens = np.where(mask == 1, np.where(tokens == pad, pad + 1, tokens), pad)  # the pad token pads only
+    tokens[:, 4] = 1 if pad != 1 else 2  # a real token, and the one the export named pad_token_id whatever it was
+    with torch.no_grad():
+        theirs = model.eval()(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    real = mask == 1
+    np.testing.assert_allclose(theirs[real], ours(cfg, params, tokens, mask)[real], atol=1e-4, rtol=0)
+
+
+def test_a_roberta_export_whose_tokenizer_has_no_pad_token_says_what_transformers_pads(tmp_path, capsys):
+    """Padding with end-of-text (which ends every row) is no pad token transformers can tell from text: the export
+    keeps pad_token_id at position_offset - 1, which is a token of this tokenizer, and says so."""
+    cfg, params = load_hf(saved(hf_fixtures.encoder(kind="roberta", head="masked_lm"), tmp_path / "in"))
+    tokenizer = roberta_tokenizer(tmp_path / "tok", ["<|endoftext|>"])
+    capsys.readouterr()
+    export_params(cfg, params, str(tmp_path / "out"), tokenizer)
+    note = capsys.readouterr().err
+    assert note.startswith(f"note: export: the tokenizer {tmp_path / 'tok'} has no pad token, so pad_token_id is 1 "
+                           "(position_offset - 1: ") and "its token '!'," in note and note.count("\n") == 1, note
+    assert transformers.AutoConfig.from_pretrained(str(tmp_path / "out")).pad_token_id == 1

@@ -128,3 +128,102 @@ def test_an_import_writes_its_checkpoint_last_and_can_be_redone(tmp_path, monkey
     import_hf(source, str(run))
     assert seen == [["checkpoints", "config.json", "tokenizer"]]
     assert sorted(os.listdir(run / "checkpoints")) == ["0"]
+
+
+def test_an_import_reads_config_json_once(tmp_path, monkeypatch):
+    """The model's keys and its label names come from one read: it was read twice (and could change between)."""
+    import builtins
+
+    from convert.hf import import_hf
+
+    source = hf_fixtures.save(hf_fixtures.gpt_neo(), tmp_path / "hf")
+    config_json, reads = os.path.join(source, "config.json"), []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, str) and os.path.abspath(file) == os.path.abspath(config_json):
+            reads.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    import_hf(source, str(tmp_path / "run"))
+    assert len(reads) == 1, reads
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (what a killed export's names carry)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
+def test_an_export_killed_while_replacing_the_previous_one_is_put_back(tmp_path):
+    """Killed between its two renames, an export left the previous one as <dir>.old-PID and no <dir>: a reader
+    said only 'no such directory', and the next export left it there for good. A reader now names it in one line,
+    and the next export puts it back before replacing it (or removes one left beside a new export)."""
+    import json
+
+    import numpy as np
+
+    from config import ConfigError
+    from convert.hf_dir import restore_replaced, write_hf_dir
+    from neomesh.hf_cache import resolve_model
+
+    out = tmp_path / "export"
+    write_hf_dir(str(out), {"n": 1}, {"w": np.zeros(2)})
+    pid = dead_pid()
+    old, staging = tmp_path / f"export.old-{pid}", tmp_path / f"export.tmp-{pid}"
+    out.rename(old)  # the kill: the previous export aside, the new one staged in full beside it
+    staging.mkdir()
+    (staging / "config.json").write_text('{"n": 2}')
+    with pytest.raises(ConfigError, match=f"^--hf-model {out}: no such directory; {old} holds the export that was "
+                                          f"there .*: rename it to {out}, or export again$"):
+        resolve_model(str(out))
+    result = run_command("-m", "convert", "import", str(out), str(tmp_path / "run"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and f"{old} holds" in result.stderr, \
+        result.stderr[-2000:]
+
+    restore_replaced(str(out))
+    assert json.loads((out / "config.json").read_text()) == {"n": 1} and not old.exists()
+    write_hf_dir(str(out), {"n": 3}, {"w": np.ones(2)})
+    assert json.loads((out / "config.json").read_text()) == {"n": 3}
+
+    old.mkdir()  # killed while removing the previous export, the new one in place
+    (old / "config.json").write_text("{")
+    write_hf_dir(str(out), {"n": 4}, {"w": np.ones(2)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_an_export_into_a_read_only_parent_says_why_it_must_be_writable(tmp_path, monkeypatch):
+    """A writable export directory in a read-only parent failed with '<dir>.tmp-PID: Permission denied', a name
+    the user never gave, and only after restoring the run. The staging directory must be beside the target: only a
+    rename replaces a directory at once, and it writes the parent. Said before any work, and at the write."""
+    import numpy as np
+
+    from config import ConfigError
+    from convert.hf import check_export_dir
+    from convert.hf_dir import write_hf_dir
+
+    out = tmp_path / "export"
+    out.mkdir()
+    says = f"^export: {tmp_path} is not writable.*: an export is staged beside {out} and renamed into its place, " \
+           "the only way to replace a directory at once"
+    real_access, real_makedirs = os.access, os.makedirs
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: real_access(path, mode, **kw) and
+                        (path != str(tmp_path) or mode != os.W_OK))
+    with pytest.raises(ConfigError, match=says):
+        check_export_dir(str(out))
+
+    def makedirs(path, *args, **kwargs):  # what a read-only parent does to root too
+        if os.path.dirname(path) == str(tmp_path):
+            raise PermissionError(13, "Permission denied", path)
+        return real_makedirs(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    with pytest.raises(ConfigError, match=says) as refused:
+        write_hf_dir(str(out), {"n": 1}, {"w": np.zeros(2)})
+    assert f"{tmp_path} is not writable (Permission denied): " in str(refused.value)
+    assert os.listdir(out) == []

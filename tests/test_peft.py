@@ -402,14 +402,22 @@ def test_lora_with_scan_layers_keeps_parameters_per_layer_and_trains_as_unrolled
 
 
 def test_export_of_a_prefix_or_adapter_run_is_one_line_naming_the_export(tmp_path, monkeypatch):
-    """It said 'merge: blocks/0/attn/prefix/... belongs to a prefix or an adapter', a step the user never named."""
-    import pretrained
+    """It said 'merge: blocks/0/attn/prefix/... belongs to a prefix or an adapter', a step the user never named;
+    and it said so only after restoring the weights (minutes for a big run): now from the checkpoint's config."""
     from convert.hf import export_hf
+    from training.checkpoint import Checkpoints
 
     run = tmp_path / "run"
-    run.mkdir()
-    cfg = tiny_config(peft={"prefix": {"length": 2}, "adapter": {}})
-    monkeypatch.setattr(pretrained, "load_run", lambda path: (cfg, None, None))
+    cfg = tiny_config(peft={"prefix": {"length": 2}, "adapter": {}}, model_path=str(run))
+    layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
+    _, state, _ = create_train_state(lambda rngs: build_model(cfg, rngs), make_optimizer(cfg), layout, cfg.seed)
+    with Checkpoints(str(run), cfg.keep_checkpoints) as checkpoints:
+        checkpoints.save(0, state, cfg.to_dict())
+
+    def restore(*args, **kwargs):
+        raise AssertionError("the weights were restored")
+
+    monkeypatch.setattr(Checkpoints, "restore_params_verified", restore)
     with pytest.raises(ConfigError, match=f"^export: {run} trains peft.prefix and peft.adapter, which change the "
                                           "computation rather than a weight"):
         export_hf(str(run), str(tmp_path / "hf"))

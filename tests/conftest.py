@@ -34,14 +34,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest-xdist workers inheri
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
-def pytest_collection_modifyitems(items):
-    """Modules holding end-to-end runs (marked ``e2e`` or ``slow``) go first, each module's tests kept together in
-    their order (module fixtures are built once): with two workers the suite then ends on short unit tests, not
-    on one worker's 40-second run while the other waits."""
-    heavy = {item.module for item in items if item.get_closest_marker("e2e") or item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module not in heavy)  # stable: collection order otherwise
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """After a test module (its fixtures finalized): collect its garbage, then freeze what survives. A test process

@@ -154,6 +154,36 @@ def label_names(dataset: dict, train: Examples | None, num_labels: int) -> list[
     return names
 
 
+def head_labels(cfg: Config) -> tuple[list[str], str] | None:
+    """The label names, in id order, of the classifier a run starts from: ``init_from``'s ``id2label``, else the
+    names its run directory keeps (an import, or the run going on); None where that classifier names none."""
+    from neomesh import label_names
+
+    if cfg.init_from:
+        try:
+            with open(os.path.join(cfg.init_from, "config.json"), encoding="utf-8") as f:
+                names = label_names.from_hf(json.load(f))
+        except (OSError, ValueError):
+            return None
+        return (names, f"--init-from {cfg.init_from}") if names else None
+    names = label_names.load(cfg.model_path, cfg.num_labels) if cfg.model_path else None
+    return (names, os.path.join(cfg.model_path, label_names.FILE)) if names else None
+
+
+def in_head_order(cfg: Config, names: list[str] | None, dataset: dict) -> list[str] | None:
+    """``names`` in the order of the classifier the run starts from, where it names the same labels: its head's
+    row i was trained for its label i, so the data's ids must follow it (as transformers' run_glue does). A
+    dataset config whose ``labels`` list them in another order is an error rather than a silent remapping."""
+    head = head_labels(cfg)
+    if names is None or head is None or head[0] == names or sorted(head[0]) != sorted(names):
+        return names
+    if dataset.get("labels") is not None:
+        raise ConfigError(f"{dataset['where']}: labels {json.dumps(names)} are in another order than the classifier of "
+                          f"{head[1]} ({json.dumps(head[0])}); list them in its order, or leave labels out to "
+                          "take it")
+    return head[0]
+
+
 def label_ids(examples: Examples, names: list[str] | None, num_labels: int) -> np.ndarray:
     """(N,) int32 label ids; a label outside the names or outside 0..num_labels-1 is an error naming its line."""
     index = {name: i for i, name in enumerate(names or [])}
@@ -286,7 +316,7 @@ def labelled_source(cfg: Config, split: str) -> LabelledSource:
         names = label_names({**dataset, "labels": dataset.get("labels", tfds_names)}, None, cfg.num_labels)
     else:
         train = examples if split == "train" or dataset.get("labels") else _read(dataset, "train")[0]
-        names = label_names(dataset, train, cfg.num_labels)
+        names = in_head_order(cfg, label_names(dataset, train, cfg.num_labels), dataset)
     labels = label_ids(examples, names, cfg.num_labels)
     return LabelledSource(examples, labels, tokenizer, cfg.n_ctx, shuffle=split == "train", seed=cfg.seed,
                           description=f"{split}: {where}", names=names)

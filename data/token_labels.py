@@ -23,7 +23,7 @@ import json
 import numpy as np
 
 from config import Config, ConfigError
-from data.labelled import ExampleStream, _dataset, jsonl_objects
+from data.labelled import ExampleStream, _dataset, in_head_order, jsonl_objects
 from data.tokenizer import Tokenizer, load_tokenizer
 
 IGNORED = -1  # the label of tokens that are not scored: a word's later pieces, special tokens, padding
@@ -128,6 +128,6 @@ def token_label_source(cfg: Config, split: str) -> TokenLabelSource:
                                                keys)
     train_labels = labels if split == "train" or dataset.get("labels") else \
         read_sentences(dataset["path"], f"{where} path", keys)[1]
-    names = label_table(dataset, train_labels, cfg.num_labels)
+    names = in_head_order(cfg, label_table(dataset, train_labels, cfg.num_labels), dataset)
     return TokenLabelSource(sentences, labels, places, names, tokenizer, cfg.n_ctx, cfg.num_labels,
                             shuffle=split == "train", seed=cfg.seed, description=f"{split}: {where}")

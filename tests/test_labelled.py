@@ -83,6 +83,27 @@ def test_label_mapping_follows_the_labels_list_or_the_sorted_train_labels(review
     assert renamed.labels.tolist() == [2, 0, 1, 2, 0, 1, 2] and renamed.token_types[2].max() == 1
 
 
+def test_labels_take_the_order_of_the_classifier_the_run_starts_from(reviews, tmp_path):
+    # A fine-tuned classifier's head row i is its label i: sorting the data's labels would silently swap them.
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"id2label": {"0": "pos", "1": "neg", "2": "neutral"}}))
+    source = make_source(classify(init_from=str(hf)), "eval")
+    assert source.label_names == ["pos", "neg", "neutral"] and source.labels.tolist() == [2, 0, 1]
+    run = tmp_path / "run"  # an imported run directory, or a run going on, keeps its names in labels.json
+    run.mkdir()
+    (run / "labels.json").write_text(json.dumps(["neutral", "pos", "neg"]))
+    assert make_source(classify(model_path=str(run)), "eval").labels.tolist() == [0, 1, 2]
+    (hf / "config.json").write_text(json.dumps({"id2label": {"0": "good", "1": "bad", "2": "meh"}}))
+    assert make_source(classify(init_from=str(hf)), "eval").labels.tolist() == [1, 2, 0]  # other labels: sorted
+    reviews(labels=["neg", "neutral", "pos"])
+    with pytest.raises(ConfigError) as e:
+        make_source(classify(model_path=str(run)), "train")
+    assert str(e.value) == ('configs/dataset_configs/reviews.json: labels ["neg", "neutral", "pos"] are in another '
+                            f'order than the classifier of {run / "labels.json"} (["neutral", "pos", "neg"]); list '
+                            "them in its order, or leave labels out to take it")
+
+
 def test_batches_are_a_pure_function_of_config_and_step(reviews):
     cfg = classify()
     source = make_source(cfg, "train")

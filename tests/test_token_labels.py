@@ -71,3 +71,15 @@ def test_code_tags_config_learns_token_categories(tmp_path):
         "labelled words; per label: builtin" in result.stdout
     (evaluation,) = metrics_rows(model_path, "eval")
     assert evaluation["accuracy"] > 0.8, evaluation  # the most common category alone is under 0.5
+
+
+def test_labels_take_the_order_of_the_classifier_the_run_starts_from(tmp_path, monkeypatch):
+    from data.source import make_source
+    from tests.data_common import config, use_dataset_configs
+
+    path = write(tmp_path / "train.jsonl", [{"tokens": ["EU", "rejects"], "labels": ["B-ORG", "O"]}])
+    use_dataset_configs(monkeypatch, tmp_path / "dc", ner={"path": path, "tokenizer_path": "bytes"})
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "O", "1": "B-ORG"}}))
+    source = make_source(config([["ner", None, None, None]], 8, task="token_classification", num_labels=2,
+                                init_from=str(tmp_path)), "train")
+    assert source.label_names == ["O", "B-ORG"] and source.token_labels[0, 1] == 1

@@ -247,6 +247,23 @@ def test_stdlib_docstrings_example_prepares_once_with_a_fixed_split(tmp_path, mo
     assert (cache / "train.jsonl").read_bytes() == first
 
 
+def test_a_loaded_classifier_names_its_labels(tmp_path):
+    """Pretrained.labels: a run's labels.json or a Hugging Face directory's id2label, in id order, as
+    transformers' config.id2label; None where the ids are not named or name another number of classes."""
+    from pretrained import label_names_of
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "labels.json").write_text(json.dumps(["neg", "pos"]))
+    assert label_names_of(str(run), 2) == ["neg", "pos"] and label_names_of(str(run), 3) is None
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"id2label": {"1": "pos", "0": "neg"}}))
+    assert label_names_of(str(hf), 2) == ["neg", "pos"]
+    (hf / "config.json").write_text(json.dumps({"id2label": {"0": "LABEL_0", "1": "LABEL_1"}}))
+    assert label_names_of(str(hf), 2) is None
+
+
 def test_a_trained_classifier_reads_texts_as_its_training_data_held_them(reviews):
     """pretrained.Pretrained tokenizes texts and pairs into the very rows the labelled source trained on, and
     its class logits do not depend on how far a batch is padded."""

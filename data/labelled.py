@@ -137,6 +137,13 @@ def read_tfds(name: str, data_dir: str | None, split: str, keys: tuple[str | Non
     return examples, list(features[label_key].names)
 
 
+def mixed_labels(label, names: list[str]) -> str:
+    """Why an id among string labels is refused: the names are the strings alone, so its id would mean nothing."""
+    return (f"label {json.dumps(label)} is not a string, as other train labels are ("
+            f"{', '.join(map(json.dumps, names[:3]))}{', ...' if len(names) > 3 else ''}); give every label as a "
+            "string or every one as an id (or list the names in the dataset config's labels)")
+
+
 def label_names(dataset: dict, train: Examples | None, num_labels: int) -> list[str] | None:
     """The label strings in id order: the dataset config's ``labels``, else the train split's sorted string
     labels; None when the labels are integers. Their number must be ``num_labels``."""
@@ -149,6 +156,9 @@ def label_names(dataset: dict, train: Examples | None, num_labels: int) -> list[
             raise ConfigError(f"{where}: labels {json.dumps(names)} names a label twice")
     elif train is not None and any(isinstance(label, str) for label in train.labels):
         names = sorted({label for label in train.labels if isinstance(label, str)})
+        other = next((i for i, label in enumerate(train.labels) if not isinstance(label, str)), None)
+        if other is not None:  # the count below would name only the strings, and the ids would mean nothing
+            raise ConfigError(f"{train.places[other]}: {mixed_labels(train.labels[other], names)}")
     if names is not None and len(names) != num_labels:
         raise ConfigError(f"num_labels: {num_labels}, but {where} has {len(names)} labels ({', '.join(names)})")
     return names

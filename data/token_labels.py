@@ -23,7 +23,7 @@ import json
 import numpy as np
 
 from config import Config, ConfigError
-from data.labelled import ExampleStream, _dataset, in_head_order, jsonl_objects
+from data.labelled import ExampleStream, _dataset, in_head_order, jsonl_objects, mixed_labels
 from data.tokenizer import Tokenizer, load_tokenizer
 
 IGNORED = -1  # the label of tokens that are not scored: a word's later pieces, special tokens, padding
@@ -52,6 +52,9 @@ def label_table(dataset: dict, train_labels: list[list], num_labels: int) -> lis
     names = dataset.get("labels")
     if names is None and any(isinstance(t, str) for tags in train_labels for t in tags):
         names = sorted({t for tags in train_labels for t in tags if isinstance(t, str)})
+        other = next((t for tags in train_labels for t in tags if not isinstance(t, str)), None)
+        if other is not None:
+            raise ConfigError(f"{dataset['where']} path: {mixed_labels(other, names)}")
     if names is not None and len(names) != num_labels:
         raise ConfigError(f"num_labels: {num_labels}, but {dataset['where']} has {len(names)} labels "
                           f"({', '.join(map(str, names))})")

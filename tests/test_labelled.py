@@ -195,6 +195,9 @@ def test_tfds_glue_like_dataset_by_name(tiny_glue):
     ([{"text": "a", "label": "pos"}, {"text": "b", "label": "neg"}], {},
      "num_labels: 3, but {where} has 2 labels (neg, pos)"),
     ([{"text": "a", "label": 3}], {}, "{path}: line 1: label 3 is outside 0..2 (num_labels 3)"),
+    ([{"text": "a", "label": "pos"}, {"text": "b", "label": 1}], {},  # was "num_labels: 3, but ... has 1 labels"
+     '{path}: line 2: label 1 is not a string, as other train labels are ("pos"); give every label as a string or '
+     "every one as an id (or list the names in the dataset config's labels)"),
     ([{"text": ["a"], "label": 1}], {}, "{path}: line 1: 'text' is not a string"),
     ([], {}, "{path}: no examples (an empty file, matched by {where} path)"),
 ])

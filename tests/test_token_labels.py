@@ -58,6 +58,8 @@ def test_bad_lines_name_the_file_and_line(tmp_path, row, message):
     assert str(e.value).startswith(f"{path}: line 2") and message in str(e.value)
     with pytest.raises(ConfigError, match="num_labels: 3, but test has 2 labels"):
         label_table({"where": "test"}, [["X", "Y"]], 3)
+    with pytest.raises(ConfigError, match=r'^test path: label 1 is not a string, as other train labels are \("X"\)'):
+        label_table({"where": "test"}, [["X", 1]], 2)  # 1 was taken as the id of whichever name sorted second
 
 
 @pytest.mark.e2e

@@ -34,7 +34,11 @@ def read_sentences(pattern: str, where: str, keys: tuple[str, str]) -> tuple[lis
     words_key, labels_key = keys
     sentences, labels, places = [], [], []
     for row, place in jsonl_objects(pattern, where, "sentences"):
-        words, tags = row.get(words_key), row.get(labels_key)
+        for key, name in ((words_key, "text_key"), (labels_key, "label_key")):
+            if key not in row:
+                raise ConfigError(f"{place} has no '{key}' field ({name}; it has "
+                                  f"{', '.join(map(repr, row)) or 'none'})")
+        words, tags = row[words_key], row[labels_key]
         if not (isinstance(words, list) and words and all(isinstance(w, str) and w for w in words)):
             raise ConfigError(f"{place}: '{words_key}' is not a list of words (text_key)")
         if not isinstance(tags, list) or len(tags) != len(words):

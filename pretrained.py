@@ -206,16 +206,39 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
     return cfg, graphdef, params, tokenizer
 
 
+def label_names_of(path: str, num_labels: int) -> list[str] | None:
+    """The label names of the classifier in a run directory (its labels.json) or a Hugging Face directory (its
+    id2label, where it names them), in id order; None where they are not named."""
+    import json
+
+    from neomesh import label_names
+
+    if not os.path.isdir(path):
+        from neomesh.hf_cache import resolve_model
+        path = resolve_model(path, "load")
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        return label_names.load(path, num_labels)
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            names = label_names.from_hf(json.load(f))
+    except (OSError, ValueError):
+        return None
+    return names if names and len(names) == num_labels else None
+
+
 class Pretrained:
     """A loaded zoo model and its tokenizer, as Hugging Face users know ``from_pretrained`` models:
 
         model = Pretrained.from_pretrained("runs/quickstart")     # a NeoMesh run, or any HF directory it imports
         logits = model(["def add(a, b):"])                         # (B, T, V) (or (B, C) for a classifier)
+        model.labels                                               # a classifier's label names in id order
         hidden = model.hidden_states(["def add(a, b):"])           # (B, T, D), padding rows included
         text = model.generate("def ", max_new_tokens=32, temperature=0.8)
 
     Texts are tokenized and right-padded into one batch (``segment_ids`` 0 marks padding); calls are jitted once
     per padded length. The parameters stay where ``layout`` put them (default: one device)."""
+
+    labels: list[str] | None = None  # a classifier's label names in id order (transformers' id2label), if named
 
     def __init__(self, cfg: Config, graphdef, params: dict, tokenizer, layout=None):
         self.config, self.graphdef, self.params, self.tokenizer = cfg, graphdef, params, tokenizer
@@ -234,7 +257,10 @@ class Pretrained:
         cfg, graphdef, params, tokenizer = load(path, layout, overrides, notes=notes)
         for note in notes:
             warnings.warn(note, stacklevel=2)
-        return cls(cfg, graphdef, params, tokenizer, layout)
+        pretrained = cls(cfg, graphdef, params, tokenizer, layout)
+        if cfg.task.endswith("classification"):
+            pretrained.labels = label_names_of(path, cfg.num_labels)
+        return pretrained
 
     @property
     def model(self):

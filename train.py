@@ -160,6 +160,8 @@ def main(argv=None) -> int:
             cfg = with_tokenizer_of_init_from(cfg, notes)
         if args.model_path:
             cfg = cfg.replace(model_path=args.model_path)
+        if not (cfg.init_from or args.new):
+            cfg = with_tokenizer_of_run(cfg, notes)
         if cfg.init_from and not args.new:
             check_resume_base(cfg, notes)
         if args.dry_run:
@@ -368,6 +370,30 @@ def with_tokenizer_of_init_from(cfg, notes: list):
                      f"({theirs}), not this model's; fine-tuning on them teaches other tokens (train.py --data "
                      "FOLDER --init-from prepares text with the model's tokenizer)")
     return cfg
+
+
+def with_tokenizer_of_run(cfg, notes: list):
+    """A classifier going on in a run directory reads its labelled text with the run's own tokenizer (its
+    ``tokenizer/``, written by training and by ``convert import``), as predict.py and export read it: the dataset
+    config's would feed the weights other ids (an imported BERT trained on bytes). A note says so where they
+    differ."""
+    from convert.hf_dir import has_tokenizer
+
+    own = os.path.join(cfg.model_path, "tokenizer")
+    if cfg.task not in ("sequence_classification", "token_classification") or cfg.tokenizer_path is not None \
+            or not has_tokenizer(own) or not newest_saved_config(cfg.model_path):
+        return cfg
+    from data.source import load_dataset_config
+    from data.tokenizer import load_tokenizer
+
+    name = cfg.datasets[0][0]
+    theirs = None if name.startswith("tfds:") else load_dataset_config(name).get("tokenizer_path", "bytes")
+    if theirs is not None and (theirs == "bytes" or os.path.exists(theirs)):
+        data, run = load_tokenizer(theirs), load_tokenizer(own)
+        if data.vocab_size != run.vocab_size or data.encode(SAMPLE_TEXT) != run.encode(SAMPLE_TEXT):
+            notes.append(f"{cfg.model_path}: its text is read with the run's own tokenizer ({own}), not dataset "
+                         f"{name}'s ({theirs}), whose ids its weights never saw")
+    return cfg.replace(tokenizer_path=own)
 
 
 def check_resume_base(cfg, notes: list) -> None:

@@ -137,6 +137,13 @@ def read_tfds(name: str, data_dir: str | None, split: str, keys: tuple[str | Non
     return examples, list(features[label_key].names)
 
 
+def mixed_labels(label, names: list[str]) -> str:
+    """Why an id among string labels is refused: the names are the strings alone, so its id would mean nothing."""
+    return (f"label {json.dumps(label)} is not a string, as other train labels are ("
+            f"{', '.join(map(json.dumps, names[:3]))}{', ...' if len(names) > 3 else ''}); give every label as a "
+            "string or every one as an id (or list the names in the dataset config's labels)")
+
+
 def label_names(dataset: dict, train: Examples | None, num_labels: int) -> list[str] | None:
     """The label strings in id order: the dataset config's ``labels``, else the train split's sorted string
     labels; None when the labels are integers. Their number must be ``num_labels``."""
@@ -149,9 +156,42 @@ def label_names(dataset: dict, train: Examples | None, num_labels: int) -> list[
             raise ConfigError(f"{where}: labels {json.dumps(names)} names a label twice")
     elif train is not None and any(isinstance(label, str) for label in train.labels):
         names = sorted({label for label in train.labels if isinstance(label, str)})
+        other = next((i for i, label in enumerate(train.labels) if not isinstance(label, str)), None)
+        if other is not None:  # the count below would name only the strings, and the ids would mean nothing
+            raise ConfigError(f"{train.places[other]}: {mixed_labels(train.labels[other], names)}")
     if names is not None and len(names) != num_labels:
         raise ConfigError(f"num_labels: {num_labels}, but {where} has {len(names)} labels ({', '.join(names)})")
     return names
+
+
+def head_labels(cfg: Config) -> tuple[list[str], str] | None:
+    """The label names, in id order, of the classifier a run starts from: ``init_from``'s ``id2label``, else the
+    names its run directory keeps (an import, or the run going on); None where that classifier names none."""
+    from neomesh import label_names
+
+    if cfg.init_from:
+        try:
+            with open(os.path.join(cfg.init_from, "config.json"), encoding="utf-8") as f:
+                names = label_names.from_hf(json.load(f))
+        except (OSError, ValueError):
+            return None
+        return (names, f"--init-from {cfg.init_from}") if names else None
+    names = label_names.load(cfg.model_path, cfg.num_labels) if cfg.model_path else None
+    return (names, os.path.join(cfg.model_path, label_names.FILE)) if names else None
+
+
+def in_head_order(cfg: Config, names: list[str] | None, dataset: dict) -> list[str] | None:
+    """``names`` in the order of the classifier the run starts from, where it names the same labels: its head's
+    row i was trained for its label i, so the data's ids must follow it (as transformers' run_glue does). A
+    dataset config whose ``labels`` list them in another order is an error rather than a silent remapping."""
+    head = head_labels(cfg)
+    if names is None or head is None or head[0] == names or sorted(head[0]) != sorted(names):
+        return names
+    if dataset.get("labels") is not None:
+        raise ConfigError(f"{dataset['where']}: labels {json.dumps(names)} are in another order than the classifier of "
+                          f"{head[1]} ({json.dumps(head[0])}); list them in its order, or leave labels out to "
+                          "take it")
+    return head[0]
 
 
 def label_ids(examples: Examples, names: list[str] | None, num_labels: int) -> np.ndarray:
@@ -286,7 +326,7 @@ def labelled_source(cfg: Config, split: str) -> LabelledSource:
         names = label_names({**dataset, "labels": dataset.get("labels", tfds_names)}, None, cfg.num_labels)
     else:
         train = examples if split == "train" or dataset.get("labels") else _read(dataset, "train")[0]
-        names = label_names(dataset, train, cfg.num_labels)
+        names = in_head_order(cfg, label_names(dataset, train, cfg.num_labels), dataset)
     labels = label_ids(examples, names, cfg.num_labels)
     return LabelledSource(examples, labels, tokenizer, cfg.n_ctx, shuffle=split == "train", seed=cfg.seed,
                           description=f"{split}: {where}", names=names)

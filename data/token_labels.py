@@ -23,7 +23,7 @@ import json
 import numpy as np
 
 from config import Config, ConfigError
-from data.labelled import ExampleStream, _dataset, jsonl_objects
+from data.labelled import ExampleStream, _dataset, in_head_order, jsonl_objects, mixed_labels
 from data.tokenizer import Tokenizer, load_tokenizer
 
 IGNORED = -1  # the label of tokens that are not scored: a word's later pieces, special tokens, padding
@@ -34,7 +34,11 @@ def read_sentences(pattern: str, where: str, keys: tuple[str, str]) -> tuple[lis
     words_key, labels_key = keys
     sentences, labels, places = [], [], []
     for row, place in jsonl_objects(pattern, where, "sentences"):
-        words, tags = row.get(words_key), row.get(labels_key)
+        for key, name in ((words_key, "text_key"), (labels_key, "label_key")):
+            if key not in row:
+                raise ConfigError(f"{place} has no '{key}' field ({name}; it has "
+                                  f"{', '.join(map(repr, row)) or 'none'})")
+        words, tags = row[words_key], row[labels_key]
         if not (isinstance(words, list) and words and all(isinstance(w, str) and w for w in words)):
             raise ConfigError(f"{place}: '{words_key}' is not a list of words (text_key)")
         if not isinstance(tags, list) or len(tags) != len(words):
@@ -52,6 +56,9 @@ def label_table(dataset: dict, train_labels: list[list], num_labels: int) -> lis
     names = dataset.get("labels")
     if names is None and any(isinstance(t, str) for tags in train_labels for t in tags):
         names = sorted({t for tags in train_labels for t in tags if isinstance(t, str)})
+        other = next((t for tags in train_labels for t in tags if not isinstance(t, str)), None)
+        if other is not None:
+            raise ConfigError(f"{dataset['where']} path: {mixed_labels(other, names)}")
     if names is not None and len(names) != num_labels:
         raise ConfigError(f"num_labels: {num_labels}, but {dataset['where']} has {len(names)} labels "
                           f"({', '.join(map(str, names))})")
@@ -128,6 +135,6 @@ def token_label_source(cfg: Config, split: str) -> TokenLabelSource:
                                                keys)
     train_labels = labels if split == "train" or dataset.get("labels") else \
         read_sentences(dataset["path"], f"{where} path", keys)[1]
-    names = label_table(dataset, train_labels, cfg.num_labels)
+    names = in_head_order(cfg, label_table(dataset, train_labels, cfg.num_labels), dataset)
     return TokenLabelSource(sentences, labels, places, names, tokenizer, cfg.n_ctx, cfg.num_labels,
                             shuffle=split == "train", seed=cfg.seed, description=f"{split}: {where}")

@@ -53,6 +53,21 @@ def test_a_run_resumed_on_another_base_says_so(tmp_path, gpt2_dir):
                      f"checkpoint, which holds every parameter: {gpt2_dir}'s weights are not used"]
 
 
+def test_a_classifier_going_on_in_a_run_reads_its_text_with_the_runs_tokenizer(tmp_path, gpt2_dir):
+    # An imported classifier (convert import keeps the model's tokenizer in tokenizer/) trained on the dataset's
+    # byte ids without a word, and predict.py and export then read text with the BPE it never saw.
+    import shutil
+
+    run = saved_run(tmp_path / "imported", task="sequence_classification")
+    shutil.copytree(gpt2_dir, os.path.join(run, "tokenizer"))
+    cfg = load_config("bert_classify", ('datasets=[["embedded", null, null, null]]',))[0].replace(model_path=run)
+    notes = []
+    assert train.with_tokenizer_of_run(cfg, notes).tokenizer_path == os.path.join(run, "tokenizer")
+    assert notes == [f"{run}: its text is read with the run's own tokenizer ({run}/tokenizer), not dataset "
+                     "embedded's (bytes), whose ids its weights never saw"]
+    assert train.with_tokenizer_of_run(cfg.replace(model_path=str(tmp_path / "new")), notes).tokenizer_path is None
+
+
 def test_init_from_on_a_run_not_started_from_a_model_is_an_error(tmp_path, gpt2_dir):
     # it resumed that run from its own weights and never read the model's
     run = saved_run(tmp_path / "run", n_layer=4)

@@ -83,6 +83,27 @@ def test_label_mapping_follows_the_labels_list_or_the_sorted_train_labels(review
     assert renamed.labels.tolist() == [2, 0, 1, 2, 0, 1, 2] and renamed.token_types[2].max() == 1
 
 
+def test_labels_take_the_order_of_the_classifier_the_run_starts_from(reviews, tmp_path):
+    # A fine-tuned classifier's head row i is its label i: sorting the data's labels would silently swap them.
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"id2label": {"0": "pos", "1": "neg", "2": "neutral"}}))
+    source = make_source(classify(init_from=str(hf)), "eval")
+    assert source.label_names == ["pos", "neg", "neutral"] and source.labels.tolist() == [2, 0, 1]
+    run = tmp_path / "run"  # an imported run directory, or a run going on, keeps its names in labels.json
+    run.mkdir()
+    (run / "labels.json").write_text(json.dumps(["neutral", "pos", "neg"]))
+    assert make_source(classify(model_path=str(run)), "eval").labels.tolist() == [0, 1, 2]
+    (hf / "config.json").write_text(json.dumps({"id2label": {"0": "good", "1": "bad", "2": "meh"}}))
+    assert make_source(classify(init_from=str(hf)), "eval").labels.tolist() == [1, 2, 0]  # other labels: sorted
+    reviews(labels=["neg", "neutral", "pos"])
+    with pytest.raises(ConfigError) as e:
+        make_source(classify(model_path=str(run)), "train")
+    assert str(e.value) == ('configs/dataset_configs/reviews.json: labels ["neg", "neutral", "pos"] are in another '
+                            f'order than the classifier of {run / "labels.json"} (["neutral", "pos", "neg"]); list '
+                            "them in its order, or leave labels out to take it")
+
+
 def test_batches_are_a_pure_function_of_config_and_step(reviews):
     cfg = classify()
     source = make_source(cfg, "train")
@@ -174,6 +195,9 @@ def test_tfds_glue_like_dataset_by_name(tiny_glue):
     ([{"text": "a", "label": "pos"}, {"text": "b", "label": "neg"}], {},
      "num_labels: 3, but {where} has 2 labels (neg, pos)"),
     ([{"text": "a", "label": 3}], {}, "{path}: line 1: label 3 is outside 0..2 (num_labels 3)"),
+    ([{"text": "a", "label": "pos"}, {"text": "b", "label": 1}], {},  # was "num_labels: 3, but ... has 1 labels"
+     '{path}: line 2: label 1 is not a string, as other train labels are ("pos"); give every label as a string or '
+     "every one as an id (or list the names in the dataset config's labels)"),
     ([{"text": ["a"], "label": 1}], {}, "{path}: line 1: 'text' is not a string"),
     ([], {}, "{path}: no examples (an empty file, matched by {where} path)"),
 ])
@@ -224,6 +248,23 @@ def test_stdlib_docstrings_example_prepares_once_with_a_fixed_split(tmp_path, mo
     os.rename(cache, tmp_path / "old")
     make_source(cfg, "train")  # prepared again from scratch: the same split, byte for byte
     assert (cache / "train.jsonl").read_bytes() == first
+
+
+def test_a_loaded_classifier_names_its_labels(tmp_path):
+    """Pretrained.labels: a run's labels.json or a Hugging Face directory's id2label, in id order, as
+    transformers' config.id2label; None where the ids are not named or name another number of classes."""
+    from pretrained import label_names_of
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "labels.json").write_text(json.dumps(["neg", "pos"]))
+    assert label_names_of(str(run), 2) == ["neg", "pos"] and label_names_of(str(run), 3) is None
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"id2label": {"1": "pos", "0": "neg"}}))
+    assert label_names_of(str(hf), 2) == ["neg", "pos"]
+    (hf / "config.json").write_text(json.dumps({"id2label": {"0": "LABEL_0", "1": "LABEL_1"}}))
+    assert label_names_of(str(hf), 2) is None
 
 
 def test_a_trained_classifier_reads_texts_as_its_training_data_held_them(reviews):

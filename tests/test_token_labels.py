@@ -48,6 +48,7 @@ def test_labels_sit_on_each_word_first_token_and_batches_resume_by_step(tmp_path
     ({"tokens": ["a", "b"], "labels": ["X"]}, "'labels' is not a list of one label per word (label_key; 2 words)"),
     ({"tokens": "a b", "labels": ["X"]}, "'tokens' is not a list of words (text_key)"),
     ({"tokens": ["a"], "labels": ["Z"]}, 'label "Z" is not one of X, Y'),
+    ({"tokens": ["a"], "tags": ["X"]}, "has no 'labels' field (label_key; it has 'tokens', 'tags')"),
 ])
 def test_bad_lines_name_the_file_and_line(tmp_path, row, message):
     path = write(tmp_path / "bad.jsonl", [{"tokens": ["a"], "labels": ["X"]}, row])
@@ -58,6 +59,8 @@ def test_bad_lines_name_the_file_and_line(tmp_path, row, message):
     assert str(e.value).startswith(f"{path}: line 2") and message in str(e.value)
     with pytest.raises(ConfigError, match="num_labels: 3, but test has 2 labels"):
         label_table({"where": "test"}, [["X", "Y"]], 3)
+    with pytest.raises(ConfigError, match=r'^test path: label 1 is not a string, as other train labels are \("X"\)'):
+        label_table({"where": "test"}, [["X", 1]], 2)  # 1 was taken as the id of whichever name sorted second
 
 
 @pytest.mark.e2e
@@ -71,3 +74,15 @@ def test_code_tags_config_learns_token_categories(tmp_path):
         "labelled words; per label: builtin" in result.stdout
     (evaluation,) = metrics_rows(model_path, "eval")
     assert evaluation["accuracy"] > 0.8, evaluation  # the most common category alone is under 0.5
+
+
+def test_labels_take_the_order_of_the_classifier_the_run_starts_from(tmp_path, monkeypatch):
+    from data.source import make_source
+    from tests.data_common import config, use_dataset_configs
+
+    path = write(tmp_path / "train.jsonl", [{"tokens": ["EU", "rejects"], "labels": ["B-ORG", "O"]}])
+    use_dataset_configs(monkeypatch, tmp_path / "dc", ner={"path": path, "tokenizer_path": "bytes"})
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "O", "1": "B-ORG"}}))
+    source = make_source(config([["ner", None, None, None]], 8, task="token_classification", num_labels=2,
+                                init_from=str(tmp_path)), "train")
+    assert source.label_names == ["O", "B-ORG"] and source.token_labels[0, 1] == 1

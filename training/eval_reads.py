@@ -1,5 +1,7 @@
 """How much of the eval split one evaluation reads: the eval stream repeats its split without end, so an eval split
-smaller than ``eval_steps`` batches is read several times over by every evaluation, silently.
+smaller than ``eval_steps`` batches is read several times over by every evaluation, silently; and examples held in
+memory (classifiers, images) are read once, in order, so one larger than ``eval_steps`` batches is scored only in
+part, silently too.
 
 Evaluation is not capped to one pass: every evaluation reads the same windows, so eval losses stay comparable
 within a run and with runs that evaluated before; a note at start says how often the split repeats instead.
@@ -24,10 +26,17 @@ def split_tokens(source) -> int | None:
 
 
 def repeat_note(source, cfg) -> str | None:
-    """The note for an eval split that one evaluation reads more than once (None when it reads it at most once, or
-    the split's size in windows is not known: examples held in memory, documents-mode windows)."""
+    """The note for an eval split that one evaluation reads more than once, or (examples held in memory) only in part;
+    None when it reads it once, or the split's size in windows is not known (documents-mode windows)."""
+    from data.labelled import ExampleStream
     from data.source import window_length
 
+    if isinstance(source, ExampleStream):  # rows past the last example weigh 0: only too few rows miss any
+        read, held = cfg.eval_steps * cfg.eval_batch_size, len(source)
+        return None if read >= held else (
+            f"note: the eval split holds {held:,} examples, but one evaluation reads {read:,} (eval_steps "
+            f"{cfg.eval_steps} x eval_batch_size {cfg.eval_batch_size}): eval rows score only its first {read:,}; "
+            f"eval_steps {-(-held // cfg.eval_batch_size)} reads them all")
     if any(entry[2] not in (None, "chunks") for entry in cfg.datasets):
         return None  # a documents-mode window takes one group of documents, however many tokens it has
     tokens = split_tokens(source)

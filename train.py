@@ -378,8 +378,9 @@ def with_tokenizer_of_run(cfg, notes: list):
     config's would feed the weights other ids (an imported BERT trained on bytes). A note says so where they
     differ."""
     from convert.hf_dir import has_tokenizer
+    from neomesh.paths import run_tokenizer_dir
 
-    own = os.path.join(cfg.model_path, "tokenizer")
+    own = run_tokenizer_dir(cfg.model_path)
     if cfg.task not in ("sequence_classification", "token_classification") or cfg.tokenizer_path is not None \
             or not has_tokenizer(own) or not newest_saved_config(cfg.model_path):
         return cfg

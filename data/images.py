@@ -6,6 +6,8 @@
   the scikit-learn package, so nothing is downloaded; a fixed split (seeded permutation) keeps 360 for eval.
 * ``tfds:NAME`` (``tfds:mnist``, ``tfds:cifar10``, ...): a TFDS image dataset prepared in the local data dir
   (``tfds_data_dir``), its ``image`` and ``label`` features, ``train`` for training and ``test`` for eval.
+* a folder of class folders (``pets/train/cat/1.jpg``, ...), or a dataset config naming one: your own images,
+  decoded and resized to ``image_size`` once (data/image_folder.py); the class folder names are the label names.
 
 The images are held in memory as stored (uint8 for TFDS) and scaled per batch. Batches follow ``ExampleStream``
 (data/labelled.py): train batches walk a per-epoch permutation of the seed, eval batches the images in order.
@@ -16,8 +18,11 @@ exactly the images the uninterrupted run would have.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+import data.source
 from config import Config, ConfigError
 from data.labelled import ExampleStream
 
@@ -31,12 +36,13 @@ class ImageSource(ExampleStream):
     bytes_per_token = None
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, scale: float, *, shuffle: bool, seed: int,
-                 augment: bool, description: str):
+                 augment: bool, description: str, names: list[str] | None = None):
         self.images, self.labels, self.scale = images, labels.astype(np.int32), scale  # (N, H, W, C), (N,)
         self.shuffle, self.seed, self.augment = shuffle, seed, augment
-        counts = np.bincount(self.labels)
+        self.label_names = names  # saved as the run's labels.json (train.py) where they say more than the ids
+        counts = np.bincount(self.labels, minlength=len(names or ()))
         self.description = (f"{description}: {len(labels):,} images of {'x'.join(map(str, images.shape[1:]))}; "
-                            f"per label: " + ", ".join(f"{i} {c}" for i, c in enumerate(counts)))
+                            f"per label: " + ", ".join(f"{names[i] if names else i} {c}" for i, c in enumerate(counts)))
 
     def batch(self, step: int, batch_size: int, rows: slice | None = None) -> dict:
         """Rows ``rows`` (default all) of global batch ``step``: {"images": (rows, H, W, C) float32, "labels":
@@ -89,22 +95,51 @@ def tfds_images(name: str, data_dir: str | None, split: str) -> tuple[np.ndarray
     return np.concatenate(images), np.concatenate(labels), 1.0 / 255.0
 
 
+def folder_images(cfg: Config, name: str, split: str) -> tuple[np.ndarray, np.ndarray, float, list[str], str]:
+    """An image folder's ``split`` (``name`` the folder or a dataset config naming one): (uint8 images resized to
+    image_size, labels, 1/255, label names in id order, the folder read)."""
+    from data.image_folder import class_files, folder_dataset, read_folder
+    from data.labelled import in_head_order, label_names
+    if os.path.isdir(name):
+        dataset = folder_dataset(name)
+    else:
+        config = data.source.load_dataset_config(name)
+        if not os.path.isdir(config["path"]):
+            raise ConfigError(f"{config['where']} path: {config['path']} is not a folder of class folders (task "
+                              "image_classification reads images: digits, tfds:NAME, or an image folder)")
+        dataset = folder_dataset(name, config)
+    given = label_names(dataset, None, cfg.num_labels)  # a dataset config's labels list, checked
+    names = given or label_names({**dataset, "labels": list(class_files(dataset["path"]))}, None, cfg.num_labels)
+    names = in_head_order(cfg, names, dataset)
+    images, labels, names = read_folder(dataset, split, names, cfg.image_size, cfg.num_channels)
+    if dataset["eval_path"] is None:
+        held = f"{dataset['eval_fraction']:.0%} of each class held out for eval"
+        where = f"{dataset['path']} ({'less the ' + held if split == 'train' else held})"
+    else:
+        where = dataset["path"] if split == "train" else dataset["eval_path"]
+    return images, labels, 1.0 / 255.0, names, where
+
+
 def image_source(cfg: Config, split: str) -> ImageSource:
     """The image source for ``split`` ("train" or "eval") of the config's one image dataset."""
     if len(cfg.datasets) != 1:
         raise ConfigError(f"datasets: task image_classification reads one image dataset, got {len(cfg.datasets)}")
-    name = cfg.datasets[0][0]
+    name, names = cfg.datasets[0][0], None
     if name == "digits":
         images, labels, scale = digits(split)
     elif name.startswith("tfds:"):
         images, labels, scale = tfds_images(name[len("tfds:"):], cfg.tfds_data_dir, split)
+    elif os.path.isdir(name) or name.endswith(".json") or \
+            os.path.exists(os.path.join(data.source.DATASET_CONFIG_DIR, name + ".json")):
+        images, labels, scale, names, name = folder_images(cfg, name, split)
     else:
-        raise ConfigError(f"datasets: {name!r} is not an image dataset (digits, or tfds:NAME such as tfds:mnist)")
+        raise ConfigError(f"datasets: {name!r} is not an image dataset: digits, tfds:NAME such as tfds:mnist, a "
+                          "folder of class folders (no such folder here), or a dataset config naming one")
     want = (cfg.image_size, cfg.image_size, cfg.num_channels)
     if images.shape[1:] != want:
         raise ConfigError(f"image_size: {name} images are {'x'.join(map(str, images.shape[1:]))} (height x width x "
                           f"channels), the config reads {'x'.join(map(str, want))} (image_size, num_channels)")
     if labels.max() >= cfg.num_labels:
         raise ConfigError(f"num_labels: {name} has label {int(labels.max())}; num_labels must be above it")
-    return ImageSource(images, labels, scale, shuffle=split == "train", seed=cfg.seed,
+    return ImageSource(images, labels, scale, shuffle=split == "train", seed=cfg.seed, names=names,
                        augment=split == "train" and cfg.image_augmentation, description=f"{split}: {name}")

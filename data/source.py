@@ -41,8 +41,9 @@ ROOT = work_root()
 DATASET_CONFIG_DIR = os.path.join(configs_dir(), "dataset_configs")
 DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
                 "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
-                "data_dir", "lambada_tokens_path", "text_pair_key", "label_key", "labels"}  # the last three: labelled
-                # data (data/labelled.py)
+                "data_dir", "lambada_tokens_path", "text_pair_key", "label_key", "labels", "eval_fraction",
+                "skip_bad_files"}  # from text_pair_key: labelled data (data/labelled.py), the last two image folders
+                # (data/image_folder.py)
 SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
 
 

@@ -1,0 +1,176 @@
+"""Your own images for ``task: image_classification``: a folder of class folders, as torchvision's ImageFolder and
+Hugging Face's ``imagefolder`` read them::
+
+    pets/train/cat/1.jpg  pets/train/dog/2.png  ...   pets/validation/cat/7.jpg  ...
+
+``datasets`` names the folder itself (``pets``: its ``train`` folder trains and the first of ``validation``,
+``val``, ``valid``, ``dev``, ``test`` evaluates; a folder without a ``train`` folder is the class folders
+themselves, ``eval_fraction`` of each class held out), or a dataset config whose ``path`` (and ``eval_path``) are
+such folders, with ``eval_fraction``, ``labels`` (the classes in id order) and ``skip_bad_files``.
+
+Class ids follow the sorted class folder names (a run started from a classifier that names the same classes takes
+its order, as labelled text does). Every image is decoded with Pillow, converted to RGB (``num_channels`` 3) or
+grey (1) and resized to ``image_size`` x ``image_size`` bilinearly, what transformers' ``ViTImageProcessor`` does
+before it rescales, and held in memory as uint8; batches scale it to [0, 1] (data/images.py).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from config import ConfigError
+
+SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+EVAL_FOLDERS = ("validation", "val", "valid", "dev", "test")  # Hugging Face imagefolder's split names
+EVAL_FRACTION = 0.1  # of each class, held out where no eval folder is given
+MODES = {1: "L", 3: "RGB"}  # num_channels -> Pillow mode
+
+
+def is_image_folder(name: str) -> bool:
+    return os.path.isdir(name)
+
+
+def folder_dataset(name: str, dataset: dict | None = None) -> dict:
+    """The train and eval folders of a ``datasets`` entry that is a folder (``dataset`` None) or a dataset config
+    whose ``path`` is one: {"path", "eval_path" (None: a held-out fraction; "": no eval set), "eval_fraction",
+    "labels", "skip_bad_files", "where"}."""
+    if dataset is None:
+        dataset = {"path": name, "where": name}
+        if os.path.isdir(os.path.join(name, "train")):  # split folders, as Hugging Face's imagefolder finds them
+            dataset["path"] = os.path.join(name, "train")
+            dataset["eval_path"] = next((os.path.join(name, e) for e in EVAL_FOLDERS
+                                         if os.path.isdir(os.path.join(name, e))), None)
+            dataset["where"] = dataset["path"]
+    where = dataset["where"]
+    for key in ("path", "eval_path"):
+        value = dataset.get(key)
+        if value and not os.path.isdir(value):
+            raise ConfigError(f"{where} {key}: {value}: no such folder (a folder of class folders: CLASS/IMAGE)")
+    fraction = dataset.get("eval_fraction", EVAL_FRACTION)
+    if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
+        raise ConfigError(f"{where}: eval_fraction {fraction!r} must be a number between 0 and 1 (exclusive)")
+    if dataset.get("eval_path") and "eval_fraction" in dataset:
+        raise ConfigError(f"{where}: eval_fraction holds images out of path, but eval_path names an eval folder; "
+                          "give one of them")
+    return {"path": dataset["path"], "eval_path": dataset.get("eval_path"), "eval_fraction": fraction,
+            "labels": dataset.get("labels"), "skip_bad_files": bool(dataset.get("skip_bad_files")), "where": where}
+
+
+def class_files(root: str) -> dict[str, list[str]]:
+    """{class folder name: its image files}, both sorted; one-line errors for an image outside a class folder, a
+    folder without classes and a class folder without images. Hidden files and other suffixes are ignored."""
+    classes, strays = {}, []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            files = (os.path.join(entry.path, f) for f in os.listdir(entry.path)
+                     if not f.startswith(".") and f.lower().endswith(SUFFIXES))
+            classes[entry.name] = sorted(f for f in files if os.path.isfile(f))
+        elif entry.name.lower().endswith(SUFFIXES):
+            strays.append(entry.path)
+    if strays:
+        raise ConfigError(f"{strays[0]}: an image outside a class folder (the layout is {root}/CLASS/IMAGE)")
+    if not classes:
+        raise ConfigError(f"{root}: no class folders (the layout is {root}/CLASS/IMAGE)")
+    empty = next((name for name, files in classes.items() if not files), None)
+    if empty is not None:
+        raise ConfigError(f"{os.path.join(root, empty)}: no images ({', '.join(SUFFIXES)}) in this class folder")
+    return classes
+
+
+def decode(path: str, size: int, channels: int) -> np.ndarray:
+    """(size, size, channels) uint8: the image at ``path`` converted to RGB or grey and resized bilinearly;
+    ValueError (naming why) for a file Pillow cannot read."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image = image.convert(MODES[channels])
+            if image.size != (size, size):
+                image = image.resize((size, size), Image.Resampling.BILINEAR)
+            pixels = np.asarray(image, dtype=np.uint8)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise ValueError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    return pixels.reshape(size, size, channels)
+
+
+def held_out(classes: dict[str, list[str]], fraction: float, split: str) -> dict[str, list[str]]:
+    """Each class's files of ``split`` where eval is ``fraction`` of the class: a fixed draw (the same whatever the
+    run's seed, so eval never sees a training image), at least one image left to each side of a class of two."""
+    chosen = {}
+    for name, files in classes.items():
+        order = np.random.default_rng([0, len(files)]).permutation(len(files))
+        k = min(max(int(round(len(files) * fraction)), 1 if len(files) > 1 else 0), len(files) - 1)
+        picked = np.sort(order[len(files) - k:] if split == "eval" else order[:len(files) - k])
+        chosen[name] = [files[i] for i in picked]
+    return chosen
+
+
+def read_images(files: list[str], size: int, channels: int, skip_bad: bool) -> tuple[np.ndarray, list[int]]:
+    """(N, size, size, channels) uint8 of the readable ``files`` and their indices; a file that cannot be read is
+    an error naming it or, with ``skip_bad``, a warning line and left out."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise ConfigError("an image folder is decoded with Pillow: pip install pillow (NeoMesh's [images] "
+                          "extra)") from None
+
+    def one(path):
+        try:
+            return decode(path, size, channels)
+        except ValueError as e:
+            return f"{path}: not a readable image ({e})"
+
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # Pillow decodes outside the GIL
+        decoded = list(pool.map(one, files))
+    kept = []
+    for i, image in enumerate(decoded):
+        if isinstance(image, str):
+            if not skip_bad:
+                raise ConfigError(f"{image}; remove it, or set skip_bad_files in a dataset config to leave it out")
+            print(f"warning: {image}; left out (skip_bad_files)", flush=True)
+        else:
+            kept.append(i)
+    images = np.stack([decoded[i] for i in kept]) if kept else np.zeros((0, size, size, channels), np.uint8)
+    return images, kept
+
+
+def read_folder(dataset: dict, split: str, names: list[str] | None, size: int, channels: int
+                ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(uint8 images (N, size, size, channels), int32 labels, label names) of ``split`` of an image folder
+    dataset (``folder_dataset``). Label names are ``names`` if given, else the train folder's sorted classes; eval
+    classes must be among them."""
+    if channels not in MODES:
+        raise ConfigError(f"num_channels: an image folder is read as RGB (3) or grey (1), not {channels} channels")
+    where = dataset["where"]
+    train = class_files(dataset["path"])
+    if names is None:
+        names = list(train)
+    for name in train:
+        if name not in names:
+            raise ConfigError(f"{os.path.join(dataset['path'], name)}: class {name!r} is not among the labels "
+                              f"({', '.join(names)})")
+    if split == "train" or not dataset["eval_path"]:
+        if split == "eval" and dataset["eval_path"] == "":
+            from data.source import NoEvalSet
+            raise NoEvalSet(f"{where}: eval_path is empty (no eval set)")
+        classes = held_out(train, dataset["eval_fraction"], split) if dataset["eval_path"] is None else train
+        root = dataset["path"]
+    else:
+        classes, root = class_files(dataset["eval_path"]), dataset["eval_path"]
+        unknown = next((name for name in classes if name not in names), None)
+        if unknown is not None:
+            raise ConfigError(f"{os.path.join(root, unknown)}: eval class {unknown!r} is not a train class "
+                              f"({', '.join(names)})")
+    files = [f for name in classes for f in classes[name]]
+    labels = np.array([names.index(name) for name in classes for _ in classes[name]], np.int32)
+    if not files:
+        raise ConfigError(f"{where}: no {split} images (every class has a single image; give an eval folder)")
+    images, kept = read_images(files, size, channels, dataset["skip_bad_files"])
+    if not kept:
+        raise ConfigError(f"{root}: no readable {split} images")
+    return images, labels[kept], names

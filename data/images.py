@@ -18,6 +18,7 @@ exactly the images the uninterrupted run would have.
 
 from __future__ import annotations
 
+import difflib
 import os
 
 import numpy as np
@@ -105,8 +106,11 @@ def folder_images(cfg: Config, name: str, split: str) -> tuple[np.ndarray, np.nd
     else:
         config = data.source.load_dataset_config(name)
         if not os.path.isdir(config["path"]):
-            raise ConfigError(f"{config['where']} path: {config['path']} is not a folder of class folders (task "
-                              "image_classification reads images: digits, tfds:NAME, or an image folder)")
+            if os.path.isabs(config["path"]) and not os.path.exists(config["path"]):  # a typo, or a folder not there
+                raise ConfigError(f"{config['where']} path: {config['path']}: no such folder (a folder of class "
+                                  "folders: CLASS/IMAGE)")
+            raise ConfigError(f"datasets: {name!r} is not an image dataset: {config['where']}'s path "
+                              f"{config['path']} is not a folder of class folders (CLASS/IMAGE)")
         dataset = folder_dataset(name, config)
     given = label_names(dataset, None, cfg.num_labels)  # a dataset config's labels list, checked
     names = given or label_names({**dataset, "labels": list(class_files(dataset["path"]))}, None, cfg.num_labels)
@@ -133,8 +137,15 @@ def image_source(cfg: Config, split: str) -> ImageSource:
             os.path.exists(os.path.join(data.source.DATASET_CONFIG_DIR, name + ".json")):
         images, labels, scale, names, name = folder_images(cfg, name, split)
     else:
-        raise ConfigError(f"datasets: {name!r} is not an image dataset: digits, tfds:NAME such as tfds:mnist, a "
-                          "folder of class folders (no such folder here), or a dataset config naming one")
+        readable = "task image_classification reads digits, tfds:NAME, a folder of class folders or a dataset config " \
+                   "naming one"
+        if os.sep in name or "/" in name:  # a path: say which folder is missing, and what is there
+            parent, missing = os.path.split(os.path.normpath(name))
+            there = os.listdir(parent or ".") if os.path.isdir(parent or ".") else []
+            near = difflib.get_close_matches(missing, there, 1)
+            hint = f" (did you mean {os.path.join(parent, near[0])}?)" if near else ""
+            raise ConfigError(f"datasets: {name}: no such folder{hint}; {readable}")
+        raise ConfigError(f"datasets: {name!r} is not an image dataset: {readable} (such as tfds:mnist)")
     want = (cfg.image_size, cfg.image_size, cfg.num_channels)
     if images.shape[1:] != want:
         raise ConfigError(f"image_size: {name} images are {'x'.join(map(str, images.shape[1:]))} (height x width x "

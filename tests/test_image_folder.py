@@ -1,0 +1,198 @@
+"""Image folders for ViT (data/image_folder.py): batches equal to transformers' ViTImageProcessor (resize, rescale)
+on PNG and JPEG files, labels and label names from the class folders, eval order, a held-out fraction, resume by
+step, the classifier's label order, one-line errors for bad input, and a tiny train.py run whose loss falls."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from config import ConfigError, from_dict
+from data.images import image_source
+from neomesh import label_names
+from tests.common import metrics_rows, run_command
+from tests.data_common import use_dataset_configs
+
+COLOURS = {"cat": (200, 40, 40), "dog": (40, 40, 200), "fox": (40, 200, 40)}
+
+
+def write_image(path, colour, seed, size=(13, 10), mode="RGB") -> str:
+    """A noisy image of about ``colour`` (width x height ``size``); PNG or JPEG by suffix."""
+    rng = np.random.default_rng(seed)
+    pixels = np.clip(np.array(colour) + rng.integers(-40, 40, (size[1], size[0], 3)), 0, 255).astype(np.uint8)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Image.fromarray(pixels).convert(mode).save(path)
+    return str(path)
+
+
+def write_folder(root, counts, seed=0, classes=("cat", "dog")) -> list[str]:
+    """``counts`` images per class under root/CLASS/, PNG and JPEG by turns, one grey and one RGBA PNG among them;
+    the files in the order a source reads them (sorted classes, then sorted names)."""
+    files = []
+    for c, name in enumerate(classes):
+        for i in range(counts):
+            suffix, mode = [(".png", "RGB"), (".jpg", "RGB"), (".png", "L"), (".png", "RGBA")][i % 4]
+            files.append(write_image(os.path.join(root, name, f"{i:02d}{suffix}"), COLOURS[name],
+                                     seed * 1000 + c * 100 + i, size=(13 + i, 10), mode=mode))
+    return sorted(files)
+
+
+def vit(datasets, image_size=8, num_channels=3, num_labels=2, **changes):
+    cfg, _ = from_dict({**dict(model="vit", image_size=image_size, patch_size=4, num_channels=num_channels,
+                               num_labels=num_labels, n_embd=32, n_head=4, n_layer=1, d_ff=64, image_augmentation=False,
+                               datasets=[[str(datasets), None, None, None]]), **changes})
+    return cfg
+
+
+@pytest.fixture
+def pets(tmp_path):
+    """pets/train (6 cats, 6 dogs) and pets/validation (2 + 2): the split layout of Hugging Face's imagefolder."""
+    return {"root": tmp_path / "pets", "train": write_folder(tmp_path / "pets" / "train", 6),
+            "eval": write_folder(tmp_path / "pets" / "validation", 2, seed=1)}
+
+
+def test_batches_are_what_vit_image_processor_makes_of_the_files(pets):
+    """RGB: transformers' ViTImageProcessor without its normalisation (it resizes with Pillow, bilinear, and
+    rescales by 1/255), channels last. Eval walks the eval folder in order, then weight-0 filler."""
+    from transformers import ViTImageProcessor
+
+    processor = ViTImageProcessor(size={"height": 8, "width": 8}, do_normalize=False)
+    evaluation = image_source(vit(pets["root"]), "eval")
+    assert evaluation.label_names == ["cat", "dog"] and len(evaluation) == 4
+    assert evaluation.description.endswith("validation: 4 images of 8x8x3; per label: cat 2, dog 2")
+    batch = evaluation.batch(0, 6)
+    want = processor([Image.open(f).convert("RGB") for f in pets["eval"]], return_tensors="np")["pixel_values"]
+    assert batch["images"].shape == (6, 8, 8, 3) and batch["images"].dtype == np.float32
+    np.testing.assert_allclose(batch["images"][:4], want.transpose(0, 2, 3, 1), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(batch["labels"], [0, 0, 1, 1, 0, 0])
+    np.testing.assert_array_equal(batch["weights"], [1, 1, 1, 1, 0, 0])
+    assert batch["images"][2:4, ..., 2].mean() > batch["images"][2:4, ..., 0].mean() + 0.2  # the dogs are blue
+
+
+def test_grey_images_and_train_batches_are_a_pure_function_of_the_step(pets):
+    cfg = vit(pets["root"], image_size=4, num_channels=1, image_augmentation=True, seed=3)
+    train = image_source(cfg, "train")
+    assert train.description.endswith("train: 12 images of 4x4x1; per label: cat 6, dog 6")
+    grey = np.stack([np.asarray(Image.open(f).convert("L").resize((4, 4), Image.Resampling.BILINEAR))
+                     for f in pets["train"]])[..., None] / 255.0  # (12, 4, 4, 1)
+    plain = image_source(cfg.replace(image_augmentation=False), "train")
+    batch = plain.batch(5, 12)  # one epoch: every image once, in the permutation of the seed and epoch
+    ids = [next(i for i in range(12) if np.allclose(image, grey[i], atol=1e-6)) for image in batch["images"]]
+    assert sorted(ids) == list(range(12)) and ids != list(range(12))
+    np.testing.assert_array_equal(batch["labels"], [i // 6 for i in ids])
+    shifted = train.batch(5, 12)
+    again = image_source(cfg, "train").batch(5, 12)  # a resumed run's fresh source: the same batch
+    for key in shifted:
+        np.testing.assert_array_equal(again[key], shifted[key])
+    assert not np.array_equal(shifted["images"], batch["images"])  # augmentation moved some
+    np.testing.assert_array_equal(train.batch(5, 12, slice(3, 9))["images"], shifted["images"][3:9])
+
+
+def test_a_folder_of_class_folders_holds_out_a_fixed_fraction_of_each_class(tmp_path, monkeypatch):
+    files = write_folder(tmp_path / "shapes", 10, classes=("cat", "dog", "fox"))
+    cfg = vit(tmp_path / "shapes", num_labels=3, image_size=4)
+    train, evaluation = image_source(cfg, "train"), image_source(cfg.replace(seed=9), "eval")
+    assert (len(train), len(evaluation)) == (27, 3)
+    assert "(10% of each class held out for eval): 3 images" in evaluation.description
+    np.testing.assert_array_equal(evaluation.labels, [0, 1, 2])
+    seen = np.concatenate([train.images, evaluation.images])  # no image on both sides, none left out
+    assert len(np.unique(seen.reshape(30, -1), axis=0)) == 30
+    use_dataset_configs(monkeypatch, tmp_path / "configs", shapes={"path": str(tmp_path / "shapes"),
+                                                                   "eval_fraction": 0.3})
+    assert len(image_source(cfg.replace(datasets=[["shapes", None, None, None]]), "eval")) == 9
+    assert len(files) == 30
+
+
+def test_label_order_from_the_dataset_config_or_the_classifier_the_run_starts_from(pets, tmp_path, monkeypatch):
+    use_dataset_configs(monkeypatch, tmp_path / "configs", pets={
+        "path": str(pets["root"] / "train"), "eval_path": str(pets["root"] / "validation"), "labels": ["dog", "cat"]})
+    named = image_source(vit("pets"), "eval")
+    assert named.label_names == ["dog", "cat"]
+    np.testing.assert_array_equal(named.labels, [1, 1, 0, 0])
+    run = tmp_path / "run"  # an imported classifier keeps its names in labels.json: its head's row i is label i
+    label_names.save(str(run), ["dog", "cat"])
+    ours = image_source(vit(pets["root"], model_path=str(run)), "train")
+    assert ours.label_names == ["dog", "cat"] and "per label: dog 6, cat 6" in ours.description
+    np.testing.assert_array_equal(np.bincount(ours.labels[:6]), [0, 6])  # the cats come first, as id 1
+
+
+def bad(tmp_path, what):
+    root = tmp_path / "pets"
+    write_folder(root / "train", 2)
+    write_folder(root / "validation", 1)
+    if what == "corrupt":
+        (root / "train" / "cat" / "zz.jpg").write_bytes(b"not a jpeg at all")
+    elif what == "truncated":
+        data = open(root / "train" / "dog" / "00.png", "rb").read()
+        (root / "train" / "dog" / "zz.png").write_bytes(data[:len(data) // 2])
+    elif what == "empty class":
+        os.makedirs(root / "train" / "emu")
+    elif what == "eval class":
+        write_folder(root / "validation", 1, classes=("fox",))
+    elif what == "stray image":
+        write_image(root / "train" / "loose.png", (0, 0, 0), 0)
+    return root
+
+
+@pytest.mark.parametrize("what, datasets, split, message", [
+    ("corrupt", "pets", "train", r"^.*pets/train/cat/zz\.jpg: not a readable image \(cannot identify image file "
+                                 r".*\); remove it, or set skip_bad_files in a dataset config to leave it out$"),
+    ("truncated", "pets", "train", r"^.*pets/train/dog/zz\.png: not a readable image \(.*\); remove it"),
+    ("empty class", "pets", "eval", r"^.*pets/train/emu: no images \(\.jpg, .*\) in this class folder$"),
+    ("eval class", "pets", "eval", r"^.*pets/validation/fox: eval class 'fox' is not a train class \(cat, dog\)$"),
+    ("stray image", "pets", "eval", r"^.*pets/train/loose\.png: an image outside a class folder \(the layout is "
+                            r".*pets/train/CLASS/IMAGE\)$"),
+    (None, "pets/trian", "train", r"^datasets: .*pets/trian: no such folder \(did you mean .*pets/train\?\); task "
+                                  r"image_classification reads digits, tfds:NAME, a folder of class folders or a "
+                                  r"dataset config naming one$"),
+    (None, "pets", "train", r"^num_labels: 3, but .*pets/train has 2 labels \(cat, dog\)$"),
+])
+def test_bad_input_is_one_line_naming_it(tmp_path, what, datasets, split, message):
+    root = bad(tmp_path, what)
+    cfg = vit(tmp_path / datasets, num_labels=3 if what is None and datasets == "pets" else 2)
+    with pytest.raises(ConfigError, match=message):
+        image_source(cfg, split)
+    assert root.exists()
+
+
+def test_a_dataset_config_may_leave_bad_files_out_and_names_a_missing_folder(tmp_path, monkeypatch, capsys):
+    root = bad(tmp_path, "corrupt")
+    use_dataset_configs(monkeypatch, tmp_path / "configs", pets={"path": str(root / "train"), "skip_bad_files": True,
+                                                                    "eval_path": str(root / "validation")},
+                        typo={"path": str(root / "train"), "eval_path": str(root / "valdation")})
+    train = image_source(vit("pets"), "train")
+    assert train.description.endswith("train: 4 images of 8x8x3; per label: cat 2, dog 2")  # 5 files, 1 bad
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "zz.jpg" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: ") and "left out (skip_bad_files)" in warnings[0]
+    with pytest.raises(ConfigError, match=r"^configs/dataset_configs/typo\.json eval_path: .*valdation: no such "
+                                          r"folder \(a folder of class folders: CLASS/IMAGE\)$"):
+        image_source(vit("typo"), "train")
+
+
+def test_check_dataset_says_which_file_is_bad_in_one_line(tmp_path):
+    root = bad(tmp_path, "corrupt")
+    result = run_command("train.py", "--config", "configs/vit_digits.json", "--check-dataset", "--set",
+                         f'datasets=[["{root}", null, null, null]]', "--set", "num_labels=2")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: {root}/train/cat/zz.jpg: not a readable image")
+
+
+@pytest.mark.e2e
+def test_train_py_learns_an_image_folder_and_keeps_its_label_names(tmp_path):
+    root = tmp_path / "colours"
+    write_folder(root / "train", 8, classes=("cat", "dog", "fox"))
+    write_folder(root / "validation", 2, seed=1, classes=("cat", "dog", "fox"))
+    run = tmp_path / "run"
+    sets = dict(datasets=[[str(root), None, None, None]], num_labels=3, num_channels=3, image_size=8, patch_size=4,
+                n_embd=32, n_head=4, n_layer=1, d_ff=64, train_batch_size=8, eval_batch_size=8, train_steps=30,
+                eval_steps=1, eval_every=30, steps_per_checkpoint=30, warmup_steps=0, lr=0.01, log_every=5)
+    result = run_command("train.py", "--config", "configs/vit_digits.json", "--model-path", str(run), "--no-progress",
+                         *[a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "train: " + str(root / "train") + ": 24 images of 8x8x3; per label: cat 8, dog 8, fox 8" in result.stdout
+    losses = [row["loss"] for row in metrics_rows(str(run))]
+    assert len(losses) >= 5 and losses[-1] < 0.5 * losses[0], losses
+    assert metrics_rows(str(run), "eval")[-1]["accuracy"] > 0.5  # of 6 held-out images; chance is 1/3
+    assert json.loads((run / "labels.json").read_text()) == ["cat", "dog", "fox"]

@@ -926,7 +926,10 @@ def imported_params(cfg, hf_dir: str):
         if getattr(theirs, key) != getattr(cfg, key):
             raise ConfigError(f"--init-from {hf_dir}: {key} is {getattr(theirs, key)} there but "
                               f"{getattr(cfg, key)} in the config")
-    if theirs.task == cfg.task and cfg.task.endswith("classification") and theirs.num_labels != cfg.num_labels:
+    # A bare ViTModel has no classifier (it starts fresh), only its config's default id2label of 2 labels.
+    headless = cfg.model == "vit" and "classifier" not in params
+    if theirs.task == cfg.task and cfg.task.endswith("classification") and theirs.num_labels != cfg.num_labels \
+            and not headless:
         raise ConfigError(f"--init-from {hf_dir}: its classifier has {theirs.num_labels} labels, but num_labels is "
                           f"{cfg.num_labels}; start from its base model without that head for new labels")
     return params

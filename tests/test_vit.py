@@ -231,3 +231,18 @@ def test_vit_digits_trains_and_resumes_exactly_through_train_py(tmp_path):
     assert rows(tmp_path / "parts") == rows(tmp_path / "whole") and len(rows(tmp_path / "whole")) == 4
     evaluation = rows(tmp_path / "whole", "eval")
     assert rows(tmp_path / "parts", "eval") == evaluation and 0.0 <= evaluation[0]["accuracy"] <= 1.0
+
+
+def test_a_bare_vit_model_starts_a_classifier_for_any_number_of_labels(tmp_path):
+    """A ViTModel (google/vit-base-patch16-224-in21k's kind) has no classifier, only the default id2label of two
+    labels in its config: --init-from it for 3 classes was refused as 'its classifier has 2 labels'."""
+    from train import imported_params
+
+    bare = saved(hf_vit(8, 4, 3, 16, 2, 1, 2, head=False), tmp_path / "bare")
+    cfg, _ = from_dict(dict(model="vit", image_size=8, patch_size=4, num_channels=3, n_embd=16, n_head=2, n_layer=1,
+                            d_ff=32, qkv_bias=True, layer_norm_epsilon=1e-12, activation_function="gelu_exact",
+                            num_labels=3))
+    assert "classifier" not in imported_params(cfg, bare)
+    headed = saved(hf_vit(8, 4, 3, 16, 2, 1, 2), tmp_path / "headed")
+    with pytest.raises(ConfigError, match="its classifier has 2 labels, but num_labels is 3"):
+        imported_params(cfg, headed)

@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--model", metavar="NAME", help="GPT-Neo's way to name a config: configs/NAME.json")
     p.add_argument("--data", nargs="+", metavar="PATH", help="train on your own text: .txt / .jsonl / .jsonl.zst "
                    "files, folders or globs (prepared once into data_cache/, cached by content, with a tokenizer "
-                   "of n_vocab tokens and a 5%% eval split), or a folder data/make_dataset.py wrote")
+                   "of n_vocab tokens and a 5%% eval split), or a folder data/make_dataset.py wrote; for a ViT (task "
+                   "image_classification) a folder of class folders, CLASS/IMAGE")
     p.add_argument("--skip-bad-files", action="store_true", help="with --data: leave out text files that cannot be "
                    "read or decoded (not UTF-8, binary, corrupt or truncated .zst, bad JSON), each named in a warning "
                    "line, instead of stopping")

@@ -95,7 +95,8 @@ def _check_images(source, batch: dict) -> None:
     """Images and their labels: shapes, value range, labels of the batch."""
     images, labels = batch["images"], batch["labels"]
     print(source.description)
-    names = getattr(source, "label_names", None) or [str(i) for i in range(int(labels.max()) + 1)]
+    names = getattr(source, "label_names", None) or []
+    names = names if len(names) > labels.max() else [str(i) for i in range(int(labels.max()) + 1)]
     print(f"batch 0: images {images.shape} {images.dtype}, values {images.min():.3g} .. {images.max():.3g}; labels "
           f"{labels.shape} {labels.dtype}, per label: "
           + ", ".join(f"{names[i]} {c}" for i, c in enumerate(np.bincount(labels)) if c))

@@ -29,8 +29,13 @@ EVAL_FRACTION = 0.1  # of each class, held out where no eval folder is given
 MODES = {1: "L", 3: "RGB"}  # num_channels -> Pillow mode
 
 
-def is_image_folder(name: str) -> bool:
-    return os.path.isdir(name)
+def looks_like_one(path: str) -> bool:
+    """Whether ``path`` is a folder of class folders (or holds them in ``train``): a subfolder with an image."""
+    if not os.path.isdir(path):
+        return False
+    root = os.path.join(path, "train") if os.path.isdir(os.path.join(path, "train")) else path
+    return any(entry.is_dir() and any(f.lower().endswith(SUFFIXES) for f in os.listdir(entry.path))
+               for entry in os.scandir(root))
 
 
 def folder_dataset(name: str, dataset: dict | None = None) -> dict:

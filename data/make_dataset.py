@@ -382,10 +382,21 @@ def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
     files, prepared here once (cached by content) with a tokenizer of ``n_vocab`` tokens (or the config's
     ``tokenizer_path``) and a 5% eval split. The run directory becomes ``runs/<data folder name>``; with no eval
     split, ``eval_steps`` becomes 0. A task that plain text cannot feed is refused before anything is prepared.
-    ``skip_bad_files`` (--skip-bad-files) leaves out text files that cannot be read or decoded, as make_dataset."""
+    ``skip_bad_files`` (--skip-bad-files) leaves out text files that cannot be read or decoded, as make_dataset.
+    For task image_classification a folder of class folders is named in ``datasets`` as it is (data/images.py)."""
 
     dataset_file = given_dataset_file(inputs)
     check_is_dataset_config(dataset_file)
+    if cfg.task == "image_classification" and dataset_file is None and len(inputs) == 1:
+        from data.image_folder import looks_like_one
+
+        if looks_like_one(inputs[0]):  # read as it is, by data/images.py: nothing to prepare
+            if skip_bad_files:
+                raise ConfigError("--skip-bad-files: leaves out text files; to leave out unreadable images, name the "
+                                  "folder in a dataset config with \"skip_bad_files\": true")
+            folder = os.path.abspath(inputs[0])
+            return cfg.replace(datasets=[[folder, None, None, None]],
+                               model_path=os.path.join("runs", os.path.basename(folder)))
     refusal = text_cannot_feed(cfg)
     if refusal and (dataset_file is None or token_data(dataset_file)):
         raise ConfigError(f"--data: {refusal}")
@@ -399,7 +410,7 @@ def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
         dataset = json.load(f)
     run = os.path.basename(os.path.dirname(os.path.abspath(dataset_file)))
     changes = {"datasets": [[dataset_file, None, None, None]], "model_path": os.path.join("runs", run)}
-    if "eval_path" not in dataset:
+    if "eval_path" not in dataset and cfg.task != "image_classification":  # an image folder holds out a fraction
         changes["eval_steps"] = 0
     if dataset.get("n_vocab", 0) > cfg.n_vocab:  # the model's vocabulary must hold the data's tokenizer
         print(f"note: n_vocab {cfg.n_vocab} -> {dataset['n_vocab']}, the size of {dataset_file}'s tokenizer",
@@ -499,8 +510,9 @@ def text_cannot_feed(cfg) -> str | None:
                 '"labels": [...]} per line) named by a dataset config in the config\'s datasets (README, Model zoo: '
                 "token classification)")
     if cfg.task == "image_classification":
-        return ("plain text cannot feed task image_classification, which needs labelled images: digits, or "
-                "tfds:NAME such as tfds:mnist, in the config's datasets")
+        return ("plain text cannot feed task image_classification, which needs labelled images: a folder of class "
+                "folders (--data my_images/ with my_images/CLASS/IMAGE), or digits or tfds:NAME such as tfds:mnist "
+                "in the config's datasets")
     if cfg.task == "masked_lm" and not cfg.mlm_training:
         return "plain text feeds task masked_lm only with mlm_training true (--set mlm_training=true)"
     if cfg.task == "seq2seq" and not cfg.span_corruption:

@@ -1,6 +1,7 @@
 """Image folders for ViT (data/image_folder.py): batches equal to transformers' ViTImageProcessor (resize, rescale)
 on PNG and JPEG files, labels and label names from the class folders, eval order, a held-out fraction, resume by
-step, the classifier's label order, one-line errors for bad input, and a tiny train.py run whose loss falls."""
+step, the classifier's label order, one-line errors for bad input, --data, and a tiny train.py run whose loss
+falls."""
 
 import json
 import os
@@ -179,17 +180,34 @@ def test_check_dataset_says_which_file_is_bad_in_one_line(tmp_path):
     assert result.stderr.startswith(f"error: {root}/train/cat/zz.jpg: not a readable image")
 
 
+def test_data_names_an_image_folder_as_it_is(tmp_path):
+    from config import load_config
+    from data.make_dataset import config_for_data
+
+    cfg = load_config("vit_digits", [])[0]
+    write_folder(tmp_path / "pets" / "train", 1)
+    named = config_for_data(cfg, [str(tmp_path / "pets") + "/"])
+    assert named.datasets == [[str(tmp_path / "pets"), None, None, None]] and named.model_path == "runs/pets"
+    assert named.eval_steps == cfg.eval_steps  # its validation folder, or a held-out fraction, is the eval set
+    with pytest.raises(ConfigError, match=r'^--skip-bad-files: leaves out text files; to leave out unreadable '
+                                          r'images, name the folder in a dataset config with "skip_bad_files": true$'):
+        config_for_data(cfg, [str(tmp_path / "pets")], skip_bad_files=True)
+    with pytest.raises(ConfigError, match="^--data: plain text cannot feed task image_classification, which needs "
+                                          r"labelled images: a folder of class folders \(--data my_images/"):
+        config_for_data(cfg, [str(tmp_path / "pets" / "train" / "cat")])  # images, but no class folders
+
+
 @pytest.mark.e2e
 def test_train_py_learns_an_image_folder_and_keeps_its_label_names(tmp_path):
     root = tmp_path / "colours"
     write_folder(root / "train", 8, classes=("cat", "dog", "fox"))
     write_folder(root / "validation", 2, seed=1, classes=("cat", "dog", "fox"))
     run = tmp_path / "run"
-    sets = dict(datasets=[[str(root), None, None, None]], num_labels=3, num_channels=3, image_size=8, patch_size=4,
+    sets = dict(num_labels=3, num_channels=3, image_size=8, patch_size=4,
                 n_embd=32, n_head=4, n_layer=1, d_ff=64, train_batch_size=8, eval_batch_size=8, train_steps=30,
                 eval_steps=1, eval_every=30, steps_per_checkpoint=30, warmup_steps=0, lr=0.01, log_every=5)
-    result = run_command("train.py", "--config", "configs/vit_digits.json", "--model-path", str(run), "--no-progress",
-                         *[a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")])
+    result = run_command("train.py", "--config", "vit_digits", "--data", str(root), "--model-path", str(run),
+                         "--no-progress", *[a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "train: " + str(root / "train") + ": 24 images of 8x8x3; per label: cat 8, dog 8, fox 8" in result.stdout
     losses = [row["loss"] for row in metrics_rows(str(run))]

@@ -16,6 +16,7 @@ before it rescales, and held in memory as uint8; batches scale it to [0, 1] (dat
 
 from __future__ import annotations
 
+import difflib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,6 +28,14 @@ SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 EVAL_FOLDERS = ("validation", "val", "valid", "dev", "test")  # Hugging Face imagefolder's split names
 EVAL_FRACTION = 0.1  # of each class, held out where no eval folder is given
 MODES = {1: "L", 3: "RGB"}  # num_channels -> Pillow mode
+
+
+def meant_folder(path: str) -> str:
+    """" (did you mean DIR?)" for the folder beside a missing ``path`` whose name is closest to its own, or ""."""
+    parent, missing = os.path.split(os.path.normpath(path))
+    there = [e.name for e in os.scandir(parent or ".") if e.is_dir()] if os.path.isdir(parent or ".") else []
+    near = difflib.get_close_matches(missing, there, 1)
+    return f" (did you mean {os.path.join(parent, near[0])}?)" if near else ""
 
 
 def looks_like_one(path: str) -> bool:
@@ -53,7 +62,8 @@ def folder_dataset(name: str, dataset: dict | None = None) -> dict:
     for key in ("path", "eval_path"):
         value = dataset.get(key)
         if value and not os.path.isdir(value):
-            raise ConfigError(f"{where} {key}: {value}: no such folder (a folder of class folders: CLASS/IMAGE)")
+            raise ConfigError(f"{where} {key}: {value}: no such folder{meant_folder(value)} (a folder of class "
+                              "folders: CLASS/IMAGE)")
     fraction = dataset.get("eval_fraction", EVAL_FRACTION)
     if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
         raise ConfigError(f"{where}: eval_fraction {fraction!r} must be a number between 0 and 1 (exclusive)")

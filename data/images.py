@@ -18,13 +18,13 @@ exactly the images the uninterrupted run would have.
 
 from __future__ import annotations
 
-import difflib
 import os
 
 import numpy as np
 
 import data.source
 from config import Config, ConfigError
+from data.image_folder import meant_folder
 from data.labelled import ExampleStream
 
 DIGITS_EVAL = 360  # images of the fixed eval split of scikit-learn's digits
@@ -107,8 +107,8 @@ def folder_images(cfg: Config, name: str, split: str) -> tuple[np.ndarray, np.nd
         config = data.source.load_dataset_config(name)
         if not os.path.isdir(config["path"]):
             if os.path.isabs(config["path"]) and not os.path.exists(config["path"]):  # a typo, or a folder not there
-                raise ConfigError(f"{config['where']} path: {config['path']}: no such folder (a folder of class "
-                                  "folders: CLASS/IMAGE)")
+                raise ConfigError(f"{config['where']} path: {config['path']}: no such folder"
+                                  f"{meant_folder(config['path'])} (a folder of class folders: CLASS/IMAGE)")
             raise ConfigError(f"datasets: {name!r} is not an image dataset: {config['where']}'s path "
                               f"{config['path']} is not a folder of class folders (CLASS/IMAGE)")
         dataset = folder_dataset(name, config)
@@ -139,13 +139,10 @@ def image_source(cfg: Config, split: str) -> ImageSource:
     else:
         readable = "task image_classification reads digits, tfds:NAME, a folder of class folders or a dataset config " \
                    "naming one"
-        if os.sep in name or "/" in name:  # a path: say which folder is missing, and what is there
-            parent, missing = os.path.split(os.path.normpath(name))
-            there = os.listdir(parent or ".") if os.path.isdir(parent or ".") else []
-            near = difflib.get_close_matches(missing, there, 1)
-            hint = f" (did you mean {os.path.join(parent, near[0])}?)" if near else ""
+        hint = meant_folder(name)
+        if os.sep in name or "/" in name or hint:
             raise ConfigError(f"datasets: {name}: no such folder{hint}; {readable}")
-        raise ConfigError(f"datasets: {name!r} is not an image dataset: {readable} (such as tfds:mnist)")
+        raise ConfigError(f"datasets: {name!r} is not an image dataset: {readable}")
     want = (cfg.image_size, cfg.image_size, cfg.num_channels)
     if images.shape[1:] != want:
         raise ConfigError(f"image_size: {name} images are {'x'.join(map(str, images.shape[1:]))} (height x width x "

@@ -388,8 +388,10 @@ def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
     dataset_file = given_dataset_file(inputs)
     check_is_dataset_config(dataset_file)
     if cfg.task == "image_classification" and dataset_file is None and len(inputs) == 1:
-        from data.image_folder import looks_like_one
+        from data.image_folder import looks_like_one, meant_folder
 
+        if not os.path.exists(inputs[0]):
+            raise ConfigError(f"--data {inputs[0]}: no such folder{meant_folder(inputs[0])}")
         if looks_like_one(inputs[0]):  # read as it is, by data/images.py: nothing to prepare
             if skip_bad_files:
                 raise ConfigError("--skip-bad-files: leaves out text files; to leave out unreadable images, name the "

@@ -168,7 +168,8 @@ def test_a_dataset_config_may_leave_bad_files_out_and_names_a_missing_folder(tmp
     warnings = [line for line in capsys.readouterr().out.splitlines() if "zz.jpg" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: ") and "left out (skip_bad_files)" in warnings[0]
     with pytest.raises(ConfigError, match=r"^configs/dataset_configs/typo\.json eval_path: .*valdation: no such "
-                                          r"folder \(a folder of class folders: CLASS/IMAGE\)$"):
+                                          r"folder \(did you mean .*pets/validation\?\) \(a folder of class folders: "
+                                          r"CLASS/IMAGE\)$"):
         image_source(vit("typo"), "train")
 
 
@@ -195,6 +196,8 @@ def test_data_names_an_image_folder_as_it_is(tmp_path):
     with pytest.raises(ConfigError, match="^--data: plain text cannot feed task image_classification, which needs "
                                           r"labelled images: a folder of class folders \(--data my_images/"):
         config_for_data(cfg, [str(tmp_path / "pets" / "train" / "cat")])  # images, but no class folders
+    with pytest.raises(ConfigError, match=r"^--data .*/pest: no such folder \(did you mean .*/pets\?\)$"):
+        config_for_data(cfg, [str(tmp_path / "pest")])
 
 
 @pytest.mark.e2e

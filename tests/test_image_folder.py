@@ -12,6 +12,7 @@ from PIL import Image
 
 from config import ConfigError, from_dict
 from data.images import image_source
+from data.source import NoEvalSet
 from neomesh import label_names
 from tests.common import metrics_rows, run_command
 from tests.data_common import use_dataset_configs
@@ -101,9 +102,17 @@ def test_a_folder_of_class_folders_holds_out_a_fixed_fraction_of_each_class(tmp_
     seen = np.concatenate([train.images, evaluation.images])  # no image on both sides, none left out
     assert len(np.unique(seen.reshape(30, -1), axis=0)) == 30
     use_dataset_configs(monkeypatch, tmp_path / "configs", shapes={"path": str(tmp_path / "shapes"),
-                                                                   "eval_fraction": 0.3})
+                                                                   "eval_fraction": 0.3},
+                        whole={"path": str(tmp_path / "shapes"), "eval_path": ""},
+                        both={"path": str(tmp_path / "shapes"), "eval_path": str(tmp_path), "eval_fraction": 0.3})
     assert len(image_source(cfg.replace(datasets=[["shapes", None, None, None]]), "eval")) == 9
-    assert len(files) == 30
+    whole = cfg.replace(datasets=[["whole", None, None, None]])
+    assert len(image_source(whole, "train")) == len(files) == 30  # GPT-Neo's "eval_path": "": no eval set
+    with pytest.raises(NoEvalSet, match="eval_path is empty"):
+        image_source(whole, "eval")
+    with pytest.raises(ConfigError, match="^configs/dataset_configs/both.json: eval_fraction holds images out of "
+                                          "path, but eval_path names an eval folder; give one of them$"):
+        image_source(cfg.replace(datasets=[["both", None, None, None]]), "train")
 
 
 def test_label_order_from_the_dataset_config_or_the_classifier_the_run_starts_from(pets, tmp_path, monkeypatch):

@@ -124,6 +124,12 @@ class Config:
                                               "transformers' interpolate_pos_encoding)")
     image_augmentation: bool = _key(True, "vit: training images shifted by up to one pixel, the shift a function "
                                           "of the seed and the example's place in the data stream (exact resume)")
+    image_mean: Optional[list] = _key(None, "vit: per channel, pixels (scaled to [0, 1]) are fed as (x - image_mean) "
+                                            "/ image_std, as Hugging Face's image processors do ([0.5, 0.5, 0.5] "
+                                            "for Google's ViTs; read from an imported model's "
+                                            "preprocessor_config.json); null: fed as they are")
+    image_std: Optional[list] = _key(None, "vit: per channel, the divisor of image_mean's normalisation; given with "
+                                           "image_mean")
     n_token_types: int = _key(0, "token type (segment A/B) embeddings, BERT's type_vocab_size; 0: none",
                               minimum=0)
     position_offset: int = _key(0, "id of the first position (RoBERTa: 2; its table reserves the rows below)",
@@ -578,6 +584,17 @@ def _check_images(cfg: Config) -> None:
         return
     if cfg.image_size % cfg.patch_size:
         raise ConfigError(f"patch_size: {cfg.patch_size} does not divide image_size {cfg.image_size}")
+    if (cfg.image_mean is None) != (cfg.image_std is None):
+        given, missing = ("image_mean", "image_std") if cfg.image_std is None else ("image_std", "image_mean")
+        raise ConfigError(f"{missing}: needed with {given} (pixels are fed as (x - image_mean) / image_std)")
+    for key in ("image_mean", "image_std"):
+        value = getattr(cfg, key)
+        if value is not None and (not isinstance(value, list) or len(value) != cfg.num_channels or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
+            raise ConfigError(f"{key}: {json.dumps(value)} is not a list of {cfg.num_channels} numbers, one per "
+                              f"channel (num_channels {cfg.num_channels})")
+    if cfg.image_std is not None and min(cfg.image_std) <= 0:
+        raise ConfigError(f"image_std: {json.dumps(cfg.image_std)}; every channel's must be above 0")
     tokens = (cfg.image_size // cfg.patch_size) ** 2 + 1
     if cfg.n_ctx != tokens:
         raise ConfigError(f"n_ctx: a vit reads {tokens} tokens ((image_size / patch_size)^2 patches and the class "

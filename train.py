@@ -884,7 +884,8 @@ ARCHITECTURE = ("n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "attention_ty
                 "local_attention_radius", "layer_norm_epsilon", "position_offset", "mlp_glu",
                 # T5's and ViT's own (a T5's n_ctx is only its data's length: relative positions hold no table)
                 "n_decoder_layer", "d_kv", "relative_attention_num_buckets", "relative_attention_max_distance",
-                "decoder_start_token_id", "image_size", "patch_size", "num_channels")
+                "decoder_start_token_id", "image_size", "patch_size", "num_channels",
+                "image_mean", "image_std")  # a ViT's input normalisation: what its weights were trained on
 
 
 def with_architecture_of(cfg, where: str, notes: list[str]):

@@ -70,7 +70,12 @@ def hf_config(hf_dir: str) -> Config:
     hf = read_json(path)
     if not isinstance(hf, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    return _config_of(hf, path)
+    return with_preprocessing(_config_of(hf, path), hf_dir)
+
+
+def with_preprocessing(cfg: Config, hf_dir: str) -> Config:
+    """``cfg`` with the input normalisation of ``hf_dir``'s image processor (a ViT's image_mean and image_std)."""
+    return cfg.replace(**vit.normalisation_from_hf(hf_dir, cfg.num_channels)) if cfg.model == "vit" else cfg
 
 
 def load_hf(hf_dir: str) -> tuple[Config, dict]:
@@ -82,7 +87,7 @@ def model_of(hf_dir: str, hf_config: dict, tensors: dict) -> tuple[Config, dict]
     """``load_hf`` of what ``read_hf_dir(hf_dir)`` read: its config.json's content and its weights."""
     source = f"{hf_dir}/config.json"
     mapping = _mapping(hf_config.get("model_type"), source)
-    cfg = _config_of(hf_config, source)
+    cfg = with_preprocessing(_config_of(hf_config, source), hf_dir)
     try:
         return cfg, mapping.params_from_hf(cfg, tensors, hf_dir)
     except ValueError as e:  # a reshape to the shape config.json gives
@@ -185,10 +190,12 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
             if cfg.model == "roberta" else None
         if note:
             print(f"note: {note}", file=sys.stderr, flush=True)
-    write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir)
+    extra = {vit.PREPROCESSOR: vit.preprocessor_to_hf(cfg)} if cfg.model == "vit" else {}
+    write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir, extra)
 
 
-EXPORT_FILES = frozenset(("config.json", "model.safetensors", *TOKENIZER_FILES))  # what write_hf_dir leaves
+# what write_hf_dir leaves
+EXPORT_FILES = frozenset(("config.json", "model.safetensors", vit.PREPROCESSOR, *TOKENIZER_FILES))
 
 
 def check_export_dir(hf_dir: str) -> None:

@@ -117,8 +117,9 @@ def restore_replaced(out_dir: str) -> None:
 
 
 def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
-                 tokenizer_dir: str | None = None) -> None:
-    """Writes config.json, model.safetensors and (if given) the tokenizer files for from_pretrained.
+                 tokenizer_dir: str | None = None, extra: dict[str, dict] | None = None) -> None:
+    """Writes config.json, model.safetensors, (if given) the tokenizer files and ``extra``'s JSON files ({name:
+    content}: a ViT's preprocessor_config.json) for from_pretrained.
 
     All of it goes into a staging directory beside ``out_dir`` that then takes its place, so an export that is
     killed or fails (a full disk) leaves ``out_dir`` as it was: a previous export whole, never its weights beside
@@ -144,8 +145,9 @@ def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
             raise staging_refused(out_dir, os.path.dirname(e.filename or staging), e.strerror) from None
         if tokenizer_dir:
             copy_tokenizer(tokenizer_dir, staging)
-        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(hf_config, f, indent=2)
+        for name, content in {"config.json": hf_config, **(extra or {})}.items():
+            with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2)
         save_file(tensors, weights_path, metadata={"format": "pt"})
         if os.path.isdir(out_dir):  # a previous export (or an empty directory): kept aside until the new is in place
             os.rename(out_dir, old)

@@ -41,6 +41,53 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
     return cfg
 
 
+PREPROCESSOR = "preprocessor_config.json"  # transformers' image processor settings, beside config.json
+
+
+def normalisation_from_hf(hf_dir: str, num_channels: int) -> dict:
+    """``{"image_mean", "image_std"}`` of a Hugging Face ViT directory's image processor (both None where it does
+    not normalise), or {} where the directory has no preprocessor_config.json. NeoMesh scales pixels to [0, 1]
+    before normalising, as the processor's rescale_factor 1/255 does; another rescaling is a one-line error."""
+    import json
+    import math
+    import os
+
+    path = os.path.join(hf_dir, PREPROCESSOR)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            processor = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(processor, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    if processor.get("do_rescale", True) and not math.isclose(processor.get("rescale_factor", 1 / 255), 1 / 255):
+        raise ConfigError(f"{path}: rescale_factor {processor['rescale_factor']}; NeoMesh feeds pixels scaled to "
+                          "[0, 1] (1/255)")
+    if not processor.get("do_normalize", True):
+        return {"image_mean": None, "image_std": None}
+    out = {}
+    for key, default in (("image_mean", 0.5), ("image_std", 0.5)):  # ViTImageProcessor's defaults
+        value = processor.get(key, default)
+        value = [value] * num_channels if isinstance(value, (int, float)) else value
+        if not isinstance(value, list) or len(value) != num_channels:
+            raise ConfigError(f"{path}: {key} {json.dumps(value)} is not one number per channel ({num_channels})")
+        out[key] = [float(v) for v in value]
+    return out
+
+
+def preprocessor_to_hf(cfg: Config) -> dict:
+    """The preprocessor_config.json of a NeoMesh ViT: images resized to image_size, scaled to [0, 1] and normalised
+    as the config's image_mean and image_std say (not at all without them), as its training batches were."""
+    normalise = cfg.image_mean is not None
+    return {"image_processor_type": "ViTImageProcessor", "do_resize": True,
+            "size": {"height": cfg.image_size, "width": cfg.image_size}, "resample": 2,  # bilinear, as image folders
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": normalise,
+            "image_mean": cfg.image_mean if normalise else [0.5] * cfg.num_channels,
+            "image_std": cfg.image_std if normalise else [0.5] * cfg.num_channels}
+
+
 def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "weights") -> dict:
     """Hugging Face weights -> the NeoMesh parameter tree (numpy), with the classifier when the checkpoint has one."""
     sd = strip_prefix(tensors, ("vit.",))

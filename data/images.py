@@ -1,4 +1,5 @@
-"""Labelled images for ``task: image_classification`` (ViT): (B, H, W, C) float32 batches in [0, 1].
+"""Labelled images for ``task: image_classification`` (ViT): (B, H, W, C) float32 batches in [0, 1], or
+normalised per channel as ``(x - image_mean) / image_std`` where the config gives them (an imported ViT's).
 
 ``datasets`` names one image set:
 
@@ -37,8 +38,13 @@ class ImageSource(ExampleStream):
     bytes_per_token = None
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, scale: float, *, shuffle: bool, seed: int,
-                 augment: bool, description: str, names: list[str] | None = None):
+                 augment: bool, description: str, names: list[str] | None = None,
+                 mean: list[float] | None = None, std: list[float] | None = None):
         self.images, self.labels, self.scale = images, labels.astype(np.int32), scale  # (N, H, W, C), (N,)
+        # (x * scale - mean) / std as one multiply-add per pixel; no normalisation: x * scale
+        std = np.asarray(std if std is not None else 1.0, np.float32)
+        self.gain = np.float32(scale) / std
+        self.shift = -np.asarray(mean if mean is not None else 0.0, np.float32) / std
         self.shuffle, self.seed, self.augment = shuffle, seed, augment
         self.label_names = names  # saved as the run's labels.json (train.py) where they say more than the ids
         counts = np.bincount(self.labels, minlength=len(names or ()))
@@ -49,7 +55,7 @@ class ImageSource(ExampleStream):
         """Rows ``rows`` (default all) of global batch ``step``: {"images": (rows, H, W, C) float32, "labels":
         (rows,) int32, "weights": (rows,) float32}."""
         ids, weights = self.example_ids(step, batch_size, rows)
-        images = self.images[ids].astype(np.float32) * self.scale
+        images = self.images[ids].astype(np.float32) * self.gain + self.shift
         if self.augment:
             positions = np.arange(step * batch_size, (step + 1) * batch_size)[rows or slice(None)]
             images = np.stack([shifted(image, np.random.default_rng([self.seed, 1 << 20, int(p)]).integers(-1, 2, 2))
@@ -150,4 +156,5 @@ def image_source(cfg: Config, split: str) -> ImageSource:
     if labels.max() >= cfg.num_labels:
         raise ConfigError(f"num_labels: {name} has label {int(labels.max())}; num_labels must be above it")
     return ImageSource(images, labels, scale, shuffle=split == "train", seed=cfg.seed, names=names,
+                       mean=cfg.image_mean, std=cfg.image_std,
                        augment=split == "train" and cfg.image_augmentation, description=f"{split}: {name}")

@@ -1,6 +1,8 @@
 """ViT: logits and hidden states equal transformers' ViT on random local weights (fp32, several shapes, position
 interpolation), the export round trip, sharded = one device, the digits source, and config errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -201,9 +203,12 @@ def test_python_api_names_images_of_the_wrong_layout(tmp_path):
     ({"n_ctx": 10}, "n_ctx: a vit reads 17 tokens"),
     ({"num_channels": 3}, "image_size: digits images are 8x8x1 (height x width x channels), the config reads 8x8x3"),
     ({"datasets": [["embedded", None, None, None]]}, "datasets: 'embedded' is not an image dataset"),
+    ({"image_mean": [0.5]}, "image_std: needed with image_mean"),
+    ({"image_mean": [0.5, 0.5], "image_std": [0.5, 0.5]}, "image_mean: [0.5, 0.5] is not a list of 1 numbers"),
+    ({"image_mean": [0.5], "image_std": [0]}, "image_std: [0]; every channel's must be above 0"),
 ])
 def test_bad_image_configs_are_one_line_errors(changes, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         cfg, _ = from_dict({**dict(model="vit", image_size=8, patch_size=2, num_channels=1, num_labels=10), **changes})
         image_source(cfg, "train")
 
@@ -246,3 +251,38 @@ def test_a_bare_vit_model_starts_a_classifier_for_any_number_of_labels(tmp_path)
     headed = saved(hf_vit(8, 4, 3, 16, 2, 1, 2), tmp_path / "headed")
     with pytest.raises(ConfigError, match="its classifier has 2 labels, but num_labels is 3"):
         imported_params(cfg, headed)
+
+
+def test_an_imported_vit_is_fed_pixels_normalised_as_its_image_processor_and_exports_it(tmp_path):
+    """Hugging Face ViTs read (x - image_mean) / image_std (preprocessor_config.json; 0.5 and 0.5 for Google's):
+    import and --init-from take them, the batches apply them, and export writes the processor that gives them."""
+    from convert.hf import hf_config
+    from data.images import digits
+
+    hf_dir = saved(hf_vit(8, 2, 1, 32, 4, 1, 10), tmp_path / "hf")
+    mean, std = [0.25], [0.4]
+    transformers.ViTImageProcessor(image_mean=mean, image_std=std, size={"height": 8, "width": 8}).save_pretrained(
+        hf_dir)
+    cfg, _ = load_hf(hf_dir)
+    assert (cfg.image_mean, cfg.image_std) == (mean, std) and hf_config(hf_dir).image_mean == mean
+
+    cfg = cfg.replace(datasets=[["digits", None, None, None]], n_ctx=17)
+    pixels, _, scale = digits("eval")
+    batch = image_source(cfg, "eval").batch(0, 4)["images"]
+    np.testing.assert_allclose(batch, (pixels[:4].astype(np.float32) * scale - 0.25) / 0.4, rtol=1e-6, atol=1e-6)
+
+    params = nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(1)), nnx.Param))
+    export_params(cfg, params, str(tmp_path / "out"))
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "out")
+    raw = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 1)).astype(np.uint8)
+    want = processor(list(raw), return_tensors="np", input_data_format="channels_last")["pixel_values"]
+    np.testing.assert_allclose(want.transpose(0, 2, 3, 1), (raw / 255 - 0.25) / 0.4, rtol=1e-5, atol=1e-6)
+    assert load_hf(str(tmp_path / "out"))[0].image_mean == mean
+
+    # A processor that does not normalise: fed as they are; one that rescales otherwise: refused in one line.
+    transformers.ViTImageProcessor(do_normalize=False).save_pretrained(hf_dir)
+    assert hf_config(hf_dir).image_mean is None
+    transformers.ViTImageProcessor(rescale_factor=1.0).save_pretrained(hf_dir)
+    with pytest.raises(ConfigError, match=r"preprocessor_config.json: rescale_factor 1.0; NeoMesh feeds pixels "
+                                          r"scaled to \[0, 1\]"):
+        hf_config(hf_dir)

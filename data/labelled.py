@@ -22,7 +22,6 @@ each example once whatever the batch size.
 from __future__ import annotations
 
 import glob
-import io
 import json
 import os
 from collections.abc import Iterator
@@ -56,35 +55,29 @@ class Examples:
         return len(self.texts)
 
 
-def _open_text(path: str):
-    if path.endswith(".zst"):
-        from data.text_files import zstd_module
-
-        zstandard = zstd_module(path)
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
 def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[tuple[dict, str]]:
     """(object, "path: line N") for every line of the jsonl files ``pattern`` matches (sorted), in file order;
-    one-line errors for no file, a line that is not a JSON object, and a file without any ``noun``."""
+    one-line errors for no file, a line that is not UTF-8 (with its byte offset) or not a JSON object, a corrupt or
+    truncated ``.zst``, and a file without any ``noun``."""
+    from data.text_files import _decode, _file_lines, _zstd_lines
+
     files = sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
     if not files:
         raise ConfigError(f"{where}: {pattern} matches no file")
     for path in files:
-        found = False
-        with _open_text(path) as lines:
-            for line_no, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    row = None
-                if not isinstance(row, dict):
-                    raise ConfigError(f"{path}: line {line_no} is not a JSON object")
-                found = True
-                yield row, f"{path}: line {line_no}"
+        found, offset = False, 0
+        for line_no, raw in enumerate(_zstd_lines(path) if path.endswith(".zst") else _file_lines(path), 1):
+            line, offset = _decode(raw, path, offset, line_no), offset + len(raw)
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path}: line {line_no} is not a JSON object")
+            found = True
+            yield row, f"{path}: line {line_no}"
         if not found:
             raise ConfigError(f"{path}: no {noun} (an empty file, matched by {where})")
 
@@ -286,7 +279,7 @@ def _dataset(cfg: Config) -> dict:
     from data.source import load_dataset_config  # data.source dispatches here: import it when called
 
     if len(cfg.datasets) != 1:
-        raise ConfigError(f"datasets: task {cfg.task} reads one labelled dataset, got "
+        raise ConfigError(f"datasets: task {cfg.task} reads one dataset of examples, got "
                           f"{len(cfg.datasets)}")
     name = cfg.datasets[0][0]
     dataset = {"path": name, "where": name} if name.startswith("tfds:") else load_dataset_config(name)

@@ -219,7 +219,7 @@ def test_bad_lines_and_eval_labels_name_their_file(reviews, tmp_path):
         make_source(classify(), "eval")
     assert str(e.value) == f'{tmp_path / "new.jsonl"}: line 1: label "surprise" is not one of the labels ' \
                            "(neg, neutral, pos)"
-    with pytest.raises(ConfigError, match="task sequence_classification reads one labelled dataset, got 2"):
+    with pytest.raises(ConfigError, match="task sequence_classification reads one dataset of examples, got 2"):
         make_source(config([["reviews", None, None, None]] * 2, N_CTX, task="sequence_classification"), "train")
 
 

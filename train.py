@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         config = args.config or (model_config_path(args.model) if args.model else None)
         own = None if config else run_config(args)  # a run directory's own config, else the quickstart's
         cfg, notes = own or load_config(config or "quickstart", tuple(args.set))
-        check_batches_can_be_made(cfg)
+        check_batches_can_be_made(cfg, bool(args.data))
         goes_on = not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset)
         if goes_on:  # before --data prepares text with another tokenizer than the run's
             check_init_from_given(args.model_path or (None if args.data else cfg.model_path), cfg)
@@ -270,15 +270,30 @@ def _trained_without_checkpoints(cfg) -> int | None:
     return last if last > 2 * cfg.steps_per_checkpoint else None
 
 
-def check_batches_can_be_made(cfg) -> None:
-    """Masked-LM and seq2seq batches are made from token streams by mlm_training and span_corruption; without
-    them no dataset gives their fields, which a run found only after preparing its data."""
+def check_batches_can_be_made(cfg, data: bool = False) -> None:
+    """Masked-LM batches are made from token streams by mlm_training, seq2seq ones by span_corruption or from the
+    (input, target) pairs of jsonl files; without them no dataset gives their fields, which a run found only
+    after preparing its data. ``data``: --data names the text (make_dataset says what it can feed)."""
     from config import ConfigError
 
-    for task, key in (("masked_lm", "mlm_training"), ("seq2seq", "span_corruption")):
-        if cfg.task == task and not getattr(cfg, key):
-            raise ConfigError(f"{key}: false, but task {task} trains on the batches it makes from the data's tokens "
-                              f"(--set {key}=true)")
+    if cfg.task == "masked_lm" and not cfg.mlm_training:
+        raise ConfigError("mlm_training: false, but task masked_lm trains on the batches it makes from the data's "
+                          "tokens (--set mlm_training=true)")
+    name = cfg.datasets[0][0] if cfg.datasets else ""
+    if cfg.task == "seq2seq" and not data and len(cfg.datasets) == 1 and not name.startswith("tfds:"):
+        from data.pairs import pairs_mistake
+        from data.source import load_dataset_config
+
+        mistake = pairs_mistake(cfg, load_dataset_config(name))
+        if mistake:
+            raise ConfigError(mistake)
+
+
+def tokenizes_as_read(cfg) -> bool:
+    """Whether the task's text is tokenized as it is read (jsonl of labelled examples or of seq2seq pairs), so a
+    run reads it with its model's tokenizer; text tokenized ahead (TFRecords) keeps its ids."""
+    return cfg.task in ("sequence_classification", "token_classification") or (
+        cfg.task == "seq2seq" and not cfg.span_corruption)
 
 
 def newest_saved_config(model_path: str) -> dict | None:
@@ -349,14 +364,14 @@ SAMPLE_TEXT = "def add(a, b):\n    return a + b  # Hello, World! 42"
 
 
 def with_tokenizer_of_init_from(cfg, notes: list):
-    """Fine-tuning reads text with the pretrained model's own tokenizer: labelled jsonl (a classifier's data,
-    tokenized as it is read) gets it as ``tokenizer_path``; data tokenized ahead (TFRecords) keeps its ids, and a
-    note says so where its tokenizer is not the model's (the ids would name other tokens)."""
+    """Fine-tuning reads text with the pretrained model's own tokenizer: jsonl tokenized as it is read (a
+    classifier's labelled text, seq2seq pairs) gets it as ``tokenizer_path``; data tokenized ahead (TFRecords)
+    keeps its ids, and a note says so where its tokenizer is not the model's (the ids would name other tokens)."""
     from convert.hf_dir import has_tokenizer
 
     if cfg.tokenizer_path is not None or not has_tokenizer(cfg.init_from):
         return cfg
-    if cfg.task in ("sequence_classification", "token_classification"):
+    if tokenizes_as_read(cfg):
         return cfg.replace(tokenizer_path=cfg.init_from)
     from data.source import load_dataset_config
     from data.tokenizer import load_tokenizer
@@ -374,15 +389,15 @@ def with_tokenizer_of_init_from(cfg, notes: list):
 
 
 def with_tokenizer_of_run(cfg, notes: list):
-    """A classifier going on in a run directory reads its labelled text with the run's own tokenizer (its
-    ``tokenizer/``, written by training and by ``convert import``), as predict.py and export read it: the dataset
-    config's would feed the weights other ids (an imported BERT trained on bytes). A note says so where they
-    differ."""
+    """A classifier (or seq2seq on pairs) going on in a run directory reads its text with the run's own tokenizer
+    (its ``tokenizer/``, written by training and by ``convert import``), as predict.py and export read it: the
+    dataset config's would feed the weights other ids (an imported BERT trained on bytes). A note says so where
+    they differ."""
     from convert.hf_dir import has_tokenizer
     from neomesh.paths import run_tokenizer_dir
 
     own = run_tokenizer_dir(cfg.model_path)
-    if cfg.task not in ("sequence_classification", "token_classification") or cfg.tokenizer_path is not None \
+    if not tokenizes_as_read(cfg) or cfg.tokenizer_path is not None \
             or not has_tokenizer(own) or not newest_saved_config(cfg.model_path):
         return cfg
     from data.source import load_dataset_config

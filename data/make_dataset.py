@@ -518,7 +518,9 @@ def text_cannot_feed(cfg) -> str | None:
     if cfg.task == "masked_lm" and not cfg.mlm_training:
         return "plain text feeds task masked_lm only with mlm_training true (--set mlm_training=true)"
     if cfg.task == "seq2seq" and not cfg.span_corruption:
-        return "plain text feeds task seq2seq only with span_corruption true (--set span_corruption=true)"
+        return ("plain text feeds task seq2seq only with span_corruption true (--set span_corruption=true); "
+                '(input, target) pairs come from jsonl ({"inputs": ..., "targets": ...} per line) named by a dataset '
+                "config in the config's datasets (README, Model zoo: T5)")
     return None
 
 

@@ -16,6 +16,8 @@ Both have ``batch(step, batch_size, rows)``, ``state(batch_size)`` (the position
 ``restore(step, batch_size, rows, saved)`` (one line saying what was restored, or None when nothing needs to be).
 
 ``task: sequence_classification`` reads labelled examples instead (jsonl or TFDS): ``data/labelled.py``;
+``task: token_classification`` labelled words: ``data/token_labels.py``; ``task: seq2seq`` without span corruption
+(input, target) pairs from jsonl: ``data/pairs.py``;
 ``task: image_classification`` labelled images (embedded digits or TFDS): ``data/images.py``.
 
 Relative paths in the shipped dataset configs are relative to the repository root (the current directory when
@@ -41,9 +43,10 @@ ROOT = work_root()
 DATASET_CONFIG_DIR = os.path.join(configs_dir(), "dataset_configs")
 DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
                 "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
-                "data_dir", "lambada_tokens_path", "text_pair_key", "label_key", "labels", "eval_fraction",
-                "skip_bad_files"}  # from text_pair_key: labelled data (data/labelled.py), the last two image folders
-                # (data/image_folder.py)
+                "data_dir", "lambada_tokens_path",
+                "text_pair_key", "label_key", "labels",  # labelled data (data/labelled.py)
+                "eval_fraction", "skip_bad_files",  # image folders (data/image_folder.py)
+                "inputs_key", "targets_key", "prefix"}  # seq2seq pairs (data/pairs.py)
 SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
 
 
@@ -208,6 +211,9 @@ def make_source(cfg: Config, split: str):
     if cfg.task == "image_classification":
         from data.images import image_source
         return image_source(cfg, split)
+    if cfg.task == "seq2seq" and not cfg.span_corruption:
+        from data.pairs import pair_source
+        return pair_source(cfg, split)
 
     datasets, entries = [], []
     for entry in cfg.datasets:
@@ -218,6 +224,11 @@ def make_source(cfg: Config, split: str):
                 dataset["tokenizer_path"] = cfg.tokenizer_path
         else:
             dataset = load_dataset_config(name)
+        if cfg.span_corruption:
+            from data.pairs import pairs_mistake
+            mistake = pairs_mistake(cfg, dataset)
+            if mistake:
+                raise ConfigError(mistake)
         if split == "eval" and dataset.get("eval_path") == "":
             continue  # GPT-Neo's way of saying "no eval set"
         if split == "train" and dataset["path"] == "":

@@ -116,8 +116,11 @@ def run_without_jax(module: str, argv: list[str], env: dict | None = None) -> tu
     (["--config", "quickstart", "--set", "n_embd=250"], "error: --set n_embd=250: n_embd: 250 is not divisible"),
     (["--config", "quickstart", "--set", "log_every=0"], "log_every: 0 is below the minimum 1"),
     (["--config", "quickstart", "--init-from", "EleutherAI/gpt-neo-125M"], "huggingface-cli download"),
-    (["--config", "t5_small_spans", "--set", "span_corruption=false"], "error: span_corruption: false, but task "
-     "seq2seq trains on the batches it makes from the data's tokens (--set span_corruption=true)"),
+    (["--config", "t5_small_spans", "--set", "span_corruption=false"], "error: span_corruption: false, so task "
+     "seq2seq reads (input, target) pairs from jsonl files, but configs/dataset_configs/embedded_bpe_spans.json names "
+     "text ("),
+    (["--config", "t5_reverse_words", "--set", "span_corruption=true"], "error: span_corruption: true cuts spans out "
+     "of plain text, but configs/dataset_configs/reverse_words.json names (input, target) pairs"),
     (["--config", "bert_mlm", "--set", "mlm_training=false"], "error: mlm_training: false, but task masked_lm"),
 ])
 def test_train_mistakes_are_one_line_before_jax(argv, message, tmp_path):

@@ -1,0 +1,160 @@
+"""(input, target) pairs for ``task: seq2seq`` without span corruption: jsonl files -> encoder-decoder batches.
+
+This is how T5 is fine-tuned on a task of one's own (summarization, translation, "question: ... context: ..."). A
+dataset config names jsonl files (``path`` for train, ``eval_path`` for eval; globs, ``.jsonl`` or ``.jsonl.zst``)
+whose lines hold an input text and its target text::
+
+    {"inputs": "The cat sat on the mat all day long.", "targets": "A cat sat."}
+
+The key names are the dataset config's ``inputs_key`` and ``targets_key`` (defaults ``inputs`` and ``targets``,
+T5's feature names and the batch's; Hugging Face's ``source``/``target`` files need
+``"inputs_key": "source", "targets_key": "target"``). ``prefix`` is put before every input, as T5's task prefixes
+(``"summarize: "``, ``"translate English to German: "``).
+
+Each text is tokenized once with the run's tokenizer, cut to leave room for end-of-text and ended with it, as
+Hugging Face's T5 tokenizer does with ``truncation=True``: inputs to ``n_ctx`` tokens, targets to the config's
+``decoder_ctx`` (``n_decoder_ctx``, else n_ctx); both right-padded, with segment id 1 on real tokens and 0 on
+padding. How many were cut is counted and said at start. Batches follow ``ExampleStream``: a pure function of the
+step (train: a seeded permutation per epoch; eval: in order), so resuming is exact; eval rows past the last pair
+have no target tokens, so they weigh nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from config import Config, ConfigError
+from data.labelled import ExampleStream, _dataset, jsonl_objects
+from data.tokenizer import Tokenizer, load_tokenizer
+
+INPUTS_KEY, TARGETS_KEY = "inputs", "targets"
+SUFFIXES = (".jsonl", ".jsonl.zst")
+
+
+def is_pairs_path(path) -> bool:
+    """Whether a dataset config's ``path`` names jsonl files (pairs), not TFRecords of tokens."""
+    return isinstance(path, str) and path.endswith(SUFFIXES)
+
+
+def read_pairs(pattern: str, where: str, keys: tuple[str, str] = (INPUTS_KEY, TARGETS_KEY)
+               ) -> tuple[list[str], list[str], list[str]]:
+    """(inputs, targets, where each pair was read) of the jsonl files ``pattern`` matches, in file order."""
+    inputs_key, targets_key = keys
+    inputs, targets, places = [], [], []
+    for row, place in jsonl_objects(pattern, where, "pairs"):
+        for key, name in ((inputs_key, "inputs_key"), (targets_key, "targets_key")):
+            if key not in row:
+                raise ConfigError(f"{place} has no '{key}' field ({name}; it has "
+                                  f"{', '.join(map(repr, row)) or 'none'})")
+            if not isinstance(row[key], str):
+                raise ConfigError(f"{place}: '{key}' is not a string ({name})")
+        if not row[targets_key].strip():
+            raise ConfigError(f"{place}: '{targets_key}' is empty: a pair needs a target to learn (targets_key)")
+        inputs.append(row[inputs_key])
+        targets.append(row[targets_key])
+        places.append(place)
+    return inputs, targets, places
+
+
+def encode_ended(tokenizer: Tokenizer, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids (N, length) right-padded, real lengths (N,), which were cut (N,) bool): each text's tokens cut to
+    ``length - 1`` and ended with end-of-text. A tokenizer that ends encodings with it itself (SentencePiece's) is
+    not given a second one, the rule predict.py follows for T5's prompts."""
+    eos = tokenizer.eos_id
+    ids = np.full((len(texts), length), tokenizer.padding_id, np.int32)  # (N, length)
+    lengths = np.zeros(len(texts), np.int32)
+    cut = np.zeros(len(texts), bool)
+    for row, tokens in enumerate(tokenizer.encode_batch(texts)):
+        if tokens and tokens[-1] == eos:
+            tokens = tokens[:-1]
+        cut[row] = len(tokens) > length - 1
+        tokens = tokens[:length - 1] + [eos]
+        ids[row, :len(tokens)] = tokens
+        lengths[row] = len(tokens)
+    return ids, lengths, cut
+
+
+class PairSource(ExampleStream):
+    """seq2seq batches from (input, target) pairs held in memory, tokenized once."""
+
+    def __init__(self, inputs: list[str], targets: list[str], places: list[str], tokenizer: Tokenizer, n_ctx: int,
+                 n_targets: int, *, prefix: str = "", shuffle: bool, seed: int, description: str):
+        if n_ctx < 2 or n_targets < 2:
+            raise ConfigError(f"n_ctx {n_ctx} / n_decoder_ctx {n_targets}: a pair needs at least 2 tokens on each "
+                              "side (a text and end-of-text)")
+        self.inputs, self.input_lengths, cut_inputs = encode_ended(tokenizer, [prefix + t for t in inputs], n_ctx)
+        self.targets, self.target_lengths, cut_targets = encode_ended(tokenizer, targets, n_targets)
+        self.tokenizer, self.shuffle, self.seed = tokenizer, shuffle, seed
+        self.bytes_per_token = None  # losses of targets alone have no bits per byte of the text
+        self._order = None
+        self.cut = (int(cut_inputs.sum()), int(cut_targets.sum()))
+
+        def first(cut):
+            return f", the first {places[int(np.argmax(cut))]}" if cut.any() else ""
+
+        self.description = (f"{description}: {len(inputs):,} pairs; {self.cut[0]:,} inputs cut to n_ctx {n_ctx}"
+                            f"{first(cut_inputs)}; {self.cut[1]:,} targets cut to n_decoder_ctx {n_targets}"
+                            f"{first(cut_targets)}; tokens per pair: {self.input_lengths.mean():.1f} in, "
+                            f"{self.target_lengths.mean():.1f} out")
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def batch(self, step: int, batch_size: int, rows: slice | None = None) -> dict:
+        """Rows ``rows`` (default all) of global batch ``step``: {"inputs", "segment_ids": (rows, n_ctx),
+        "targets", "target_segment_ids": (rows, n_decoder_ctx)} int32; segment id 1 on real tokens, 0 on padding
+        (and on every target token of an eval row past the last pair)."""
+        ids, weights = self.example_ids(step, batch_size, rows)
+        source = np.arange(self.inputs.shape[1])
+        target = np.arange(self.targets.shape[1])
+        target_lengths = np.where(weights > 0, self.target_lengths[ids], 0)
+        return {"inputs": self.inputs[ids],
+                "segment_ids": (source < self.input_lengths[ids, None]).astype(np.int32),
+                "targets": self.targets[ids],
+                "target_segment_ids": (target < target_lengths[:, None]).astype(np.int32)}
+
+
+def pairs_mistake(cfg: Config, dataset: dict) -> str | None:
+    """Why ``dataset`` cannot feed ``cfg``'s seq2seq task, or None: span corruption cuts spans out of text
+    (TFRecords of tokens, the embedded corpus), while pairs come from jsonl files."""
+    path, where = dataset["path"], dataset["where"]
+    if cfg.task != "seq2seq" or path == "" or path.startswith("tfds:"):
+        return None
+    if cfg.span_corruption and is_pairs_path(path):
+        return (f"span_corruption: true cuts spans out of plain text, but {where} names (input, target) pairs "
+                f"({path}); --set span_corruption=false trains on its pairs")
+    if cfg.span_corruption or is_pairs_path(path):
+        return None
+    if path == "embedded" or path.endswith((".tfrecords", ".tfrecord")):
+        return (f"span_corruption: false, so task seq2seq reads (input, target) pairs from jsonl files, but {where} "
+                f"names text ({path}); --set span_corruption=true makes its batches from the text's tokens")
+    return (f"{where} path: {path} is not jsonl (.jsonl or .jsonl.zst): task seq2seq reads (input, target) pairs, "
+            f'one {{"{dataset.get("inputs_key") or INPUTS_KEY}": ..., "{dataset.get("targets_key") or TARGETS_KEY}": '
+            "...} object per line")
+
+
+def pair_source(cfg: Config, split: str) -> PairSource:
+    """The seq2seq source for ``split`` ("train" or "eval") of the config's one dataset of pairs."""
+    from data.source import check_tokenizer
+
+    dataset = _dataset(cfg)
+    where = dataset["where"]
+    if dataset["path"].startswith("tfds:"):
+        raise ConfigError(f"{where}: seq2seq pairs are read from jsonl files, not TFDS")
+    if split == "train" and dataset["path"] == "":
+        raise ConfigError(f"{where}: 'path' is empty: an eval-only dataset config, which train.py --eval reads")
+    mistake = pairs_mistake(cfg, dataset)
+    if mistake:
+        raise ConfigError(mistake)
+    tokenizer = load_tokenizer(dataset.get("tokenizer_path", "bytes"), f"{where} tokenizer_path")
+    check_tokenizer(tokenizer, dataset, cfg)
+    pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
+    if pattern is None:
+        raise ConfigError(f"{where}: no 'eval_path' for evaluation; add one or set eval_steps to 0")
+    keys = (dataset.get("inputs_key") or INPUTS_KEY, dataset.get("targets_key") or TARGETS_KEY)
+    prefix = dataset.get("prefix", "")
+    if not isinstance(prefix, str):
+        raise ConfigError(f"{where}: prefix must be a string (put before every input), got {prefix!r}")
+    inputs, targets, places = read_pairs(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}", keys)
+    return PairSource(inputs, targets, places, tokenizer, cfg.n_ctx, cfg.decoder_ctx, prefix=prefix,
+                      shuffle=split == "train", seed=cfg.seed, description=f"{split}: {where}")

@@ -41,7 +41,7 @@ def _check_train(cfg: Config, batch_size: int | None) -> None:
             return _check_images(source, batch)
         if "labels" in batch:  # labelled examples (sequence or token classification)
             return _check_labelled(source, batch, cfg)
-        if "mask" not in batch:  # seq2seq (span corruption): inputs and targets
+        if "mask" not in batch:  # seq2seq (span corruption or pairs): inputs and targets
             return _check_seq2seq(source, batch, cfg)
         masked = batch["mask"]
         batch = batch["inputs"]
@@ -80,7 +80,8 @@ def _check_labelled(source, batch: dict, cfg: Config) -> None:
 
 
 def _check_seq2seq(source, batch: dict, cfg: Config) -> None:
-    """Encoder inputs and decoder targets (span corruption): fields, token id range, the first pair as text."""
+    """Encoder inputs and decoder targets (span corruption or pairs): fields, token id range, the first pair as
+    text."""
     inputs, targets = batch["inputs"], batch["targets"]
     print(source.description)
     print("batch 0: " + ", ".join(f"{k} {v.shape} {v.dtype}" for k, v in batch.items())

@@ -21,7 +21,8 @@ from typing import Callable, Iterator
 from config import ConfigError
 from neomesh.paths import remove_stale_staging
 
-PREPARERS = ("embedded", "stdlib_docstrings", "code_tags")  # data/docstrings.py, data/code_tags.py
+PREPARERS = ("embedded", "stdlib_docstrings", "code_tags", "reverse_words")  # data/docstrings.py, code_tags.py,
+# reverse_words.py
 
 
 def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
@@ -41,6 +42,12 @@ def ensure_prepared(dataset: dict, where: str, n_ctx: int) -> None:
         build_once(target, lambda build: prepare_code_tags(build, dataset, where, n_ctx),
                    f"{where}: first use, preparing {target} (the standard library's tokens and their categories, "
                    f"a {dataset.get('vocab_size')}-token BPE; later runs reuse it)")
+        return
+    if kind == "reverse_words":
+        from data.reverse_words import prepare_reverse_words
+        build_once(target, lambda build: prepare_reverse_words(build, dataset, where, n_ctx),
+                   f"{where}: first use, preparing {target} (word runs of the help topics and their reverses, a "
+                   f"{dataset.get('vocab_size')}-token BPE; later runs reuse it)")
         return
     build_once(target, lambda build: prepare_embedded(build, dataset, where, n_ctx),
                f"{where}: first use, preparing {target} (a {dataset.get('vocab_size')}-token BPE and TFRecords from "

@@ -326,7 +326,9 @@ def test_data_prepared_before_is_reused_from_a_cache_that_cannot_be_written(tmp_
                            '({"tokens": [...], "labels": [...]} per line)'),
     ("vit_digits", (), "plain text cannot feed task image_classification, which needs labelled images"),
     ("bert_mlm", ("mlm_training=false",), "plain text feeds task masked_lm only with mlm_training true"),
-    ("t5_small_spans", ("span_corruption=false",), "plain text feeds task seq2seq only with span_corruption true"),
+    ("t5_reverse_words", (), "plain text feeds task seq2seq only with span_corruption true (--set "
+                             'span_corruption=true); (input, target) pairs come from jsonl ({"inputs": ..., '
+                             '"targets": ...} per line)'),
 ], ids=["sequence_classification", "token_classification", "image_classification", "masked_lm", "seq2seq"])
 def test_data_refuses_a_task_text_cannot_feed_before_preparing(tmp_path, work_root, config, sets, refusal):
     from config import load_config

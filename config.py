@@ -266,8 +266,11 @@ class Config:
                                              minimum=1)
 
     # Fine-tuning.
-    init_from: Optional[str] = _key(None, "a Hugging Face model directory a new run starts from (what --init-from "
-                                          "gives); with peft checkpoint 'trainable' resuming reads it again")
+    init_from: Optional[str] = _key(None, "a Hugging Face model directory (or a NeoMesh run) a new run starts "
+                                          "from (what --init-from gives); with peft checkpoint 'trainable' "
+                                          "resuming reads it again")
+    init_new_head: bool = _key(False, "with init_from a classifier: keep its backbone, start a fresh head of "
+                                      "num_labels without its label names (transformers' ignore_mismatched_sizes)")
     peft: Optional[dict] = _key(None, "parameter-efficient fine-tuning: {lora: {targets, rank, alpha, dropout}, "
                                       "prefix: {length, hidden}, adapter: {size, activation, after}, bitfit, "
                                       "trainable, checkpoint ('all' or 'trainable')}; only the parts it adds (and "
@@ -499,6 +502,9 @@ def validated(cfg: Config) -> Config:
     for width in cfg.head_hidden:
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ConfigError(f"head_hidden: {json.dumps(width)} is not a layer width (a positive integer)")
+    if cfg.init_new_head and not cfg.task.endswith("classification"):
+        raise ConfigError(f"init_new_head: only for a classifier (task sequence_classification, token_classification "
+                          f"or image_classification), not {cfg.task}")
     if cfg.head_hidden and cfg.task not in ("sequence_classification", "token_classification"):
         raise ConfigError(f"head_hidden: {json.dumps(cfg.head_hidden)} shapes a classification head; task {cfg.task} "
                           "has none")

@@ -118,11 +118,12 @@ def _with_base(cfg: Config, make_model, abstract: dict, trained: dict, model_pat
     fresh = lambda: init_params(make_model, cfg.seed, shardings)  # noqa: E731
     if cfg.init_from is None:
         return join_params(trained, fresh())
-    from convert.hf import load_hf
     from neomesh.hf_cache import resolve_model
+    from training.init_from import source_params, without_head
 
     try:
-        base = load_hf(resolve_model(cfg.init_from, "init_from"))[1]
+        base = source_params(resolve_model(cfg.init_from, "init_from"))[1]
+        base = without_head(cfg, base)[0] if cfg.init_new_head else base  # as at the run's start
     except ConfigError as e:  # moved or deleted since training: say why that model is read at all
         raise ConfigError(f"{model_path} holds only its trained parameters (peft checkpoint 'trainable'); the rest "
                           f"comes from its init_from, which cannot be read: {e}") from None

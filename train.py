@@ -147,13 +147,17 @@ def main(argv=None) -> int:
             where = "--init-from" if args.init_from else "init_from"
             cfg = cfg.replace(init_from=resolve_model(args.init_from or cfg.init_from, where))
             cfg = with_architecture_of(cfg, where, notes)
+        elif cfg.init_new_head:
+            raise ConfigError("init_new_head: only with --init-from (a new head on the backbone of the classifier it "
+                              "names)")
         if not args.check_dataset:  # before --data prepares text, --new moves a run aside, or a device starts
             from parallel.layout import check_text
             check_text(cfg.mesh_shape, cfg.layout)
         if args.data:
             from data.make_dataset import config_for_data
             if cfg.init_from and cfg.tokenizer_path is None:  # fine-tuning reads text with the model's tokenizer
-                cfg = cfg.replace(tokenizer_path=cfg.init_from)
+                from training.init_from import source_tokenizer
+                cfg = cfg.replace(tokenizer_path=source_tokenizer(cfg.init_from))
             cfg = config_for_data(cfg, args.data, args.skip_bad_files)
             if goes_on and not args.model_path:  # the run directory named after the data
                 check_init_from_given(cfg.model_path, cfg)
@@ -367,12 +371,13 @@ def with_tokenizer_of_init_from(cfg, notes: list):
     """Fine-tuning reads text with the pretrained model's own tokenizer: jsonl tokenized as it is read (a
     classifier's labelled text, seq2seq pairs) gets it as ``tokenizer_path``; data tokenized ahead (TFRecords)
     keeps its ids, and a note says so where its tokenizer is not the model's (the ids would name other tokens)."""
-    from convert.hf_dir import has_tokenizer
+    from training.init_from import source_tokenizer
 
-    if cfg.tokenizer_path is not None or not has_tokenizer(cfg.init_from):
+    own = source_tokenizer(cfg.init_from)
+    if cfg.tokenizer_path is not None or own is None:
         return cfg
     if tokenizes_as_read(cfg):
-        return cfg.replace(tokenizer_path=cfg.init_from)
+        return cfg.replace(tokenizer_path=own)
     from data.source import load_dataset_config
     from data.tokenizer import load_tokenizer
 
@@ -380,7 +385,7 @@ def with_tokenizer_of_init_from(cfg, notes: list):
     theirs = None if name.startswith("tfds:") else load_dataset_config(name).get("tokenizer_path", "bytes")
     if theirs is None or (theirs != "bytes" and not os.path.exists(theirs)):
         return cfg  # prepared on first use: nothing to compare yet
-    data, model = load_tokenizer(theirs), load_tokenizer(cfg.init_from)
+    data, model = load_tokenizer(theirs), load_tokenizer(own)
     if data.vocab_size != model.vocab_size or data.encode(SAMPLE_TEXT) != model.encode(SAMPLE_TEXT):
         notes.append(f"--init-from {cfg.init_from}: dataset {name} holds the ids of its own tokenizer "
                      f"({theirs}), not this model's; fine-tuning on them teaches other tokens (train.py --data "
@@ -567,6 +572,12 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 from training.layer_stack import unstack_abstract
 
                 _, missing, unused = match_params(params, unstack_abstract(abstract.params))
+                if cfg.init_new_head:  # its head's output layer was left out: fresh, but not for want of it
+                    from training.init_from import head_names
+
+                    head = head_names(cfg)
+                    say(f"init_new_head: a new head of {cfg.num_labels} labels, initialised fresh: {', '.join(head)}")
+                    missing = [name for name in missing if name not in head]
                 say(f"initialised from {cfg.init_from}" + (f"; fresh (not in it): {summary(missing)}" if missing
                                                            else "")
                     + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
@@ -910,12 +921,13 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     import json
 
     from config import ConfigError
-    from convert.hf import hf_config
+    from training.init_from import check_head, may_lack_head, source_config
 
-    theirs = hf_config(cfg.init_from)
+    theirs = source_config(cfg.init_from)
     theirs = theirs.replace(n_ctx=cfg.n_ctx) if theirs.model == "t5" else theirs  # relative positions: any length
     if theirs.model != cfg.model:
         raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}")
+    check_head(cfg, theirs, where, may_lack_head(cfg.init_from, theirs))  # imported_params checks the weights
     from config import MODEL_VALUE
 
     changes = {key: getattr(theirs, key) for key in ARCHITECTURE if getattr(theirs, key) != getattr(cfg, key)}
@@ -930,11 +942,12 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
 
 
 def imported_params(cfg, hf_dir: str):
-    """A Hugging Face model's weights for ``cfg``'s model; a one-line error if its shape differs."""
+    """The weights of the model ``cfg`` starts from (a Hugging Face directory or a NeoMesh run) for ``cfg``'s
+    model; a one-line error if its shape differs. With ``init_new_head``, without the head's output layer."""
     from config import ConfigError
-    from convert.hf import load_hf
+    from training.init_from import check_head, source_params, without_head
 
-    theirs, params = load_hf(hf_dir)
+    theirs, params = source_params(hf_dir)
     keys = ["model", "n_embd", "n_layer", "n_head", "n_vocab", "attention_layers", "activation_function",
             "no_weight_tie", "qkv_bias", "attention_scale", "intermediate", "norm_position", "n_token_types"] + (
         ["local_attention_radius"] if "local" in cfg.attention_layers else []) + (
@@ -945,11 +958,8 @@ def imported_params(cfg, hf_dir: str):
                               f"{getattr(cfg, key)} in the config")
     # A bare ViTModel has no classifier (it starts fresh), only its config's default id2label of 2 labels.
     headless = cfg.model == "vit" and "classifier" not in params
-    if theirs.task == cfg.task and cfg.task.endswith("classification") and theirs.num_labels != cfg.num_labels \
-            and not headless:
-        raise ConfigError(f"--init-from {hf_dir}: its classifier has {theirs.num_labels} labels, but num_labels is "
-                          f"{cfg.num_labels}; start from its base model without that head for new labels")
-    return params
+    check_head(cfg.replace(init_from=hf_dir), theirs, "--init-from", headless)
+    return without_head(cfg, params)[0] if cfg.init_new_head else params
 
 
 if __name__ == "__main__":

@@ -159,15 +159,14 @@ def label_names(dataset: dict, train: Examples | None, num_labels: int) -> list[
 
 def head_labels(cfg: Config) -> tuple[list[str], str] | None:
     """The label names, in id order, of the classifier a run starts from: ``init_from``'s ``id2label``, else the
-    names its run directory keeps (an import, or the run going on); None where that classifier names none."""
+    names its run directory keeps (an import, or the run going on); None where that classifier names none, or
+    where the run starts a new head on its backbone (``init_new_head``): the old head's names are not the new one's."""
     from neomesh import label_names
 
     if cfg.init_from:
-        try:
-            with open(os.path.join(cfg.init_from, "config.json"), encoding="utf-8") as f:
-                names = label_names.from_hf(json.load(f))
-        except (OSError, ValueError):
-            return None
+        from training.init_from import source_labels
+
+        names = None if cfg.init_new_head else source_labels(cfg.init_from)
         return (names, f"--init-from {cfg.init_from}") if names else None
     names = label_names.load(cfg.model_path, cfg.num_labels) if cfg.model_path else None
     return (names, os.path.join(cfg.model_path, label_names.FILE)) if names else None

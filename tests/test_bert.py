@@ -165,18 +165,74 @@ def test_pytorch_model_bin_imports_like_safetensors(tmp_path):
 
 
 def test_init_from_a_classifier_with_other_labels_names_both_counts(tmp_path):
-    """A 3-label BertForSequenceClassification fine-tuned on an 8-label dataset: one line with both counts (it was
-    a shape error of classifier/out/bias); the same labels load."""
+    """A 3-label BertForSequenceClassification fine-tuned on an 8-label dataset: one line with both counts and the
+    way out (it was a shape error of classifier/out/bias, then a line pointing to a base model without the head);
+    the same labels load."""
     import train
 
     source = saved(hf_fixtures.encoder(kind="bert", head="sequence_classification", num_labels=3), tmp_path)
     cfg, _ = load_hf(source)
     with pytest.raises(ConfigError) as error:
         train.imported_params(cfg.replace(num_labels=8), source)
-    assert str(error.value) == (f"--init-from {source}: its classifier has 3 labels, but num_labels is 8; start "
-                                "from its base model without that head for new labels")
+    assert str(error.value) == (f"--init-from {source}: its classifier has 3 labels, but num_labels is 8; --set "
+                                "init_new_head=true keeps its backbone and starts a new head of 8")
     assert "classifier" in train.imported_params(cfg, source)
     assert train.imported_params(cfg.replace(task="masked_lm", num_labels=8), source)  # no classifier: no count
+
+
+@pytest.mark.parametrize("kind", ["hf", "run"])
+def test_init_new_head_keeps_the_backbone_and_starts_a_head_of_num_labels(tmp_path, kind):
+    """init_new_head (transformers' ignore_mismatched_sizes) from a 2-label classifier, a Hugging Face directory or
+    a NeoMesh run made of it, for 5 labels: every weight but the head's output layer is the source's, bit for bit,
+    and that layer takes the model's init in the new shape."""
+    import train
+    from convert.hf import import_hf
+    from parallel.state import init_params, path_name, place_params, sharded_abstract_params
+    from pretrained import default_layout
+    from training.init_from import head_names
+    from training.peft import build_model
+
+    source = saved(hf_fixtures.encoder(kind="bert", head="sequence_classification", num_labels=2), tmp_path / "hf")
+    if kind == "run":
+        import_hf(source, str(tmp_path / "run"))
+        source = str(tmp_path / "run")
+    theirs, weights = load_hf(str(tmp_path / "hf"))
+    cfg = theirs.replace(num_labels=5, init_from=source)
+    with pytest.raises(ConfigError, match="its classifier has 2 labels, but num_labels is 5; --set init_new_head"):
+        train.imported_params(cfg, source)
+    cfg = cfg.replace(init_new_head=True)
+    params = train.imported_params(cfg, source)
+    make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
+    _, abstract = sharded_abstract_params(make_model, default_layout())
+    _, missing, unused = match_params(params, abstract)
+    assert missing == head_names(cfg) == ["classifier/out/bias", "classifier/out/kernel"] and not unused
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    placed = place_params(params, abstract, lambda: init_params(make_model, cfg.seed, shardings))
+    given = {path_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(weights)[0]}
+    for path, value in jax.tree_util.tree_flatten_with_path(placed)[0]:
+        name = path_name(path)
+        if name in missing:
+            assert value.shape == ((48, 5) if name.endswith("kernel") else (5,)) and np.all(np.isfinite(value))
+        else:
+            assert np.array_equal(np.asarray(value), given[name]), name
+
+
+@pytest.mark.parametrize("changes, head", [
+    (dict(model="bert", task="token_classification", head_hidden=[16]), ["token_classifier/mlp/layers/1/bias",
+                                                                          "token_classifier/mlp/layers/1/kernel"]),
+    (dict(model="gpt2", task="sequence_classification"), ["score/out/kernel"]),
+    (dict(model="vit", task="image_classification", image_size=8, patch_size=4, num_channels=1),
+     ["classifier/bias", "classifier/kernel"])])
+def test_a_new_head_is_the_output_layer_of_any_classifier(changes, head):
+    """The head that init_new_head starts afresh is the layer whose shape follows num_labels: an MLP head keeps
+    its hidden layers (the backbone's features), a GPT's score has no bias."""
+    from config import from_dict
+    from training.init_from import head_names
+
+    shape = dict(n_layer=1, n_embd=32, n_head=2, num_labels=3) | ({} if changes["model"] == "vit" else
+                                                                  dict(n_ctx=16, n_vocab=64))
+    cfg = from_dict(shape | changes)[0]
+    assert head_names(cfg) == head
 
 
 def test_roberta_config_without_a_pad_token_id_is_one_line():

@@ -45,3 +45,47 @@ def test_bert_classify_reports_accuracy_and_two_class_f1(tmp_path):
     assert 0.0 <= evaluation["f1"] <= 1.0
     initialised = next(line for line in classify.stdout.splitlines() if line.startswith("initialised from"))
     assert "fresh (not in it): " in initialised and "classifier" in initialised, initialised
+
+
+@pytest.mark.e2e
+def test_a_classifier_with_other_labels_trains_a_new_head_on_its_backbone(tmp_path):
+    """A 2-label BertForSequenceClassification (neg, pos) fine-tuned on the 8 docstring modules: one line naming
+    both counts and init_new_head, before any data work; with it, the run trains a new 8-label head on the
+    backbone, a note names the new parameters, and the run's labels are the data's, not neg and pos. A NeoMesh run
+    of that classifier (an import) starts the same way."""
+    from convert.hf import import_hf
+
+    hf = hf_fixtures.encoder("bert", head="sequence_classification", n_embd=32, n_head=2, n_layer=1, n_ctx=32,
+                             d_ff=64, num_labels=2)
+    hf.config.id2label, hf.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+    source = hf_fixtures.save(hf, tmp_path / "hf")
+    refused = run_command("train.py", "--config", "configs/bert_classify.json", "--model-path", str(tmp_path / "no"),
+                          "--init-from", source, *[arg for s in TINY for arg in ("--set", s)])
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines() == [
+        f"error: --init-from {source}: its classifier has 2 labels, but num_labels is 8; --set init_new_head=true "
+        "keeps its backbone and starts a new head of 8"], refused.stderr
+    assert "data train" not in refused.stdout and not (tmp_path / "no").exists()
+    imported = str(tmp_path / "imported")
+    import_hf(source, imported)
+    going_on = run_command("train.py", "--config", "configs/bert_classify.json", "--model-path", imported,
+                           *[arg for s in TINY for arg in ("--set", s)])
+    assert going_on.returncode != 0 and going_on.stderr.strip().endswith(
+        f"(set it back, or --new for a fresh run; --init-from {imported} --set init_new_head=true --model-path "
+        "NEW_DIR starts a new head of 8 on its weights)"), going_on.stderr
+    # From the import, LoRA keeping only the trained parameters: loading the run reads the backbone from it again.
+    for start, peft in ((source, []), (imported, ['peft={"lora": {}, "checkpoint": "trainable"}'])):
+        run = tmp_path / ("from_run" if peft else "from_hf")
+        classify(run, "init_new_head=true", *peft, extra=("--init-from", start))
+        assert ("init_new_head: a new head of 8 labels, initialised fresh: classifier/out/bias, "
+                "classifier/out/kernel") in classify.stdout
+        initialised = next(line for line in classify.stdout.splitlines() if line.startswith("initialised from"))
+        assert initialised.startswith(f"initialised from {start}"), initialised
+        fresh = initialised[len(f"initialised from {start}"):]  # LoRA's factors; the head is named above
+        assert fresh.startswith("; fresh (not in it): blocks/0/attn/q/lora") if peft else fresh == "", fresh
+        assert "classifier" not in fresh
+        names = json.loads((run / "labels.json").read_text())
+        assert len(names) == 8 and "neg" not in names
+    from pretrained import Pretrained
+
+    model = Pretrained.from_pretrained(str(tmp_path / "from_run"))
+    assert model.labels == names and model(["Fail if the two objects are unequal."]).shape == (1, 8)

@@ -104,6 +104,16 @@ def test_labels_take_the_order_of_the_classifier_the_run_starts_from(reviews, tm
                             "them in its order, or leave labels out to take it")
 
 
+def test_a_new_head_takes_no_label_order_from_the_classifier_it_replaces(reviews, tmp_path):
+    # init_new_head: the old head's rows are gone, so its label names (here the same three, in its order) are not
+    # the new head's; the data's own order (sorted) holds, as for a model without a classifier.
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"id2label": {"0": "pos", "1": "neg", "2": "neutral"}}))
+    source = make_source(classify(init_from=str(hf), init_new_head=True), "eval")
+    assert source.label_names == ["neg", "neutral", "pos"] and source.labels.tolist() == [1, 2, 0]
+
+
 def test_batches_are_a_pure_function_of_config_and_step(reviews):
     cfg = classify()
     source = make_source(cfg, "train")

@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 import os
+import shlex
 import time
 import traceback
 
@@ -433,8 +434,8 @@ def model_changes(saved: dict, cfg) -> list[str]:
 TRAJECTORY_FREE = ("eval_batch_size", "eval_steps", "eval_every", "log_every", "steps_per_checkpoint",
                    "keep_checkpoints", "max_bad_steps", "mesh_shape", "layout", "model_path", "sample_prompt",
                    "sample_tokens", "predict_max_steps", "eval_tasks", "lambada_path", "multiple_choice_path",
-                   "eval_task_examples", "tfds_data_dir", "init_from", "attention_kernel", "recompute_grad",
-                   "scan_layers", "loss_chunk", "tokens_per_mb_per_replica")
+                   "eval_task_examples", "tfds_data_dir", "init_from", "init_new_head", "attention_kernel",
+                   "recompute_grad", "scan_layers", "loss_chunk", "tokens_per_mb_per_replica")
 
 
 def training_changes(saved: dict, cfg) -> list[str]:
@@ -452,10 +453,14 @@ def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
     """A one-line error naming the first config key whose change gives the model another shape than the
     checkpoint's (``where`` names the checkpoint)."""
     key = first_changed_key(saved, cfg, state_shapes)
-    if key is not None:
-        raise ConfigError(f"{key}: {where} was trained with {key}={json.dumps(saved.get(key))}, the config has "
-                          f"{json.dumps(getattr(cfg, key))}; the model's shape differs (set it back, or --new "
-                          "for a fresh run)")
+    if key is None:
+        return
+    ways = "set it back, or --new for a fresh run"
+    if key == "num_labels" and cfg.task.endswith("classification"):  # new labels on this classifier's backbone
+        ways += (f"; --init-from {shlex.quote(cfg.model_path)} --set init_new_head=true --model-path NEW_DIR "
+                 f"starts a new head of {cfg.num_labels} on its weights")
+    raise ConfigError(f"{key}: {where} was trained with {key}={json.dumps(saved.get(key))}, the config has "
+                      f"{json.dumps(getattr(cfg, key))}; the model's shape differs ({ways})")
 
 
 def input_position_item(data: dict | None) -> dict:

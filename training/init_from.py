@@ -1,0 +1,132 @@
+"""The model a run starts from (``init_from``): a Hugging Face directory (or ORG/NAME, resolved before) or a
+NeoMesh run directory, read the same way: its config, its weights, its tokenizer and its label names.
+
+``init_new_head`` starts a classifier on another classifier's backbone with a fresh head of ``num_labels``
+(transformers' ``ignore_mismatched_sizes``): the head's output layer, the parameters whose shape follows
+``num_labels``, is left out of the weights so it takes the model's init, and the old head's label names go with it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from config import Config, ConfigError
+
+CLASSIFIERS = ("sequence_classification", "token_classification", "image_classification")
+
+
+def is_run(path: str) -> bool:
+    """Whether ``path`` is a NeoMesh run directory (it has checkpoints/) rather than a Hugging Face one."""
+    return os.path.isdir(os.path.join(path, "checkpoints"))
+
+
+def source_config(path: str) -> Config:
+    """The config of the model in ``path``, without reading its weights."""
+    if not is_run(path):
+        from convert.hf import hf_config
+
+        return hf_config(path)
+    from config import from_dict
+    from training.checkpoint import Checkpoints
+
+    with Checkpoints(path, keep=1, read_only=True) as checkpoints:
+        step = checkpoints.latest_step()
+        if step is None:
+            raise ConfigError(f"{path}: a NeoMesh run directory with no checkpoint to start from")
+        return from_dict(checkpoints.located_config(step), source=f"{path} checkpoint config")[0]
+
+
+def source_params(path: str) -> tuple[Config, dict]:
+    """(config, parameter tree of float32 numpy arrays) of the model in ``path``."""
+    if not is_run(path):
+        from convert.hf import load_hf
+
+        return load_hf(path)
+    import jax
+    import numpy as np
+
+    from pretrained import load_run
+
+    cfg, _, params = load_run(path)
+    return cfg, jax.tree.map(lambda p: np.asarray(p, np.float32), params)
+
+
+def source_tokenizer(path: str) -> str | None:
+    """What ``tokenizer_path`` reads the text of the model in ``path`` with: its tokenizer files, or a run's
+    ``tokenizer/`` (else the run's own ``tokenizer_path``, such as "bytes"); None where it names none."""
+    from convert.hf_dir import has_tokenizer
+
+    if not is_run(path):
+        return path if has_tokenizer(path) else None
+    from neomesh.paths import run_tokenizer_dir
+
+    own = run_tokenizer_dir(path)
+    return own if has_tokenizer(own) else source_config(path).tokenizer_path
+
+
+def source_labels(path: str) -> list[str] | None:
+    """The label names of the classifier in ``path`` (a Hugging Face ``id2label``, a run's labels.json)."""
+    import json
+
+    from neomesh import label_names
+
+    if is_run(path):
+        try:
+            return label_names.load(path, source_config(path).num_labels)
+        except ConfigError:
+            return None
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            return label_names.from_hf(json.load(f))
+    except (OSError, ValueError):
+        return None
+
+
+def may_lack_head(path: str, theirs: Config) -> bool:
+    """Whether the model in ``path`` may have no classifier for all its config says: a ViT config.json gives
+    image_classification with transformers' default two labels whether or not it is a bare ViTModel (its
+    ``architectures`` tell, where they are written; the weights tell for sure)."""
+    if theirs.model != "vit" or is_run(path):
+        return False
+    import json
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            architectures = json.load(f).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return True
+    return not any(str(name).endswith("ForImageClassification") for name in architectures)
+
+
+def check_head(cfg: Config, theirs: Config, where: str, headless: bool = False) -> None:
+    """A one-line error when ``cfg`` fine-tunes ``theirs``'s classifier with another label count and does not
+    ask for a new head; ``headless``: ``theirs`` has no classifier, whatever its config's label count."""
+    if theirs.task == cfg.task and cfg.task in CLASSIFIERS and theirs.num_labels != cfg.num_labels \
+            and not cfg.init_new_head and not headless:
+        raise ConfigError(f"{where} {cfg.init_from}: its classifier has {theirs.num_labels} labels, but num_labels "
+                          f"is {cfg.num_labels}; --set init_new_head=true keeps its backbone and starts a new head "
+                          f"of {cfg.num_labels}")
+
+
+def head_names(cfg: Config) -> list[str]:
+    """The path names of the head's output layer: the parameters whose shape follows ``num_labels``."""
+    import jax
+
+    from parallel.state import abstract_model, path_name
+    from training.peft import build_model
+
+    def shapes(num_labels: int) -> dict:
+        c = cfg.replace(num_labels=num_labels)
+        leaves = jax.tree_util.tree_leaves_with_path(abstract_model(lambda rngs: build_model(c, rngs))[1])
+        return {path_name(path): leaf.shape for path, leaf in leaves}
+
+    ours, other = shapes(cfg.num_labels), shapes(cfg.num_labels + 1)
+    return sorted(name for name, shape in ours.items() if other.get(name) != shape)
+
+
+def without_head(cfg: Config, params: dict) -> tuple[dict, list[str]]:
+    """``params`` without the head's output layer (it starts from the model's init), and its path names."""
+    from parallel.state import split_params
+
+    names = head_names(cfg)
+    return split_params(params, lambda name: name not in names)[0], names

@@ -267,4 +267,36 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
     # A ViT's tokenizer/ is not read (an older import left it empty).
     export_params(cfg, params, hf_dir, tokenizer_dir if cfg.reads_text and os.path.isdir(tokenizer_dir) else None,
                   label_names.load(model_path, cfg.num_labels))
+    if cfg.reads_text and not os.path.isdir(tokenizer_dir):
+        print(f"note: {no_tokenizer_note(cfg, model_path, hf_dir)}", file=sys.stderr, flush=True)
     return cfg
+
+
+def reads_bytes(cfg: Config) -> bool | None:
+    """Whether a run reads its text as UTF-8 bytes (the "bytes" tokenizer), found without preparing any data as
+    data.source.make_tokenizer would; None where its dataset config cannot be read."""
+    if cfg.tokenizer_path:
+        return cfg.tokenizer_path == "bytes"
+    name = cfg.datasets[0][0]
+    if name.startswith("tfds:"):
+        return True
+    from data.source import load_dataset_config
+
+    try:
+        return load_dataset_config(name).get("tokenizer_path", "bytes") == "bytes"
+    except ConfigError:
+        return None
+
+
+def no_tokenizer_note(cfg: Config, model_path: str, hf_dir: str) -> str:
+    """What an export of a text model without a tokenizer/ folder says: transformers loads the weights, but
+    nothing there turns text into ids. The "bytes" tokenizer is not written as a tokenizer.json: one would read a
+    typed "<|endoftext|>" as the end-of-text id 256 where NeoMesh reads its 13 bytes (the tokenizers library
+    always matches its special tokens in text; the switch that stops it, encode_special_tokens, is not saved)."""
+    if reads_bytes(cfg):
+        return (f"{hf_dir} has no tokenizer: {model_path} reads text as UTF-8 bytes (tokenizer 'bytes': ids "
+                "0..255, end-of-text 256), which no tokenizer.json reproduces exactly; transformers takes its ids "
+                "(list(text.encode('utf-8'))), and predict.py --model-path, eval.py and Pretrained read text with "
+                f"the run itself ({model_path})")
+    return (f"{hf_dir} has no tokenizer: {model_path} has no tokenizer/ folder; put the model's tokenizer files "
+            f"in {hf_dir} before --hf-model, Pretrained or transformers' pipelines read text with it")

@@ -42,6 +42,53 @@ def test_a_text_model_imported_without_a_tokenizer_says_so(tmp_path):
     result = run_command("predict.py", "--model-path", str(run), "--prompt", "x")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
     assert f"tokenizer_path: '{source}'" in result.stderr
+    # Its export has none either, and says so (it wrote the weights without a word).
+    result = run_command("-m", "convert", "export", str(run), str(tmp_path / "exported"))
+    assert result.returncode == 0 and result.stderr.splitlines() == [
+        f"note: {tmp_path / 'exported'} has no tokenizer: {run} has no tokenizer/ folder; put the model's tokenizer "
+        f"files in {tmp_path / 'exported'} before --hf-model, Pretrained or transformers' pipelines read text with "
+        "it"], result.stderr
+
+
+@pytest.mark.e2e
+def test_an_export_of_a_run_that_reads_bytes_says_it_has_no_tokenizer(tmp_path):
+    """A run trained with the "bytes" tokenizer exports no tokenizer: a note says so, and how text becomes ids.
+    None is written because a tokenizer.json cannot be the same tokenizer: the tokenizers library matches its
+    special tokens in the text (encode_special_tokens, which would stop it, is not saved), so a typed
+    "<|endoftext|>" would be id 256 where NeoMesh reads 13 bytes."""
+    import tokenizers
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+    from data.tokenizer import ByteTokenizer
+
+    run, hf = tmp_path / "run", tmp_path / "hf"
+    sets = ['datasets=[["embedded", null, null, null]]', "n_vocab=257", "n_layer=1", 'attention_types=[[["global"],1]]',
+            "n_embd=32", "n_head=2", "n_ctx=16", "train_batch_size=8", "train_steps=1", "warmup_steps=1",
+            "eval_every=0", "eval_steps=1", "sample_tokens=0"]
+    trained = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", str(run), "--no-progress",
+                          *[arg for s in sets for arg in ("--set", s)])
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    result = run_command("-m", "convert", "export", str(run), str(hf))
+    assert result.returncode == 0 and result.stderr.splitlines() == [
+        f"note: {hf} has no tokenizer: {run} reads text as UTF-8 bytes (tokenizer 'bytes': ids 0..255, end-of-text "
+        "256), which no tokenizer.json reproduces exactly; transformers takes its ids (list(text.encode('utf-8'))), "
+        f"and predict.py --model-path, eval.py and Pretrained read text with the run itself ({run})"], result.stderr
+    assert sorted(os.listdir(hf)) == ["config.json", "model.safetensors"]
+    # The would-be tokenizer.json: every byte its own id (characters by GPT-2's bytes_to_unicode), end-of-text 256,
+    # saved and loaded; it agrees with NeoMesh's on text but not on a typed end-of-text.
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = dict(zip(printable, map(chr, printable)))
+    chars.update({b: chr(256 + i) for i, b in enumerate(b for b in range(256) if b not in chars)})
+    tok = tokenizers.Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    tok.encode_special_tokens = True
+    tok = tokenizers.Tokenizer.from_str(tok.to_str())
+    text = "".join(map(chr, range(1, 0x800, 7))) + " é€😀"
+    assert tok.encode(text).ids == ByteTokenizer().encode(text)  # the bytes agree...
+    typed = "a <|endoftext|> b"
+    assert 256 in tok.encode(typed).ids and 256 not in ByteTokenizer().encode(typed)  # ...a typed end-of-text not
 
 
 def test_export_refuses_a_directory_it_would_spoil(tmp_path):

@@ -921,7 +921,7 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     import json
 
     from config import ConfigError
-    from training.init_from import check_head, may_lack_head, source_config
+    from training.init_from import RUN_ARCHITECTURE, check_head, is_run, may_lack_head, source_config
 
     theirs = source_config(cfg.init_from)
     theirs = theirs.replace(n_ctx=cfg.n_ctx) if theirs.model == "t5" else theirs  # relative positions: any length
@@ -930,7 +930,8 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     check_head(cfg, theirs, where, may_lack_head(cfg.init_from, theirs))  # imported_params checks the weights
     from config import MODEL_VALUE
 
-    changes = {key: getattr(theirs, key) for key in ARCHITECTURE if getattr(theirs, key) != getattr(cfg, key)}
+    keys = ARCHITECTURE + (RUN_ARCHITECTURE if is_run(cfg.init_from) else ())
+    changes = {key: getattr(theirs, key) for key in keys if getattr(theirs, key) != getattr(cfg, key)}
     new = cfg.replace(**changes)
     # Another spelling of the same model (d_ff 768 for null at n_embd 192, attention_types in full) is no change.
     changed = {key: value for key, value in changes.items()

@@ -12,6 +12,11 @@ import os
 
 from config import Config, ConfigError
 
+# A run's model keys that a Hugging Face model of its family fixes by its family alone: from a run they come with
+# its weights too (train.ARCHITECTURE are those a config.json holds).
+RUN_ARCHITECTURE = ("norm", "scalenorm", "rezero", "macaron", "axial_pos_emb", "dense_bias", "num_mem_kv",
+                    "moe_layers", "moe_params", "moe_activation", "rotary_emb", "rotary_emb_fraction", "rotary_style",
+                    "share_parameters")
 CLASSIFIERS = ("sequence_classification", "token_classification", "image_classification")
 
 
@@ -47,7 +52,17 @@ def source_params(path: str) -> tuple[Config, dict]:
 
     from pretrained import load_run
 
-    cfg, _, params = load_run(path)
+    cfg, graphdef, params = load_run(path)
+    if cfg.peft is not None:  # LoRA folded into the kernels, as export does; the new run's peft is its own
+        from training.peft.weights import merged_params
+
+        parts = [part for part in ("prefix", "adapter") if part in cfg.peft_settings]
+        if parts:  # without them the new run would compute another model
+            raise ConfigError(f"--init-from {path}: it trains {' and '.join(f'peft.{p}' for p in parts)}, which "
+                              f"change{'s' * (len(parts) == 1)} the computation rather than a weight, so a new run "
+                              f"cannot start from it (only LoRA merges into the weights); go on with it in its own "
+                              f"directory (--model-path {path})")
+        params, cfg = merged_params(graphdef, params), cfg.replace(peft=None)
     return cfg, jax.tree.map(lambda p: np.asarray(p, np.float32), params)
 
 

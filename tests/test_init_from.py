@@ -1,0 +1,60 @@
+"""``--init-from`` a NeoMesh run directory: the new model takes the run's shape, including what no Hugging Face
+config holds (rotary positions here), and its weights with LoRA merged in, so it computes what the run did."""
+
+import jax
+import numpy as np
+
+from config import from_dict
+from tests.common import run_command
+
+TINY = ['datasets=[["embedded", null, null, null]]', "n_vocab=257", "n_layer=1", 'attention_types=[[["global"],1]]',
+        "n_embd=32", "n_head=2", "n_ctx=16", "train_batch_size=8", "train_steps=1", "warmup_steps=1", "eval_every=0",
+        "eval_steps=1", "sample_tokens=0"]
+
+
+def test_a_run_started_from_a_lora_run_computes_what_it_computed(tmp_path):
+    import train
+    from parallel.state import init_params, place_params, sharded_abstract_params
+    from pretrained import Pretrained, default_layout
+    from training.peft import build_model
+
+    source = str(tmp_path / "source")
+    sets = TINY + ["rotary_emb=true", 'peft={"lora": {"targets": ["q", "v"]}, "trainable": ["lora"]}', "lr=0.05",
+                   "train_steps=2"]  # step 1 has lr 0 (warmup)
+    trained = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", source, "--no-progress",
+                          *[arg for s in sets for arg in ("--set", s)])
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    cfg = from_dict(dict(n_vocab=257, n_layer=1, attention_types=[[["global"], 1]], n_embd=32, n_head=2, n_ctx=16,
+                         init_from=source))[0]
+    notes = []
+    cfg = train.with_architecture_of(cfg, "--init-from", notes)
+    assert cfg.rotary_emb and "rotary_emb true" in notes[0], notes
+    params = train.imported_params(cfg, source)
+    assert not any("lora" in str(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+    make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
+    graphdef, abstract = sharded_abstract_params(make_model, default_layout())
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    placed = place_params(params, abstract, lambda: init_params(make_model, cfg.seed, shardings))
+    theirs = Pretrained.from_pretrained(source)
+    ours = Pretrained(cfg, graphdef, placed, theirs.tokenizer)
+    text = ["def add(a, b):\n    return a + b"]
+    lora_b = [np.asarray(v) for path, v in jax.tree_util.tree_flatten_with_path(
+        Pretrained.from_pretrained(source).params)[0] if "lora_b" in str(path)]
+    assert lora_b and any(np.abs(b).max() > 0 for b in lora_b)  # the LoRA update is there to be merged
+    np.testing.assert_allclose(np.asarray(ours(text)), np.asarray(theirs(text)), rtol=0, atol=1e-5)
+
+
+def test_init_from_a_run_with_a_prefix_is_one_line(tmp_path):
+    """Prefixes change the computation, not a weight: a run started from one would silently compute another model."""
+    source, new = str(tmp_path / "source"), str(tmp_path / "new")
+    sets = [arg for s in TINY for arg in ("--set", s)]
+    trained = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", source, "--no-progress",
+                          *sets, "--set", 'peft={"prefix": {"length": 2}}')
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    refused = run_command("train.py", "--config", "configs/quickstart.json", "--model-path", new, "--no-progress",
+                          "--init-from", source, *sets)
+    assert refused.returncode != 0 and refused.stderr.splitlines() == [
+        f"error: --init-from {source}: it trains peft.prefix, which changes the computation rather than a weight, so "
+        f"a new run cannot start from it (only LoRA merges into the weights); go on with it in its own directory "
+        f"(--model-path {source})"], refused.stderr
+    assert not (tmp_path / "new").exists()

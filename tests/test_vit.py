@@ -286,3 +286,23 @@ def test_an_imported_vit_is_fed_pixels_normalised_as_its_image_processor_and_exp
     with pytest.raises(ConfigError, match=r"preprocessor_config.json: rescale_factor 1.0; NeoMesh feeds pixels "
                                           r"scaled to \[0, 1\]"):
         hf_config(hf_dir)
+
+
+def test_a_vit_classifier_with_other_classes_trains_a_new_head_on_vit_digits(tmp_path):
+    """A 2-class ViTForImageClassification fine-tuned on the 10 digits: one line naming both counts, then with
+    init_new_head a new 10-class head on its encoder that trains."""
+    from tests.common import metrics_rows, run_command
+
+    source = saved(hf_vit(8, 2, 1, 16, 2, 1, 2), tmp_path / "hf")
+    sets = ["train_steps=2", "eval_every=0", "eval_steps=1", "train_batch_size=16", "warmup_steps=1"]
+    args = ["train.py", "--config", "configs/vit_digits.json", "--model-path", str(tmp_path / "run"), "--no-progress",
+            "--init-from", source, *[a for s in sets for a in ("--set", s)]]
+    refused = run_command(*args)
+    assert refused.returncode != 0 and refused.stderr.splitlines() == [
+        f"error: --init-from {source}: its classifier has 2 labels, but num_labels is 10; --set init_new_head=true "
+        "keeps its backbone and starts a new head of 10"], refused.stderr
+    result = run_command(*args, "--set", "init_new_head=true")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "init_new_head: a new head of 10 labels, initialised fresh: classifier/bias, classifier/kernel" \
+        in result.stdout
+    assert [r["step"] for r in metrics_rows(tmp_path / "run")] == [1, 2]

@@ -111,6 +111,9 @@ CASES = [
      "{d}/hf_no_config: not a Hugging Face model directory"),
     ("train", T("--model-path", "{d}/fresh_init2", "--init-from", "{d}/hf_bad_json"),
      "{d}/hf_bad_json/config.json: invalid JSON"),
+    ("train", T("--set", "init_new_head=true"), "init_new_head: only for a classifier"),
+    ("train", T("--set", "task=sequence_classification", "--set", "init_new_head=true"),
+     "init_new_head: only with --init-from"),
     ("train", T("--model-path", "{d}/locked_run"), "{d}/locked_run/run.lock: another run is using"),
     ("train", T("--model-path", "{d}/tokenizer_file_run"),  # "File exists", once the model was built
      "{d}/tokenizer_file_run/tokenizer: a file, not a folder: a run keeps its tokenizer in a folder of that name"),

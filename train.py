@@ -371,10 +371,12 @@ def with_tokenizer_of_init_from(cfg, notes: list):
     """Fine-tuning reads text with the pretrained model's own tokenizer: jsonl tokenized as it is read (a
     classifier's labelled text, seq2seq pairs) gets it as ``tokenizer_path``; data tokenized ahead (TFRecords)
     keeps its ids, and a note says so where its tokenizer is not the model's (the ids would name other tokens)."""
-    from training.init_from import source_tokenizer
+    from training.init_from import has_tokenizer, source_tokenizer
 
+    if cfg.tokenizer_path is not None:
+        return cfg
     own = source_tokenizer(cfg.init_from)
-    if cfg.tokenizer_path is not None or own is None:
+    if not has_tokenizer(own):
         return cfg
     if tokenizes_as_read(cfg):
         return cfg.replace(tokenizer_path=own)

@@ -31,6 +31,23 @@ def test_a_classifier_reads_its_text_with_the_models_tokenizer_and_other_ids_are
                      "prepares text with the model's tokenizer)"]
 
 
+def test_a_classifier_started_from_a_run_reads_its_text_with_the_runs_tokenizer(tmp_path, gpt2_dir):
+    # --init-from a NeoMesh run: its tokenizer/ (there a copy of the model's, by convert import) reads the text.
+    from convert.hf import import_hf
+    from training.init_from import source_tokenizer
+
+    run = str(tmp_path / "run")
+    import_hf(gpt2_dir, run)
+    classify = load_config("finetune_lora_bert_classify")[0].replace(init_from=run)
+    assert train.with_tokenizer_of_init_from(classify, []).tokenizer_path == os.path.join(run, "tokenizer")
+    # A Hugging Face directory is its own tokenizer's, even without one: --data names what is missing there,
+    # rather than preparing the text with the default dataset's tokenizer.
+    bare = tmp_path / "bare"
+    hf_fixtures.gpt2().save_pretrained(str(bare))
+    assert source_tokenizer(str(bare)) == str(bare)
+    assert train.with_tokenizer_of_init_from(classify.replace(init_from=str(bare)), []).tokenizer_path is None
+
+
 def saved_run(run, **saved):
     (run / "checkpoints" / "4" / "config").mkdir(parents=True)
     (run / "checkpoints" / "4" / "config" / "metadata").write_text(json.dumps(saved))

@@ -67,16 +67,33 @@ def source_params(path: str) -> tuple[Config, dict]:
 
 
 def source_tokenizer(path: str) -> str | None:
-    """What ``tokenizer_path`` reads the text of the model in ``path`` with: its tokenizer files, or a run's
-    ``tokenizer/`` (else the run's own ``tokenizer_path``, such as "bytes"); None where it names none."""
-    from convert.hf_dir import has_tokenizer
-
+    """What ``tokenizer_path`` reads text with for the model in ``path``: a Hugging Face directory itself (where
+    a missing tokenizer is then named), a run's ``tokenizer/``, else the tokenizer the run read its text with
+    ("bytes", or its dataset's); None where that cannot be told."""
     if not is_run(path):
-        return path if has_tokenizer(path) else None
+        return path
+    from convert.hf_dir import has_tokenizer
     from neomesh.paths import run_tokenizer_dir
 
     own = run_tokenizer_dir(path)
-    return own if has_tokenizer(own) else source_config(path).tokenizer_path
+    if has_tokenizer(own):
+        return own
+    cfg = source_config(path)
+    if cfg.tokenizer_path or cfg.datasets[0][0].startswith("tfds:"):
+        return cfg.tokenizer_path or "bytes"
+    from data.source import load_dataset_config
+
+    try:
+        return load_dataset_config(cfg.datasets[0][0]).get("tokenizer_path", "bytes")
+    except ConfigError:
+        return None
+
+
+def has_tokenizer(path: str | None) -> bool:
+    """Whether ``source_tokenizer``'s answer names a tokenizer that is there."""
+    from convert.hf_dir import has_tokenizer as holds_one
+
+    return path is not None and (path == "bytes" or os.path.isfile(path) or holds_one(path))
 
 
 def source_labels(path: str) -> list[str] | None:

@@ -306,3 +306,12 @@ def test_a_vit_classifier_with_other_classes_trains_a_new_head_on_vit_digits(tmp
     assert "init_new_head: a new head of 10 labels, initialised fresh: classifier/bias, classifier/kernel" \
         in result.stdout
     assert [r["step"] for r in metrics_rows(tmp_path / "run")] == [1, 2]
+    # A bare ViTModel's config says two labels too, but it has no head: the check before the data lets it by.
+    import train
+    from config import load_config
+
+    bare = saved(hf_vit(8, 2, 1, 16, 2, 1, 2, head=False), tmp_path / "bare")
+    digits = load_config("vit_digits")[0]
+    assert train.with_architecture_of(digits.replace(init_from=bare), "--init-from", []).num_labels == 10
+    with pytest.raises(ConfigError, match="its classifier has 2 labels, but num_labels is 10"):
+        train.with_architecture_of(digits.replace(init_from=source), "--init-from", [])

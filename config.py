@@ -991,6 +991,20 @@ def json_names(folder: str) -> list[str]:
     return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".json"))
 
 
+def shipped_configs_of(model: str) -> list[str]:
+    """The shipped configs (by name) of model family ``model``: what a config of another family is told to take."""
+    from neomesh.paths import configs_dir
+
+    def family(name: str) -> str | None:
+        try:
+            with open(os.path.join(configs_dir(), f"{name}.json"), encoding="utf-8") as f:
+                return json.load(f).get("model", "gpt_neo")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    return [name for name in json_names(configs_dir()) if family(name) == model]
+
+
 def closest(name: str, names: list[str]) -> str | None:
     """The one of ``names`` most like ``name``, case aside (QUICKSTART finds quickstart), or None."""
     lowered = {n.lower(): n for n in names}

@@ -928,7 +928,12 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     theirs = source_config(cfg.init_from)
     theirs = theirs.replace(n_ctx=cfg.n_ctx) if theirs.model == "t5" else theirs  # relative positions: any length
     if theirs.model != cfg.model:
-        raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}")
+        from config import shipped_configs_of
+
+        shipped = shipped_configs_of(theirs.model)
+        raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}; "
+                          f"name a config of the {theirs.model} family with --config" +
+                          (f" (shipped: {', '.join(shipped)})" if shipped else ""))
     check_head(cfg, theirs, where, may_lack_head(cfg.init_from, theirs))  # imported_params checks the weights
     from config import MODEL_VALUE
 

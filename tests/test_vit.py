@@ -315,3 +315,15 @@ def test_a_vit_classifier_with_other_classes_trains_a_new_head_on_vit_digits(tmp
     assert train.with_architecture_of(digits.replace(init_from=bare), "--init-from", []).num_labels == 10
     with pytest.raises(ConfigError, match="its classifier has 2 labels, but num_labels is 10"):
         train.with_architecture_of(digits.replace(init_from=source), "--init-from", [])
+
+
+def test_init_from_a_vit_with_the_default_config_names_the_vit_configs(tmp_path, capsys):
+    """train.py --init-from a ViT without --config reads the quickstart's (a gpt_neo): the error names the way."""
+    import train
+
+    hf_dir = saved(hf_vit(8, 2, 1, 32, 4, 1, 10), tmp_path / "hf")
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert train.main(["--config", "quickstart", "--init-from", hf_dir, "--model-path", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --init-from {hf_dir}: a vit model, but the config's model is gpt_neo; name a config of "
+                   "the vit family with --config (shipped: vit_digits)\n"), err

@@ -160,9 +160,10 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
 
 
 def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | None = None,
-                  labels: list[str] | None = None) -> None:
+                  labels: list[str] | None = None, eos_id: int | None = None) -> None:
     """Writes ``params`` of a ``cfg`` model as a Hugging Face directory of its family (from_pretrained loads it);
-    a classifier's ``labels`` (names in id order) become its ``id2label``."""
+    a classifier's ``labels`` (names in id order) become its ``id2label``; ``eos_id``: the end-of-text id of a
+    run without a tokenizer folder (the bytes tokenizer's 256), so transformers' generate stops at it."""
     mapping = _mapping(cfg.model, "export: model")
     if cfg.activation_function not in mapping.ACTIVATIONS_TO_HF:
         raise ConfigError(f"export: activation_function {cfg.activation_function!r} has no Hugging Face equivalent")
@@ -190,6 +191,9 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
             if cfg.model == "roberta" else None
         if note:
             print(f"note: {note}", file=sys.stderr, flush=True)
+    elif eos_id is not None:
+        hf_config["eos_token_id"] = eos_id
+        hf_config.setdefault("bos_token_id", eos_id)
     extra = {vit.PREPROCESSOR: vit.preprocessor_to_hf(cfg)} if cfg.model == "vit" else {}
     write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir, extra)
 
@@ -242,6 +246,7 @@ def check_export_sources(cfg: Config, model_path: str, hf_dir: str) -> None:
 def export_hf(model_path: str, hf_dir: str) -> Config:
     """Restores the latest checkpoint of MODEL_PATH on one device and writes an HF directory of its family.
     ``hf_dir`` must be new, empty or a previous export (replaced); never the run's init_from or tokenizer."""
+    from data.tokenizer import ByteTokenizer
     from pretrained import load_run
 
     if not os.path.isdir(model_path):
@@ -265,9 +270,11 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
 
         params, cfg = merged_params(graphdef, params), cfg.replace(peft=None)
     # A ViT's tokenizer/ is not read (an older import left it empty).
-    export_params(cfg, params, hf_dir, tokenizer_dir if cfg.reads_text and os.path.isdir(tokenizer_dir) else None,
-                  label_names.load(model_path, cfg.num_labels))
-    if cfg.reads_text and not os.path.isdir(tokenizer_dir):
+    own_tokenizer = cfg.reads_text and os.path.isdir(tokenizer_dir)
+    export_params(cfg, params, hf_dir, tokenizer_dir if own_tokenizer else None,
+                  label_names.load(model_path, cfg.num_labels),
+                  eos_id=ByteTokenizer.eos_id if cfg.reads_text and not own_tokenizer and reads_bytes(cfg) else None)
+    if cfg.reads_text and not own_tokenizer:
         print(f"note: {no_tokenizer_note(cfg, model_path, hf_dir)}", file=sys.stderr, flush=True)
     return cfg
 

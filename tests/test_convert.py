@@ -1,6 +1,7 @@
 """``python -m convert import``: what its closing lines say for each family, and a text model imported from a
 directory without tokenizer files (a note at import; predict.py does not read text with another tokenizer)."""
 
+import json
 import os
 
 import pytest
@@ -74,6 +75,8 @@ def test_an_export_of_a_run_that_reads_bytes_says_it_has_no_tokenizer(tmp_path):
         "256), which no tokenizer.json reproduces exactly; transformers takes its ids (list(text.encode('utf-8'))), "
         f"and predict.py --model-path, eval.py and Pretrained read text with the run itself ({run})"], result.stderr
     assert sorted(os.listdir(hf)) == ["config.json", "model.safetensors"]
+    exported = json.load(open(hf / "config.json"))  # transformers' generate stops at the bytes' end-of-text
+    assert (exported["eos_token_id"], exported["bos_token_id"]) == (256, 256), exported
     # The would-be tokenizer.json: every byte its own id (characters by GPT-2's bytes_to_unicode), end-of-text 256,
     # saved and loaded; it agrees with NeoMesh's on text but not on a typed end-of-text.
     printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]

@@ -380,19 +380,28 @@ def with_tokenizer_of_init_from(cfg, notes: list):
         return cfg
     if tokenizes_as_read(cfg):
         return cfg.replace(tokenizer_path=own)
+    other = dataset_tokenizer_other_than(cfg, own)
+    if other:
+        notes.append(f"--init-from {cfg.init_from}: dataset {other[0]} holds the ids of its own tokenizer "
+                     f"({other[1]}), not this model's; fine-tuning on them teaches other tokens (train.py --data "
+                     "FOLDER --init-from prepares text with the model's tokenizer)")
+    return cfg
+
+
+def dataset_tokenizer_other_than(cfg, own: str) -> tuple[str, str] | None:
+    """(dataset name, its tokenizer_path) where the config's dataset reads text with another tokenizer than
+    ``own`` (their sizes or ids of a sample differ); None where they agree, or the dataset's is not there yet
+    (prepared on first use) or is TFDS's."""
     from data.source import load_dataset_config
     from data.tokenizer import load_tokenizer
 
     name = cfg.datasets[0][0]
     theirs = None if name.startswith("tfds:") else load_dataset_config(name).get("tokenizer_path", "bytes")
     if theirs is None or (theirs != "bytes" and not os.path.exists(theirs)):
-        return cfg  # prepared on first use: nothing to compare yet
+        return None
     data, model = load_tokenizer(theirs), load_tokenizer(own)
-    if data.vocab_size != model.vocab_size or data.encode(SAMPLE_TEXT) != model.encode(SAMPLE_TEXT):
-        notes.append(f"--init-from {cfg.init_from}: dataset {name} holds the ids of its own tokenizer "
-                     f"({theirs}), not this model's; fine-tuning on them teaches other tokens (train.py --data "
-                     "FOLDER --init-from prepares text with the model's tokenizer)")
-    return cfg
+    differ = data.vocab_size != model.vocab_size or data.encode(SAMPLE_TEXT) != model.encode(SAMPLE_TEXT)
+    return (name, theirs) if differ else None
 
 
 def with_tokenizer_of_run(cfg, notes: list):
@@ -407,16 +416,10 @@ def with_tokenizer_of_run(cfg, notes: list):
     if not tokenizes_as_read(cfg) or cfg.tokenizer_path is not None \
             or not has_tokenizer(own) or not newest_saved_config(cfg.model_path):
         return cfg
-    from data.source import load_dataset_config
-    from data.tokenizer import load_tokenizer
-
-    name = cfg.datasets[0][0]
-    theirs = None if name.startswith("tfds:") else load_dataset_config(name).get("tokenizer_path", "bytes")
-    if theirs is not None and (theirs == "bytes" or os.path.exists(theirs)):
-        data, run = load_tokenizer(theirs), load_tokenizer(own)
-        if data.vocab_size != run.vocab_size or data.encode(SAMPLE_TEXT) != run.encode(SAMPLE_TEXT):
-            notes.append(f"{cfg.model_path}: its text is read with the run's own tokenizer ({own}), not dataset "
-                         f"{name}'s ({theirs}), whose ids its weights never saw")
+    other = dataset_tokenizer_other_than(cfg, own)
+    if other:
+        notes.append(f"{cfg.model_path}: its text is read with the run's own tokenizer ({own}), not dataset "
+                     f"{other[0]}'s ({other[1]}), whose ids its weights never saw")
     return cfg.replace(tokenizer_path=own)
 
 

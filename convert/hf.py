@@ -280,19 +280,11 @@ def export_hf(model_path: str, hf_dir: str) -> Config:
 
 
 def reads_bytes(cfg: Config) -> bool | None:
-    """Whether a run reads its text as UTF-8 bytes (the "bytes" tokenizer), found without preparing any data as
-    data.source.make_tokenizer would; None where its dataset config cannot be read."""
-    if cfg.tokenizer_path:
-        return cfg.tokenizer_path == "bytes"
-    name = cfg.datasets[0][0]
-    if name.startswith("tfds:"):
-        return True
-    from data.source import load_dataset_config
+    """Whether a run reads its text as UTF-8 bytes (the "bytes" tokenizer); None where that cannot be told."""
+    from data.source import configured_tokenizer
 
-    try:
-        return load_dataset_config(name).get("tokenizer_path", "bytes") == "bytes"
-    except ConfigError:
-        return None
+    path = configured_tokenizer(cfg)
+    return None if path is None else path == "bytes"
 
 
 def no_tokenizer_note(cfg: Config, model_path: str, hf_dir: str) -> str:

@@ -179,6 +179,18 @@ def with_mask_token(cfg: Config, tokenizer: Tokenizer) -> Config:
     return cfg.replace(mlm_mask_token_id=found)
 
 
+def configured_tokenizer(cfg: Config) -> str | None:
+    """The ``tokenizer_path`` a config reads its text with, found without reading or preparing any data: its own,
+    else its first dataset's ("bytes" for TFDS and by default); None where the dataset config cannot be read."""
+    name = cfg.datasets[0][0]
+    if cfg.tokenizer_path or name.startswith("tfds:"):
+        return cfg.tokenizer_path or "bytes"
+    try:
+        return load_dataset_config(name).get("tokenizer_path", "bytes")
+    except ConfigError:
+        return None
+
+
 def make_tokenizer(cfg: Config) -> Tokenizer:
     """The tokenizer of the config's first dataset (``tokenizer_path`` overrides it), without reading any data;
     a dataset that prepares its own tokenizer (embedded_bpe) is prepared first."""

@@ -78,15 +78,9 @@ def source_tokenizer(path: str) -> str | None:
     own = run_tokenizer_dir(path)
     if has_tokenizer(own):
         return own
-    cfg = source_config(path)
-    if cfg.tokenizer_path or cfg.datasets[0][0].startswith("tfds:"):
-        return cfg.tokenizer_path or "bytes"
-    from data.source import load_dataset_config
+    from data.source import configured_tokenizer
 
-    try:
-        return load_dataset_config(cfg.datasets[0][0]).get("tokenizer_path", "bytes")
-    except ConfigError:
-        return None
+    return configured_tokenizer(source_config(path))
 
 
 def has_tokenizer(path: str | None) -> bool:

@@ -40,7 +40,7 @@ class ImageSource(ExampleStream):
     def __init__(self, images: np.ndarray, labels: np.ndarray, scale: float, *, shuffle: bool, seed: int,
                  augment: bool, description: str, names: list[str] | None = None,
                  mean: list[float] | None = None, std: list[float] | None = None):
-        self.images, self.labels, self.scale = images, labels.astype(np.int32), scale  # (N, H, W, C), (N,)
+        self.images, self.labels = images, labels.astype(np.int32)  # (N, H, W, C), (N,)
         # (x * scale - mean) / std as one multiply-add per pixel; no normalisation: x * scale
         std = np.asarray(std if std is not None else 1.0, np.float32)
         self.gain = np.float32(scale) / std

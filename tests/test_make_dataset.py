@@ -13,7 +13,7 @@ import pytest
 import neomesh.paths
 from config import ConfigError
 from data.make_dataset import config_for_data, dataset_name, held_out, make_dataset, split_text
-from tests.common import ROOT, metrics_rows, run_cli, tiny_config
+from tests.common import ROOT, metrics_rows, run_command, tiny_config
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
@@ -160,7 +160,7 @@ def test_train_on_a_folder_of_text_in_one_command(tmp_path):
             "local_attention_radius=8", "n_vocab=300", "train_batch_size=8", "eval_batch_size=8", "train_steps=6",
             "warmup_steps=2", "eval_steps=1", "sample_tokens=0", "log_every=3"]
     try:
-        result = run_cli("train.py", "--data", str(texts), "--model-path", str(run),
+        result = run_command("train.py", "--data", str(texts), "--model-path", str(run),
                          *[arg for s in sets for arg in ("--set", s)])
         assert result.returncode == 0, result.stderr[-3000:]
         out = result.stdout

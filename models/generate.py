@@ -1,5 +1,6 @@
-"""Text generation with a KV cache: prefill and the decode loop run inside one jit, compiled once per
-(batch, prompt length, new tokens) shape.
+"""Text generation with a KV cache: prefill and the decode loop run inside one jit, compiled once per program
+structure (new tokens, beams, top-k, entmax, and which of greedy, top-p, repetition penalty and eos are on) and
+(batch, prompt length) shape; the values of temperature, top-p, the penalties and eos are traced scalars.
 
 The loops know no model family. A generating model has two methods:
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,43 @@ class Sampling:
     entmax: bool = False  # sample from entmax (models/entmax.py) instead of softmax
 
 
+# A Sampling reaches the jitted loops in two parts. What shapes the program (lengths, beam count, top-k's static k,
+# and which paths exist at all) is a static argument; the values that only enter arithmetic are traced scalars, so
+# a notebook, server or harness that changes temperature or length penalty reuses the compiled loop.
+
+@dataclasses.dataclass(frozen=True)
+class _Program:
+    max_new_tokens: int
+    num_beams: int
+    top_k: int
+    entmax: bool
+    greedy: bool  # temperature 0
+    keeps_top_p: bool  # top_p < 1
+    penalises_repeats: bool  # repetition_penalty != 1
+    stops_at_eos: bool  # eos_id given
+
+
+class _Knobs(NamedTuple):
+    temperature: jax.Array  # float32 scalars, as the Python floats became in float32 arithmetic
+    top_p: jax.Array
+    repetition_penalty: jax.Array
+    length_penalty: jax.Array
+    eos_id: jax.Array  # int32; 0 without eos: what ended rows are filled with either way
+
+
+def _program(s: Sampling) -> _Program:
+    return _Program(max_new_tokens=s.max_new_tokens, num_beams=s.num_beams, top_k=s.top_k, entmax=s.entmax,
+                    greedy=s.temperature == 0, keeps_top_p=s.top_p < 1.0, penalises_repeats=s.repetition_penalty != 1.0,
+                    stops_at_eos=s.eos_id is not None)
+
+
+def _knobs(s: Sampling) -> _Knobs:
+    as_float = functools.partial(jnp.asarray, dtype=jnp.float32)
+    return _Knobs(temperature=as_float(s.temperature), top_p=as_float(s.top_p),
+                  repetition_penalty=as_float(s.repetition_penalty), length_penalty=as_float(s.length_penalty),
+                  eos_id=jnp.asarray(0 if s.eos_id is None else s.eos_id, jnp.int32))
+
+
 def apply_repetition_penalty(logits: jax.Array, seen: jax.Array, penalty: float) -> jax.Array:
     """Hugging Face's rule for every token already seen: negative logits times ``penalty``, others divided."""
     if penalty == 1.0:
@@ -57,27 +95,51 @@ def apply_repetition_penalty(logits: jax.Array, seen: jax.Array, penalty: float)
     return jnp.where(seen, jnp.where(logits < 0, logits * penalty, logits / penalty), logits)
 
 
+# XLA turns a division by a constant into a multiplication by its float32 reciprocal; the traced knobs divide the
+# same way, so their results stay bit-identical to those of the constants they were.
+
+def _penalise_repeats(logits: jax.Array, seen: jax.Array, penalty: jax.Array) -> jax.Array:
+    return jnp.where(seen, jnp.where(logits < 0, logits * penalty, logits * (1 / penalty)), logits)
+
+
 def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     """Masks everything outside the top-k tokens and outside the smallest set whose probability reaches top_p."""
     if top_k > 0:
-        kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
-        logits = jnp.where(logits < kth, NEG_INF, logits)
+        logits = _keep_top_k(logits, top_k)
     if top_p < 1.0:
-        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]  # descending
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # probability mass strictly above each token
-        cutoff = jnp.min(jnp.where(before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-        logits = jnp.where(logits < cutoff, NEG_INF, logits)
+        logits = _keep_top_p(logits, top_p)
     return logits
+
+
+def _keep_top_k(logits: jax.Array, top_k: int) -> jax.Array:
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    return jnp.where(logits < kth, NEG_INF, logits)
+
+
+def _keep_top_p(logits: jax.Array, top_p: jax.Array | float) -> jax.Array:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]  # descending
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # probability mass strictly above each token
+    cutoff = jnp.min(jnp.where(before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits < cutoff, NEG_INF, logits)
 
 
 def choose(logits: jax.Array, seen: jax.Array, s: Sampling, key: jax.Array) -> jax.Array:
     """(B, V) float32 logits -> (B,) next tokens."""
-    logits = apply_repetition_penalty(logits, seen, s.repetition_penalty)
-    if s.temperature == 0:
+    return _choose(logits, seen, _program(s), _knobs(s), key)
+
+
+def _choose(logits: jax.Array, seen: jax.Array, program: _Program, knobs: _Knobs, key: jax.Array) -> jax.Array:
+    if program.penalises_repeats:
+        logits = _penalise_repeats(logits, seen, knobs.repetition_penalty)
+    if program.greedy:
         return jnp.argmax(logits, axis=-1)
-    logits = filter_logits(logits / s.temperature, s.top_k, s.top_p)
-    if s.entmax:
+    logits = logits * (1 / knobs.temperature)
+    if program.top_k > 0:
+        logits = _keep_top_k(logits, program.top_k)
+    if program.keeps_top_p:
+        logits = _keep_top_p(logits, knobs.top_p)
+    if program.entmax:
         return entmax.sample(key, logits)
     return jax.random.categorical(key, logits, axis=-1)
 
@@ -98,15 +160,17 @@ def sample(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s
            on_tokens: Callable | None = None) -> jax.Array:
     """(B, P) left-padded prompts -> (B, max_new_tokens) new tokens; rows that ended (eos, or the callback said
     stop) are filled with eos (or 0) after their last token. ``on_tokens(tokens (B,), step) -> (B,) bool`` runs on
-    the host after every step when given. Compiled once per (model, settings, shapes)."""
-    return _sample(graphdef, s, on_tokens, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32),
-                   key)
+    the host after every step when given. Compiled once per (model, program structure, shapes, callback)."""
+    return _sample(graphdef, _program(s), on_tokens, params, jnp.asarray(prompts, jnp.int32),
+                   jnp.asarray(pad, jnp.int32), _knobs(s), key)
 
 
 def lower_sample(graphdef: nnx.GraphDef, params, prompts, pad, s: Sampling, key) -> jax.stages.Lowered:
     """``sample``'s program lowered for these arguments (arrays or ``jax.ShapeDtypeStruct``s placed on the
     device to compile for): ``.compile()`` gives its plan without running it."""
-    return _sample.lower(graphdef, s, None, params, prompts, pad, key)
+    # The knobs are traced: only their shapes enter the program, placed where the key is (a topology's device).
+    knobs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=key.sharding), _knobs(s))
+    return _sample.lower(graphdef, _program(s), None, params, prompts, pad, knobs, key)
 
 
 # XLA:GPU's while-loop double buffering (on by default: parallel/xla_flags.py) overlaps a scanned train step's
@@ -116,25 +180,26 @@ LOOP_OPTIONS = {"xla_gpu_enable_while_loop_double_buffering": False}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2), compiler_options=LOOP_OPTIONS)
-def _sample(graphdef, s: Sampling, on_tokens, params, prompts, pad, key):
-    b = prompts.shape[0]
-    fill = 0 if s.eos_id is None else s.eos_id
+def _sample(graphdef, program: _Program, on_tokens, params, prompts, pad, knobs: _Knobs, key):
+    b, n = prompts.shape[0], program.max_new_tokens
+    fill = knobs.eos_id
     model = nnx.merge(graphdef, nnx.State(params))
-    logits, cache, seen = model.prefill(prompts, pad, s.max_new_tokens, params_dtype(params))  # (B, V)
-    out = jnp.full((b, s.max_new_tokens), fill, jnp.int32)
+    logits, cache, seen = model.prefill(prompts, pad, n, params_dtype(params))  # (B, V)
+    out = jnp.full((b, n), fill, jnp.int32)
 
     def cond(carry):
         i, _, _, _, done, _ = carry
-        return (i < s.max_new_tokens) & ~jnp.all(done)
+        return (i < n) & ~jnp.all(done)
 
     def body(carry):
         i, last_logits, cache, seen, done, out = carry
         model = nnx.merge(graphdef, nnx.State(params))  # per trace level: layers that sow (MoE) mutate it
-        token = choose(last_logits.astype(jnp.float32), seen, s, jax.random.fold_in(key, i))
+        token = _choose(last_logits.astype(jnp.float32), seen, program, knobs, jax.random.fold_in(key, i))
         token = jnp.where(done, fill, token).astype(jnp.int32)
         out = out.at[:, i].set(token)
         seen = seen.at[jnp.arange(b), token].set(True)
-        done = done | ((token == s.eos_id) if s.eos_id is not None else False)
+        if program.stops_at_eos:
+            done = done | (token == knobs.eos_id)
         if on_tokens is not None:
             done = done | _host_check(on_tokens, token, i)
         logits, cache = model.decode_step(token, cache)
@@ -146,18 +211,18 @@ def _sample(graphdef, s: Sampling, on_tokens, params, prompts, pad, key):
 
 def beam_search(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s: Sampling) -> jax.Array:
     """(B, P) left-padded prompts -> (B, max_new_tokens): the best hypothesis per row, eos-filled after it ends."""
-    return _beam_search(graphdef, s, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32))
+    return _beam_search(graphdef, _program(s), params, jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32),
+                        _knobs(s))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=LOOP_OPTIONS)
-def _beam_search(graphdef, s: Sampling, params, prompts, pad):
+def _beam_search(graphdef, program: _Program, params, prompts, pad, knobs: _Knobs):
     b = prompts.shape[0]
-    k, n = s.num_beams, s.max_new_tokens
-    eos = -1 if s.eos_id is None else s.eos_id
-    fill = 0 if s.eos_id is None else s.eos_id
+    k, n = program.num_beams, program.max_new_tokens
+    fill = knobs.eos_id
 
     def score(log_prob, length):
-        return log_prob / length.astype(jnp.float32) ** s.length_penalty
+        return _length_normalised(log_prob, length.astype(jnp.float32), knobs.length_penalty)
 
     model = nnx.merge(graphdef, nnx.State(params))
     logits, cache, seen = model.prefill(prompts, pad, n, params_dtype(params))  # (B, V)
@@ -180,12 +245,16 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
         v = last.shape[-1]
         # Hugging Face penalises the log probabilities (each beam's own tokens), which then add up as scores.
         log_p = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1)
-        log_p = apply_repetition_penalty(log_p, seen, s.repetition_penalty).reshape(b, k, v)
+        if program.penalises_repeats:
+            log_p = _penalise_repeats(log_p, seen, knobs.repetition_penalty)
+        log_p = log_p.reshape(b, k, v)
         candidates = (alive_lp[:, :, None] + log_p).reshape(b, k * v)
         top_lp, top_idx = jax.lax.top_k(candidates, 2 * k)  # (B, 2K): K spares for the ones that end
         beam, token = top_idx // v, (top_idx % v).astype(jnp.int32)
         seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, i].set(token)  # (B, 2K, N)
-        ends = (token == eos) | (i + 1 == n)  # eos, or the length limit
+        ends = jnp.broadcast_to(i + 1 == n, token.shape)  # the length limit
+        if program.stops_at_eos:
+            ends = ends | (token == knobs.eos_id)
         # Finished pool: the best K of the old pool and the candidates that just ended, as Hugging Face keeps it:
         # only among the best K candidates (the spares are not hypotheses), and only while the row is open.
         finishing = ends & (jnp.arange(2 * k) < k) & open_[:, None]
@@ -210,6 +279,17 @@ def _beam_search(graphdef, s: Sampling, params, prompts, pad):
     carry = (jnp.zeros((), jnp.int32), last, cache, seen, alive_seq, alive_lp, fin_seq, fin_score, open_)
     # The length limit ends every open row's best K candidates, so each pool holds the answer.
     return jax.lax.while_loop(cond, body, carry)[6][:, 0]
+
+
+def _length_normalised(log_prob: jax.Array, length: jax.Array, penalty: jax.Array) -> jax.Array:
+    """``log_prob / length ** penalty`` in the forms XLA gave a constant penalty: small integer powers as products,
+    a power of one half as a square root, a division by a power as a multiplication by its inverse. Beam scores stay
+    bit-identical to the constant's."""
+    squared = length * length
+    cubed = length * squared
+    forms = {0.0: log_prob, 1.0: log_prob / length, -1.0: log_prob * length, 2.0: log_prob / squared,
+             -2.0: log_prob * squared, 3.0: log_prob / cubed, -3.0: log_prob * cubed, -0.5: log_prob * jnp.sqrt(length)}
+    return jnp.select([penalty == p for p in forms], list(forms.values()), log_prob * length ** -penalty)
 
 
 def params_dtype(params) -> jnp.dtype:

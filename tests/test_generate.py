@@ -18,6 +18,7 @@ from config import ConfigError
 from convert import hf_dir
 from convert.gpt_neo import config_from_hf
 from convert.hf import load_hf
+from models import generate as generate_module
 from models.generate import Sampling, beam_search, filter_logits, sample
 from models.gpt_neo import GPTNeo
 from parallel.state import abstract_model
@@ -227,6 +228,35 @@ def test_one_beam_and_top_k_one_equal_greedy_and_seeds_reproduce(neo_dir):
     first = ours(graphdef, params, ids, sampled, seed=7)
     assert first == ours(graphdef, params, ids, sampled, seed=7)
     assert first != ours(graphdef, params, ids, sampled, seed=8)
+
+
+def test_new_values_of_the_sampling_knobs_reuse_the_compiled_loop():
+    """Temperature, top-p, the penalties and eos were static jit arguments, so each new value compiled the whole
+    decode loop again (2 eos ids x 2 length penalties: 8 programs). They are traced now: settings of one structure
+    and shapes share one program, and give what a fresh compile for each gives."""
+    cfg = tiny_config(n_layer=2)
+    graphdef, state = nnx.split(GPTNeo(cfg, rngs=nnx.Rngs(0)))
+    params = nnx.to_pure_dict(state)
+    prompts = jnp.asarray(np.random.default_rng(0).integers(1, cfg.n_vocab, (2, 6)), jnp.int32)
+    pad = jnp.asarray([0, 2], jnp.int32)
+    key = jax.random.key(0)
+    greedy = np.asarray(sample(graphdef, params, prompts, pad, Sampling(max_new_tokens=12, temperature=0), key))
+    tokens, counts = np.unique(greedy, return_counts=True)
+    first, second = (int(t) for t in tokens[np.argsort(-counts)][:2])  # frequent tokens as eos: beams end
+    sampled = (Sampling(max_new_tokens=12, temperature=0.7, top_p=0.9, repetition_penalty=1.3, eos_id=first),
+               Sampling(max_new_tokens=12, temperature=1.4, top_p=0.6, repetition_penalty=1.8, eos_id=second))
+    beams = (Sampling(max_new_tokens=12, num_beams=3, length_penalty=0.5, eos_id=first),
+             Sampling(max_new_tokens=12, num_beams=3, length_penalty=-1.0, eos_id=second))
+    for jitted, generate, settings in (
+            (generate_module._sample, lambda s: sample(graphdef, params, prompts, pad, s, key), sampled),
+            (generate_module._beam_search, lambda s: beam_search(graphdef, params, prompts, pad, s), beams)):
+        before = jitted._cache_size()
+        reused = [np.asarray(generate(s)) for s in settings]
+        assert jitted._cache_size() == before + 1
+        assert not np.array_equal(*reused)
+        for s, got in zip(settings, reused):
+            jitted.clear_cache()
+            assert np.array_equal(got, np.asarray(generate(s))), s
 
 
 def test_top_k_and_top_p_keep_the_right_tokens():

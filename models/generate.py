@@ -282,9 +282,9 @@ def _beam_search(graphdef, program: _Program, params, prompts, pad, knobs: _Knob
 
 
 def _length_normalised(log_prob: jax.Array, length: jax.Array, penalty: jax.Array) -> jax.Array:
-    """``log_prob / length ** penalty`` in the forms XLA gave a constant penalty: small integer powers as products,
-    a power of one half as a square root, a division by a power as a multiplication by its inverse. Beam scores stay
-    bit-identical to the constant's."""
+    """``log_prob / length ** penalty``, exact for the usual penalties: XLA's ``pow`` of a traced exponent is a
+    rounding step off for ``penalty`` 1 on about a quarter of lengths, so small integer powers are products (and
+    -0.5 a square root), the forms XLA gave a constant penalty: beam scores stay bit-identical to those."""
     squared = length * length
     cubed = length * squared
     forms = {0.0: log_prob, 1.0: log_prob / length, -1.0: log_prob * length, 2.0: log_prob / squared,

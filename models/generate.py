@@ -211,7 +211,10 @@ def _sample(graphdef, program: _Program, on_tokens, params, prompts, pad, knobs:
 
 def beam_search(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s: Sampling) -> jax.Array:
     """(B, P) left-padded prompts -> (B, max_new_tokens): the best hypothesis per row, eos-filled after it ends."""
-    return _beam_search(graphdef, _program(s), params, jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32),
+    # Beams are searched, never sampled: the sampling-only settings (ignored, as by transformers' generate without
+    # do_sample) must not make another program.
+    program = dataclasses.replace(_program(s), greedy=False, keeps_top_p=False, top_k=0, entmax=False)
+    return _beam_search(graphdef, program, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32),
                         _knobs(s))
 
 

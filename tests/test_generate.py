@@ -246,7 +246,8 @@ def test_new_values_of_the_sampling_knobs_reuse_the_compiled_loop():
     sampled = (Sampling(max_new_tokens=12, temperature=0.7, top_p=0.9, repetition_penalty=1.3, eos_id=first),
                Sampling(max_new_tokens=12, temperature=1.4, top_p=0.6, repetition_penalty=1.8, eos_id=second))
     beams = (Sampling(max_new_tokens=12, num_beams=3, length_penalty=0.5, eos_id=first),
-             Sampling(max_new_tokens=12, num_beams=3, length_penalty=-1.0, eos_id=second))
+             Sampling(max_new_tokens=12, num_beams=3, length_penalty=-1.0, eos_id=second, temperature=0, top_k=5,
+                      top_p=0.5))  # sampling-only settings: beams ignore them
     for jitted, generate, settings in (
             (generate_module._sample, lambda s: sample(graphdef, params, prompts, pad, s, key), sampled),
             (generate_module._beam_search, lambda s: beam_search(graphdef, params, prompts, pad, s), beams)):

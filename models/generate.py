@@ -88,17 +88,11 @@ def _knobs(s: Sampling) -> _Knobs:
                   eos_id=jnp.asarray(0 if s.eos_id is None else s.eos_id, jnp.int32))
 
 
-def apply_repetition_penalty(logits: jax.Array, seen: jax.Array, penalty: float) -> jax.Array:
-    """Hugging Face's rule for every token already seen: negative logits times ``penalty``, others divided."""
-    if penalty == 1.0:
-        return logits
-    return jnp.where(seen, jnp.where(logits < 0, logits * penalty, logits / penalty), logits)
-
-
 # XLA turns a division by a constant into a multiplication by its float32 reciprocal; the traced knobs divide the
 # same way, so their results stay bit-identical to those of the constants they were.
 
 def _penalise_repeats(logits: jax.Array, seen: jax.Array, penalty: jax.Array) -> jax.Array:
+    """Hugging Face's rule for every token already seen: negative logits times ``penalty``, others divided."""
     return jnp.where(seen, jnp.where(logits < 0, logits * penalty, logits * (1 / penalty)), logits)
 
 

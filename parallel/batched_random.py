@@ -1,11 +1,13 @@
-"""A model's random initialisers run as one batched call per kind and shape, with the same values.
+"""A model's random initialisers run as one batched call per kind and shape, with the same random values.
 
 Initialising a model draws each parameter by itself: ``jax.random.normal(key, shape)`` is a jitted function, and on
 CPU every call compiles its own threefry loop and its own normal transform, ~50 ms of XLA compile per parameter, so
 initialising a small model compiled about as long as its train step. ``batch_random_draws(fn)`` is ``fn`` with the
-identical jitted draws (one function, one shape: each layer's kernels of one kind) made as one ``vmap`` over their
-stacked keys. Threefry is elementwise over key and counter, and the transforms after it are elementwise, so every
-parameter gets the values its own call gives, bit for bit (tests/test_batched_random.py holds that).
+identical jitted draws (one function, one shape: each layer's kernels of one kind), and the keys' ``fold_in``s, made
+as one ``vmap`` over their stacked keys. Threefry is elementwise over key and counter, and the transforms after it
+are elementwise, so every draw gives the values its own call gives, bit for bit (tests/test_batched_random.py holds
+that). What a model does with a draw afterwards (``* stddev``) XLA may round apart by float32's last bit, as its
+optimisation flags alone already do.
 
 It is a jaxpr interpreter (the pattern of JAX's "Writing custom Jaxpr interpreters"): ``fn`` is traced once, then
 its equations run again in waves; in each wave every equation whose inputs are known runs, except the jitted draws,

@@ -36,6 +36,8 @@ def batch_random_draws(fn: Callable, max_elements: int = MAX_ELEMENTS) -> Callab
         flat_args, in_tree = jax.tree.flatten(args)
         closed, out_shape = jax.make_jaxpr(lambda *flat: fn(*jax.tree.unflatten(in_tree, flat)),
                                            return_shape=True)(*flat_args)
+        if closed.effects:  # a debug print or a callback: equations run in their written order, unbatched
+            return fn(*args)
         outputs = _run_in_waves(closed.jaxpr, closed.consts, flat_args, max_elements)
         return jax.tree.unflatten(jax.tree.structure(out_shape), outputs)
 

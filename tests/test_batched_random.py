@@ -55,3 +55,17 @@ def test_a_model_is_initialised_with_one_threefry_loop_per_parameter_shape():
     # The same draws; XLA may round a draw's scaling (normal(key) * stddev) apart by float32's last bit.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2.4e-7, atol=0),
                  batched(), plain())
+
+
+def test_an_initialiser_with_side_effects_runs_in_its_written_order(capfd):
+    def noisy():
+        first = jax.random.normal(jax.random.key(1), (4,))
+        jax.debug.print("first {}", first[0], ordered=True)  # waits for a draw: a later wave, if batched
+        jax.debug.print("second", ordered=True)
+        return first, jax.random.normal(jax.random.key(2), (4,))
+
+    together = jax.jit(batch_random_draws(noisy))()
+    jax.effects_barrier()
+    printed = capfd.readouterr().out
+    assert printed.index("first") < printed.index("second"), printed
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), together, jax.jit(noisy)())

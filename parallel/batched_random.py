@@ -57,7 +57,7 @@ def _run_in_waves(jaxpr, consts, args, max_elements: int) -> list:
             elif _is_random_draw(eqn):
                 draws.setdefault(_draw_kind(eqn), []).append(eqn)
             else:
-                env.update(zip(eqn.outvars, _bind(eqn, _read(env, eqn.invars))))
+                _run(eqn, env)
         for group in draws.values():
             per_call = max(1, max_elements // max(1, sum(math.prod(v.aval.shape) for v in group[0].outvars)))
             for start in range(0, len(group), per_call):
@@ -69,8 +69,7 @@ def _run_in_waves(jaxpr, consts, args, max_elements: int) -> list:
 def _draw_together(eqns: list, env: dict) -> None:
     """The jitted draws ``eqns`` (one function, one shape) as one call over their stacked inputs."""
     if len(eqns) == 1:
-        env.update(zip(eqns[0].outvars, _bind(eqns[0], _read(env, eqns[0].invars))))
-        return
+        return _run(eqns[0], env)
     stacked = [jnp.stack(values) for values in zip(*(_read(env, eqn.invars) for eqn in eqns))]
     drawn = jax.vmap(lambda *inputs: _bind(eqns[0], inputs))(*stacked)
     for i, eqn in enumerate(eqns):
@@ -99,6 +98,10 @@ def _draw_kind(eqn) -> tuple:
     and shapes) with the same settings, on inputs of the same types."""
     settings = tuple(sorted((name, repr(value)) for name, value in eqn.params.items() if name != "jaxpr"))
     return eqn.primitive.name, id(eqn.params.get("jaxpr")), settings, tuple(str(v.aval) for v in eqn.invars)
+
+
+def _run(eqn, env: dict) -> None:
+    env.update(zip(eqn.outvars, _bind(eqn, _read(env, eqn.invars))))
 
 
 def _read(env: dict, variables) -> list:

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from models import registry
+from parallel.batched_random import batch_random_draws
 from parallel.layout import Layout
 from parallel.mesh import make_mesh, parse_mesh_shape
 from parallel.state import create_train_state, traced_rngs
@@ -58,15 +59,17 @@ def test_parameters_are_created_sharded():
     one_device = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
     _, alone, _ = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), one_device, 0)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), state.params, alone.params)
-    # parallel.state's own rng streams (fast under a trace) draw the keys flax's nnx.Rngs(params=seed) draws, and the
-    # parameters are flax's own init to float32's last bit (XLA rounds a draw's scaling as it fuses it: its flags
-    # alone move that bit).
+    # parallel.state's own rng streams (fast under a trace) draw the keys flax's nnx.Rngs(params=seed) draws: the
+    # same initialiser on flax's streams gives these parameters bit for bit; flax's unbatched init gives them to
+    # float32's last bit (XLA rounds a draw's scaling as it fuses it: its flags alone move that bit).
     ours, flax_rngs = traced_rngs(0), nnx.Rngs(params=0)
     for _ in range(3):
         np.testing.assert_array_equal(jax.random.key_data(ours.params()), jax.random.key_data(flax_rngs.params()))
-    flax_init = jax.jit(lambda: nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(params=0)), nnx.Param)))()
+    flax_init = lambda: nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(params=0)), nnx.Param))  # noqa: E731
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 state.params, jax.jit(batch_random_draws(flax_init))())
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2.4e-7, atol=0),
-                 state.params, flax_init)
+                 state.params, jax.jit(flax_init)())
 
 
 def test_gradient_accumulation_equals_one_big_batch():

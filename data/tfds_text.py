@@ -48,13 +48,14 @@ def tokenized_split(builder, name: str, split: str, text_key: str, tokenizer, to
 
     def build(directory: str) -> None:
         from data.create_tfrecords import write_file, write_index
-        from data.tf_import import tensorflow_datasets
+        from data.pipeline import stream_options
+        from data.tf_import import tensorflow, tensorflow_datasets
 
-        tfds = tensorflow_datasets()
+        tf, tfds = tensorflow(), tensorflow_datasets()
 
         os.makedirs(directory)
         texts = (row[text_key].decode("utf-8") for row in
-                 tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)))
+                 tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False).with_options(stream_options(tf))))
         counts = write_file(texts, tokenizer, os.path.join(directory, RECORDS), "documents", 0)
         write_index(os.path.join(directory, "documents.index"), [counts], tokenizer, tokenizer_path, "documents", 0)
         with open(os.path.join(directory, "DONE"), "w") as f:

@@ -57,6 +57,14 @@ def test_chunks_mode_packs_every_token_once(datasets):
         check_contiguous(window, datasets["a"])
 
 
+def test_shard_streams_run_without_tf_datas_autotuning_thread(datasets):
+    """Its wake-up on an iterator's destruction can be lost (data/pipeline.py stream_options): a finished run then
+    waited up to a minute in the destructor."""
+    for split in ("train", "eval"):
+        options = make_source(config([["a", None, None, None]], N_CTX), split)._build_shard(0, 4, 0).options()
+        assert options.deterministic and options.autotune.enabled is False, split
+
+
 def reference_groups(docs, stitch, n_ctx, count):
     """The documents_fixed rule in plain Python: join documents (cycling through them) until there are at least
     ``stitch`` and n_ctx+1 tokens, take the first n_ctx+1."""

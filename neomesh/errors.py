@@ -27,6 +27,10 @@ _DISK_FULL = re.compile(r"No space left on device|os_error_code='28'|RESOURCE_EX
 # which is not a full disk.
 _DEVICE_MEMORY = re.compile(r"RESOURCE_EXHAUSTED: ([^\n]*(?:[Oo]ut of memory|memory required|allocat)[^\n]*)")
 _FAILED_PATH = re.compile(r'(?:Failed writing:|local file) "([^"]+)"')  # TensorStore names the file so
+# How a collective or the coordination service reports a process of the run that died (kill -9, a lost host):
+# gloo's socket to it closes; jax's coordination service stops hearing its heartbeats.
+_PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|heartbeat timeout|stopped sending "
+                        r"heartbeats|[Ss]ocket closed")
 
 
 def one_line(e: BaseException) -> str | None:
@@ -43,6 +47,10 @@ def one_line(e: BaseException) -> str | None:
         if getattr(e, "filename2", None) is not None:
             where = f"{where} -> {e.filename2}"
         return f"{where}: {what}" if where is not None else what
+    if type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and _PEER_LOST.search(str(e)):
+        detail = str(e).strip().splitlines()[0].removeprefix("UNKNOWN: ").removeprefix("INTERNAL: ")
+        return (f"another process of this run stopped ({detail[:200]}); this process stops too: start every "
+                "process again to resume from the last checkpoint")
     memory = _DEVICE_MEMORY.search(str(e)) if not isinstance(e, ConfigError) else None
     if memory:
         return (f"out of device memory: {memory.group(1).strip()[:300].rstrip('.')}; a smaller batch, "

@@ -320,6 +320,39 @@ def test_a_process_whose_peers_never_start_says_so_and_gives_up_in_one_line(tmp_
     assert took < 60 and not os.path.exists(run)
 
 
+@pytest.mark.slow
+def test_a_process_killed_mid_run_stops_the_other_at_once_in_one_line(tmp_path):
+    """kill -9 of process 1 mid-run: process 0's next collective failed inside gloo with a traceback, then its exit
+    waited out jax's 100 s heartbeat timeout and aborted from C++ (exit -6 after 82 s here). It says in one line
+    that another process stopped and exits 2 at once."""
+    from tests.common import metrics_lines
+
+    port = free_port()
+    run = str(tmp_path / "run")
+    commands = [train_command(run, MESH_SHAPE, LAYOUT, 100_000, "--coordinator", f"127.0.0.1:{port}",
+                              "--num-processes", "2", "--process-id", str(i)) for i in range(2)]
+    logs = [open(tmp_path / f"err{i}.txt", "w+") for i in range(2)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=environment(4), stdout=subprocess.DEVNULL, stderr=err, text=True)
+             for cmd, err in zip(commands, logs)]
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while metrics_lines(run) < 2 * STEPS:
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, open(logs[0].name).read()
+            time.sleep(0.1)
+        procs[1].kill()
+        code = procs[0].wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    err = open(logs[0].name).read()
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: another process of this run stopped ("), \
+        (code, err[-4000:])
+    assert lines[0].endswith("); this process stops too: start every process again to resume from the last "
+                             "checkpoint") and "Traceback" not in err, err[-4000:]
+
+
 def test_processes_holding_different_device_counts_stop_with_one_line_naming_each_count(tmp_path):
     """Process 0 with 2 CPU devices and process 1 with 1: jax's cross-process collectives failed with a
     ValueError traceback ('cannot reshape array of size 3 into shape (2,2)'); both now name each count."""

@@ -78,6 +78,9 @@ class Config:
 
     # Model shape.
     n_ctx: int = _key(2048, "context length in tokens (learned positions)", minimum=1)
+    n_positions: Optional[int] = _key(None, "rows of the learned position table; null: n_ctx. More than n_ctx keeps "
+                                            "a longer table (an imported model's) while training on n_ctx tokens, "
+                                            "as transformers' max_seq_length does", minimum=1)
     n_embd: int = _key(768, "model width", minimum=1)
     n_head: int = _key(12, "attention heads; must divide n_embd", minimum=1)
     n_layer: int = _key(12, "transformer blocks", minimum=1)
@@ -315,6 +318,11 @@ class Config:
         return self.d_kv or self.n_embd // self.n_head
 
     @property
+    def position_rows(self) -> int:
+        """Positions the learned table holds: ``n_positions``, else n_ctx."""
+        return self.n_ctx if self.n_positions is None else self.n_positions
+
+    @property
     def decoder_layers(self) -> int:
         """Decoder blocks of an encoder-decoder model: ``n_decoder_layer``, else as many as the encoder's."""
         return self.n_layer if self.n_decoder_layer is None else self.n_decoder_layer
@@ -414,19 +422,20 @@ KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
 # one of these keeps them and gives another model, so a resume names it (training/checkpoint.model_changes). Not
 # here: what a resume may change as a matter of course (schedule, cadence, data, dropout, init scales, kernels,
 # memory-saving options, precision, the mesh).
-MODEL_KEYS = ("model", "task", "num_labels", "head_hidden", "n_ctx", "n_embd", "n_head", "n_layer", "n_vocab", "d_kv",
-              "n_decoder_layer", "n_decoder_ctx", "decoder_start_token_id", "relative_attention_num_buckets",
-              "relative_attention_max_distance", "attention_types", "local_attention_radius", "activation_function",
-              "d_ff", "mlp_glu", "norm", "scalenorm", "norm_position", "layer_norm_epsilon", "rezero", "macaron",
-              "axial_pos_emb", "attention_scale", "dense_bias", "image_size", "patch_size", "num_channels",
-              "interpolate_positions", "n_token_types", "position_offset", "no_weight_tie", "qkv_bias",
-              "num_mem_kv", "moe_layers", "moe_params", "rotary_emb", "rotary_emb_fraction", "rotary_style",
-              "share_parameters", "moe_activation", "entmax_loss", "causal", "mlm_training", "peft")
+MODEL_KEYS = ("model", "task", "num_labels", "head_hidden", "n_ctx", "n_positions", "n_embd", "n_head", "n_layer",
+              "n_vocab", "d_kv", "n_decoder_layer", "n_decoder_ctx", "decoder_start_token_id",
+              "relative_attention_num_buckets", "relative_attention_max_distance", "attention_types",
+              "local_attention_radius", "activation_function", "d_ff", "mlp_glu", "norm", "scalenorm",
+              "norm_position", "layer_norm_epsilon", "rezero", "macaron", "axial_pos_emb", "attention_scale",
+              "dense_bias", "image_size", "patch_size", "num_channels", "interpolate_positions", "n_token_types",
+              "position_offset", "no_weight_tie", "qkv_bias", "num_mem_kv", "moe_layers", "moe_params", "rotary_emb",
+              "rotary_emb_fraction", "rotary_style", "share_parameters", "moe_activation", "entmax_loss", "causal",
+              "mlm_training", "peft")
 # The value a model key is compared by, where several spellings give one model (attention_types null or every
 # layer listed as global; d_ff null or 4*n_embd; norm scalenorm or scalenorm true; moe_params' defaults).
 MODEL_VALUE = {"attention_types": "attention_layers", "norm": "norm_kind", "scalenorm": "norm_kind",
                "d_ff": "intermediate", "d_kv": "head_dim", "n_decoder_layer": "decoder_layers", "moe_params": "moe",
-               "peft": "peft_settings"}
+               "peft": "peft_settings", "n_positions": "position_rows"}
 
 
 def describe_keys() -> str:
@@ -550,6 +559,9 @@ def _check_block_options(cfg: Config) -> None:
         raise ConfigError(f"scalenorm: true contradicts norm {json.dumps(cfg.norm)}; keep one of the two")
     if cfg.rezero and cfg.norm_position == "post":
         raise ConfigError("rezero: true replaces the block norms, so norm_position 'post' has nothing to place")
+    if cfg.n_positions is not None and cfg.n_positions < cfg.n_ctx:
+        raise ConfigError(f"n_positions: a table of {cfg.n_positions} positions is shorter than n_ctx {cfg.n_ctx}; "
+                          "give at least n_ctx, or leave it out")
     if cfg.axial_pos_emb is not None:
         axial = cfg.axial_pos_emb
         if not (isinstance(axial, list) and len(axial) == 2 and all(

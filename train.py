@@ -910,9 +910,9 @@ def restore_input_position(source, checkpoints, step: int, shardings: dict, shap
     return source.restore(step, shapes[field][0], rows, checkpoints.restore_input(step))
 
 
-ARCHITECTURE = ("n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "attention_types", "activation_function",
-                "no_weight_tie", "qkv_bias", "attention_scale", "d_ff", "norm_position", "n_token_types",
-                "local_attention_radius", "layer_norm_epsilon", "position_offset", "mlp_glu",
+ARCHITECTURE = ("n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "n_positions", "attention_types",
+                "activation_function", "no_weight_tie", "qkv_bias", "attention_scale", "d_ff", "norm_position",
+                "n_token_types", "local_attention_radius", "layer_norm_epsilon", "position_offset", "mlp_glu",
                 # T5's and ViT's own (a T5's n_ctx is only its data's length: relative positions hold no table)
                 "n_decoder_layer", "d_kv", "relative_attention_num_buckets", "relative_attention_max_distance",
                 "decoder_start_token_id", "image_size", "patch_size", "num_channels",
@@ -929,7 +929,12 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     from training.init_from import RUN_ARCHITECTURE, check_head, is_run, may_lack_head, source_config
 
     theirs = source_config(cfg.init_from)
-    theirs = theirs.replace(n_ctx=cfg.n_ctx) if theirs.model == "t5" else theirs  # relative positions: any length
+    if theirs.model == "t5":  # relative positions: any length
+        theirs = theirs.replace(n_ctx=cfg.n_ctx)
+    elif has_position_table(theirs) and cfg.n_ctx < theirs.position_rows:
+        # Fine-tuning on shorter sequences than the model's position table (transformers' max_seq_length): the
+        # table stays whole, the config's n_ctx is the length trained on.
+        theirs = theirs.replace(n_ctx=cfg.n_ctx, n_positions=theirs.position_rows)
     if theirs.model != cfg.model:
         from config import shipped_configs_of
 
@@ -952,6 +957,11 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     return new
 
 
+def has_position_table(cfg) -> bool:
+    """Whether the model learns a table of absolute positions (a ViT's has one row per patch: its n_ctx is fixed)."""
+    return cfg.model not in ("t5", "vit") and not (cfg.rotary_emb or cfg.axial_pos_emb)
+
+
 def imported_params(cfg, hf_dir: str):
     """The weights of the model ``cfg`` starts from (a Hugging Face directory or a NeoMesh run) for ``cfg``'s
     model; a one-line error if its shape differs. With ``init_new_head``, without the head's output layer."""
@@ -962,7 +972,7 @@ def imported_params(cfg, hf_dir: str):
     keys = ["model", "n_embd", "n_layer", "n_head", "n_vocab", "attention_layers", "activation_function",
             "no_weight_tie", "qkv_bias", "attention_scale", "intermediate", "norm_position", "n_token_types"] + (
         ["local_attention_radius"] if "local" in cfg.attention_layers else []) + (
-        [] if cfg.model == "t5" else ["n_ctx"])  # T5's relative positions fit any length
+        [] if cfg.model == "t5" else ["position_rows"])  # T5's relative positions fit any length
     for key in keys:
         if getattr(theirs, key) != getattr(cfg, key):
             raise ConfigError(f"--init-from {hf_dir}: {key} is {getattr(theirs, key)} there but "

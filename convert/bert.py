@@ -119,7 +119,8 @@ def config_to_hf(cfg: Config) -> dict:
     hf = {"model_type": cfg.model, "architectures": [name + head], "vocab_size": cfg.n_vocab,
           "hidden_size": cfg.n_embd, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
           "intermediate_size": cfg.intermediate, "hidden_act": ACTIVATIONS_TO_HF[cfg.activation_function],
-          "max_position_embeddings": cfg.n_ctx + cfg.position_offset, "type_vocab_size": max(cfg.n_token_types, 1),
+          "max_position_embeddings": cfg.position_rows + cfg.position_offset,
+          "type_vocab_size": max(cfg.n_token_types, 1),
           "layer_norm_eps": cfg.layer_norm_epsilon, "hidden_dropout_prob": cfg.res_dropout,
           "attention_probs_dropout_prob": cfg.attn_dropout, "initializer_range": 0.02,
           "position_embedding_type": "absolute", "torch_dtype": "float32",
@@ -152,11 +153,11 @@ def pad_as_tokenizer(cfg: Config, hf: dict, tensors: dict[str, np.ndarray], toke
                 "positions after it differ from NeoMesh's")
     pad = tokenizer.padding_id
     name = "roberta.embeddings.position_embeddings.weight"
-    table, shift = tensors[name], pad + 1 - offset  # (n_ctx + offset, D)
+    table, shift = tensors[name], pad + 1 - offset  # (position_rows + offset, D)
     if shift > 0:
         table = np.concatenate([np.zeros((shift, table.shape[1]), table.dtype), table])
-    tensors[name] = table[-shift:] if shift < 0 else table  # (n_ctx + pad + 1, D)
-    hf["pad_token_id"], hf["max_position_embeddings"] = pad, cfg.n_ctx + pad + 1
+    tensors[name] = table[-shift:] if shift < 0 else table  # (position_rows + pad + 1, D)
+    hf["pad_token_id"], hf["max_position_embeddings"] = pad, cfg.position_rows + pad + 1
     return None
 
 

@@ -132,11 +132,11 @@ def config_to_hf(cfg: Config) -> dict:
               "tie_word_embeddings": not cfg.no_weight_tie or cfg.task != "causal_lm",  # a classifier has no lm_head
               "torch_dtype": "float32"}
     if cfg.model == "gpt2":
-        return {**common, "model_type": "gpt2", "architectures": ["GPT2" + gpt2_head], "n_positions": cfg.n_ctx,
+        return {**common, "model_type": "gpt2", "architectures": ["GPT2" + gpt2_head], "n_positions": cfg.position_rows,
                 "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.intermediate,
                 "resid_pdrop": cfg.res_dropout, "embd_pdrop": cfg.embed_dropout, "attn_pdrop": cfg.attn_dropout}
     return {**common, "model_type": "gpt_neo", "architectures": ["GPTNeo" + neo_head],
-            "max_position_embeddings": cfg.n_ctx, "hidden_size": cfg.n_embd, "num_layers": cfg.n_layer,
+            "max_position_embeddings": cfg.position_rows, "hidden_size": cfg.n_embd, "num_layers": cfg.n_layer,
             "num_heads": cfg.n_head, "attention_types": cfg.attention_types or [[["global"], cfg.n_layer]],
             "window_size": cfg.local_attention_radius, "intermediate_size": cfg.intermediate,
             "resid_dropout": cfg.res_dropout, "embed_dropout": cfg.embed_dropout,

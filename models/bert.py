@@ -29,7 +29,7 @@ class Bert(nnx.Module):
         d = cfg.n_embd
         self.wte = Embed(cfg.n_vocab, d, embedding_init=init, embedding_metadata=axes("vocab", "embd"),
                          rngs=rngs)
-        self.wpe = Embed(cfg.n_ctx + cfg.position_offset, d, embedding_init=init,
+        self.wpe = Embed(cfg.position_rows + cfg.position_offset, d, embedding_init=init,
                          embedding_metadata=axes(None, "embd"), rngs=rngs)
         self.wtt = Embed(cfg.n_token_types, d, embedding_init=init, embedding_metadata=axes(None, "embd"),
                          rngs=rngs) if cfg.n_token_types else None

@@ -50,7 +50,7 @@ class GPTNeo(nnx.Module):
         self.wte = Embed(cfg.n_vocab, cfg.n_embd, embedding_init=init(0.02),
                          embedding_metadata=axes("vocab", "embd"), rngs=rngs)
         # Positions: a learned table, GPT-Neo's axial table, or none (rotary puts positions into q and k).
-        self.wpe = Embed(cfg.n_ctx + cfg.position_offset, cfg.n_embd, embedding_init=init(0.01),
+        self.wpe = Embed(cfg.position_rows + cfg.position_offset, cfg.n_embd, embedding_init=init(0.01),
                          embedding_metadata=axes(None, "embd"), rngs=rngs) if not (
             cfg.rotary_emb or cfg.axial_pos_emb) else None
         self.axial_wpe = AxialPositions(cfg.axial_pos_emb, cfg.n_embd, rngs) if cfg.axial_pos_emb else None

@@ -104,6 +104,7 @@ def test_attention_types_expand():
     ({"scalenorm": True, "norm": "rmsnorm"}, 'scalenorm: true contradicts norm "rmsnorm"'),
     ({"rezero": True, "norm_position": "post"}, "rezero: true replaces the block norms"),
     ({"axial_pos_emb": [4, 4]}, "axial_pos_emb: 4*4 = 16 positions is fewer than n_ctx 32"),
+    ({"n_positions": 16}, "n_positions: a table of 16 positions is shorter than n_ctx 32; give at least n_ctx"),
     ({"axial_pos_emb": [4]}, "axial_pos_emb: [4] is not [A, B]"),
     ({"axial_pos_emb": [4, 8], "rotary_emb": True}, "axial_pos_emb: rotary_emb is on too"),
     ({"norm": "batchnorm"}, 'norm: "batchnorm" is not one of layernorm, rmsnorm, scalenorm'),

@@ -179,3 +179,33 @@ def test_a_peft_run_without_init_from_is_told_its_base_stays_random():
     assert train.peft_base_note(template.replace(init_from="hf/gpt2")) is None
     assert train.peft_base_note(load_config("quickstart")[0]) is None
     assert train.peft_base_note(template.replace(peft={"lora": {}, "trainable": ["all"]})) is None
+
+
+def test_a_shorter_n_ctx_than_the_models_position_table_trains_on_it_and_keeps_the_table(gpt2_dir):
+    """transformers' max_seq_length: --init-from a GPT-2 of 64 positions with n_ctx 16 trains on 16 tokens (it
+    took the model's 64, 4x the compute per example), keeps the 64 rows (its export has them) and computes
+    transformers' logits; an n_ctx beyond the table is the table's length, as before."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+    from flax import nnx
+
+    from convert.gpt_neo import config_to_hf
+    from models import registry
+    from parallel.state import abstract_model
+
+    notes = []
+    gpt2 = load_config("finetune_lora_gpt2", ("peft=null",))[0].replace(init_from=gpt2_dir)
+    cfg = train.with_architecture_of(gpt2.replace(n_ctx=16), "--init-from", notes)
+    assert (cfg.n_ctx, cfg.n_positions, cfg.position_rows) == (16, 64, 64)
+    assert "n_positions 64" in notes[0] and "n_ctx" not in notes[0], notes
+    graphdef, _, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
+    tokens = np.random.default_rng(0).integers(0, hf_fixtures.VOCAB, (2, 16))
+    got = nnx.merge(graphdef, nnx.State(train.imported_params(cfg, gpt2_dir)))(jnp.asarray(tokens))[0]
+    with torch.no_grad():
+        want = transformers.GPT2LMHeadModel.from_pretrained(gpt2_dir).eval()(torch.from_numpy(tokens)).logits.numpy()
+    assert np.max(np.abs(np.asarray(got) - want)) <= 1e-4
+    assert config_to_hf(cfg)["n_positions"] == 64
+    longer = train.with_architecture_of(gpt2.replace(n_ctx=100), "--init-from", [])
+    assert (longer.n_ctx, longer.n_positions) == (64, None)

@@ -20,7 +20,7 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
         return
     # CPU processes need a collectives backend to talk to each other; GPUs and TPUs ignore this setting.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    timeout = join_timeout()
+    timeout, silence = join_timeout(), peer_timeout()
     joined = threading.Event()
     where = f"--coordinator {coordinator}" if coordinator else "--distributed"
     count = f"the {num_processes} processes" if num_processes else "the cluster's processes"
@@ -51,6 +51,71 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
     finally:
         joined.set()
     check_device_counts()
+    watch_peers(silence)
+
+
+_watching = threading.Event()  # set while watch_peers' thread may report a stopped peer
+HEARTBEATS = "neomesh/alive/"
+
+
+def watch_peers(timeout: int) -> None:
+    """Stops this process in one line when another process of the run sends no heartbeat for ``timeout`` seconds,
+    or the coordination service (process 0) is gone. A dead peer makes a collective fail at once only in the ranks
+    that read from it; the others waited silently until jax's 100 s heartbeat timeout aborted the process from C++
+    (1 of 3 kills here). Each process writes a fresh value to jax's key-value store every few seconds and reads
+    everyone's in one call; when a value last changed is timed here, so the hosts' clocks need not agree."""
+    import atexit
+    import time
+
+    from jax._src import distributed as jax_distributed
+
+    client, me, count = jax_distributed.global_state.client, jax.process_index(), jax.process_count()
+    period = max(0.5, min(2.0, timeout / 5))
+
+    def stop(why: str) -> None:
+        if _watching.is_set():
+            print(f"error: another process of this run stopped ({why}); this process stops too: start every "
+                  "process again to resume from the last checkpoint", file=sys.stderr, flush=True)
+            os._exit(2)
+
+    def beat() -> None:
+        seen = {k: (None, time.monotonic()) for k in range(count) if k != me}  # value, when it last changed
+        while True:  # until the process ends; it stops reporting when it starts leaving (see below)
+            try:
+                client.key_value_set(f"{HEARTBEATS}{me}", str(time.monotonic_ns()), allow_overwrite=True)
+                values = {int(key.rsplit("/", 1)[1]): value for key, value in client.key_value_dir_get(HEARTBEATS)}
+            except Exception as e:  # noqa: BLE001 - the service itself is gone: its process died
+                if not _watching.is_set():  # jax.distributed shut down: this process is leaving
+                    return
+                stop(f"the coordination service at process 0 stopped answering: {str(e).strip().splitlines()[0]}")
+                return
+            now = time.monotonic()
+            for k, (value, since) in seen.items():
+                if values.get(k) != value:
+                    seen[k] = (values.get(k), now)
+                elif now - since > timeout:
+                    stop(f"process {k} sent no heartbeat for {timeout} s")
+            time.sleep(period)
+
+    _watching.set()
+    # A process leaving (its exit, or stop_together) reports nothing more, but beats on while it waits in jax's
+    # shutdown barrier for the others. atexit runs this before jax's shutdown (registered earlier, run later).
+    atexit.register(_watching.clear)
+    threading.Thread(target=beat, daemon=True, name="neomesh-peers").start()
+
+
+def peer_timeout() -> int:
+    """Seconds without a heartbeat after which another process counts as stopped: ``NEOMESH_PEER_TIMEOUT``, else 60."""
+    from config import ConfigError
+
+    text = os.environ.get("NEOMESH_PEER_TIMEOUT", "60")
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = 0
+    if seconds < 5:
+        raise ConfigError(f"NEOMESH_PEER_TIMEOUT: {text!r} is not a number of seconds of at least 5")
+    return seconds
 
 
 def check_device_counts() -> None:
@@ -122,6 +187,7 @@ def stop_together(message: str) -> None:
     the coordination service abort them from C++ before they can print their one line."""
     from config import ConfigError
 
+    _watching.clear()
     jax.distributed.shutdown()
     raise ConfigError(message)
 

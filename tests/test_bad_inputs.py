@@ -285,3 +285,21 @@ def test_mesh_and_layout_flags_of_predict_and_eval_are_named_as_flags():
     with pytest.raises(ConfigError, match=r"^mesh_shape: 'x:16' needs"):  # the harness's model_args keep the keys
         layout_for("x:16")
     assert dict(layout_for("x:-1", "batch:x", flags).mesh.shape) == {"x": 8}
+
+
+def test_a_collective_that_lost_its_peer_is_one_line_and_other_runtime_errors_keep_their_traceback():
+    """What gloo raised in process 0 when process 1 was killed (kill -9) mid-run, and what jax's coordination
+    service says of a dead task: one line; a runtime error of another kind is a bug's, kept whole."""
+    import jax
+
+    from neomesh.errors import one_line
+
+    lost = jax.errors.JaxRuntimeError("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:"
+                                      "538] Read error [127.0.0.1]:17795: Connection reset by peer\nmore")
+    assert one_line(lost) == (
+        "another process of this run stopped (Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] "
+        "Read error [127.0.0.1]:17795: Connection reset by peer); this process stops too: start every process again "
+        "to resume from the last checkpoint")
+    assert one_line(jax.errors.JaxRuntimeError("UNAVAILABLE: Task 1 heartbeat timeout.")).startswith(
+        "another process of this run stopped (UNAVAILABLE: Task 1 heartbeat timeout.)")
+    assert one_line(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes differ")) is None

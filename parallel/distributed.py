@@ -106,16 +106,7 @@ def watch_peers(timeout: int) -> None:
 
 def peer_timeout() -> int:
     """Seconds without a heartbeat after which another process counts as stopped: ``NEOMESH_PEER_TIMEOUT``, else 60."""
-    from config import ConfigError
-
-    text = os.environ.get("NEOMESH_PEER_TIMEOUT", "60")
-    try:
-        seconds = int(text)
-    except ValueError:
-        seconds = 0
-    if seconds < 5:
-        raise ConfigError(f"NEOMESH_PEER_TIMEOUT: {text!r} is not a number of seconds of at least 5")
-    return seconds
+    return _seconds_from_environment("NEOMESH_PEER_TIMEOUT", default=60, minimum=5)
 
 
 def check_device_counts() -> None:
@@ -134,15 +125,20 @@ def check_device_counts() -> None:
 
 def join_timeout() -> int:
     """Seconds a process waits at start-up for the others to join: ``NEOMESH_JOIN_TIMEOUT``, else jax's 300."""
+    return _seconds_from_environment("NEOMESH_JOIN_TIMEOUT", default=300, minimum=10)
+
+
+def _seconds_from_environment(name: str, default: int, minimum: int) -> int:
+    """The whole number of seconds in environment variable ``name`` (``default`` when unset); one line otherwise."""
     from config import ConfigError
 
-    text = os.environ.get("NEOMESH_JOIN_TIMEOUT", "300")
+    text = os.environ.get(name, str(default))
     try:
         seconds = int(text)
     except ValueError:
         seconds = 0
-    if seconds < 10:
-        raise ConfigError(f"NEOMESH_JOIN_TIMEOUT: {text!r} is not a number of seconds of at least 10")
+    if seconds < minimum:
+        raise ConfigError(f"{name}: {text!r} is not a number of seconds of at least {minimum}")
     return seconds
 
 

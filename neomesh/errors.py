@@ -48,9 +48,7 @@ def one_line(e: BaseException) -> str | None:
             where = f"{where} -> {e.filename2}"
         return f"{where}: {what}" if where is not None else what
     if type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and _PEER_LOST.search(str(e)):
-        detail = str(e).strip().splitlines()[0].removeprefix("UNKNOWN: ").removeprefix("INTERNAL: ")
-        return (f"another process of this run stopped ({detail[:200]}); this process stops too: start every "
-                "process again to resume from the last checkpoint")
+        return peer_stopped(str(e).strip().splitlines()[0].removeprefix("UNKNOWN: ").removeprefix("INTERNAL: "))
     memory = _DEVICE_MEMORY.search(str(e)) if not isinstance(e, ConfigError) else None
     if memory:
         return (f"out of device memory: {memory.group(1).strip()[:300].rstrip('.')}; a smaller batch, "
@@ -59,6 +57,12 @@ def one_line(e: BaseException) -> str | None:
         path = _FAILED_PATH.search(str(e))
         return f"{path.group(1)}: No space left on device" if path else "No space left on device"
     return None
+
+
+def peer_stopped(why: str) -> str:
+    """The one line of a process whose run lost another process (``why``: how this one found out)."""
+    return (f"another process of this run stopped ({why[:200]}); this process stops too: start every process again "
+            "to resume from the last checkpoint")
 
 
 def disk_full(e: BaseException) -> bool:

@@ -5,7 +5,11 @@
 Both sides decode greedily to exactly ``--new-tokens`` tokens (no early eos) from the same random prompt; times
 include the prefill and are the median of ``--repeats`` runs after a warm-up (NeoMesh's warm-up compiles).
 The transformers side needs torch and transformers (``pip install -r requirements-test.txt``); without them, or
-with ``--neomesh-only``, NeoMesh runs alone on randomly initialised weights.
+with ``--neomesh-only``, NeoMesh runs alone on randomly initialised weights. transformers decodes with its dynamic
+cache and, with ``--static-cache``, also with its static cache (compiled on GPUs). Each row is printed as soon as
+it is measured, so a run cut off by a time limit keeps what it measured; a transformers case that fails is a row
+saying so. On a GPU, jax allocates as it needs (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set): PyTorch
+shares the device.
 
 ``--compile-only`` runs nothing: it compiles NeoMesh's generation program for one device, this machine's or with
 ``--topology`` an accelerator this machine does not have (``h100``, ``h200``, ``v5e:1x1``: XLA's own GPU or TPU
@@ -47,6 +51,8 @@ def main(argv=None) -> None:
     from parallel.xla_flags import apply_defaults
 
     apply_defaults(compilation_cache=False)  # as train.py runs, but every compile timed cold
+    if not (args.neomesh_only or args.compile_only):  # PyTorch shares the GPU: jax must not take 90% at start
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from config import ConfigError
 
     if args.topology and not args.compile_only:
@@ -105,24 +111,34 @@ def main(argv=None) -> None:
         return statistics.median(runs)
 
     rows = []
+
+    def add(name, batch, seconds=None, failed=None):
+        rows.append((name, batch, seconds and batch * args.new_tokens / seconds,
+                     seconds and 1000 * seconds / args.new_tokens, failed))
+        print("row: " + table_row(*rows[-1]), flush=True)
+
     for batch in batch_sizes(args):
         prompts = np.random.default_rng(0).integers(0, cfg.n_vocab, (batch, args.prompt_tokens))
         pad = np.zeros((batch,), np.int32)
-        ours = timed(lambda: jax.block_until_ready(
-            sample(graphdef, params, prompts, pad, settings, jax.random.key(0))))
-        timings = [("NeoMesh (JAX)", ours)]
-        if torch is not None:
-            ids = torch.from_numpy(prompts).to(device)
-            cache = {"cache_implementation": "static"} if args.static_cache else {}  # compiles itself on GPUs
-
+        add("NeoMesh (JAX)", batch, timed(lambda: jax.block_until_ready(
+            sample(graphdef, params, prompts, pad, settings, jax.random.key(0)))))
+        if torch is None:
+            continue
+        ids = torch.from_numpy(prompts).to(device)
+        caches = {"dynamic cache": {}}
+        if args.static_cache:
+            caches["static cache"] = {"cache_implementation": "static"}  # compiles itself on GPUs
+        for cache_name, cache in caches.items():
             def theirs_run():
                 with torch.no_grad():
                     reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
                                        max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **cache)
 
-            timings.append(("transformers (PyTorch)", timed(theirs_run)))
-        for name, seconds in timings:
-            rows.append((name, batch, batch * args.new_tokens / seconds, 1000 * seconds / args.new_tokens))
+            name = f"transformers (PyTorch, {cache_name})"
+            try:
+                add(name, batch, timed(theirs_run))
+            except Exception as e:  # noqa: BLE001  a cache or compile this model or version lacks: a row
+                add(name, batch, failed=f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:120]}")
 
     jax_device = jax.devices()[0]
     theirs = "" if torch is None else (f", PyTorch on {device}" + (f" with {torch.get_num_threads()} threads"
@@ -132,8 +148,14 @@ def main(argv=None) -> None:
           f"load {os.getloadavg()[0]:.1f}")
     print("| implementation | batch | tokens/s | ms/token |")
     print("|---|---|---|---|")
-    for name, batch, tokens_per_second, ms in rows:
-        print(f"| {name} | {batch} | {tokens_per_second:,.1f} | {ms:.2f} |")
+    for row in rows:
+        print(table_row(*row))
+
+
+def table_row(name, batch, tokens_per_second, ms, failed) -> str:
+    if failed:
+        return f"| {name} | {batch} | failed: {failed} | - |"
+    return f"| {name} | {batch} | {tokens_per_second:,.1f} | {ms:.2f} |"
 
 
 def batch_sizes(args) -> list[int]:

@@ -1,46 +1,79 @@
 #!/usr/bin/env bash
 # The GPU table in one command (one H100/H200, each run within a budget, 10 minutes at most): the GPT-Neo train
-# step at T=2048 in bf16 for the 125M and 1.3B shapes next to transformers' PyTorch GPT-Neo (bf16 autocast,
-# torch.compile), KV-cached decoding at batch 1 and 16 next to transformers' generate with a static cache, then
-# the 1.3B step scanned and the 2.7B shape alone (compile time and memory; scanned, full remat). Every table
-# states the device, the load and the settings. First,
-# tests/test_attention_gpu.py compares cuDNN's flash attention with the XLA path on this GPU (the test suite runs on
-# CPU devices unless told otherwise: JAX_PLATFORMS=cuda here).
+# step at T=2048 in bf16 for the 125M and 1.3B shapes next to transformers' PyTorch GPT-Neo (bf16 autocast, eager
+# and torch.compile), KV-cached decoding at batch 1 and 16 next to transformers' generate (dynamic and static
+# cache), then the 1.3B step scanned and the 2.7B shape alone (compile time and memory; scanned, full remat).
+# Every table states the device, the load and the settings. First, the versions it runs with, and
+# tests/test_attention_gpu.py compares cuDNN's flash attention with the XLA path on this GPU (the test suite runs
+# on CPU devices unless told otherwise: JAX_PLATFORMS=cuda here).
 # A run that fails (out of memory, a peer that does not compile) is reported and the rest of the table still runs;
-# the exit status says whether any failed.
+# the exit status says whether any failed. Parts, in this order: attention train decode scale (default: all).
 #     bash benchmarks/gpu.sh 2>&1 | tee gpu_table.txt
+#     bash benchmarks/gpu.sh decode scale          # some parts only
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1  # a run cut off at its budget still shows what it printed
 python=${PYTHON:-python3}  # GPU images often have no plain "python"
+parts=("$@")
+((${#parts[@]})) || parts=(attention train decode scale)
+for part in "${parts[@]}"; do
+    [[ " attention train decode scale " == *" $part "* ]] || {
+        echo "error: benchmarks/gpu.sh: unknown part '$part' (parts: attention train decode scale)" >&2
+        exit 2
+    }
+done
+wants() { [[ " ${parts[*]} " == *" $1 "* ]]; }
+
 backend=$("$python" -c 'import jax; print(jax.default_backend())' 2>/dev/null) || backend="no working jax"
 if [[ "$backend" != "gpu" ]]; then
     echo "error: benchmarks/gpu.sh fills the GPU table and needs a GPU; jax here runs on: $backend" >&2
     exit 2
 fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null
+"$python" - <<'EOF'
+import importlib.metadata as m
+print("versions:", ", ".join(f"{p} {m.version(p)}" for p in
+                             ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "transformers")))
+EOF
+# NeoMesh's default XLA flags (parallel/xla_flags.py) must be ones this jax's XLA knows: it aborts on others.
+if ! "$python" -c 'from parallel.xla_flags import apply_defaults; apply_defaults(compilation_cache=False)
+import jax.numpy as jnp; jnp.ones(2).block_until_ready()' >/dev/null 2>&1; then
+    echo "NOTE: this XLA refuses NeoMesh's default flags; running with NEOMESH_XLA_DEFAULTS=0"
+    export NEOMESH_XLA_DEFAULTS=0
+fi
 failed=()
 run() {  # run SECONDS COMMAND...: a run that hangs or compiles too long is cut off, and the rest still runs
     local seconds=$1
     shift
+    echo "== $*"
     timeout "$seconds" "$@" || { echo "FAILED (exit $?; 124: over ${seconds} s): $*"; failed+=("$*"); }
 }
 # In order of what the issue asks first, each within a budget: 600 s in all, the device's limit per command.
-run 60 env JAX_PLATFORMS=cuda "$python" -m pytest tests/test_attention_gpu.py -q -rs -p no:cacheprovider
-run 110 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
-    --torch-compile
-run 130 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 \
-    --torch-compile
-run 80 "$python" benchmarks/generate.py --config configs/gpt_neo_125M.json --precision bfloat16 --batch-sizes 1,16 \
-    --prompt-tokens 32 --new-tokens 256 --static-cache
-run 100 "$python" benchmarks/generate.py --config configs/gpt_neo_1.3B.json --precision bfloat16 --batch-sizes 1,16 \
-    --prompt-tokens 32 --new-tokens 256 --static-cache
-# The same 1.3B step scanned (recompute_grad none still recomputes elementwise values there): XLA:GPU's plan
-# (train.py --dry-run --topology h100) is 34.1 GB against 35.9 unrolled; whether the scan costs speed on a GPU.
-run 60 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 --scan \
-    --no-peer
-# 2.7B scanned with full rematerialisation: XLA:GPU plans 45.1 GB (40.0 GB unrolled; batch 32 still fits, 61.9
-# GB), XLA:CPU 55.3 GiB (unrolled 185 GiB: README, Speed); measured here is what the GPU really holds.
-run 60 "$python" benchmarks/train_step.py --shape 2.7B --seq 2048 --batch 4 --precision bfloat16 --steps 3 \
-    --remat full --scan --no-peer
+if wants attention; then
+    run 60 env JAX_PLATFORMS=cuda "$python" -m pytest tests/test_attention_gpu.py -q -rs -p no:cacheprovider
+fi
+if wants train; then
+    run 150 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
+        --torch-compile
+    run 190 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 \
+        --torch-compile
+fi
+if wants decode; then
+    run 80 "$python" benchmarks/generate.py --config configs/gpt_neo_125M.json --precision bfloat16 \
+        --batch-sizes 1,16 --prompt-tokens 32 --new-tokens 256 --static-cache
+    run 100 "$python" benchmarks/generate.py --config configs/gpt_neo_1.3B.json --precision bfloat16 \
+        --batch-sizes 1,16 --prompt-tokens 32 --new-tokens 256 --static-cache
+fi
+if wants scale; then
+    # The same 1.3B step scanned (recompute_grad none still recomputes elementwise values there): XLA:GPU's plan
+    # (train.py --dry-run --topology h100) is 34.1 GB against 35.9 unrolled; whether the scan costs speed here.
+    run 60 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 \
+        --scan --no-peer
+    # 2.7B scanned with full rematerialisation: XLA:GPU plans 45.1 GB (40.0 GB unrolled; batch 32 still fits,
+    # 61.9 GB), XLA:CPU 55.3 GiB (unrolled 185 GiB: README, Speed); measured here is what the GPU really holds.
+    run 60 "$python" benchmarks/train_step.py --shape 2.7B --seq 2048 --batch 4 --precision bfloat16 --steps 3 \
+        --remat full --scan --no-peer
+fi
 if ((${#failed[@]})); then
     printf 'failed: %s\n' "${failed[@]}"
     exit 1

@@ -8,9 +8,15 @@ Both sides run one full step (forward, next-token loss, backward, AdamW update) 
 GPT-Neo's alternating global/local layers; compile / warm-up steps are excluded and the median of ``--steps``
 timed steps is shown. With ``--precision bfloat16`` NeoMesh computes in bf16 on fp32 master weights and PyTorch
 runs under bf16 autocast; PyTorch uses SDPA attention where transformers offers it for GPT-Neo (5.23 does not:
-eager attention then; the table says which) and ``torch.compile`` with ``--torch-compile``. Prints one table:
-shape, implementation, tokens/s, MFU (model FLOPs per token from training/flops.py over the device's peak, where
-it is known), peak memory, compile seconds.
+eager attention then; the table says which), eagerly and, with ``--torch-compile``, also ``torch.compile``d.
+Prints one table: shape, implementation, tokens/s, MFU (model FLOPs per token from training/flops.py over the
+device's peak, where it is known), peak memory, compile seconds; each row is also printed as soon as it is
+measured, so a run cut off by a time limit keeps what it measured.
+
+On a GPU the peers share the device with NeoMesh in this process: PyTorch runs first and hands its memory back
+(``torch.cuda.empty_cache``), and jax allocates as it needs (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set)
+instead of taking 90% of the memory at start. A peer that fails (out of memory, a compile error) is a row saying
+so; NeoMesh's rows are measured all the same.
 
 Hugging Face's Flax GPT-Neo left transformers with version 5: ``--hf-flax DIR`` adds it as a third peer from a
 transformers 4.x installed in DIR (``benchmarks/hf_flax_peer.py`` says how), timed in a process of its own after
@@ -126,7 +132,21 @@ def neomesh(cfg, tokens) -> dict:
 
 
 def pytorch(cfg, tokens, compile_model: bool) -> dict:
-    """The same for transformers' GPTNeoForCausalLM with torch.optim.AdamW (bf16 autocast for bfloat16)."""
+    """The same for transformers' GPTNeoForCausalLM with torch.optim.AdamW (bf16 autocast for bfloat16); the
+    device's memory is handed back afterwards, also when the step fails."""
+    import gc
+
+    import torch
+
+    try:
+        return pytorch_step(cfg, tokens, compile_model)
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def pytorch_step(cfg, tokens, compile_model: bool) -> dict:
     import torch
     import transformers
 
@@ -212,6 +232,14 @@ def check(args) -> None:
         shape_config(name, args)
 
 
+def table_row(shape, label, tokens_per_second, mfu, peak, compile_seconds, failed) -> str:
+    if failed:
+        return f"| {shape} | {label} | failed: {failed} | - | - | - |"
+    rate = f"{tokens_per_second:,.0f}" if tokens_per_second else "-"
+    return (f"| {shape} | {label} | {rate} | {f'{100 * mfu:.1f}%' if mfu else '-'} | "
+            f"{f'{peak / 2 ** 30:.2f} GiB' if peak else '-'} | {compile_seconds:.1f} |")
+
+
 def main(argv=None) -> None:
     global ARGS
     from neomesh.help import ArgumentParser, HelpFormatter
@@ -240,6 +268,8 @@ def main(argv=None) -> None:
     from parallel.xla_flags import apply_defaults
 
     apply_defaults(compilation_cache=False)  # as train.py runs, but every compile timed cold
+    if not (args.no_peer or args.compile_only):  # the GPU's memory is shared with the peers (module docstring)
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if args.profile:
         from benchmarks.xla_profile import CPU_FLAG
 
@@ -257,30 +287,36 @@ def main(argv=None) -> None:
     for name in args.shape.split(","):
         cfg = shape_config(name, args)
         tokens = np.random.default_rng(0).integers(0, cfg.n_vocab, (args.batch, args.seq + 1)).astype(np.int32)
-        results = [("NeoMesh (JAX)", neomesh(cfg, tokens))]
-        if not (args.no_peer or args.compile_only):
-            theirs = pytorch(cfg, tokens, args.torch_compile)
-            label = f"transformers (PyTorch, {theirs['attention']}{', compiled' if args.torch_compile else ''})"
-            results.append((label, theirs))
-        if args.hf_flax and not args.compile_only:
-            theirs = hf_flax(cfg, tokens, args.hf_flax)
-            results.append((f"transformers {theirs['version']} (Flax)", theirs))
-        for label, r in results:
-            tokens_per_second = args.batch * args.seq / r["seconds"] if r["seconds"] else None
+        shape = f"{name} ({cfg.n_layer}x{cfg.n_embd})"
+
+        def add(label, r):
+            tokens_per_second = args.batch * args.seq / r["seconds"] if r.get("seconds") else None
             mfu = tokens_per_second * train_flops_per_token(cfg) / peak_flops if peak_flops and tokens_per_second \
                 else None
-            rows.append((f"{name} ({cfg.n_layer}x{cfg.n_embd})", label, tokens_per_second, mfu, r["peak"],
-                         r["compile"]))
+            rows.append((shape, label, tokens_per_second, mfu, r.get("peak"), r.get("compile"), r.get("failed")))
+            print("row: " + table_row(*rows[-1]), flush=True)
+
+        if not (args.no_peer or args.compile_only):  # first: PyTorch hands the GPU's memory back when done
+            for compiled in (False, True) if args.torch_compile else (False,):
+                try:
+                    theirs = pytorch(cfg, tokens, compiled)
+                except Exception as e:  # noqa: BLE001  out of memory, a compiler error: a row, not the end
+                    theirs = {"failed": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120]}" if str(e)
+                              else type(e).__name__}
+                label = f"transformers (PyTorch, {theirs.get('attention', 'eager')}{', compiled' if compiled else ''})"
+                add(label, theirs)
+        add("NeoMesh (JAX)", neomesh(cfg, tokens))
+        if args.hf_flax and not args.compile_only:
+            theirs = hf_flax(cfg, tokens, args.hf_flax)
+            add(f"transformers {theirs['version']} (Flax)", theirs)
     load = os.getloadavg()[0]
     print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}"
           f"{', scan_layers' if args.scan else ''}; "
           f"JAX on {device.platform} ({device.device_kind}); {os.cpu_count()} cores, load {load:.1f}")
     print("| shape | implementation | tokens/s | MFU | peak memory | compile / first step s |")
     print("|---|---|---|---|---|---|")
-    for shape, label, tokens_per_second, mfu, peak, compile_seconds in rows:
-        rate = f"{tokens_per_second:,.0f}" if tokens_per_second else "-"
-        print(f"| {shape} | {label} | {rate} | {f'{100 * mfu:.1f}%' if mfu else '-'} | "
-              f"{f'{peak / 2 ** 30:.2f} GiB' if peak else '-'} | {compile_seconds:.1f} |")
+    for row in rows:
+        print(table_row(*row))
     ours = {shape: rate for shape, label, rate, *_ in rows if label.startswith("NeoMesh")}
     for shape, label, rate, *_ in rows:
         if not label.startswith("NeoMesh") and rate and ours.get(shape):

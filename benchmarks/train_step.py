@@ -89,10 +89,13 @@ def neomesh(cfg, tokens) -> dict:
     layout = Layout.from_config(make_mesh("x:1", [device]), "batch:x")
     objective, tx = objective_for(cfg), make_optimizer(cfg)
     make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
+    start = time.perf_counter()
     if ARGS.compile_only:  # nothing allocated: shapes too large for this machine still compile
         graphdef, state, shardings = abstract_train_state(make_model, tx, layout)
     else:
         graphdef, state, shardings = create_train_state(make_model, tx, layout, 0)
+        jax.block_until_ready(state)
+        print(f"NeoMesh: parameters and optimizer state created in {time.perf_counter() - start:.1f} s", flush=True)
     data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
     step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
                            precision=cfg.precision)
@@ -100,9 +103,10 @@ def neomesh(cfg, tokens) -> dict:
     start = time.perf_counter()
     lowered = step.lower(state, batch)
     lower_seconds = time.perf_counter() - start
+    print(f"NeoMesh: traced and lowered in {lower_seconds:.1f} s; compiling", flush=True)
     compiled = lowered.compile()
     compile_seconds = time.perf_counter() - start
-    print(f"NeoMesh: traced and lowered in {lower_seconds:.1f} s, compiled in {compile_seconds - lower_seconds:.1f} s")
+    print(f"NeoMesh: compiled in {compile_seconds - lower_seconds:.1f} s", flush=True)
     analysis = compiled.memory_analysis()
     compiled_bytes = analysis and (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
                                    - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tests.xla_test_flags import xla_flags_for  # noqa: E402  (jax-free)
+from tests.xla_test_flags import refused, xla_flags_for  # noqa: E402  (jax-free)
 
 _given = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([_given, *(f for f in xla_flags_for(8).split() if f not in _given.split())]).strip()
@@ -32,6 +32,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest-xdist workers inheri
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+def pytest_report_header(config):
+    if refused():
+        return f"XLA flags this jaxlib does not know, left out of the tests' XLA_FLAGS: {' '.join(refused())}"
 
 
 @pytest.hookimpl(hookwrapper=True)

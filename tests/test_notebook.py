@@ -13,14 +13,14 @@ import pytest
 from nbclient import NotebookClient
 
 from tests.common import ROOT
-from tests.xla_test_flags import FAST_COMPILE
+from tests.xla_test_flags import fast_compile
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "neomesh_colab.ipynb")
 
 
 @pytest.mark.e2e
 def test_notebook_runs_end_to_end(tmp_path, monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)  # one CPU device, as a user's kernel sees it
+    monkeypatch.setenv("XLA_FLAGS", fast_compile())  # one CPU device, as a user's kernel sees it
     monkeypatch.setenv("PYTHONPATH", ROOT)  # a checkout, run from elsewhere (its files land in tmp_path)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     (index,) = [i for i, c in enumerate(notebook.cells) if "parameters" in c.metadata.get("tags", [])]

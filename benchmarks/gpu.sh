@@ -7,7 +7,8 @@
 # tests/test_attention_gpu.py compares cuDNN's flash attention with the XLA path on this GPU (the test suite runs
 # on CPU devices unless told otherwise: JAX_PLATFORMS=cuda here).
 # A run that fails (out of memory, a peer that does not compile) is reported and the rest of the table still runs;
-# the exit status says whether any failed. Parts, in this order: attention train decode scale (default: all).
+# the exit status says whether any failed. Parts, in this order: attention train decode scale (the default), and
+# profile: where the 125M step's time goes, by XLA op (benchmarks/xla_profile.py; its trace in $PROFILE_DIR).
 #     bash benchmarks/gpu.sh 2>&1 | tee gpu_table.txt
 #     bash benchmarks/gpu.sh decode scale          # some parts only
 set -uo pipefail
@@ -17,8 +18,8 @@ python=${PYTHON:-python3}  # GPU images often have no plain "python"
 parts=("$@")
 ((${#parts[@]})) || parts=(attention train decode scale)
 for part in "${parts[@]}"; do
-    [[ " attention train decode scale " == *" $part "* ]] || {
-        echo "error: benchmarks/gpu.sh: unknown part '$part' (parts: attention train decode scale)" >&2
+    [[ " attention train decode scale profile " == *" $part "* ]] || {
+        echo "error: benchmarks/gpu.sh: unknown part '$part' (parts: attention train decode scale profile)" >&2
         exit 2
     }
 done
@@ -75,6 +76,10 @@ if wants scale; then
     # 61.9 GB), XLA:CPU 55.3 GiB (unrolled 185 GiB: README, Speed); measured here is what the GPU really holds.
     run 40 "$python" benchmarks/train_step.py --shape 2.7B --seq 2048 --batch 4 --precision bfloat16 --steps 3 \
         --remat full --scan --no-peer
+fi
+if wants profile; then
+    run 90 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 3 \
+        --no-peer --profile "${PROFILE_DIR:-/tmp/neomesh-gpu-profile}"
 fi
 if ((${#failed[@]})); then
     printf 'failed: %s\n' "${failed[@]}"

@@ -5,8 +5,9 @@ whose summed durations are largest, each with the model operation it came from (
 such as ``transpose(jvp(BTD,DF->BTF))/dot_general``: the MLP's first matmul in the backward pass). On CPUs XLA
 traces its ops only with ``--xla_cpu_enable_xprof_traceme=true`` in ``XLA_FLAGS`` (``CPU_FLAG``, set before jax
 starts). XLA:CPU runs independent ops side by side, so durations of ops that overlapped add up to more than the
-wall time. Made for XLA:CPU: whether a GPU trace's kernel names match the HLO's instruction names is not tried
-yet (the Perfetto trace is written either way).
+wall time. On a GPU the kernels on the device's tracks count (not their launches on the host), each matched to its
+instruction by name or by the ``hlo_op`` XLA annotates it with (a cuBLAS or cuDNN kernel has a library name of
+its own); this GPU reading has not run on a GPU yet (the Perfetto trace is written either way).
 """
 
 from __future__ import annotations
@@ -46,14 +47,24 @@ def profile(run: Callable[[], None], hlo_text: str, directory: str, runs: int = 
     with gzip.open(trace) as f:
         events = json.load(f)
     events = events["traceEvents"] if isinstance(events, dict) else events
-    names = op_names(hlo_text)
+    totals = op_totals(events, op_names(hlo_text))
+    return [(op, kind, micros / 1e3 / runs) for (op, kind), micros in totals.most_common(top)]
+
+
+def op_totals(events: list[dict], names: dict[str, str]) -> collections.Counter:
+    """Summed microseconds per (jax operation, XLA op kind) of a trace's complete events. Where the trace has
+    accelerator tracks, only their events count: the host's launch events of the same ops would count twice."""
+    devices = {e.get("pid") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and re.search(r"/device:(GPU|TPU)", str(e.get("args", {}).get("name", "")))}
     totals = collections.Counter()
     for event in events:
-        name = event.get("name")
-        if event.get("ph") == "X" and name in names:
+        if event.get("ph") != "X" or (devices and event.get("pid") not in devices):
+            continue
+        name = next((n for n in (event.get("name"), event.get("args", {}).get("hlo_op")) if n in names), None)
+        if name is not None:
             kind = re.sub(r"[.][0-9]+$", "", name)  # ynn_fusion.152 -> ynn_fusion
             totals[(names[name], kind)] += event.get("dur", 0)
-    return [(op, kind, micros / 1e3 / runs) for (op, kind), micros in totals.most_common(top)]
+    return totals
 
 
 def print_profile(rows: list[tuple], directory: str) -> None:

@@ -37,6 +37,21 @@ MEMORY_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_F
 CACHE_MAX_BYTES = 4 * 2**30
 
 
+def known_flags(flags) -> list[str]:
+    """The entries of ``flags`` that the installed XLA starts with, tried in a subprocess (all at once first). XLA
+    ends a process whose ``XLA_FLAGS`` names a flag it does not know (exit 1), and backend-specific flags come and
+    go between versions: jaxlib 0.11.2 refused one of the test suite's CPU flags that 0.10.2 takes."""
+    import subprocess
+
+    def starts(some) -> bool:
+        env = {**os.environ, "XLA_FLAGS": " ".join(some), "JAX_PLATFORMS": "cpu"}
+        return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                              capture_output=True).returncode == 0
+
+    flags = list(flags)
+    return flags if starts(flags) else [flag for flag in flags if starts([flag])]
+
+
 def with_defaults(flags: str) -> str:
     """``flags`` (an XLA_FLAGS value) with every default flag it does not set appended."""
     given = {part.lstrip("-").split("=", 1)[0] for part in flags.split()}

@@ -70,10 +70,10 @@ def test_with_jax_already_imported_the_cache_goes_through_jax_config(tmp_path):
         jax.config.update("jax_compilation_cache_max_size", before[1])
 
 
-def test_suite_leaves_out_xla_flags_this_jaxlib_refuses():
+def test_flags_this_xla_does_not_know_are_found_before_they_end_a_process():
     """XLA quits a process on an unknown XLA_FLAGS entry (under pytest's capture without a word): the suite's
     compile-speed flags are tried against the installed XLA first, and an unknown one is left out."""
-    from tests.xla_test_flags import accepted
+    from parallel.xla_flags import known_flags
 
     known = "--xla_cpu_parallel_codegen_split_count=1"
-    assert accepted(["--xla_no_such_flag_anywhere=1", known]) == [known]
+    assert known_flags(["--xla_no_such_flag_anywhere=1", known]) == [known]

@@ -6,7 +6,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from benchmarks.xla_profile import op_names
+from benchmarks.xla_profile import op_names, op_totals
 from tests.common import ROOT
 
 
@@ -33,3 +33,17 @@ print(rows[0][0], rows[0][2] > 0)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["ND,DF->NF/dot_general", "True"]
+
+
+def test_a_gpu_trace_counts_the_device_kernels_by_their_hlo_op():
+    names = {"fusion.3": "tanh", "custom-call.1": "ND,DF->NF/dot_general"}
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
+        {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 1, "name": "fusion.3", "dur": 900},  # the host launching it: not counted
+        {"ph": "X", "pid": 7, "name": "loop_tanh_fusion", "dur": 40, "args": {"hlo_op": "fusion.3"}},
+        {"ph": "X", "pid": 7, "name": "sm90_xmma_gemm_bf16", "dur": 300, "args": {"hlo_op": "custom-call.1"}},
+        {"ph": "X", "pid": 7, "name": "sm90_xmma_gemm_bf16", "dur": 100, "args": {"hlo_op": "custom-call.1"}},
+        {"ph": "X", "pid": 7, "name": "memcpy", "dur": 5},  # no instruction of the program
+    ]
+    assert op_totals(events, names) == {("ND,DF->NF/dot_general", "custom-call"): 400, ("tanh", "fusion"): 40}

@@ -7,32 +7,21 @@ codegen over threads cost more than they save: a tiny sharded train step compile
 
 XLA ends a process whose ``XLA_FLAGS`` names a flag it does not know (exit 1; under pytest's output capture with
 no word at all), and CPU flags come and go between versions: jaxlib 0.11.2 (a GPU image's) refused one of these.
-So each is tried once, in a subprocess, and what this XLA accepts is kept in the environment (``CHECKED``) for
-xdist's workers and the tests' own subprocesses."""
+So each is tried once (``parallel.xla_flags.known_flags``), and what this XLA accepts is kept in the environment
+(``CHECKED``) for xdist's workers and the tests' own subprocesses."""
 
 import os
-import subprocess
-import sys
+
+from parallel.xla_flags import known_flags
 
 FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
 CHECKED = "NEOMESH_TEST_FAST_COMPILE"
 
 
-def accepted(flags) -> list[str]:
-    """The flags of ``flags`` that this jaxlib's XLA starts with (all at once first: one subprocess if all pass)."""
-    def starts(some) -> bool:
-        env = {**os.environ, "XLA_FLAGS": " ".join(some), "JAX_PLATFORMS": "cpu"}
-        return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
-                              capture_output=True).returncode == 0
-
-    flags = list(flags)
-    return flags if starts(flags) else [flag for flag in flags if starts([flag])]
-
-
 def fast_compile() -> str:
     """FAST_COMPILE_FLAGS that this XLA knows, found once per test session."""
     if CHECKED not in os.environ:
-        os.environ[CHECKED] = " ".join(accepted(FAST_COMPILE_FLAGS))
+        os.environ[CHECKED] = " ".join(known_flags(FAST_COMPILE_FLAGS))
     return os.environ[CHECKED]
 
 

@@ -323,6 +323,13 @@ class Config:
         return self.n_ctx if self.n_positions is None else self.n_positions
 
     @property
+    def generation_positions(self) -> int:
+        """Positions a decoder generates into, prompt and new tokens: its whole position table (a model trained on
+        shorter sequences than its table still writes to the table's end, as transformers' generate does). An
+        encoder-decoder's encoder reads n_ctx; its decoder's positions are relative."""
+        return self.n_ctx if self.task == "seq2seq" else self.position_rows
+
+    @property
     def decoder_layers(self) -> int:
         """Decoder blocks of an encoder-decoder model: ``n_decoder_layer``, else as many as the encoder's."""
         return self.n_layer if self.n_decoder_layer is None else self.n_decoder_layer

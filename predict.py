@@ -266,10 +266,12 @@ def predict(args) -> None:
             flag = "predict_max_steps (the config's default --max-new-tokens)"
 
     seq2seq = cfg.task == "seq2seq"
-    room = cfg.n_ctx if seq2seq else cfg.n_ctx - args.max_new_tokens  # T5: the prompt fills the encoder
+    length = cfg.generation_positions
+    length_name = f"n_positions {length}" if length != cfg.n_ctx else f"n_ctx {length}"
+    room = length if seq2seq else length - args.max_new_tokens  # T5: the prompt fills the encoder
     if room < 1:
-        raise ConfigError(f"{flag} {args.max_new_tokens}: leaves no room for a prompt in the model's n_ctx "
-                          f"{cfg.n_ctx} (at most {cfg.n_ctx - 1})")
+        raise ConfigError(f"{flag} {args.max_new_tokens}: leaves no room for a prompt in the model's "
+                          f"{length_name} (at most {length - 1})")
     encoded = []
     for i, text in enumerate(prompts):
         ids = tokenizer.encode(text) or [tokenizer.eos_id]
@@ -278,7 +280,7 @@ def predict(args) -> None:
         if len(ids) > room:
             if not args.truncate_prompt:
                 limit, lower = (f"the encoder's n_ctx {cfg.n_ctx}", "") if seq2seq else \
-                    (f"n_ctx {cfg.n_ctx} with --max-new-tokens {args.max_new_tokens}", ", lower --max-new-tokens")
+                    (f"{length_name} with --max-new-tokens {args.max_new_tokens}", ", lower --max-new-tokens")
                 raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; only {room} fit in {limit} (shorten it"
                                   f"{lower} or pass --truncate-prompt)")
             print(f"note: prompt {i + 1}: its last {room} of {len(ids)} tokens are read (--truncate-prompt)",

@@ -367,6 +367,7 @@ class Pretrained:
             raise ConfigError(f"generate: a {self.config.model} model trained for {self.config.task} does not "
                               "generate text")
         with self.layout.active():
-            return complete(self.graphdef, self.params, self.tokenizer, prompt, max_new_tokens, self.config.n_ctx,
+            return complete(self.graphdef, self.params, self.tokenizer, prompt, max_new_tokens,
+                            self.config.generation_positions,
                             temperature=temperature, seed=seed, encoder_input=self.config.task == "seq2seq",
                             entmax=self.config.entmax_loss)

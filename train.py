@@ -728,7 +728,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
     if cfg.sample_tokens and cfg.task == "causal_lm":  # every process takes part: the parameters are spread
         with layout.active():
             text = complete(graphdef, layers_of(state.params), train_data.tokenizer, cfg.sample_prompt,
-                            cfg.sample_tokens, cfg.n_ctx, seed=cfg.seed, entmax=cfg.entmax_loss)
+                            cfg.sample_tokens, cfg.generation_positions, seed=cfg.seed, entmax=cfg.entmax_loss)
         say(f"sample:\n{cfg.sample_prompt}{text}")
     checkpoint = os.path.join(cfg.model_path, "checkpoints", str(saved_step)) if saved_step is not None else None
     for line in progress.summary(steps_done, last_eval, last_eval_step, checkpoint, cfg.model_path):

@@ -73,7 +73,8 @@ class Scorer:
 
     @property
     def max_length(self) -> int:
-        return self.cfg.n_ctx
+        """Tokens a model reads at once: its whole position table (``Config.generation_positions``)."""
+        return self.cfg.generation_positions
 
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Token ids of ``context`` and ``continuation`` as the harness splits them: the pair is encoded whole
@@ -100,7 +101,7 @@ class Scorer:
                 raise ConfigError(f"evaluation: request {i} has an empty continuation: nothing to score")
             if len(continuation) > self.max_length:
                 raise ConfigError(f"evaluation: request {i}'s continuation has {len(continuation)} tokens; "
-                                  f"n_ctx {self.max_length} is the most a model scores at once")
+                                  f"{self.max_length} positions are the most this model scores at once")
             ids = (list(context) + list(continuation))[-(self.max_length + 1):]
             rows.append((ids[:-1], ids[1:], len(continuation)))
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))  # longest first: similar lengths batch

@@ -293,15 +293,15 @@ def params_dtype(params) -> jnp.dtype:
     return jax.tree.leaves(params)[0].dtype
 
 
-def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str, max_new_tokens: int, n_ctx: int, *,
+def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str, max_new_tokens: int, positions: int, *,
              temperature: float = 0.8, seed: int = 0, encoder_input: bool = False, entmax: bool = False) -> str:
-    """The text that follows ``prompt`` (sampled, from entmax with ``entmax``; at most until eos or the context is
-    full). ``encoder_input``: the prompt is an encoder-decoder's input, which ends with end-of-text (T5's
-    template)."""
+    """The text that follows ``prompt`` (sampled, from entmax with ``entmax``; at most until eos or the ``positions``
+    the prompt and new tokens share, ``Config.generation_positions``, are full). ``encoder_input``: the prompt is an
+    encoder-decoder's input, which ends with end-of-text (T5's template)."""
     ids = tokenizer.encode(prompt) + [tokenizer.eos_id] if encoder_input else tokenizer.encode(prompt) or \
         [tokenizer.eos_id]
-    new = min(max_new_tokens, n_ctx - 1)
-    ids = ids[-(n_ctx - new):]
+    new = min(max_new_tokens, positions - 1)
+    ids = ids[-(positions - new):]
     out = sample(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
                  Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id, entmax=entmax),
                  jax.random.key(seed))

@@ -312,10 +312,13 @@ def test_export_refuses_what_transformers_cannot_hold(change, message):
 # --- Command line ---------------------------------------------------------------------------------------------
 
 def test_predict_greedy_matches_transformers(neo_dir):
+    """Also past n_ctx, into the rest of the position table: a model fine-tuned on 32-token sequences (n_ctx 32) of
+    a 64-position model (n_positions 64) generates to position 64, as transformers does; it stopped at n_ctx."""
     _, _, tokenizer, reference = load(neo_dir)
-    want = hf_generate(reference, tokenizer.encode(PROMPT), do_sample=False, max_new_tokens=20)
+    assert len(tokenizer.encode(PROMPT)) + 40 > 32
+    want = hf_generate(reference, tokenizer.encode(PROMPT), do_sample=False, max_new_tokens=40)
     result = run_cli("predict.py", "--hf-model", neo_dir, "--prompt", PROMPT, "--temperature", "0",
-                     "--max-new-tokens", "20")
+                     "--max-new-tokens", "40", "--set", "n_ctx=32", "--set", "n_positions=64")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == PROMPT + tokenizer.decode([t for t in want if t != 0]) + "\n"
 

@@ -323,6 +323,12 @@ class Config:
         return self.n_ctx if self.n_positions is None else self.n_positions
 
     @property
+    def learned_position_table(self) -> bool:
+        """Whether the model learns a table of absolute positions, ``position_rows`` long: not T5 (relative
+        positions), not ViT (one row per patch, its n_ctx fixed), not rotary or axial positions."""
+        return self.model not in ("t5", "vit") and not (self.rotary_emb or self.axial_pos_emb)
+
+    @property
     def generation_positions(self) -> int:
         """Positions a decoder generates into, prompt and new tokens: its whole position table (a model trained on
         shorter sequences than its table still writes to the table's end, as transformers' generate does). An

@@ -931,7 +931,7 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
     theirs = source_config(cfg.init_from)
     if theirs.model == "t5":  # relative positions: any length
         theirs = theirs.replace(n_ctx=cfg.n_ctx)
-    elif has_position_table(theirs) and cfg.n_ctx < theirs.position_rows:
+    elif theirs.learned_position_table and cfg.n_ctx < theirs.position_rows:
         # Fine-tuning on shorter sequences than the model's position table (transformers' max_seq_length): the
         # table stays whole, the config's n_ctx is the length trained on.
         theirs = theirs.replace(n_ctx=cfg.n_ctx, n_positions=theirs.position_rows)
@@ -955,11 +955,6 @@ def with_architecture_of(cfg, where: str, notes: list[str]):
         notes.append(f"{where}: the model's shape is {cfg.init_from}'s: " + ", ".join(
             f"{key} {json.dumps(value)}" for key, value in changed.items()))
     return new
-
-
-def has_position_table(cfg) -> bool:
-    """Whether the model learns a table of absolute positions (a ViT's has one row per patch: its n_ctx is fixed)."""
-    return cfg.model not in ("t5", "vit") and not (cfg.rotary_emb or cfg.axial_pos_emb)
 
 
 def imported_params(cfg, hf_dir: str):

@@ -51,8 +51,7 @@ class GPTNeo(nnx.Module):
                          embedding_metadata=axes("vocab", "embd"), rngs=rngs)
         # Positions: a learned table, GPT-Neo's axial table, or none (rotary puts positions into q and k).
         self.wpe = Embed(cfg.position_rows + cfg.position_offset, cfg.n_embd, embedding_init=init(0.01),
-                         embedding_metadata=axes(None, "embd"), rngs=rngs) if not (
-            cfg.rotary_emb or cfg.axial_pos_emb) else None
+                         embedding_metadata=axes(None, "embd"), rngs=rngs) if cfg.learned_position_table else None
         self.axial_wpe = AxialPositions(cfg.axial_pos_emb, cfg.n_embd, rngs) if cfg.axial_pos_emb else None
         self.blocks = nnx.List([Block(block_spec(cfg, layer, attention_init, mlp_init), rngs=rngs)
                                 for layer in range(cfg.n_layer)])

@@ -8,7 +8,8 @@
 # on CPU devices unless told otherwise: JAX_PLATFORMS=cuda here).
 # A run that fails (out of memory, a peer that does not compile) is reported and the rest of the table still runs;
 # the exit status says whether any failed. Parts, in this order: attention train decode scale (the default), and
-# profile: where the 125M step's time goes, by XLA op (benchmarks/xla_profile.py; its trace in $PROFILE_DIR).
+# profile: where the 125M step's time goes, by XLA op (benchmarks/xla_profile.py; its trace in $PROFILE_DIR),
+# and the same step with its loss unchunked.
 #     bash benchmarks/gpu.sh 2>&1 | tee gpu_table.txt
 #     bash benchmarks/gpu.sh decode scale          # some parts only
 set -uo pipefail
@@ -81,6 +82,10 @@ fi
 if wants profile; then
     run 90 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 3 \
         --no-peer --profile "${PROFILE_DIR:-/tmp/neomesh-gpu-profile}"
+    # The same step with the loss unchunked: its float32 logits (3.3 GB) pass the 1 GiB rule that chunks it by
+    # default, which a GPU with 80 GB may not need (training/objectives.loss_chunk)
+    run 60 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
+        --no-peer --loss-chunk 0
 fi
 if ((${#failed[@]})); then
     printf 'failed: %s\n' "${failed[@]}"

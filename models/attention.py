@@ -279,13 +279,14 @@ class Attention(nnx.Module):
             self.kernel = choose_kernel(spec.kernel, target_platform(), COMPUTE_DTYPES[spec.precision], h,
                                         spec.num_mem_kv > 0)
 
-    def init_cache(self, batch: int, length: int, dtype) -> LayerCache | LinearCache:
-        """An empty decoding cache for ``batch`` rows of up to ``length`` tokens."""
+    def init_cache(self, batch: int, length: int, dtype, pad: jax.Array | None = None) -> LayerCache | LinearCache:
+        """An empty decoding cache for ``batch`` rows of up to ``length`` tokens, left-padded by ``pad`` (B,)
+        (default: none)."""
         s = self.spec
         if s.kind == "linear":
             return LinearCache.empty(batch, s.n_head, s.head_dim)
         return LayerCache.empty(batch, length if s.window is None else min(s.window, length), s.n_head,
-                                s.head_dim, dtype)
+                                s.head_dim, dtype, pad)
 
     def cross_cache(self, context: jax.Array, context_segment_ids: jax.Array) -> CrossCache:
         """The keys and values of an encoder output (B, S, D) with its (B, S) segment ids, for decoding: computed
@@ -330,7 +331,7 @@ class Attention(nnx.Module):
             mask = None
             if cache is not None:
                 query_index = cache.end + jnp.arange(q.shape[1])
-                (k, v, key_segments, key_index), cache = cache.extend(k, v, segment_ids, s.window)
+                (k, v, key_segments, key_index), cache = cache.extend(k, v, s.window)
                 mask = visible(query_index, key_index, s.causal, s.window)[None] & same_segment(segment_ids,
                                                                                                key_segments)
             a = self._softmax(q, k, v, mask, segment_ids, dropout_key, bias=bias)

@@ -132,5 +132,5 @@ class GPTNeo(nnx.Module):
 
     def init_cache(self, batch: int, length: int, pad: jax.Array, dtype=jnp.float32) -> kv_cache.DecodeState:
         """An empty cache for ``batch`` rows of up to ``length`` tokens, rows left-padded by ``pad`` (B,)."""
-        layers = tuple(None if b.attn is None else b.attn.init_cache(batch, length, dtype) for b in self.blocks)
+        layers = tuple(None if b.attn is None else b.attn.init_cache(batch, length, dtype, pad) for b in self.blocks)
         return kv_cache.DecodeState(index=jnp.zeros((), jnp.int32), pad=pad.astype(jnp.int32), layers=layers)

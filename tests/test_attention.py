@@ -203,7 +203,7 @@ def test_cached_calls_equal_one_call(kind, window, memory):
     seg = (np.arange(10)[None] >= pad[:, None]).astype(np.int32)
     call = nnx.jit(lambda layer, *args: layer(*args))  # one program per length, not one per primitive
     whole, _ = call(layer, x, jnp.asarray(positions), jnp.asarray(seg))
-    cache = layer.init_cache(2, 10, jnp.float32)
+    cache = layer.init_cache(2, 10, jnp.float32, jnp.asarray(pad))
     outs = []
     for start, stop in ((0, 6), (6, 7), (7, 8), (8, 10)):
         out, cache = call(layer, x[:, start:stop], jnp.asarray(positions[:, start:stop]),

@@ -100,6 +100,10 @@ def test_caches_keep_only_what_each_kind_needs():
     layers = GPTNeo(cfg, rngs=nnx.Rngs(0)).init_cache(1, 30, jnp.zeros((1,), jnp.int32)).layers
     assert layers[0].k.shape[1] == 30 and layers[1].k.shape[1] == 4  # global: everything; local: its window
     assert layers[2].kv_sum.shape == (1, 4, 16, 16) and layers[3] is None  # linear: running sums; none: nothing
+    # No per-position bookkeeping besides keys and values: each layer stored a (B, L) array of segment ids, the
+    # same in every layer and written again every token (two kernels per layer and token on a GPU); a key's segment
+    # follows from its buffer index and the row's padding.
+    assert [leaf.shape for leaf in jax.tree.leaves(layers[:2]) if leaf.dtype == jnp.int32] == [(1,), (), (1,), ()]
 
 
 # --- Hugging Face import --------------------------------------------------------------------------------------

@@ -16,3 +16,9 @@ def at_least_one(args, *flags: str) -> None:
 def heads_divide_width(args) -> None:
     if args.width % args.heads:
         raise ConfigError(f"--heads: --width {args.width} is not divisible by {args.heads} heads")
+
+
+def failure(e: BaseException) -> str:
+    """A peer's exception as a table cell: its type and the first line of its message."""
+    first = (str(e).strip().splitlines() or [""])[0][:120]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__

@@ -139,7 +139,9 @@ def main(argv=None) -> None:
             try:
                 add(name, batch, timed(theirs_run))
             except Exception as e:  # noqa: BLE001  a cache or compile this model or version lacks: a row
-                add(name, batch, failed=f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:120]}")
+                from benchmarks.flags import failure
+
+                add(name, batch, failed=failure(e))
 
     jax_device = jax.devices()[0]
     theirs = "" if torch is None else (f", PyTorch on {device}" + (f" with {torch.get_num_threads()} threads"

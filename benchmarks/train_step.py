@@ -306,8 +306,9 @@ def main(argv=None) -> None:
                 try:
                     theirs = pytorch(cfg, tokens, compiled)
                 except Exception as e:  # noqa: BLE001  out of memory, a compiler error: a row, not the end
-                    theirs = {"failed": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120]}" if str(e)
-                              else type(e).__name__}
+                    from benchmarks.flags import failure
+
+                    theirs = {"failed": failure(e)}
                 label = f"transformers (PyTorch, {theirs.get('attention', 'eager')}{', compiled' if compiled else ''})"
                 add(label, theirs)
         add("NeoMesh (JAX)", neomesh(cfg, tokens))

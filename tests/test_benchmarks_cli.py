@@ -129,3 +129,12 @@ def test_generate_benchmark_refuses_a_model_that_does_not_generate(extra, capsys
 ])
 def test_input_pipeline_benchmark_mistakes(argv, message, capsys):
     assert message in one_line_error("benchmarks.input_pipeline", argv, capsys)
+
+
+def test_a_failing_peer_is_one_table_cell():
+    """A peer that fails (out of memory, a compile error) is a row saying so; a message of blanks was an IndexError."""
+    from benchmarks.flags import failure
+
+    assert failure(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore detail")) == \
+        "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"
+    assert failure(ValueError("  \n")) == "ValueError" and failure(KeyError()) == "KeyError"

@@ -168,7 +168,8 @@ class Config:
                          minimum=0.0)
     loss_chunk: Optional[int] = _key(
         None, "causal_lm: compute the loss this many positions at a time, so the (B, T, V) float32 logits are never "
-        "whole in memory (0: never; null: chunks of 512 once they would pass 1 GiB)", minimum=0)
+        "whole in memory (0: never; null: chunks of 512 once one device's share of them would pass an eighth of its "
+        "memory)", minimum=0)
     entmax_loss: bool = _key(False, "causal_lm/masked_lm: the 1.3-entmax loss (GPT-Neo's alpha) instead of "
                                     "softmax cross-entropy; predict.py then samples from entmax")
     causal: bool = _key(True, "causal (decoder) attention; false: every token sees the whole sequence")

@@ -492,7 +492,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
         say(auto_note)
     say(f"mesh {dict(layout.mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices "
         f"({jax.process_count()} processes); layout {layout.text}")
-    objective = objective_for(cfg)
+    objective = objective_for(cfg, layout)
     train_shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
     eval_shapes = batch_shapes(objective, cfg, cfg.eval_batch_size)
     train_sharding = batch_shardings(layout, objective, train_shapes, "train_batch_size")

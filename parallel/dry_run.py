@@ -101,10 +101,12 @@ def shard_bytes(tree) -> int:
 
 
 def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
-            accelerators: tuple[Accelerator, ...] = tuple(ACCELERATORS.values())) -> DryRun:
+            accelerators: tuple[Accelerator, ...] = tuple(ACCELERATORS.values()), memory: float | None = None
+            ) -> DryRun:
     """Compiles ``cfg``'s train step for ``layout``'s mesh without allocating the model and reports it, with a
-    step-time estimate for each of ``accelerators``."""
-    tx, schedule, objective = make_optimizer(cfg), learning_rate_schedule(cfg), objective_for(cfg)
+    step-time estimate for each of ``accelerators``; ``memory``: the bytes per device it is planned for (a causal
+    LM's loss is chunked by it: training/objectives.loss_chunk)."""
+    tx, schedule, objective = make_optimizer(cfg), learning_rate_schedule(cfg), objective_for(cfg, layout, memory)
     from training.peft import trainable_filter
 
     def make_for_mesh(rngs):  # built for the mesh's devices: their kernels, even where this process runs none
@@ -322,5 +324,5 @@ def run_dry_run(cfg, device_count: int | None, accelerator: str | None = None, t
         memory = ACCELERATORS[accelerator or "h100"].memory
     make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
     layout, note = resolve(cfg, make_model, make_optimizer(cfg), devices=devices, memory=memory)
-    run = dry_run(cfg, layout, make_model, accelerators)
+    run = dry_run(cfg, layout, make_model, accelerators, memory)
     return (f"{note}\n" if note else "") + report(run, cfg, layout)

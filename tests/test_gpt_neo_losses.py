@@ -178,7 +178,21 @@ def test_chunked_loss_equals_the_whole_logits_loss_with_its_gradients(lm, chunk)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, whole_grads)
     from training.objectives import loss_chunk
     assert loss_chunk(cfg) == 0 and loss_chunk(cfg.replace(loss_chunk=chunk)) == chunk
-    assert loss_chunk(cfg.replace(n_ctx=2048, n_vocab=50257, train_batch_size=8)) == 512  # 3.3 GB of logits
+
+
+def test_loss_is_chunked_by_default_where_the_logits_would_crowd_a_devices_memory():
+    """Unset, loss_chunk chunks once one device's float32 logits would pass an eighth of its memory: GPT-Neo
+    125M's 3.3 GB at T=2048, batch 8 on a 16 GB device, not on an 80 GB one, nor split over 8 devices."""
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from training.objectives import loss_chunk
+
+    big = tiny_config(n_ctx=2048, n_vocab=50257, train_batch_size=8)
+    assert loss_chunk(big, memory=16e9) == 512 and loss_chunk(big, memory=80e9) == 0
+    assert loss_chunk(big.replace(loss_chunk=256), memory=80e9) == 256
+    split = Layout.from_config(make_mesh("x:4,y:2", jax.devices()[:8]), "batch:x,vocab:y")
+    assert loss_chunk(big, split, memory=16e9) == 0 and loss_chunk(big, split, memory=2e9) == 512
+    assert loss_chunk(big.replace(n_ctx=512), memory=1e6) == 0  # one chunk would be the whole sequence
 
 
 def test_entmax_loss_objective_reports_no_perplexity(lm):

@@ -55,6 +55,8 @@ def shape_config(name: str, args):
                 "recompute_grad": args.remat, "loss_chunk": args.loss_chunk, "scan_layers": args.scan,
                 "warmup_steps": 0, "mesh_shape": "x:1",
                 "layout": "batch:x"}
+    if args.vocab is not None:
+        settings["n_vocab"] = args.vocab
     if args.layers is not None:  # the shape's width at another depth, GPT-Neo's global/local pattern kept
         settings.update(n_layer=args.layers, attention_types=[[["global", "local"], args.layers // 2]])
     try:
@@ -70,7 +72,7 @@ def shape_config(name: str, args):
 
 # The config keys the command line sets, by flag.
 FLAG_OF_KEY = {"n_ctx": "--seq", "train_batch_size": "--batch", "loss_chunk": "--loss-chunk", "n_layer": "--layers",
-               "attention_types": "--layers"}
+               "attention_types": "--layers", "n_vocab": "--vocab"}
 
 
 def neomesh(cfg, tokens) -> dict:
@@ -82,12 +84,15 @@ def neomesh(cfg, tokens) -> dict:
     from parallel.mesh import make_mesh
     from parallel.state import abstract_train_state, create_train_state
     from parallel.steps import batch_shapes, batch_shardings, make_train_step
-    from training.objectives import objective_for
+    from training.objectives import loss_chunk, objective_for
     from training.optimizer import learning_rate_schedule, make_optimizer
 
     device = jax.devices()[0]
     layout = Layout.from_config(make_mesh("x:1", [device]), "batch:x")
-    objective, tx = objective_for(cfg), make_optimizer(cfg)
+    objective, tx = objective_for(cfg, layout), make_optimizer(cfg)
+    chunk = loss_chunk(cfg, layout)
+    how = f"{chunk} positions at a time" if chunk else "over all positions at once"
+    print(f"NeoMesh: loss_chunk {chunk} (the loss {how})", flush=True)
     make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
     start = time.perf_counter()
     if ARGS.compile_only:  # nothing allocated: shapes too large for this machine still compile
@@ -122,14 +127,19 @@ def neomesh(cfg, tokens) -> dict:
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
     if ARGS.profile:
-        from benchmarks.xla_profile import print_profile, profile
+        from benchmarks.xla_profile import GPU_PROFILE_OPTIONS, print_profile, profile
+
+        profiled = compiled
+        if device.platform == "gpu":  # its kernels then name their instructions (xla_profile.py)
+            print("NeoMesh: compiling the step again without command buffers for its profile", flush=True)
+            profiled = lowered.compile(compiler_options=GPU_PROFILE_OPTIONS)
 
         def run():
             nonlocal state
-            state, metrics = compiled(state, batch)
+            state, metrics = profiled(state, batch)
             jax.block_until_ready(metrics)
 
-        print_profile(profile(run, compiled.as_text(), ARGS.profile), ARGS.profile)
+        print_profile(profile(run, profiled.as_text(), ARGS.profile), ARGS.profile)
     stats = device.memory_stats() or {}
     peak = stats.get("peak_bytes_in_use", compiled_bytes)  # CPUs keep no allocator statistics: the program's
     return {"seconds": statistics.median(times), "compile": compile_seconds, "peak": peak}
@@ -257,6 +267,8 @@ def main(argv=None) -> None:
     p.add_argument("--remat", default="none", choices=("none", "full", "dots_saveable"),
                    help="NeoMesh's recompute_grad")
     p.add_argument("--loss-chunk", type=int, default=None, help="NeoMesh's loss_chunk (default: automatic)")
+    p.add_argument("--vocab", type=int, help="override the shapes' n_vocab (GPT-Neo's 50257 padded to a multiple of "
+                   "128 is 50304: what an aligned logits matmul gains)")
     p.add_argument("--layers", type=int, help="override the shapes' depth (even: global/local pairs)")
     p.add_argument("--scan", action="store_true", help="NeoMesh's scan_layers")
     p.add_argument("--compile-only", action="store_true", help="NeoMesh alone, compiled but not run (compile "
@@ -317,7 +329,7 @@ def main(argv=None) -> None:
             add(f"transformers {theirs['version']} (Flax)", theirs)
     load = os.getloadavg()[0]
     print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}"
-          f"{', scan_layers' if args.scan else ''}; "
+          f"{', scan_layers' if args.scan else ''}{f', n_vocab {args.vocab}' if args.vocab else ''}; "
           f"JAX on {device.platform} ({device.device_kind}); {os.cpu_count()} cores, load {load:.1f}")
     print("| shape | implementation | tokens/s | MFU | peak memory | compile / first step s |")
     print("|---|---|---|---|---|---|")

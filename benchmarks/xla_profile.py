@@ -6,8 +6,10 @@ such as ``transpose(jvp(BTD,DF->BTF))/dot_general``: the MLP's first matmul in t
 traces its ops only with ``--xla_cpu_enable_xprof_traceme=true`` in ``XLA_FLAGS`` (``CPU_FLAG``, set before jax
 starts). XLA:CPU runs independent ops side by side, so durations of ops that overlapped add up to more than the
 wall time. On a GPU the kernels on the device's tracks count (not their launches on the host), each matched to its
-instruction by name or by the ``hlo_op`` XLA annotates it with (a cuBLAS or cuDNN kernel has a library name of
-its own); this GPU reading has not run on a GPU yet (the Perfetto trace is written either way).
+instruction by the ``hlo_op`` XLA annotates it with, or by its name (a fusion's kernel is the fusion's name with
+``_N`` for ``.N``). Inside a CUDA graph (XLA's command buffers) ``hlo_op`` names the graph, and the library
+kernels there (cuBLAS, cuDNN) have names of their own: those count by library, unmatched
+(``GPU_PROFILE_OPTIONS`` compiles the profiled program without command buffers, so that every kernel matches).
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ import re
 from typing import Callable
 
 CPU_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+# The profiled program's compile options on GPUs: no command buffers (CUDA graphs), whose kernels the trace would
+# tag with the graph instead of their instruction. On one H100 (2026-11-27) the graphs held 96% of the 125M step's
+# kernel time and left its cuBLAS and cuDNN kernels unattributed.
+GPU_PROFILE_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
+LIBRARY_KERNELS = (("cuBLAS", re.compile(r"^(nvjet|sm\d+_xmma|cutlass|cublas)", re.I)),
+                   ("cuDNN", re.compile(r"cudnn", re.I)), ("copy", re.compile(r"^(memset|memcpy)", re.I)))
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
@@ -53,17 +61,23 @@ def profile(run: Callable[[], None], hlo_text: str, directory: str, runs: int = 
 
 def op_totals(events: list[dict], names: dict[str, str]) -> collections.Counter:
     """Summed microseconds per (jax operation, XLA op kind) of a trace's complete events. Where the trace has
-    accelerator tracks, only their events count: the host's launch events of the same ops would count twice."""
+    accelerator tracks, only their events count: the host's launch events of the same ops would count twice, and
+    there a kernel no instruction claims counts as ("-", its library or its name)."""
     devices = {e.get("pid") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
                and re.search(r"/device:(GPU|TPU)", str(e.get("args", {}).get("name", "")))}
     totals = collections.Counter()
     for event in events:
         if event.get("ph") != "X" or (devices and event.get("pid") not in devices):
             continue
-        name = next((n for n in (event.get("name"), event.get("args", {}).get("hlo_op")) if n in names), None)
+        kernel = str(event.get("name", ""))
+        candidates = (kernel, event.get("args", {}).get("hlo_op"), re.sub(r"_([0-9]+)$", r".\1", kernel))
+        name = next((n for n in candidates if n in names), None)
         if name is not None:
             kind = re.sub(r"[.][0-9]+$", "", name)  # ynn_fusion.152 -> ynn_fusion
             totals[(names[name], kind)] += event.get("dur", 0)
+        elif devices:
+            library = next((lib for lib, pattern in LIBRARY_KERNELS if pattern.search(kernel)), None)
+            totals[("-", library or re.sub(r"_[0-9]+$", "", kernel)[:60])] += event.get("dur", 0)
     return totals
 
 

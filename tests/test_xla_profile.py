@@ -44,6 +44,30 @@ def test_a_gpu_trace_counts_the_device_kernels_by_their_hlo_op():
         {"ph": "X", "pid": 7, "name": "loop_tanh_fusion", "dur": 40, "args": {"hlo_op": "fusion.3"}},
         {"ph": "X", "pid": 7, "name": "sm90_xmma_gemm_bf16", "dur": 300, "args": {"hlo_op": "custom-call.1"}},
         {"ph": "X", "pid": 7, "name": "sm90_xmma_gemm_bf16", "dur": 100, "args": {"hlo_op": "custom-call.1"}},
-        {"ph": "X", "pid": 7, "name": "memcpy", "dur": 5},  # no instruction of the program
+        {"ph": "X", "pid": 7, "name": "memcpy", "dur": 5},  # no instruction of the program: counted as a copy
     ]
-    assert op_totals(events, names) == {("ND,DF->NF/dot_general", "custom-call"): 400, ("tanh", "fusion"): 40}
+    assert op_totals(events, names) == {("ND,DF->NF/dot_general", "custom-call"): 400, ("tanh", "fusion"): 40,
+                                        ("-", "copy"): 5}
+
+
+def test_kernels_of_a_cuda_graph_count_by_their_fusion_name_or_their_library():
+    """As an H100's trace of the 125M step came (2026-11-27): inside XLA's command buffers every kernel's hlo_op
+    is the graph's; a fusion's kernel keeps its instruction's name with _N for .N, a cuBLAS or cuDNN kernel its
+    library's own name."""
+    names = {"gemm_fusion_dot_general.73": "jvp()/while/body/closed_call/dot_general",
+             "loop_multiply_fusion.26": "mul", "loop_multiply_fusion": "mul"}
+    graph = {"hlo_op": "command_buffer_297", "cuda_graph_id": "325"}
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 1, "name": "gemm_fusion_dot_general_73", "dur": 1212.0, "args": graph},
+        {"ph": "X", "pid": 1, "name": "loop_multiply_fusion_26", "dur": 1.5, "args": graph},
+        {"ph": "X", "pid": 1, "name": "nvjet_sm90_tst_128x160_64x5_1x2_h_bz_NNT", "dur": 93.0, "args": graph},
+        {"ph": "X", "pid": 1, "name": "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT", "dur": 28.0, "args": graph},
+        {"ph": "X", "pid": 1, "name": "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64"
+         "_1x4x1_cga1x1x1_kernel0", "dur": 267.0, "args": graph},
+        {"ph": "X", "pid": 1, "name": "input_reduce_fusion_9", "dur": 4.0, "args": graph},  # not in this program
+    ]
+    assert op_totals(events, names) == {
+        ("jvp()/while/body/closed_call/dot_general", "gemm_fusion_dot_general"): 1212.0,
+        ("mul", "loop_multiply_fusion"): 1.5, ("-", "cuBLAS"): 121.0, ("-", "cuDNN"): 267.0,
+        ("-", "input_reduce_fusion"): 4.0}

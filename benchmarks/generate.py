@@ -202,7 +202,7 @@ def compile_plan(args) -> None:
 
     from config import ConfigError
     from models import registry
-    from models.generate import Sampling, lower_sample
+    from models.generate import Sampling, lower_sample, model_rows
     from parallel.dry_run import human_bytes
     from parallel.hlo_stats import loop_body_kernels
     from parallel.state import abstract_model
@@ -237,7 +237,9 @@ def compile_plan(args) -> None:
             from flax import nnx
             return nnx.merge(graphdef, nnx.State(params)).prefill(prompts, pad, args.new_tokens, dtype)[1]
 
-        cache = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(jax.eval_shape(prefill, params, prompts, pad)))
+        rows_run = jax.ShapeDtypeStruct((model_rows(batch, devices[0].platform), args.prompt_tokens), jnp.int32)
+        cache = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(
+            jax.eval_shape(prefill, params, rows_run, jax.ShapeDtypeStruct(rows_run.shape[:1], jnp.int32))))
         start = time.perf_counter()
         compiled = lower_sample(graphdef, params, prompts, pad, settings, key).compile()
         seconds = time.perf_counter() - start

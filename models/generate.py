@@ -65,6 +65,7 @@ class _Program:
     keeps_top_p: bool  # top_p < 1
     penalises_repeats: bool  # repetition_penalty != 1
     stops_at_eos: bool  # eos_id given
+    twin_row: bool = False  # a single prompt runs through the model as two identical rows (model_rows)
 
 
 class _Knobs(NamedTuple):
@@ -155,7 +156,8 @@ def sample(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s
     """(B, P) left-padded prompts -> (B, max_new_tokens) new tokens; rows that ended (eos, or the callback said
     stop) are filled with eos (or 0) after their last token. ``on_tokens(tokens (B,), step) -> (B,) bool`` runs on
     the host after every step when given. Compiled once per (model, program structure, shapes, callback)."""
-    return _sample(graphdef, _program(s), on_tokens, params, jnp.asarray(prompts, jnp.int32),
+    program = _sampling_program(s, len(prompts), jax.tree.leaves(params)[0])
+    return _sample(graphdef, program, on_tokens, params, jnp.asarray(prompts, jnp.int32),
                    jnp.asarray(pad, jnp.int32), _knobs(s), key)
 
 
@@ -164,7 +166,25 @@ def lower_sample(graphdef: nnx.GraphDef, params, prompts, pad, s: Sampling, key)
     device to compile for): ``.compile()`` gives its plan without running it."""
     # The knobs are traced: only their shapes enter the program, placed where the key is (a topology's device).
     knobs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=key.sharding), _knobs(s))
-    return _sample.lower(graphdef, _program(s), None, params, prompts, pad, knobs, key)
+    return _sample.lower(graphdef, _sampling_program(s, prompts.shape[0], key), None, params, prompts, pad, knobs,
+                         key)
+
+
+def _sampling_program(s: Sampling, batch: int, placed) -> _Program:
+    """The program for ``batch`` prompts on the devices where ``placed`` (an array or ShapeDtypeStruct) is."""
+    sharding = getattr(placed, "sharding", None)  # a NumPy array: jax's default device
+    platform = next(iter(sharding.device_set)).platform if sharding is not None else jax.default_backend()
+    return dataclasses.replace(_program(s), twin_row=model_rows(batch, platform) != batch)
+
+
+def model_rows(batch: int, platform: str) -> int:
+    """The rows ``sample`` runs through the model for ``batch`` prompts on ``platform``: on GPUs a single prompt
+    decodes as two identical rows. XLA:GPU turns a matmul of one row into a multiply and
+    a sum, writing some products out whole before summing them; two rows make every projection a GEMM. For GPT-Neo
+    125M in bf16, as XLA plans it for an H100: 227 kernels per token instead of 239, 11.4 MB of temporaries
+    instead of 49.6 (1.3B: 31.7 MB instead of 625, the transposed weight copies gone); on the H100 a decode step
+    of 16 rows already took 0.55 ms against 0.66 for one. On CPUs two rows cost 1.6x one (125M, fp32)."""
+    return 2 if batch == 1 and platform in ("gpu", "cuda", "rocm") else batch
 
 
 # XLA:GPU's while-loop double buffering (on by default: parallel/xla_flags.py) overlaps a scanned train step's
@@ -178,7 +198,9 @@ def _sample(graphdef, program: _Program, on_tokens, params, prompts, pad, knobs:
     b, n = prompts.shape[0], program.max_new_tokens
     fill = knobs.eos_id
     model = nnx.merge(graphdef, nnx.State(params))
-    logits, cache, seen = model.prefill(prompts, pad, n, params_dtype(params))  # (B, V)
+    twin = (lambda x: jnp.concatenate([x, x])) if program.twin_row else (lambda x: x)  # the model's rows
+    logits, cache, seen = model.prefill(twin(prompts), twin(pad), n, params_dtype(params))  # (B, V)
+    logits, seen = logits[:b], seen[:b]
     out = jnp.full((b, n), fill, jnp.int32)
 
     def cond(carry):
@@ -196,8 +218,8 @@ def _sample(graphdef, program: _Program, on_tokens, params, prompts, pad, knobs:
             done = done | (token == knobs.eos_id)
         if on_tokens is not None:
             done = done | _host_check(on_tokens, token, i)
-        logits, cache = model.decode_step(token, cache)
-        return i + 1, logits, cache, seen, done, out
+        logits, cache = model.decode_step(twin(token), cache)
+        return i + 1, logits[:b], cache, seen, done, out
 
     carry = (jnp.zeros((), jnp.int32), logits, cache, seen, jnp.zeros((b,), bool), out)
     return jax.lax.while_loop(cond, body, carry)[-1]

@@ -337,6 +337,22 @@ def test_generation_compiles_for_an_h100_without_one_and_its_loop_is_not_double_
     assert kernels[0] == kernels[1] > 0
 
 
+@pytest.mark.skipif(not (installed("jax_plugins.xla_cuda12") and installed("nvidia.cudnn")),
+                    reason="compiling for GPUs needs jax's CUDA plugin and cuDNN (see above)")
+def test_on_a_gpu_one_prompt_decodes_as_two_rows_whose_matmuls_write_no_weight_sized_products():
+    """XLA:GPU turns a one-row matmul into a multiply and a sum, writing some products out whole (the 1.3B plan
+    kept 625 MB of them); a single prompt decodes as two rows there, so batch 1's plan is batch 2's."""
+    command = ("benchmarks/generate.py", "--compile-only", "--topology", "h100", "--config", "gpt_neo_125M",
+               "--precision", "bfloat16", "--batch-sizes", "1,2", "--new-tokens", "8", "--prompt-tokens", "4")
+    result = run_cli(*command, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = result.stdout.strip().splitlines()[-2:]
+    one, two = ([cell.strip() for cell in row.strip("|").split("|")] for row in rows)
+    assert one[0] == "1" and two[0] == "2"
+    assert one[1:3] == two[1:3]  # the same KV cache and temporaries
+    assert 0 <= int(one[3]) - int(two[3]) <= 1  # kernels per token: one more cuts the real row's logits out
+
+
 def test_a_plan_that_does_not_fit_says_which_accelerators_and_what_to_change():
     """A 'no' in the fits column came without a word on what would need less memory; the line under the table
     names the accelerators it does not fit and this config's keys that would help (and no key already set)."""

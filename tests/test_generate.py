@@ -2,6 +2,7 @@
 GPT-Neo/GPT-2 import, GPT-Neo export, predict.py and train.py --init-from as a user runs them."""
 
 import collections
+import dataclasses
 import json
 import os
 
@@ -232,6 +233,50 @@ def test_one_beam_and_top_k_one_equal_greedy_and_seeds_reproduce(neo_dir):
     first = ours(graphdef, params, ids, sampled, seed=7)
     assert first == ours(graphdef, params, ids, sampled, seed=7)
     assert first != ours(graphdef, params, ids, sampled, seed=8)
+
+
+@pytest.mark.parametrize("model", ["gpt_neo", "t5"])
+def test_a_single_prompt_decoded_as_two_rows_gives_the_same_tokens(model):
+    """On GPUs a batch of one runs through the model as two identical rows (models.generate.model_rows): the same
+    tokens as one row, greedy, sampled with a seed, stopped by eos or by a host callback; here on the CPU, whose
+    programs take one row."""
+    from models import registry
+
+    cfg = tiny_config(n_layer=2) if model == "gpt_neo" else \
+        tiny_config(model="t5", n_layer=2, n_decoder_layer=2, attention_types=None)
+    graphdef, state = nnx.split(registry.build(cfg, nnx.Rngs(0)))
+    params = nnx.to_pure_dict(state)
+    prompts = jnp.asarray(np.random.default_rng(0).integers(1, cfg.n_vocab, (1, 6)), jnp.int32)
+    pad, key = jnp.zeros((1,), jnp.int32), jax.random.key(3)
+    assert generate_module.model_rows(1, "gpu") == 2 and generate_module.model_rows(1, "cpu") == 1
+    assert generate_module.model_rows(4, "gpu") == 4
+
+    def decode(s, twin, on_tokens=None):
+        program = dataclasses.replace(generate_module._program(s), twin_row=twin)
+        return np.asarray(generate_module._sample(graphdef, program, on_tokens, params, prompts, pad,
+                                                  generate_module._knobs(s), key))
+
+    greedy = Sampling(max_new_tokens=10, temperature=0)
+    first = decode(greedy, False)
+    eos = int(first[0, 4])  # ends the row at step 4 or before
+    stop_at_6 = StopAt(6)
+    cases = ((greedy, None), (Sampling(max_new_tokens=10, temperature=1.3, top_p=0.9), None),
+             (Sampling(max_new_tokens=10, temperature=0, eos_id=eos), None), (greedy, stop_at_6))
+    for s, callback in cases if model == "gpt_neo" else cases[:1] + cases[-1:]:  # T5: its cache, once
+        one, two = decode(s, False, callback), decode(s, True, callback)
+        assert one.shape == two.shape == (1, 10)
+        np.testing.assert_array_equal(two, one)
+    assert (decode(greedy, True, stop_at_6)[0, 7:] == 0).all()  # the callback's stop reached the one real row
+
+
+class StopAt:
+    """A host callback that ends every row after step ``step`` (hashable: the compiled loop is kept per callback)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def __call__(self, tokens, step):
+        return np.full(tokens.shape, int(step) >= self.step)
 
 
 def test_new_values_of_the_sampling_knobs_reuse_the_compiled_loop():

@@ -192,6 +192,9 @@ def test_loss_is_chunked_by_default_where_the_logits_would_crowd_a_devices_memor
     assert loss_chunk(big.replace(loss_chunk=256), memory=80e9) == 256
     split = Layout.from_config(make_mesh("x:4,y:2", jax.devices()[:8]), "batch:x,vocab:y")
     assert loss_chunk(big, split, memory=16e9) == 0 and loss_chunk(big, split, memory=2e9) == 512
+    one = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
+    accumulated = big.replace(tokens_per_mb_per_replica=2048)  # 8 microbatches of one sequence: 0.4 GB of logits
+    assert loss_chunk(big, one, memory=16e9) == 512 and loss_chunk(accumulated, one, memory=16e9) == 0
     assert loss_chunk(big.replace(n_ctx=512), memory=1e6) == 0  # one chunk would be the whole sequence
 
 

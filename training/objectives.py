@@ -268,20 +268,22 @@ DEFAULT_LOSS_CHUNK = 512
 
 def loss_chunk(cfg: Config, layout=None, memory: float | None = None) -> int:
     """Positions per chunk of a causal LM's loss (0: whole): ``loss_chunk``, or when null, chunks of
-    DEFAULT_LOSS_CHUNK once one device's share of the float32 logits (split as ``layout`` splits them) would pass
-    CHUNKED_LOSS_MEMORY_SHARE of ``memory`` (default: what the layout's devices, or jax's, report)."""
+    DEFAULT_LOSS_CHUNK once one device's share of a microbatch's float32 logits (split as ``layout`` splits them)
+    would pass CHUNKED_LOSS_MEMORY_SHARE of ``memory`` (default: what the layout's devices, or jax's, report)."""
     if cfg.loss_chunk is not None:
         return 0 if cfg.loss_chunk >= cfg.n_ctx else cfg.loss_chunk
     if cfg.n_ctx <= DEFAULT_LOSS_CHUNK:
         return 0
     from parallel.auto import device_memory
+    from parallel.steps import microbatch_count
 
     split = () if layout is None else [a for axes in layout.spec(LOGITS) if axes for a in
                                       ((axes,) if isinstance(axes, str) else axes)]
     shards = math.prod(layout.mesh.shape[a] for a in split)
     if memory is None:
         memory = device_memory(jax.devices()[0] if layout is None else layout.mesh.devices.flat[0])
-    logits_bytes = 4 * cfg.train_batch_size * cfg.n_ctx * cfg.n_vocab / shards
+    rows = cfg.train_batch_size / (1 if layout is None else microbatch_count(cfg, layout))
+    logits_bytes = 4 * rows * cfg.n_ctx * cfg.n_vocab / shards
     return DEFAULT_LOSS_CHUNK if logits_bytes > CHUNKED_LOSS_MEMORY_SHARE * memory else 0
 
 

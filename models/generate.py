@@ -179,11 +179,11 @@ def _sampling_program(s: Sampling, batch: int, placed) -> _Program:
 
 def model_rows(batch: int, platform: str) -> int:
     """The rows ``sample`` runs through the model for ``batch`` prompts on ``platform``: on GPUs a single prompt
-    decodes as two identical rows. XLA:GPU turns a matmul of one row into a multiply and
-    a sum, writing some products out whole before summing them; two rows make every projection a GEMM. For GPT-Neo
-    125M in bf16, as XLA plans it for an H100: 227 kernels per token instead of 239, 11.4 MB of temporaries
-    instead of 49.6 (1.3B: 31.7 MB instead of 625, the transposed weight copies gone); on the H100 a decode step
-    of 16 rows already took 0.55 ms against 0.66 for one. On CPUs two rows cost 1.6x one (125M, fp32)."""
+    decodes as two identical rows. XLA:GPU turns a matmul of one row into a multiply and a sum, keeping transposed
+    weight copies or writing products out whole before summing them; two rows make every projection a GEMM. For
+    GPT-Neo 125M in bf16, as XLA plans it for an H100: 228 kernels per token instead of 239, 11.3 MB of
+    temporaries instead of 49.6 (1.3B: 31.6 MB instead of 625); on an H100 a decode step of 16 rows took 0.55 ms
+    against 0.66 for one. On CPUs two rows cost 1.6x one (125M, fp32), so a prompt stays one row there."""
     return 2 if batch == 1 and platform in ("gpu", "cuda", "rocm") else batch
 
 

@@ -46,7 +46,7 @@ from parallel.state import abstract_train_state
 from parallel.topologies import topology_devices
 from parallel.steps import batch_shapes, batch_shardings, make_train_step, microbatch_count
 from training.flops import attention_flops_per_token, train_flops_per_token
-from training.objectives import objective_for
+from training.objectives import loss_chunk, objective_for
 from training.optimizer import learning_rate_schedule, make_optimizer
 
 GB = 1e9
@@ -88,6 +88,7 @@ class DryRun:
     hlo: HloStats
     estimates: tuple[StepEstimate, ...]
     kernel_flops: float = 0.0  # per device: attention inside Pallas kernels, at the model's count
+    loss_chunk: int = 0  # positions per chunk of the planned causal LM loss (0: whole)
 
     @property
     def peak_bytes(self) -> int:
@@ -107,6 +108,7 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
     step-time estimate for each of ``accelerators``; ``memory``: the bytes per device it is planned for (a causal
     LM's loss is chunked by it: training/objectives.loss_chunk)."""
     tx, schedule, objective = make_optimizer(cfg), learning_rate_schedule(cfg), objective_for(cfg, layout, memory)
+    chunk = loss_chunk(cfg, layout, memory) if cfg.task == "causal_lm" else 0
     from training.peft import trainable_filter
 
     def make_for_mesh(rngs):  # built for the mesh's devices: their kernels, even where this process runs none
@@ -134,7 +136,7 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
         raise ConfigError(f"--topology: the {device.device_kind} compiler could not compile this step: "
                           f"{str(e).splitlines()[0][:300]}{hint}") from None
     seconds = time.perf_counter() - start
-    memory = compiled.memory_analysis()
+    planned = compiled.memory_analysis()
     devices = layout.mesh.size
     hlo = parse_hlo(compiled.as_text(), devices)
     model_flops = train_flops_per_token(cfg) * cfg.train_batch_size * cfg.n_ctx
@@ -142,14 +144,15 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
     # stands in.
     kernel_flops = (attention_flops_per_token(cfg) * cfg.train_batch_size * cfg.n_ctx / devices
                     if hlo.attention_kernel_calls else 0.0)
-    live = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+    live = planned.argument_size_in_bytes + planned.output_size_in_bytes + planned.temp_size_in_bytes
     return DryRun(
         parameters=sum(math.prod(p.shape) for p in jax.tree.leaves(abstract.params)),
         parameter_bytes=shard_bytes(abstract.params), optimizer_bytes=shard_bytes(abstract.opt_state),
-        batch_bytes=shard_bytes(batch), argument_bytes=memory.argument_size_in_bytes,
-        output_bytes=memory.output_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
-        temp_bytes=memory.temp_size_in_bytes, model_flops=model_flops, microbatches=microbatches,
+        batch_bytes=shard_bytes(batch), argument_bytes=planned.argument_size_in_bytes,
+        output_bytes=planned.output_size_in_bytes, alias_bytes=planned.alias_size_in_bytes,
+        temp_bytes=planned.temp_size_in_bytes, model_flops=model_flops, microbatches=microbatches,
         compile_seconds=seconds, hlo=hlo, kernel_flops=kernel_flops,
+        loss_chunk=chunk,
         estimates=tuple(estimate(hlo, live, model_flops, devices, a, kernel_flops) for a in accelerators))
 
 
@@ -172,6 +175,11 @@ def memory_advice(run: DryRun, cfg, layout: Layout) -> str | None:
         ways.append("--set recompute_grad=full")
     if not cfg.scan_layers:
         ways.append("--set scan_layers=true")
+    there = loss_chunk(cfg, layout, smallest) if cfg.task == "causal_lm" and not run.loss_chunk else 0
+    if there:  # planned for a device with more memory, the loss was whole; a run on the smallest chunks it
+        name = next(key for key, a in ACCELERATORS.items() if a.memory == smallest)
+        ways.insert(0, f"a plan for the {ACCELERATORS[name].name}'s memory (--accelerator {name}), where the loss "
+                       f"is computed {there} positions at a time (loss_chunk), as a run there does")
     per_mb = cfg.tokens_per_mb_per_replica
     ways.append(f"a smaller train_batch_size (now {cfg.train_batch_size}) or microbatches "
                 f"(tokens_per_mb_per_replica{f', now {per_mb}' if per_mb else ''})")

@@ -363,7 +363,7 @@ def test_a_plan_that_does_not_fit_says_which_accelerators_and_what_to_change():
     GB = 10 ** 9
     by_name = {a.name: a for a in ACCELERATORS.values()}
     run = SimpleNamespace(peak_bytes=50 * GB, hlo=SimpleNamespace(whole_before_scatter=0), parameter_bytes=6 * GB,
-                          optimizer_bytes=12 * GB,
+                          optimizer_bytes=12 * GB, loss_chunk=512,
                           estimates=[SimpleNamespace(accelerator=by_name[n]) for n in ("H100", "TPU v4", "TPU v5e")])
     cfg, _ = load_config("gpt_neo_1.3B", ("train_batch_size=8", "recompute_grad=false"))
     advice = memory_advice(run, cfg, SimpleNamespace(text="batch:x"))
@@ -379,3 +379,11 @@ def test_a_plan_that_does_not_fit_says_which_accelerators_and_what_to_change():
                            "(tokens_per_mb_per_replica)"), advice
     run.peak_bytes = 10 * GB
     assert memory_advice(run, cfg, SimpleNamespace(text="batch:x")) is None
+    # Planned for an H100's memory the 125M loss at T=2048, batch 8 is whole; a 16 GB TPU v5e would chunk it.
+    small, _ = load_config("gpt_neo_125M", ("n_ctx=2048", "train_batch_size=8", "scan_layers=true",
+                                            "recompute_grad=full"))
+    run.peak_bytes, run.loss_chunk = 20 * GB, 0
+    one = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
+    advice = memory_advice(run, small, one)
+    assert "to need less: a plan for the TPU v5e's memory (--accelerator tpu-v5e), where the loss is computed " \
+           "512 positions at a time (loss_chunk), as a run there does;" in advice, advice

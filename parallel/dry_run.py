@@ -163,7 +163,8 @@ def memory_advice(run: DryRun, cfg, layout: Layout) -> str | None:
     short = [e.accelerator for e in run.estimates if low > e.accelerator.memory]
     if not short:
         return None
-    smallest = min(a.memory for a in short)
+    tightest = min(short, key=lambda a: a.memory)
+    smallest = tightest.memory
     state = run.parameter_bytes + run.optimizer_bytes
     ways = []
     if state > smallest / 2 and "embd" not in layout.text:
@@ -177,8 +178,8 @@ def memory_advice(run: DryRun, cfg, layout: Layout) -> str | None:
         ways.append("--set scan_layers=true")
     there = loss_chunk(cfg, layout, smallest) if cfg.task == "causal_lm" and not run.loss_chunk else 0
     if there:  # planned for a device with more memory, the loss was whole; a run on the smallest chunks it
-        name = next(key for key, a in ACCELERATORS.items() if a.memory == smallest)
-        ways.insert(0, f"a plan for the {ACCELERATORS[name].name}'s memory (--accelerator {name}), where the loss "
+        flag = next(key for key, a in ACCELERATORS.items() if a.name == tightest.name)
+        ways.insert(0, f"a plan for the {tightest.name}'s memory (--accelerator {flag}), where the loss "
                        f"is computed {there} positions at a time (loss_chunk), as a run there does")
     per_mb = cfg.tokens_per_mb_per_replica
     ways.append(f"a smaller train_batch_size (now {cfg.train_batch_size}) or microbatches "

@@ -9,11 +9,12 @@
 # A run that fails (out of memory, a peer that does not compile) is reported and the rest of the table still runs;
 # the exit status says whether any failed. Parts, in this order: attention train decode scale (the default), and
 # profile: where the 125M step's time goes, by XLA op (benchmarks/xla_profile.py; its trace in $PROFILE_DIR),
-# then the same step three ways besides: its loss chunked, its vocabulary padded to 50304, and every matmul on
-# cuBLAS instead of XLA's Triton GEMMs.
+# then the same step four ways besides: its loss chunked, its vocabulary 50304 (another model), the head's
+# matmul padded to 50304 (logits_pad_multiple 128: the same model), and every matmul on cuBLAS instead of XLA's
+# Triton GEMMs.
 # The default takes about 16 minutes, most of it the PyTorch peers compiling (torch.compile: 49 s for the 125M
 # step, 82 s for 1.3B on an H100; transformers' static cache once per batch size). Where one command may run 10
-# minutes at most, run it in three (each within its budgets, 430 / 510 / 280 s plus the version check):
+# minutes at most, run it in three (each within its budgets, 430 / 510 / 340 s plus the version check):
 #     bash benchmarks/gpu.sh attention train 2>&1 | tee gpu_train.txt
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
@@ -93,6 +94,8 @@ if wants profile; then
         --no-peer --loss-chunk 512
     run 60 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
         --no-peer --vocab 50304
+    run 60 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
+        --no-peer --logits-pad 128
     run 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" "$python" benchmarks/train_step.py \
         --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 --no-peer
 fi

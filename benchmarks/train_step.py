@@ -53,6 +53,7 @@ def shape_config(name: str, args):
     path, overrides = SHAPES[name]
     settings = {**overrides, "n_ctx": args.seq, "train_batch_size": args.batch, "precision": args.precision,
                 "recompute_grad": args.remat, "loss_chunk": args.loss_chunk, "scan_layers": args.scan,
+                "logits_pad_multiple": args.logits_pad,
                 "warmup_steps": 0, "mesh_shape": "x:1",
                 "layout": "batch:x"}
     if args.vocab is not None:
@@ -72,7 +73,8 @@ def shape_config(name: str, args):
 
 # The config keys the command line sets, by flag.
 FLAG_OF_KEY = {"n_ctx": "--seq", "train_batch_size": "--batch", "loss_chunk": "--loss-chunk", "n_layer": "--layers",
-               "attention_types": "--layers", "n_vocab": "--vocab"}
+               "attention_types": "--layers", "n_vocab": "--vocab",
+               "logits_pad_multiple": "--logits-pad"}
 
 
 def neomesh(cfg, tokens) -> dict:
@@ -269,6 +271,9 @@ def main(argv=None) -> None:
     p.add_argument("--loss-chunk", type=int, default=None, help="NeoMesh's loss_chunk (default: automatic)")
     p.add_argument("--vocab", type=int, help="override the shapes' n_vocab (GPT-Neo's 50257 padded to a multiple of "
                    "128 is 50304: what an aligned logits matmul gains)")
+    p.add_argument("--logits-pad", type=int, default=0, metavar="N", help="NeoMesh's logits_pad_multiple: the "
+                   "head's matmul over the vocabulary padded to a multiple of N, parameters unchanged (--vocab's "
+                   "speed without its other model)")
     p.add_argument("--layers", type=int, help="override the shapes' depth (even: global/local pairs)")
     p.add_argument("--scan", action="store_true", help="NeoMesh's scan_layers")
     p.add_argument("--compile-only", action="store_true", help="NeoMesh alone, compiled but not run (compile "
@@ -329,7 +334,8 @@ def main(argv=None) -> None:
             add(f"transformers {theirs['version']} (Flax)", theirs)
     load = os.getloadavg()[0]
     print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}"
-          f"{', scan_layers' if args.scan else ''}{f', n_vocab {args.vocab}' if args.vocab else ''}; "
+          f"{', scan_layers' if args.scan else ''}{f', n_vocab {args.vocab}' if args.vocab else ''}"
+          f"{f', logits_pad_multiple {args.logits_pad}' if args.logits_pad else ''}; "
           f"JAX on {device.platform} ({device.device_kind}); {os.cpu_count()} cores, load {load:.1f}")
     print("| shape | implementation | tokens/s | MFU | peak memory | compile / first step s |")
     print("|---|---|---|---|---|---|")

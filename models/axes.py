@@ -69,6 +69,17 @@ def target_platform() -> str:
     return target_device().platform
 
 
+def splits(name: str) -> bool:
+    """Whether the active layout splits dimension ``name`` across more than one device (never outside ``placing``)."""
+    placer = getattr(_active, "placer", None)
+    if placer is None:
+        return False
+    sharding = placer((name,), ())
+    split = sharding.spec[0] if len(sharding.spec) else None
+    mesh_axes = () if split is None else (split,) if isinstance(split, str) else tuple(split)
+    return any(sharding.mesh.shape[axis] > 1 for axis in mesh_axes)
+
+
 def per_device(f: Callable, in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None],
                whole: Sequence[str] = ()) -> Callable:
     """``f`` run on each device's share under ``shard_map``, its inputs and output split as the active layout

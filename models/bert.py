@@ -28,7 +28,7 @@ class Bert(nnx.Module):
         init = jax.nn.initializers.normal(BASE_STDDEV)
         d = cfg.n_embd
         self.wte = Embed(cfg.n_vocab, d, embedding_init=init, embedding_metadata=axes("vocab", "embd"),
-                         rngs=rngs)
+                         logits_multiple=cfg.logits_pad_multiple, rngs=rngs)
         self.wpe = Embed(cfg.position_rows + cfg.position_offset, d, embedding_init=init,
                          embedding_metadata=axes(None, "embd"), rngs=rngs)
         self.wtt = Embed(cfg.n_token_types, d, embedding_init=init, embedding_metadata=axes(None, "embd"),
@@ -38,7 +38,8 @@ class Bert(nnx.Module):
         if cfg.share_parameters:  # ALBERT-style: one block's weights for every layer
             share_parameters(self.blocks)
         self.mlm = MlmHead(d, cfg.n_vocab, cfg.activation_function, cfg.layer_norm_epsilon, rngs=rngs,
-                           untied=cfg.no_weight_tie) if cfg.task == "masked_lm" else None
+                           untied=cfg.no_weight_tie, logits_multiple=cfg.logits_pad_multiple) \
+            if cfg.task == "masked_lm" else None
         self.classifier = ClassificationHead(d, cfg.num_labels, pool="first", pooler=True, bias=True,
                                              dropout_rate=cfg.res_dropout, rngs=rngs, hidden=cfg.head_hidden,
                                              activation=cfg.activation_function) \

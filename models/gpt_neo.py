@@ -18,7 +18,7 @@ from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks, share_parameters
 from models.generate import seen_tokens
 from models.heads import ClassificationHead, TokenClassificationHead
-from models.layers import Embed, dropout, dropout_keys, norm, over_flat_positions
+from models.layers import Embed, VocabEinsum, dropout, dropout_keys, norm, over_flat_positions
 from models.spec import block_spec, gpt_neo_attention_init, gpt_neo_mlp_init
 
 
@@ -48,7 +48,7 @@ class GPTNeo(nnx.Module):
         attention_init, mlp_init = (_gpt2_init(cfg) if cfg.model == "gpt2" else
                                     (gpt_neo_attention_init(cfg), gpt_neo_mlp_init(cfg)))
         self.wte = Embed(cfg.n_vocab, cfg.n_embd, embedding_init=init(0.02),
-                         embedding_metadata=axes("vocab", "embd"), rngs=rngs)
+                         embedding_metadata=axes("vocab", "embd"), logits_multiple=cfg.logits_pad_multiple, rngs=rngs)
         # Positions: a learned table, GPT-Neo's axial table, or none (rotary puts positions into q and k).
         self.wpe = Embed(cfg.position_rows + cfg.position_offset, cfg.n_embd, embedding_init=init(0.01),
                          embedding_metadata=axes(None, "embd"), rngs=rngs) if cfg.learned_position_table else None
@@ -58,8 +58,8 @@ class GPTNeo(nnx.Module):
         if cfg.share_parameters:
             share_parameters(self.blocks)
         self.ln_f = norm("layernorm", cfg.n_embd, cfg.layer_norm_epsilon, rngs)  # GPT-Neo's ln_f is always a LayerNorm
-        self.lm_head = nnx.Einsum("PD,DV->PV", (cfg.n_embd, cfg.n_vocab), kernel_init=init(0.02),
-                                  kernel_metadata=axes("embd", "vocab"), rngs=rngs) if cfg.no_weight_tie else None
+        self.lm_head = VocabEinsum(cfg.n_embd, cfg.n_vocab, 0.02, rngs, cfg.logits_pad_multiple) \
+            if cfg.no_weight_tie else None
         self.score = ClassificationHead(cfg.n_embd, cfg.num_labels, pool="last", pooler=False, bias=False,
                                         dropout_rate=0.0, rngs=rngs, hidden=cfg.head_hidden,
                                         activation=cfg.activation_function) \

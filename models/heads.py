@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.axes import axes
-from models.layers import ACTIVATIONS, BASE_STDDEV, dropout, norm, over_flat_positions, projection
+from models.layers import ACTIVATIONS, BASE_STDDEV, VocabEinsum, dropout, norm, over_flat_positions, projection
 
 
 class MlmHead(nnx.Module):
@@ -22,12 +22,11 @@ class MlmHead(nnx.Module):
     own ``decoder`` kernel when ``untied`` (a checkpoint saved with tie_word_embeddings false)."""
 
     def __init__(self, n_embd: int, n_vocab: int, activation: str, epsilon: float, *, rngs: nnx.Rngs,
-                 untied: bool = False):
+                 untied: bool = False, logits_multiple: int = 0):
         self.dense = projection("BTD,DE->BTE", (n_embd, n_embd), ("embd", None), BASE_STDDEV, rngs, bias=(None,))
         self.layer_norm = norm("layernorm", n_embd, epsilon, rngs)
         self.bias = nnx.Param(jnp.zeros((n_vocab,)), **axes("vocab"))
-        self.decoder = nnx.Einsum("PD,DV->PV", (n_embd, n_vocab), kernel_init=nnx.initializers.normal(BASE_STDDEV),
-                                  kernel_metadata=axes("embd", "vocab"), rngs=rngs) if untied else None
+        self.decoder = VocabEinsum(n_embd, n_vocab, BASE_STDDEV, rngs, logits_multiple) if untied else None
         self.activation = ACTIVATIONS[activation]
 
     def __call__(self, x: jax.Array, embedding: nnx.Embed) -> jax.Array:

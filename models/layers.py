@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.axes import axes
+from models.axes import axes, splits
 
 # GPT-Neo's `linear` layer init (mesh-tensorflow); also BERT's and GPT-2's initializer_range.
 BASE_STDDEV = 0.02
@@ -88,14 +88,49 @@ def projection(einsum: str, shape: Sequence[int], logical: Sequence[str | None],
                       kernel_metadata=axes(*logical), bias_metadata=axes(*bias) if bias else {}, rngs=rngs)
 
 
+def pad_vocab(weight: jax.Array, axis: int, multiple: int) -> jax.Array:
+    """An output head's ``weight`` with zero rows appended along its vocabulary ``axis`` up to a multiple of
+    ``multiple`` (``logits_pad_multiple``); as it is for 0, an aligned size, or a layout that splits the
+    vocabulary (there XLA pads each device's share, and padding the whole would move rows between devices)."""
+    rows = weight.shape[axis]
+    extra = -rows % multiple if multiple else 0
+    if not extra or splits("vocab") or splits("activation_vocab"):
+        return weight
+    pads = [(0, 0)] * weight.ndim
+    pads[axis] = (0, extra)
+    return jnp.pad(weight, pads)
+
+
 class Embed(nnx.Embed):
     """``nnx.Embed`` computing in its table's dtype. flax fixes an Embed's compute dtype at the table's dtype when
     created (float32), so the train step's bfloat16 copy of the table would come out as float32 activations and
-    promote every matmul after it (and the tied logits) back to float32."""
+    promote every matmul after it (and the tied logits) back to float32. As a tied output head (``attend``) its
+    matmul runs over the table padded to ``logits_multiple`` rows (``pad_vocab``), the padding's logits dropped."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, logits_multiple: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.dtype = None  # follow the table: promote_dtype then keeps the inputs' common dtype
+        self.logits_multiple = logits_multiple
+
+    def attend(self, query: jax.Array) -> jax.Array:
+        table = self.embedding[...]  # (V, D)
+        query, padded = self.promote_dtype((query, pad_vocab(table, 0, self.logits_multiple)), dtype=self.dtype)
+        return jnp.dot(query, padded.T)[..., :table.shape[0]]
+
+
+class VocabEinsum(nnx.Einsum):
+    """An untied output head ``PD,DV->PV`` (no bias) whose matmul runs over its kernel padded to
+    ``logits_multiple`` columns (``pad_vocab``), the padding's logits dropped."""
+
+    def __init__(self, n_embd: int, n_vocab: int, stddev: float, rngs: nnx.Rngs, logits_multiple: int = 0):
+        super().__init__("PD,DV->PV", (n_embd, n_vocab), kernel_init=jax.nn.initializers.normal(stddev),
+                         kernel_metadata=axes("embd", "vocab"), rngs=rngs)
+        self.logits_multiple = logits_multiple
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        kernel = self.kernel[...]  # (D, V)
+        inputs, padded = self.promote_dtype((inputs, pad_vocab(kernel, 1, self.logits_multiple)), dtype=self.dtype)
+        return jnp.einsum(self.einsum_str, inputs, padded, precision=self.precision)[..., :kernel.shape[1]]
 
 
 class ScaleNorm(nnx.Module):

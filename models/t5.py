@@ -27,7 +27,7 @@ from models import kv_cache
 from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks
 from models.generate import seen_tokens
-from models.layers import Embed, dropout, dropout_keys, norm, over_flat_positions, projection
+from models.layers import Embed, VocabEinsum, dropout, dropout_keys, norm, over_flat_positions
 from models.relative_position import RelativePositionBias
 from models.spec import block_spec, gpt_neo_attention_init
 
@@ -87,10 +87,11 @@ class T5(nnx.Module):
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
         d = cfg.n_embd
         self.wte = Embed(cfg.n_vocab, d, embedding_init=jax.nn.initializers.normal(1.0),
-                         embedding_metadata=axes("vocab", "embd"), rngs=rngs)  # T5's "shared"
+                         embedding_metadata=axes("vocab", "embd"), logits_multiple=cfg.logits_pad_multiple,
+                         rngs=rngs)  # T5's "shared"
         self.encoder = T5Stack(cfg, cfg.n_layer, decoder=False, rngs=rngs)
         self.decoder = T5Stack(cfg, cfg.decoder_layers, decoder=True, rngs=rngs) if cfg.decoder_layers else None
-        self.lm_head = projection("PD,DV->PV", (d, cfg.n_vocab), ("embd", "vocab"), d ** -0.5, rngs) \
+        self.lm_head = VocabEinsum(d, cfg.n_vocab, d ** -0.5, rngs, cfg.logits_pad_multiple) \
             if cfg.no_weight_tie and self.decoder is not None else None
         self.embed_dropout, self.n_embd = cfg.embed_dropout, d
         self.decoder_start_token_id = cfg.decoder_start_token_id

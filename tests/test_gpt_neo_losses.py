@@ -180,6 +180,71 @@ def test_chunked_loss_equals_the_whole_logits_loss_with_its_gradients(lm, chunk)
     assert loss_chunk(cfg) == 0 and loss_chunk(cfg.replace(loss_chunk=chunk)) == chunk
 
 
+def padded_vocab(f, *args, rows: int = 144) -> list[tuple[int, ...]]:
+    """The shapes of what ``f``'s program pads (jnp.pad: a ``pad`` equation) to ``rows`` vocabulary rows."""
+    from tests.common import jaxpr_equations
+
+    traced = jax.make_jaxpr(lambda *a: f(*a))(*args)  # a new function each time: jax caches traces by function
+    return [tuple(e.outvars[0].aval.shape) for e in jaxpr_equations(traced.jaxpr)
+            if e.primitive.name == "pad" and rows in e.outvars[0].aval.shape]
+
+
+@pytest.mark.parametrize("untied, chunk", [(False, 3), (True, 0)], ids=["tied-chunked", "untied"])
+def test_logits_padded_to_a_multiple_give_the_same_loss_and_gradients(lm, untied, chunk):
+    """logits_pad_multiple runs the output head's matmul over 144 vocabulary rows instead of 128 (a multiple of
+    48), the padding's logits dropped: the same loss, z-loss and gradients, the chunked loss's too."""
+    cfg, _, _, batch, _ = lm
+    cfg = cfg.replace(z_loss=1e-2, loss_chunk=chunk, no_weight_tie=untied)
+    graphdef, params = nnx.split(registry.build(cfg, nnx.Rngs(0)), nnx.Param)
+    params = nnx.to_pure_dict(params)
+    padded_graphdef = nnx.graphdef(registry.build(cfg.replace(logits_pad_multiple=48), nnx.Rngs(0)))
+
+    def loss(params, graphdef):
+        sums, penalty, metrics = objective_sums(graphdef, objective_for(cfg), params, batch, jnp.float32)
+        return sums["loss"] / sums["weight"] + penalty, metrics
+
+    def loss_and_grads(graphdef):
+        return jax.jit(jax.value_and_grad(lambda params: loss(params, graphdef), has_aux=True))(params)
+
+    (plain, plain_metrics), plain_grads = loss_and_grads(graphdef)
+    (padded, metrics), grads = loss_and_grads(padded_graphdef)
+    np.testing.assert_allclose(float(padded), float(plain), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["logits_z_loss"]), float(plain_metrics["logits_z_loss"]), rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, plain_grads)
+    weight = (cfg.n_vocab + 16, cfg.n_embd) if not untied else (cfg.n_embd, cfg.n_vocab + 16)
+    assert padded_vocab(lambda p: loss(p, padded_graphdef)[0], params) == [weight]
+    assert padded_vocab(lambda p: loss(p, graphdef)[0], params) == []
+
+
+@pytest.mark.parametrize("family", ["gpt_neo", "t5", "t5_untied", "bert"])
+def test_every_family_pads_its_output_head_unless_the_layout_splits_the_vocabulary(family):
+    """GPT-Neo's, T5's (tied and untied) and BERT's masked-LM heads pad to logits_pad_multiple and compute the
+    logits they compute unpadded; a layout that splits the vocabulary over devices keeps it as is."""
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+
+    settings = {"gpt_neo": dict(attention_types=None), "t5": dict(model="t5", attention_types=None, n_decoder_layer=1),
+                "t5_untied": dict(model="t5", attention_types=None, n_decoder_layer=1, no_weight_tie=True),
+                "bert": dict(model="bert", task="masked_lm", causal=False, attention_types=None)}[family]
+    cfg = tiny_config(n_layer=1, **settings)
+    tokens = jnp.asarray(random_batches(cfg, 1)[0]["tokens"][:2, :8])
+
+    def logits(model):
+        kwargs = {"decoder_inputs": tokens[:, :5]} if cfg.model == "t5" else {}
+        return model(tokens, **kwargs)[0]
+
+    plain = registry.build(cfg, nnx.Rngs(0))
+    padded = registry.build(cfg.replace(logits_pad_multiple=48), nnx.Rngs(0))
+    np.testing.assert_allclose(jax.jit(logits)(padded), jax.jit(logits)(plain), rtol=1e-5, atol=1e-6)
+    assert sorted(padded_vocab(logits, padded)[0]) == [cfg.n_embd, 144]
+    assert padded_vocab(logits, plain) == []
+    mesh = make_mesh("x:4,y:2", jax.devices()[:8])
+    with Layout.from_config(mesh, "batch:x,vocab:y").active():
+        assert padded_vocab(logits, padded) == []
+    with Layout.from_config(mesh, "batch:x,embd:y").active():
+        assert len(padded_vocab(logits, padded)) == 1
+
+
 def test_loss_is_chunked_by_default_where_the_logits_would_crowd_a_devices_memory():
     """Unset, loss_chunk chunks once one device's float32 logits would pass an eighth of its memory: GPT-Neo
     125M's 3.3 GB at T=2048, batch 8 on a 16 GB device, not on an 80 GB one, nor split over 8 devices."""

@@ -11,10 +11,10 @@
 # profile: where the 125M step's time goes, by XLA op (benchmarks/xla_profile.py; its trace in $PROFILE_DIR),
 # then the same step four ways besides: its loss chunked, its vocabulary 50304 (another model), the head's
 # matmul padded to 50304 (logits_pad_multiple 128: the same model), and every matmul on cuBLAS instead of XLA's
-# Triton GEMMs.
+# Triton GEMMs; then 125M decoding at batch 1 without CUDA graphs and with its whole loop as one.
 # The default takes about 16 minutes, most of it the PyTorch peers compiling (torch.compile: 49 s for the 125M
 # step, 82 s for 1.3B on an H100; transformers' static cache once per batch size). Where one command may run 10
-# minutes at most, run it in three (each within its budgets, 430 / 510 / 340 s plus the version check):
+# minutes at most, run it in three (each within its budgets, 430 / 510 / 430 s plus the version check):
 #     bash benchmarks/gpu.sh attention train 2>&1 | tee gpu_train.txt
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
@@ -98,6 +98,14 @@ if wants profile; then
         --no-peer --logits-pad 128
     run 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" "$python" benchmarks/train_step.py \
         --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 --no-peer
+    # A decode step is some 230 small kernels (125M). XLA groups runs of them into CUDA graphs by default
+    # (command buffers); these two say what that is worth: none at all, and the whole loop as one graph
+    # (WHILE and CONDITIONAL commands, CUDA 12.3's conditional nodes).
+    for buffers in "" "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"; do
+        run 45 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=$buffers" "$python" \
+            benchmarks/generate.py --config configs/gpt_neo_125M.json --precision bfloat16 --batch-sizes 1 \
+            --prompt-tokens 32 --new-tokens 128 --repeats 3 --neomesh-only
+    done
 fi
 if ((${#failed[@]})); then
     printf 'failed: %s\n' "${failed[@]}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from typing import Callable, Iterator, Sequence
 
@@ -88,13 +89,19 @@ def projection(einsum: str, shape: Sequence[int], logical: Sequence[str | None],
                       kernel_metadata=axes(*logical), bias_metadata=axes(*bias) if bias else {}, rngs=rngs)
 
 
-def pad_vocab(weight: jax.Array, axis: int, multiple: int) -> jax.Array:
+# A logits matmul over fewer positions than this (a decode step: one per row) is bound by reading the weight,
+# whatever its shape; padding it would only add a copy of the weight to every step.
+PAD_MIN_POSITIONS = 128
+
+
+def pad_vocab(weight: jax.Array, axis: int, multiple: int, positions: int) -> jax.Array:
     """An output head's ``weight`` with zero rows appended along its vocabulary ``axis`` up to a multiple of
-    ``multiple`` (``logits_pad_multiple``); as it is for 0, an aligned size, or a layout that splits the
-    vocabulary (there XLA pads each device's share, and padding the whole would move rows between devices)."""
+    ``multiple`` (``logits_pad_multiple``), for a matmul over ``positions`` rows; as it is for 0, an aligned size,
+    fewer than PAD_MIN_POSITIONS positions, or a layout that splits the vocabulary (whose size the split divides
+    already: padding the whole would move rows between devices)."""
     rows = weight.shape[axis]
     extra = -rows % multiple if multiple else 0
-    if not extra or splits("vocab") or splits("activation_vocab"):
+    if not extra or positions < PAD_MIN_POSITIONS or splits("vocab") or splits("activation_vocab"):
         return weight
     pads = [(0, 0)] * weight.ndim
     pads[axis] = (0, extra)
@@ -114,7 +121,8 @@ class Embed(nnx.Embed):
 
     def attend(self, query: jax.Array) -> jax.Array:
         table = self.embedding[...]  # (V, D)
-        query, padded = self.promote_dtype((query, pad_vocab(table, 0, self.logits_multiple)), dtype=self.dtype)
+        padded = pad_vocab(table, 0, self.logits_multiple, math.prod(query.shape[:-1]))
+        query, padded = self.promote_dtype((query, padded), dtype=self.dtype)
         return jnp.dot(query, padded.T)[..., :table.shape[0]]
 
 
@@ -129,7 +137,8 @@ class VocabEinsum(nnx.Einsum):
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
         kernel = self.kernel[...]  # (D, V)
-        inputs, padded = self.promote_dtype((inputs, pad_vocab(kernel, 1, self.logits_multiple)), dtype=self.dtype)
+        padded = pad_vocab(kernel, 1, self.logits_multiple, math.prod(inputs.shape[:-1]))
+        inputs, padded = self.promote_dtype((inputs, padded), dtype=self.dtype)
         return jnp.einsum(self.einsum_str, inputs, padded, precision=self.precision)[..., :kernel.shape[1]]
 
 

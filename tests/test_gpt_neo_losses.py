@@ -190,9 +190,12 @@ def padded_vocab(f, *args, rows: int = 144) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("untied, chunk", [(False, 3), (True, 0)], ids=["tied-chunked", "untied"])
-def test_logits_padded_to_a_multiple_give_the_same_loss_and_gradients(lm, untied, chunk):
+def test_logits_padded_to_a_multiple_give_the_same_loss_and_gradients(lm, untied, chunk, monkeypatch):
     """logits_pad_multiple runs the output head's matmul over 144 vocabulary rows instead of 128 (a multiple of
     48), the padding's logits dropped: the same loss, z-loss and gradients, the chunked loss's too."""
+    from models import layers
+
+    monkeypatch.setattr(layers, "PAD_MIN_POSITIONS", 1)  # this batch's 16 positions pad too
     cfg, _, _, batch, _ = lm
     cfg = cfg.replace(z_loss=1e-2, loss_chunk=chunk, no_weight_tie=untied)
     graphdef, params = nnx.split(registry.build(cfg, nnx.Rngs(0)), nnx.Param)
@@ -217,9 +220,11 @@ def test_logits_padded_to_a_multiple_give_the_same_loss_and_gradients(lm, untied
 
 
 @pytest.mark.parametrize("family", ["gpt_neo", "t5", "t5_untied", "bert"])
-def test_every_family_pads_its_output_head_unless_the_layout_splits_the_vocabulary(family):
+def test_every_family_pads_its_output_head_unless_the_layout_splits_the_vocabulary(family, monkeypatch):
     """GPT-Neo's, T5's (tied and untied) and BERT's masked-LM heads pad to logits_pad_multiple and compute the
-    logits they compute unpadded; a layout that splits the vocabulary over devices keeps it as is."""
+    logits they compute unpadded; a layout that splits the vocabulary over devices keeps it as is, and so does a
+    call over fewer than PAD_MIN_POSITIONS positions (a decode step, bound by reading the weight)."""
+    from models import layers
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
 
@@ -235,6 +240,8 @@ def test_every_family_pads_its_output_head_unless_the_layout_splits_the_vocabula
 
     plain = registry.build(cfg, nnx.Rngs(0))
     padded = registry.build(cfg.replace(logits_pad_multiple=48), nnx.Rngs(0))
+    assert padded_vocab(logits, padded) == []  # 16 positions or fewer
+    monkeypatch.setattr(layers, "PAD_MIN_POSITIONS", 1)
     np.testing.assert_allclose(jax.jit(logits)(padded), jax.jit(logits)(plain), rtol=1e-5, atol=1e-6)
     assert sorted(padded_vocab(logits, padded)[0]) == [cfg.n_embd, 144]
     assert padded_vocab(logits, plain) == []

@@ -69,6 +69,7 @@ def test_generate_until_is_greedy_and_stops(lm):
     assert cut == full[0][:full[0].index(stop)]
 
 
+@pytest.mark.e2e  # lm_eval's own command line, as a user runs it
 def test_a_local_multiple_choice_task_through_the_harness(tmp_path, hf_dir, lm, monkeypatch):
     """lm_eval's own command line and task machinery (a YAML task on a local jsonl) with the neomesh model score
     the same as evaluation.multiple_choice."""

@@ -6,7 +6,8 @@ Both sides decode greedily to exactly ``--new-tokens`` tokens (no early eos) fro
 include the prefill and are the median of ``--repeats`` runs after a warm-up (NeoMesh's warm-up compiles).
 The transformers side needs torch and transformers (``pip install -r requirements-test.txt``); without them, or
 with ``--neomesh-only``, NeoMesh runs alone on randomly initialised weights. transformers decodes with its dynamic
-cache and, with ``--static-cache``, also with its static cache (compiled on GPUs). Each row is printed as soon as
+cache and, with ``--static-cache``, also with its static cache (compiled on GPUs, once per batch size: ``--static-cache
+1`` at batch 1 alone). Each row is printed as soon as
 it is measured, so a run cut off by a time limit keeps what it measured; a transformers case that fails is a row
 saying so. On a GPU, jax allocates as it needs (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set): PyTorch
 shares the device.
@@ -39,8 +40,9 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="timed runs per case (the median is shown)")
     p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"), help="weights and KV cache "
                    "dtype on both sides")
-    p.add_argument("--static-cache", action="store_true", help="transformers: cache_implementation='static' and "
-                   "a compiled forward (its fastest decoding, where the model supports it)")
+    p.add_argument("--static-cache", nargs="?", const="all", metavar="BATCH_SIZES", help="transformers also with "
+                   "cache_implementation='static' and a compiled forward (its fastest decoding, where the model "
+                   "supports it), at every batch size or at these (comma-separated; each compiles anew)")
     p.add_argument("--neomesh-only", action="store_true", help="time NeoMesh alone (random weights), without "
                    "transformers")
     p.add_argument("--compile-only", action="store_true", help="compile NeoMesh's generation program for one "
@@ -57,7 +59,7 @@ def main(argv=None) -> None:
 
     if args.topology and not args.compile_only:
         raise ConfigError("--topology: only with --compile-only (nothing runs on a device this machine lacks)")
-    batch_sizes(args)  # the flags' mistakes before jax starts
+    static_batch_sizes(args) if args.static_cache else batch_sizes(args)  # the flags' mistakes before jax starts
     if args.compile_only:
         return compile_plan(args)
 
@@ -123,11 +125,11 @@ def main(argv=None) -> None:
         pad = np.zeros((batch,), np.int32)
         add("NeoMesh (JAX)", batch, timed(lambda: jax.block_until_ready(
             sample(graphdef, params, prompt, pad, settings, jax.random.key(0)))))
-    caches = {"dynamic cache": {}}
-    if args.static_cache:
-        caches["static cache"] = {"cache_implementation": "static"}  # compiles itself on GPUs
-    for cache_name, cache in caches.items() if torch is not None else ():
-        for batch, prompt in prompts.items():
+    caches = {"dynamic cache": ({}, list(prompts))}
+    if args.static_cache:  # compiles itself on GPUs
+        caches["static cache"] = ({"cache_implementation": "static"}, static_batch_sizes(args))
+    for cache_name, (cache, sizes) in caches.items() if torch is not None else ():
+        for batch, prompt in ((b, prompts[b]) for b in sizes):
             ids = torch.from_numpy(prompt).to(device)
 
             def theirs_run():
@@ -174,6 +176,21 @@ def batch_sizes(args) -> list[int]:
             raise ConfigError(f"--batch-sizes: {text.strip()!r} is not a positive whole number (e.g. 1,16)")
         sizes.append(int(text))
     return sizes
+
+
+def static_batch_sizes(args) -> list[int]:
+    """The batch sizes ``--static-cache`` names (all of ``--batch-sizes`` without a value), each one of them."""
+    from config import ConfigError
+
+    sizes = batch_sizes(args)
+    if args.static_cache == "all":
+        return sizes
+    chosen = []
+    for text in args.static_cache.split(","):
+        if not text.strip().isdigit() or int(text) not in sizes:
+            raise ConfigError(f"--static-cache: {text.strip()!r} is not one of --batch-sizes {args.batch_sizes}")
+        chosen.append(int(text))
+    return chosen
 
 
 def checked_config(args):

@@ -2,23 +2,26 @@
 # The GPU table in one command (one H100/H200, each run within a budget): the GPT-Neo train
 # step at T=2048 in bf16 for the 125M and 1.3B shapes next to transformers' PyTorch GPT-Neo (bf16 autocast, eager
 # and torch.compile), KV-cached decoding at batch 1 and 16 next to transformers' generate (dynamic cache, and
-# its compiled static cache at batch 1: it compiles once per batch size), then the 1.3B step scanned and the 2.7B shape alone (compile time and memory; scanned, full remat).
+# its compiled static cache at batch 1: it compiles once per batch size), then the 1.3B step scanned and the 2.7B
+# shape alone (compile time and memory; scanned, full remat).
 # Every table states the device, the load and the settings. First, the versions it runs with, and
 # tests/test_attention_gpu.py compares cuDNN's flash attention with the XLA path on this GPU (the test suite runs
 # on CPU devices unless told otherwise: JAX_PLATFORMS=cuda here).
 # A run that fails (out of memory, a peer that does not compile) is reported and the rest of the table still runs;
-# the exit status says whether any failed. Parts, in this order: attention train decode scale (the default), and
+# the exit status says whether any failed. Parts, in this order: attention train decode scale (the default);
 # profile: where the 125M step's time goes, by XLA op (benchmarks/xla_profile.py; its trace in $PROFILE_DIR),
-# then the same step four ways besides: its loss chunked, its vocabulary 50304 (another model), the head's
-# matmul padded to 50304 (logits_pad_multiple 128: the same model), and every matmul on cuBLAS instead of XLA's
-# Triton GEMMs; then 125M decoding at batch 1 without CUDA graphs and with its whole loop as one.
+# then the same step four ways besides: its loss chunked, its vocabulary 50304 (another model), the head's matmul
+# padded to 50304 (logits_pad_multiple 128: the same model), and every matmul on cuBLAS instead of XLA's Triton
+# GEMMs; variants: the 1.3B step with and without logits_pad_multiple 128, and 125M decoding at batch 1 with
+# XLA's default CUDA graphs, without any, and with its whole loop as one.
 # The default's budgets add up to about 16 minutes, most of them for the PyTorch peers' compiles (torch.compile:
 # 49 s for the 125M step, 82 s for 1.3B on an H100; the static cache at batch 16 outran a 90 s budget, so it is
-# no longer asked for); its time since is unmeasured. Where one command may run 10
-# minutes at most, run it in three (each within its budgets, 430 / 510 / 430 s plus the version check):
+# no longer asked for); its time since is unmeasured. Where one command may run 10 minutes at most, run it in
+# four (each within its budgets, 430 / 510 / 340 / 315 s plus the version check):
 #     bash benchmarks/gpu.sh attention train 2>&1 | tee gpu_train.txt
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
+#     bash benchmarks/gpu.sh variants 2>&1 | tee gpu_variants.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1  # a run cut off at its budget still shows what it printed
@@ -26,8 +29,9 @@ python=${PYTHON:-python3}  # GPU images often have no plain "python"
 parts=("$@")
 ((${#parts[@]})) || parts=(attention train decode scale)
 for part in "${parts[@]}"; do
-    [[ " attention train decode scale profile " == *" $part "* ]] || {
-        echo "error: benchmarks/gpu.sh: unknown part '$part' (parts: attention train decode scale profile)" >&2
+    [[ " attention train decode scale profile variants " == *" $part "* ]] || {
+        echo "error: benchmarks/gpu.sh: unknown part '$part' (parts: attention train decode scale profile" \
+            "variants)" >&2
         exit 2
     }
 done
@@ -99,13 +103,22 @@ if wants profile; then
         --no-peer --logits-pad 128
     run 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" "$python" benchmarks/train_step.py \
         --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 --no-peer
-    # A decode step is some 230 small kernels (125M). XLA groups runs of them into CUDA graphs by default
-    # (command buffers); these two say what that is worth: none at all, and the whole loop as one graph
-    # (WHILE and CONDITIONAL commands, CUDA 12.3's conditional nodes).
-    for buffers in "" "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"; do
-        run 45 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=$buffers" "$python" \
-            benchmarks/generate.py --config configs/gpt_neo_125M.json --precision bfloat16 --batch-sizes 1 \
-            --prompt-tokens 32 --new-tokens 128 --repeats 3 --neomesh-only
+fi
+if wants variants; then
+    # The 1.3B step ran at 46.6% MFU with its loss whole (goal 50%): with its logits' matmul padded to 50304, and
+    # without, in the same run (about 50 s each with the compile on an H100).
+    for pad in 128 0; do
+        run 90 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 \
+            --no-peer --logits-pad "$pad"
+    done
+    # A 125M decode step is some 215 small kernels. XLA groups runs of them into CUDA graphs by default (command
+    # buffers); these say what that is worth: the default, none at all, and the whole loop as one graph (WHILE
+    # and CONDITIONAL commands: CUDA 12.3's conditional nodes).
+    for buffers in default "" "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"; do
+        flags=${XLA_FLAGS:-}
+        [[ "$buffers" == default ]] || flags="$flags --xla_gpu_enable_command_buffer=$buffers"
+        run 45 env XLA_FLAGS="$flags" "$python" benchmarks/generate.py --config configs/gpt_neo_125M.json \
+            --precision bfloat16 --batch-sizes 1 --prompt-tokens 32 --new-tokens 128 --repeats 3 --neomesh-only
     done
 fi
 if ((${#failed[@]})); then

@@ -158,6 +158,10 @@ class Config:
     attention_kernel: str = _key("auto", "softmax attention kernel: 'auto' (splash on TPUs, cuDNN on GPUs where "
                                          "they apply, else XLA), 'xla', 'cudnn' or 'splash'",
                                  choices=("auto", "xla", "cudnn", "splash"))
+    decode_kernel: str = _key("xla", "attention of cached decoding (prefill and each new token: an explicit mask "
+                                     "over the cache): 'xla', or 'cudnn' where attention_kernel runs cuDNN (its "
+                                     "flash attention with the mask as a bias: one kernel per layer and token on "
+                                     "a GPU instead of five; not yet timed)", choices=("xla", "cudnn"))
     share_parameters: bool = _key(False, "GPT-Neo's share_parameters: every layer uses one set of block weights "
                                          "(the first layer with each weight owns it; global and local layers "
                                          "share q/k/v/out, MoE layers one expert set, dense layers one MLP)")

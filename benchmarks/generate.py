@@ -43,6 +43,8 @@ def main(argv=None) -> None:
     p.add_argument("--static-cache", nargs="?", const="all", metavar="BATCH_SIZES", help="transformers also with "
                    "cache_implementation='static' and a compiled forward (its fastest decoding, where the model "
                    "supports it), at every batch size or at these (comma-separated; each compiles anew)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of --config "
+                   "for NeoMesh, as train.py's --set does (decode_kernel=cudnn, say); repeatable")
     p.add_argument("--neomesh-only", action="store_true", help="time NeoMesh alone (random weights), without "
                    "transformers")
     p.add_argument("--compile-only", action="store_true", help="compile NeoMesh's generation program for one "
@@ -198,7 +200,7 @@ def checked_config(args):
     from config import ConfigError, load_config
     from models import registry
 
-    cfg, _ = load_config(args.config)
+    cfg, _ = load_config(args.config, overrides=tuple(args.set))
     if not hasattr(registry.family(cfg.model), "prefill") or (cfg.model == "t5" and cfg.decoder_layers == 0):
         raise ConfigError(f"--config {args.config}: model {cfg.model} ({cfg.task}) does not generate text; "
                           "use a decoder (gpt_neo, gpt2) or an encoder-decoder (t5) config")
@@ -221,6 +223,7 @@ def compile_plan(args) -> None:
     from models import registry
     from models.generate import Sampling, lower_sample, model_rows
     from parallel.dry_run import human_bytes
+    from models.axes import placing
     from parallel.hlo_stats import loop_body_kernels
     from parallel.state import abstract_model
 
@@ -239,7 +242,8 @@ def compile_plan(args) -> None:
     on_device = jax.sharding.SingleDeviceSharding(devices[0])
     sizes = batch_sizes(args)
     cfg = checked_config(args)
-    graphdef, abstract, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
+    with placing(lambda names, prefer: on_device):  # the layers choose their kernels for that device
+        graphdef, abstract, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
     dtype = jnp.bfloat16 if args.precision == "bfloat16" else jnp.float32
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype, sharding=on_device), abstract)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=on_device)

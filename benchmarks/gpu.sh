@@ -12,12 +12,12 @@
 # profile: where the 125M step's time goes, by XLA op (benchmarks/xla_profile.py; its trace in $PROFILE_DIR),
 # then the same step four ways besides: its loss chunked, its vocabulary 50304 (another model), the head's matmul
 # padded to 50304 (logits_pad_multiple 128: the same model), and every matmul on cuBLAS instead of XLA's Triton
-# GEMMs; variants: the 1.3B step with and without logits_pad_multiple 128, and 125M decoding at batch 1 with
-# XLA's default CUDA graphs, without any, and with its whole loop as one.
+# GEMMs; variants: the 1.3B step with and without logits_pad_multiple 128, 125M decoding at batch 1 with XLA's
+# default CUDA graphs, without any, and with its whole loop as one, and 125M decoding with decode_kernel cudnn.
 # The default's budgets add up to about 16 minutes, most of them for the PyTorch peers' compiles (torch.compile:
 # 49 s for the 125M step, 82 s for 1.3B on an H100; the static cache at batch 16 outran a 90 s budget, so it is
 # no longer asked for); its time since is unmeasured. Where one command may run 10 minutes at most, run it in
-# four (each within its budgets, 430 / 510 / 340 / 315 s plus the version check):
+# four (each within its budgets, 450 / 510 / 340 / 375 s plus the version check):
 #     bash benchmarks/gpu.sh attention train 2>&1 | tee gpu_train.txt
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
@@ -65,7 +65,7 @@ run() {  # run SECONDS COMMAND...: a run that hangs or compiles too long is cut 
 # 160 s ended the 1.3B one after transformers' rows (compiled: 82 s) before NeoMesh's (about 50 s alone), 90 and 95 s
 # the decode runs inside transformers' static-cache compiles (125M at batch 16, 1.3B at batch 1).
 if wants attention; then
-    run 40 env JAX_PLATFORMS=cuda "$python" -m pytest tests/test_attention_gpu.py -q -rs -p no:cacheprovider
+    run 60 env JAX_PLATFORMS=cuda "$python" -m pytest tests/test_attention_gpu.py -q -rs -p no:cacheprovider
 fi
 if wants train; then
     run 150 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
@@ -120,6 +120,10 @@ if wants variants; then
         run 45 env XLA_FLAGS="$flags" "$python" benchmarks/generate.py --config configs/gpt_neo_125M.json \
             --precision bfloat16 --batch-sizes 1 --prompt-tokens 32 --new-tokens 128 --repeats 3 --neomesh-only
     done
+    # decode_kernel cudnn: one flash attention call per layer and token instead of the XLA path's five kernels
+    # (XLA:GPU's plan: 179 kernels per token at batch 1 against 215), at batch 1 and 16
+    run 60 "$python" benchmarks/generate.py --config configs/gpt_neo_125M.json --precision bfloat16 \
+        --batch-sizes 1,16 --prompt-tokens 32 --new-tokens 128 --repeats 3 --neomesh-only --set decode_kernel=cudnn
 fi
 if ((${#failed[@]})); then
     printf 'failed: %s\n' "${failed[@]}"

@@ -214,11 +214,13 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     With an explicit ``mask`` (B, T, S) (decoding, memory slots, cross-attention) that mask is the rule. Otherwise
     keys are the queries' own positions (S = T), masked by ``causal``, ``window`` and ``segment_ids`` (B, T).
     ``bias`` (B or 1, N, T, S) is added to the logits before the mask (T5's relative position bias).
-    ``kernel`` is "xla", "cudnn" or "splash" (see ``choose_kernel``); ``blocked`` (default: automatic, see
-    ``BLOCKED_MIN_WINDOWS``) computes a causal local layer block by block on the XLA path (never with a bias,
-    which spans the whole T x S grid)."""
+    ``kernel`` is "xla", "cudnn" or "splash" (see ``choose_kernel``; "cudnn" with an explicit mask: the
+    ``decode_kernel``, the mask handed to cuDNN as a bias, forward only, in bfloat16 or float16); ``blocked``
+    (default: automatic, see ``BLOCKED_MIN_WINDOWS``) computes a causal local layer block by block on the XLA path
+    (never with a bias, which spans the whole T x S grid)."""
     t, s = q.shape[1], k.shape[1]
     dropping = dropout_key is not None and dropout_rate > 0.0
+    explicit_mask = mask is not None
     if kernel == "splash":
         from models.splash import splash_attention, splash_obstacles
 
@@ -242,6 +244,8 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
         mask = self_attention_mask(t, causal, window, segment_ids) if s == t else jnp.ones((1, t, s), bool)
     if mask.ndim == 2:
         mask = mask[None]
+    if explicit_mask and kernel == "cudnn" and bias is None and not dropping and q.dtype in CUDNN_DTYPES:
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn")
     # The XLA path spells the softmax out: two einsums with float32 logits, which XLA fuses into fewer, faster
     # loops than jax.nn.dot_product_attention's XLA implementation (1.3x forward and backward on a 2-core CPU at
     # B=8, T=256, 8 heads of 32, causal or local).
@@ -275,9 +279,16 @@ class Attention(nnx.Module):
         self.attention_fn = None  # pluggable: a function with softmax_attention's signature used instead of it
         self.spec = spec
         self.kernel = "xla"
+        self.decode_kernel = "xla"
         if spec.kind != "linear":  # a forced kernel that cannot run is an error at start-up, not mid-run
             self.kernel = choose_kernel(spec.kernel, target_platform(), COMPUTE_DTYPES[spec.precision], h,
                                         spec.num_mem_kv > 0)
+            if spec.decode_kernel == "cudnn":
+                # the dtype is the decoding's own (bfloat16 weights decode in bfloat16): checked per call
+                obstacles = cudnn_obstacles(target_platform(), jnp.bfloat16, h)
+                if obstacles:
+                    raise ConfigError(f"decode_kernel: 'cudnn' cannot run here ({'; '.join(obstacles)}); use 'xla'")
+                self.decode_kernel = "cudnn"
 
     def init_cache(self, batch: int, length: int, dtype, pad: jax.Array | None = None) -> LayerCache | LinearCache:
         """An empty decoding cache for ``batch`` rows of up to ``length`` tokens, left-padded by ``pad`` (B,)
@@ -334,7 +345,7 @@ class Attention(nnx.Module):
                 (k, v, key_segments, key_index), cache = cache.extend(k, v, s.window)
                 mask = visible(query_index, key_index, s.causal, s.window)[None] & same_segment(segment_ids,
                                                                                                key_segments)
-            a = self._softmax(q, k, v, mask, segment_ids, dropout_key, bias=bias)
+            a = self._softmax(q, k, v, mask, segment_ids, dropout_key, bias=bias, decoding=cache is not None)
         return over_flat_positions(self.out, constrain(a, HEADS), feature_dims=2), cache  # (B, T, D)
 
     def memory(self) -> tuple[jax.Array, jax.Array] | None:
@@ -347,7 +358,8 @@ class Attention(nnx.Module):
             return None
         return tuple(jnp.concatenate(kv, axis=0) for kv in zip(*parts))
 
-    def _softmax(self, q, k, v, mask, segment_ids, dropout_key, cross: bool = False, bias=None) -> jax.Array:
+    def _softmax(self, q, k, v, mask, segment_ids, dropout_key, cross: bool = False, bias=None,
+                 decoding: bool = False) -> jax.Array:
         s = self.spec
         memory = self.memory()
         if memory is not None:  # the memory slots come first and every query sees them
@@ -364,7 +376,7 @@ class Attention(nnx.Module):
         return attend(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
                       window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
                       mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,
-                      kernel=self.kernel if mask is None else "xla", bias=bias)
+                      kernel=self.kernel if mask is None else self.decode_kernel if decoding else "xla", bias=bias)
 
     def _linear(self, q, k, v, segment_ids, cache):
         real = None if segment_ids is None else segment_ids != 0

@@ -32,6 +32,7 @@ class AttentionSpec:
     num_mem_kv: int = 0  # learned key/value slots every query sees (GPT-Neo's memory_key_values)
     dropout: float = 0.0  # on the attention probabilities
     kernel: str = "auto"  # "auto", "xla" or "cudnn" (softmax kinds)
+    decode_kernel: str = "xla"  # "xla" or "cudnn": attention with an explicit mask (cached decoding)
     precision: str = "float32"  # compute dtype name, for the kernel choice
     init: tuple[float, float, float, float] = (0.02, 0.02, 0.02, 0.02)  # stddev of q, k, v, out
 
@@ -97,7 +98,7 @@ def block_spec(cfg: Config, layer: int, attention_init: tuple[float, float, floa
         scale=cfg.head_dim ** -0.5 if cfg.attention_scale == "inverse_sqrt_head_dim" else 1.0,
         qkv_bias=cfg.qkv_bias, out_bias=cfg.dense_bias, rotary_dim=cfg.rotary_dim, rotary_style=cfg.rotary_style,
         num_mem_kv=cfg.num_mem_kv if kind == "global" else 0, dropout=cfg.attn_dropout,
-        kernel=cfg.attention_kernel, precision=cfg.precision, init=attention_init)
+        kernel=cfg.attention_kernel, decode_kernel=cfg.decode_kernel, precision=cfg.precision, init=attention_init)
     experts = layer in (cfg.moe_layers or ())
     activation = (cfg.moe_activation or cfg.activation_function) if experts else cfg.activation_function
     mlp = MlpSpec(kind="experts" if experts else "glu" if cfg.mlp_glu else "dense", n_embd=cfg.n_embd,

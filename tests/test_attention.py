@@ -286,3 +286,16 @@ def test_cudnn_layers_take_the_xla_path_at_odd_lengths():
         return softmax_attention(q, k, v, causal=False, window=None, scale=0.25, kernel=kernel)
 
     np.testing.assert_array_equal(np.asarray(attend("cudnn"), np.float32), np.asarray(attend("xla"), np.float32))
+
+
+def test_decoding_through_cudnn_where_it_cannot_run_is_one_line_at_start():
+    """decode_kernel 'cudnn' on a CPU: a ConfigError when the model is built, not a failure mid-generation."""
+    from flax import nnx
+
+    from config import ConfigError
+    from models import registry
+    from tests.common import tiny_config
+
+    with pytest.raises(ConfigError, match=r"^decode_kernel: 'cudnn' cannot run here \(the platform is cpu, not a CUDA "
+                                          r"GPU\); use 'xla'$"):
+        registry.build(tiny_config(decode_kernel="cudnn"), nnx.Rngs(0))

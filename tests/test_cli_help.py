@@ -195,7 +195,7 @@ def test_generate_benchmark_compile_only_plans_one_device_without_running(capsys
     from config import ConfigError
 
     args = argparse.Namespace(config="quickstart", precision="float32", new_tokens=4, prompt_tokens=4,
-                              batch_sizes="1,2", topology=None)
+                              batch_sizes="1,2", topology=None, set=[])
     generate.compile_plan(args)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("quickstart: 4 layers x 192, float32, prompt 4 + 4 new tokens, greedy; compiled for "

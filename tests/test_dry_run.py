@@ -353,6 +353,21 @@ def test_on_a_gpu_one_prompt_decodes_as_two_rows_whose_matmuls_write_no_weight_s
     assert 0 <= int(one[3]) - int(two[3]) <= 1  # kernels per token: one more cuts the real row's logits out
 
 
+@pytest.mark.skipif(not (installed("jax_plugins.xla_cuda12") and installed("nvidia.cudnn")),
+                    reason="compiling for GPUs needs jax's CUDA plugin and cuDNN (see above)")
+def test_decoding_through_cudnn_launches_fewer_kernels_per_token_on_an_h100():
+    """decode_kernel 'cudnn' (one flash attention call per layer and token, the cache's mask as its bias) against
+    the XLA path's scores, softmax and weighted sum: XLA:GPU's plan for GPT-Neo's global and local layers."""
+    kernels = {}
+    for kernel in ("xla", "cudnn"):
+        result = run_cli("benchmarks/generate.py", "--compile-only", "--topology", "h100", "--config", "quickstart",
+                         "--precision", "bfloat16", "--batch-sizes", "1", "--new-tokens", "8", "--prompt-tokens", "4",
+                         "--set", f"decode_kernel={kernel}", timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        kernels[kernel] = float(result.stdout.strip().splitlines()[-1].strip("|").split("|")[3])
+    assert 0 < kernels["cudnn"] <= kernels["xla"] - 2 * 4  # quickstart's 4 layers: at least 2 fewer each
+
+
 def test_a_plan_that_does_not_fit_says_which_accelerators_and_what_to_change():
     """A 'no' in the fits column came without a word on what would need less memory; the line under the table
     names the accelerators it does not fit and this config's keys that would help (and no key already set)."""

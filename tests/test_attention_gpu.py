@@ -39,27 +39,33 @@ def test_cudnn_matches_xla_in_bf16(window, head_dim):
         np.testing.assert_allclose(got / scale, want / scale, atol=2 ** -6, err_msg=name)
 
 
-def test_cudnn_decoding_generates_what_the_xla_path_generates():
-    """decode_kernel 'cudnn': each cached step's attention (prefill and new tokens, global layers and a local
-    window the generation wraps, a left-padded row) runs cuDNN's flash attention with the cache's mask as a bias,
-    and greedy decoding gives the XLA path's tokens, its logits within bf16's range."""
+def test_cudnn_decoding_computes_what_the_xla_path_computes():
+    """decode_kernel 'cudnn': each cached call's attention (a left-padded prefill, then one token at a time through
+    a global layer and a local window the run wraps) runs cuDNN's flash attention with the cache's mask as a bias,
+    and gives the XLA path's logits within bf16's range (teacher-forced: the same tokens go in on both sides)."""
     from flax import nnx
 
     from models import registry
-    from models.generate import Sampling, lower_sample, sample
     from tests.common import tiny_config
 
     cfg = tiny_config(n_layer=2, n_embd=256, n_head=4, local_attention_radius=16, precision="bfloat16")
     params = nnx.state(registry.build(cfg, nnx.Rngs(0)), nnx.Param)
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.to_pure_dict(params))
-    prompts = np.random.default_rng(0).integers(1, cfg.n_vocab, (2, 12))
-    pad = np.array([4, 0], np.int32)
-    settings = Sampling(max_new_tokens=20, temperature=0, eos_id=None)
-    tokens = {}
+    tokens = np.random.default_rng(0).integers(1, cfg.n_vocab, (2, cfg.n_ctx))
+    prompt, pad = 12, jnp.asarray([4, 0], jnp.int32)
+    logits = {}
     for kernel in ("xla", "cudnn"):
         graphdef = nnx.graphdef(registry.build(cfg.replace(decode_kernel=kernel), nnx.Rngs(0)))
-        tokens[kernel] = np.asarray(sample(graphdef, params, prompts, pad, settings, jax.random.key(0)))
-        text = lower_sample(graphdef, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(pad), settings,
-                            jax.random.key(0)).as_text().lower()
-        assert ("cudnn" in text) == (kernel == "cudnn"), kernel
-    np.testing.assert_array_equal(tokens["cudnn"], tokens["xla"])
+        model = nnx.merge(graphdef, nnx.State(params))
+        call = jax.jit(lambda params, tokens, cache, g=graphdef: nnx.merge(g, nnx.State(params))(tokens, cache=cache))
+        cache = model.init_cache(2, cfg.n_ctx, pad, jnp.bfloat16)
+        assert ("cudnn" in call.lower(params, jnp.asarray(tokens[:, :1]), cache).as_text().lower()) == (
+            kernel == "cudnn"), kernel
+        out, cache = call(params, jnp.asarray(tokens[:, :prompt]), cache)
+        steps = [out[:, -1]]
+        for i in range(prompt, cfg.n_ctx):  # 20 more: the local window of 16 wraps
+            out, cache = call(params, jnp.asarray(tokens[:, i:i + 1]), cache)
+            steps.append(out[:, 0])
+        logits[kernel] = np.asarray(jnp.stack(steps, 1), np.float32)
+    scale = np.abs(logits["xla"]).max()
+    np.testing.assert_allclose(logits["cudnn"] / scale, logits["xla"] / scale, atol=2 ** -6)

@@ -159,9 +159,9 @@ class Config:
                                          "they apply, else XLA), 'xla', 'cudnn' or 'splash'",
                                  choices=("auto", "xla", "cudnn", "splash"))
     decode_kernel: str = _key("xla", "attention of cached decoding (prefill and each new token: an explicit mask "
-                                     "over the cache): 'xla', or 'cudnn' where attention_kernel runs cuDNN (its "
-                                     "flash attention with the mask as a bias: one kernel per layer and token on "
-                                     "a GPU instead of five; not yet timed)", choices=("xla", "cudnn"))
+                                     "over the cache): 'xla', or 'cudnn' on a CUDA GPU (cuDNN's flash attention "
+                                     "with the mask as a bias, bf16/fp16: one kernel per layer and token instead "
+                                     "of five; not yet timed)", choices=("xla", "cudnn"))
     share_parameters: bool = _key(False, "GPT-Neo's share_parameters: every layer uses one set of block weights "
                                          "(the first layer with each weight owns it; global and local layers "
                                          "share q/k/v/out, MoE layers one expert set, dense layers one MLP)")

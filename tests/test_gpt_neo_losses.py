@@ -157,25 +157,35 @@ def test_z_loss_is_added_to_training_only_and_reported(lm):
     np.testing.assert_allclose(float(metrics["logits_z_loss"]), np.mean(lse[:, ::3] ** 2), rtol=1e-5)
 
 
+def objective_loss(graphdef, cfg, batch):
+    """params -> (the mean loss plus penalties, the metrics) of ``cfg``'s objective on ``batch``."""
+    def loss(params):
+        sums, penalty, metrics = objective_sums(graphdef, objective_for(cfg), params, batch, jnp.float32)
+        return sums["loss"] / sums["weight"] + penalty, metrics
+    return loss
+
+
+def loss_and_grads(graphdef, cfg, params, batch):
+    return jax.jit(jax.value_and_grad(objective_loss(graphdef, cfg, batch), has_aux=True))(params)
+
+
+def assert_same_loss_and_grads(got, want):
+    """Two ``loss_and_grads`` results agree: loss, z-loss and every gradient."""
+    (loss, metrics), grads = got
+    (want_loss, want_metrics), want_grads = want
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["logits_z_loss"]), float(want_metrics["logits_z_loss"]), rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, want_grads)
+
+
 @pytest.mark.parametrize("chunk", [3, 4])  # 3 leaves a padded last chunk of the 8 positions
 def test_chunked_loss_equals_the_whole_logits_loss_with_its_gradients(lm, chunk):
     """loss_chunk computes the same losses, z-loss and gradients as the (B, T, V) logits at once, tied
     embedding included; chunks are chosen automatically only when the logits would be large."""
     cfg, graphdef, params, batch, _ = lm
     cfg = cfg.replace(z_loss=1e-2)
-
-    def loss(params, cfg):
-        sums, penalty, metrics = objective_sums(graphdef, objective_for(cfg), params, batch, jnp.float32)
-        return sums["loss"] / sums["weight"] + penalty, metrics
-
-    def loss_and_grads(cfg):
-        return jax.jit(jax.value_and_grad(lambda params: loss(params, cfg), has_aux=True))(params)
-
-    (whole, whole_metrics), whole_grads = loss_and_grads(cfg)
-    (chunked, metrics), grads = loss_and_grads(cfg.replace(loss_chunk=chunk))
-    np.testing.assert_allclose(float(chunked), float(whole), rtol=1e-6)
-    np.testing.assert_allclose(float(metrics["logits_z_loss"]), float(whole_metrics["logits_z_loss"]), rtol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, whole_grads)
+    assert_same_loss_and_grads(loss_and_grads(graphdef, cfg.replace(loss_chunk=chunk), params, batch),
+                               loss_and_grads(graphdef, cfg, params, batch))
     from training.objectives import loss_chunk
     assert loss_chunk(cfg) == 0 and loss_chunk(cfg.replace(loss_chunk=chunk)) == chunk
 
@@ -201,22 +211,11 @@ def test_logits_padded_to_a_multiple_give_the_same_loss_and_gradients(lm, untied
     graphdef, params = nnx.split(registry.build(cfg, nnx.Rngs(0)), nnx.Param)
     params = nnx.to_pure_dict(params)
     padded_graphdef = nnx.graphdef(registry.build(cfg.replace(logits_pad_multiple=48), nnx.Rngs(0)))
-
-    def loss(params, graphdef):
-        sums, penalty, metrics = objective_sums(graphdef, objective_for(cfg), params, batch, jnp.float32)
-        return sums["loss"] / sums["weight"] + penalty, metrics
-
-    def loss_and_grads(graphdef):
-        return jax.jit(jax.value_and_grad(lambda params: loss(params, graphdef), has_aux=True))(params)
-
-    (plain, plain_metrics), plain_grads = loss_and_grads(graphdef)
-    (padded, metrics), grads = loss_and_grads(padded_graphdef)
-    np.testing.assert_allclose(float(padded), float(plain), rtol=1e-6)
-    np.testing.assert_allclose(float(metrics["logits_z_loss"]), float(plain_metrics["logits_z_loss"]), rtol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, plain_grads)
+    assert_same_loss_and_grads(loss_and_grads(padded_graphdef, cfg, params, batch),
+                               loss_and_grads(graphdef, cfg, params, batch))
     weight = (cfg.n_vocab + 16, cfg.n_embd) if not untied else (cfg.n_embd, cfg.n_vocab + 16)
-    assert padded_vocab(lambda p: loss(p, padded_graphdef)[0], params) == [weight]
-    assert padded_vocab(lambda p: loss(p, graphdef)[0], params) == []
+    assert padded_vocab(lambda p: objective_loss(padded_graphdef, cfg, batch)(p)[0], params) == [weight]
+    assert padded_vocab(lambda p: objective_loss(graphdef, cfg, batch)(p)[0], params) == []
 
 
 @pytest.mark.parametrize("family", ["gpt_neo", "t5", "t5_untied", "bert"])

@@ -122,8 +122,7 @@ class Embed(nnx.Embed):
     def attend(self, query: jax.Array) -> jax.Array:
         table = self.embedding[...]  # (V, D)
         padded = pad_vocab(table, 0, self.logits_multiple, math.prod(query.shape[:-1]))
-        query, padded = self.promote_dtype((query, padded), dtype=self.dtype)
-        return jnp.dot(query, padded.T)[..., :table.shape[0]]
+        return jnp.dot(query, padded.T)[..., :table.shape[0]]  # in the operands' common dtype, as flax's
 
 
 class VocabEinsum(nnx.Einsum):
@@ -138,7 +137,6 @@ class VocabEinsum(nnx.Einsum):
     def __call__(self, inputs: jax.Array) -> jax.Array:
         kernel = self.kernel[...]  # (D, V)
         padded = pad_vocab(kernel, 1, self.logits_multiple, math.prod(inputs.shape[:-1]))
-        inputs, padded = self.promote_dtype((inputs, padded), dtype=self.dtype)
         return jnp.einsum(self.einsum_str, inputs, padded, precision=self.precision)[..., :kernel.shape[1]]
 
 

@@ -86,13 +86,13 @@ def neomesh(cfg, tokens) -> dict:
     from parallel.mesh import make_mesh
     from parallel.state import abstract_train_state, create_train_state
     from parallel.steps import batch_shapes, batch_shardings, make_train_step
-    from training.objectives import loss_chunk, objective_for
+    from training.objectives import objective_for
     from training.optimizer import learning_rate_schedule, make_optimizer
 
     device = jax.devices()[0]
     layout = Layout.from_config(make_mesh("x:1", [device]), "batch:x")
     objective, tx = objective_for(cfg, layout), make_optimizer(cfg)
-    chunk = loss_chunk(cfg, layout)
+    chunk = objective.loss_chunk
     how = f"{chunk} positions at a time" if chunk else "over all positions at once"
     print(f"NeoMesh: loss_chunk {chunk} (the loss {how})", flush=True)
     make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731

@@ -108,7 +108,6 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
     step-time estimate for each of ``accelerators``; ``memory``: the bytes per device it is planned for (a causal
     LM's loss is chunked by it: training/objectives.loss_chunk)."""
     tx, schedule, objective = make_optimizer(cfg), learning_rate_schedule(cfg), objective_for(cfg, layout, memory)
-    chunk = loss_chunk(cfg, layout, memory) if cfg.task == "causal_lm" else 0
     from training.peft import trainable_filter
 
     def make_for_mesh(rngs):  # built for the mesh's devices: their kernels, even where this process runs none
@@ -152,7 +151,7 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
         output_bytes=planned.output_size_in_bytes, alias_bytes=planned.alias_size_in_bytes,
         temp_bytes=planned.temp_size_in_bytes, model_flops=model_flops, microbatches=microbatches,
         compile_seconds=seconds, hlo=hlo, kernel_flops=kernel_flops,
-        loss_chunk=chunk,
+        loss_chunk=objective.loss_chunk,
         estimates=tuple(estimate(hlo, live, model_flops, devices, a, kernel_flops) for a in accelerators))
 
 

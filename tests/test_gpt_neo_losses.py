@@ -188,6 +188,7 @@ def test_chunked_loss_equals_the_whole_logits_loss_with_its_gradients(lm, chunk)
                                loss_and_grads(graphdef, cfg, params, batch))
     from training.objectives import loss_chunk
     assert loss_chunk(cfg) == 0 and loss_chunk(cfg.replace(loss_chunk=chunk)) == chunk
+    assert objective_for(cfg).loss_chunk == 0 and objective_for(cfg.replace(loss_chunk=chunk)).loss_chunk == chunk
 
 
 def padded_vocab(f, *args, rows: int = 144) -> list[tuple[int, ...]]:

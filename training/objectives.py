@@ -54,6 +54,7 @@ class Objective:
     compute: Callable  # (model, batch, dropout_key) -> Output
     weights: Callable  # batch -> per-target weights (float32), shaped like the losses
     per_token: bool  # the loss is nats per token: report perplexity (and bits per byte)
+    loss_chunk: int = 0  # positions per chunk of a causal LM's loss (0: whole; objective_for decides)
 
     def __call__(self, model, batch: dict, dropout_key: jax.Array | None = None) -> Output:
         return self.compute(model, batch, dropout_key)
@@ -254,7 +255,7 @@ def objective_for(cfg: Config, layout=None, memory: float | None = None) -> Obje
     if cfg.task in ("causal_lm", "masked_lm") and (cfg.z_loss or cfg.entmax_loss or chunk):
         token_loss = TokenLoss(z_loss=cfg.z_loss, entmax=cfg.entmax_loss, chunk=chunk)
         objective = dataclasses.replace(objective, compute=functools.partial(objective.compute, token_loss=token_loss),
-                                        per_token=not cfg.entmax_loss)
+                                        per_token=not cfg.entmax_loss, loss_chunk=chunk)
     return objective
 
 

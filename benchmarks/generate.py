@@ -61,7 +61,7 @@ def main(argv=None) -> None:
 
     if args.topology and not args.compile_only:
         raise ConfigError("--topology: only with --compile-only (nothing runs on a device this machine lacks)")
-    static_batch_sizes(args) if args.static_cache else batch_sizes(args)  # the flags' mistakes before jax starts
+    static_batch_sizes(args)  # the flags' mistakes (--batch-sizes, --static-cache) before jax starts
     if args.compile_only:
         return compile_plan(args)
 
@@ -181,10 +181,13 @@ def batch_sizes(args) -> list[int]:
 
 
 def static_batch_sizes(args) -> list[int]:
-    """The batch sizes ``--static-cache`` names (all of ``--batch-sizes`` without a value), each one of them."""
+    """The batch sizes ``--static-cache`` names (all of ``--batch-sizes`` without a value, none without the flag),
+    after ``batch_sizes``' checks."""
     from config import ConfigError
 
     sizes = batch_sizes(args)
+    if not args.static_cache:
+        return []
     if args.static_cache == "all":
         return sizes
     chosen = []
@@ -221,9 +224,9 @@ def compile_plan(args) -> None:
 
     from config import ConfigError
     from models import registry
+    from models.axes import placing
     from models.generate import Sampling, lower_sample, model_rows
     from parallel.dry_run import human_bytes
-    from models.axes import placing
     from parallel.hlo_stats import loop_body_kernels
     from parallel.state import abstract_model
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import math
 import sys
 from typing import Iterator, Sequence
 
@@ -37,7 +36,7 @@ import flax.linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from config import ConfigError
-from models.axes import ACTIVATION_DIMENSIONS, DIMENSIONS, placing
+from models.axes import ACTIVATION_DIMENSIONS, DIMENSIONS, placing, spec_axes, ways
 from parallel.mesh import mesh_axes
 
 NOT_SPLIT = "none"  # layout value: keep the dimension whole
@@ -120,7 +119,7 @@ def resolution_rules(rules: Sequence[Rule]) -> tuple[tuple[str, str | tuple[str,
 
 def format_spec(spec: PartitionSpec) -> str:
     """``PartitionSpec(("x", "z"), None, "y")`` -> ``"(x+z, -, y)"``: compact, for tables and messages."""
-    return "(" + ", ".join("-" if a is None else "+".join((a,) if isinstance(a, str) else a) for a in spec) + ")"
+    return "(" + ", ".join("-" if a is None else "+".join(spec_axes(a)) for a in spec) + ")"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,29 +148,22 @@ class Layout:
 
     def axis_size(self, name: str) -> int:
         """How many ways the dimension ``name`` is split (1 if the layout leaves it whole)."""
-        axes = self.spec((name,))[0]
-        if axes is None:
-            return 1
-        axes = (axes,) if isinstance(axes, str) else axes
-        return math.prod(self.mesh.shape[a] for a in axes)
+        return ways(self.mesh, self.spec((name,))[0])
 
     def checked_sharding(self, what: str, shape: Sequence[int], names: Sequence[str | None]) -> NamedSharding:
         """The sharding of one tensor; a clear error if a split dimension does not divide its mesh axis."""
         if len(names) != len(shape):
             raise ValueError(f"{what}: {len(names)} logical axes {names} for shape {tuple(shape)}")
         spec = self.spec(names)
-        for size, name, axes in zip(shape, names, spec):
-            if axes is None:
-                continue
-            axes = (axes,) if isinstance(axes, str) else axes
-            ways = math.prod(self.mesh.shape[a] for a in axes)
-            if size % ways:
+        for size, name, entry in zip(shape, names, spec):
+            axes, split = spec_axes(entry), ways(self.mesh, entry)
+            if size % split:
                 where = f"mesh axis '{axes[0]}'" if len(axes) == 1 else f"mesh axes '{'+'.join(axes)}'"
-                padded = -(-size // (ways * 64)) * ways * 64
-                hint = (f" (n_vocab {padded}, a multiple of {ways * 64}, splits, as GPT-Neo padded 50257 to 50304; "
+                padded = -(-size // (split * 64)) * split * 64
+                hint = (f" (n_vocab {padded}, a multiple of {split * 64}, splits, as GPT-Neo padded 50257 to 50304; "
                         "or leave vocab whole)" if name == "vocab" else "")
                 raise ConfigError(f"layout: {what} dimension '{name}' has size {size}, not divisible by {where} "
-                                  f"of size {ways}{hint}")
+                                  f"of size {split}{hint}")
         return NamedSharding(self.mesh, spec)
 
     @contextlib.contextmanager

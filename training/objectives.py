@@ -41,7 +41,7 @@ import optax
 from config import Config, ConfigError
 from models.entmax import entmax_loss
 from models.aux_losses import sow_aux_losses
-from models.axes import LOGITS, constrain
+from models.axes import LOGITS, constrain, ways
 
 Output = tuple[jax.Array, dict]  # (per-target losses, {metric: per-target values})
 
@@ -278,9 +278,7 @@ def loss_chunk(cfg: Config, layout=None, memory: float | None = None) -> int:
     from parallel.auto import device_memory
     from parallel.steps import microbatch_count
 
-    split = () if layout is None else [a for axes in layout.spec(LOGITS) if axes for a in
-                                      ((axes,) if isinstance(axes, str) else axes)]
-    shards = math.prod(layout.mesh.shape[a] for a in split)
+    shards = 1 if layout is None else math.prod(ways(layout.mesh, entry) for entry in layout.spec(LOGITS))
     if memory is None:
         memory = device_memory(jax.devices()[0] if layout is None else layout.mesh.devices.flat[0])
     rows = cfg.train_batch_size / (1 if layout is None else microbatch_count(cfg, layout))

@@ -11,7 +11,6 @@ The names are GPT-Neo's, each with the one letter used in einsum strings and sha
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 from typing import Callable, Iterator, Sequence
 
@@ -70,23 +69,14 @@ def target_platform() -> str:
     return target_device().platform
 
 
-def spec_axes(entry: str | Sequence[str] | None) -> tuple[str, ...]:
-    """The mesh axes one ``PartitionSpec`` entry splits its dimension over: None, a name, or a tuple of names."""
-    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-
-
-def ways(mesh, entry: str | Sequence[str] | None) -> int:
-    """How many ways one ``PartitionSpec`` entry splits its dimension over ``mesh`` (1: whole)."""
-    return math.prod(mesh.shape[axis] for axis in spec_axes(entry))
-
-
 def splits(name: str) -> bool:
     """Whether the active layout splits dimension ``name`` across more than one device (never outside ``placing``)."""
     placer = getattr(_active, "placer", None)
     if placer is None:
         return False
     sharding = placer((name,), ())
-    return ways(sharding.mesh, sharding.spec[0] if len(sharding.spec) else None) > 1
+    devices = len(sharding.device_set)  # a split's ways divide it
+    return sharding.shard_shape((devices,))[0] < devices
 
 
 def per_device(f: Callable, in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None],

@@ -99,9 +99,15 @@ def _penalise_repeats(logits: jax.Array, seen: jax.Array, penalty: jax.Array) ->
 
 def filter_logits(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     """Masks everything outside the top-k tokens and outside the smallest set whose probability reaches top_p."""
+    return _filtered(logits, top_k, top_p if top_p < 1.0 else None)
+
+
+def _filtered(logits: jax.Array, top_k: int, top_p: jax.Array | float | None) -> jax.Array:
+    """``filter_logits`` with top_p None for none (the sampling loop's top_p is traced: whether it filters at all
+    is part of the program, ``_Program.keeps_top_p``)."""
     if top_k > 0:
         logits = _keep_top_k(logits, top_k)
-    if top_p < 1.0:
+    if top_p is not None:
         logits = _keep_top_p(logits, top_p)
     return logits
 
@@ -129,11 +135,7 @@ def _choose(logits: jax.Array, seen: jax.Array, program: _Program, knobs: _Knobs
         logits = _penalise_repeats(logits, seen, knobs.repetition_penalty)
     if program.greedy:
         return jnp.argmax(logits, axis=-1)
-    logits = logits * (1 / knobs.temperature)
-    if program.top_k > 0:
-        logits = _keep_top_k(logits, program.top_k)
-    if program.keeps_top_p:
-        logits = _keep_top_p(logits, knobs.top_p)
+    logits = _filtered(logits * (1 / knobs.temperature), program.top_k, knobs.top_p if program.keeps_top_p else None)
     if program.entmax:
         return entmax.sample(key, logits)
     return jax.random.categorical(key, logits, axis=-1)

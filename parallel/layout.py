@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import sys
 from typing import Iterator, Sequence
 
@@ -36,7 +37,7 @@ import flax.linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from config import ConfigError
-from models.axes import ACTIVATION_DIMENSIONS, DIMENSIONS, placing, spec_axes, ways
+from models.axes import ACTIVATION_DIMENSIONS, DIMENSIONS, placing
 from parallel.mesh import mesh_axes
 
 NOT_SPLIT = "none"  # layout value: keep the dimension whole
@@ -115,6 +116,16 @@ def resolution_rules(rules: Sequence[Rule]) -> tuple[tuple[str, str | tuple[str,
         flax_rules += [(act, value) for act, param in ACTIVATION_DIMENSIONS.items()
                        if param == name and act not in named]
     return tuple(flax_rules)
+
+
+def spec_axes(entry: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The mesh axes one ``PartitionSpec`` entry splits its dimension over: None, a name, or a tuple of names."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def ways(mesh, entry: str | Sequence[str] | None) -> int:
+    """How many ways one ``PartitionSpec`` entry splits its dimension over ``mesh`` (1: whole)."""
+    return math.prod(mesh.shape[axis] for axis in spec_axes(entry))
 
 
 def format_spec(spec: PartitionSpec) -> str:

@@ -41,7 +41,7 @@ import optax
 from config import Config, ConfigError
 from models.entmax import entmax_loss
 from models.aux_losses import sow_aux_losses
-from models.axes import LOGITS, constrain, ways
+from models.axes import LOGITS, constrain
 
 Output = tuple[jax.Array, dict]  # (per-target losses, {metric: per-target values})
 
@@ -276,6 +276,7 @@ def loss_chunk(cfg: Config, layout=None, memory: float | None = None) -> int:
     if cfg.n_ctx <= DEFAULT_LOSS_CHUNK:
         return 0
     from parallel.auto import device_memory
+    from parallel.layout import ways
     from parallel.steps import microbatch_count
 
     shards = 1 if layout is None else math.prod(ways(layout.mesh, entry) for entry in layout.spec(LOGITS))

@@ -54,6 +54,16 @@ def placing(placer: Placer) -> Iterator[None]:
         _active.placer = previous
 
 
+def placement() -> object:
+    """What identifies the active placer (None outside ``placing``), as a static argument of a jitted function that
+    traces model code: jax keys a function's traces by its arguments, not by this thread's placer, so the same
+    function called under another layout whose parameters are placed alike reused the first layout's trace and
+    its activation constraints. A layout's placer (its bound ``sharding``) is identified by the layout itself, so
+    equal layouts share a program."""
+    placer = getattr(_active, "placer", None)
+    return getattr(placer, "__self__", placer)
+
+
 def target_device() -> jax.Device:
     """A device the code being traced or built runs on: the active layout's, else jax's default backend's. They
     differ in a dry run compiled for accelerators this process does not drive (parallel/dry_run.py), where the

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.experimental import io_callback
 
-from models import entmax
+from models import axes, entmax
 
 NEG_INF = -1e9
 
@@ -66,6 +66,7 @@ class _Program:
     penalises_repeats: bool  # repetition_penalty != 1
     stops_at_eos: bool  # eos_id given
     twin_row: bool = False  # a single prompt runs through the model as two identical rows (model_rows)
+    placement: object = None  # the layout the model code is traced under (models.axes.placement)
 
 
 class _Knobs(NamedTuple):
@@ -79,7 +80,7 @@ class _Knobs(NamedTuple):
 def _program(s: Sampling) -> _Program:
     return _Program(max_new_tokens=s.max_new_tokens, num_beams=s.num_beams, top_k=s.top_k, entmax=s.entmax,
                     greedy=s.temperature == 0, keeps_top_p=s.top_p < 1.0, penalises_repeats=s.repetition_penalty != 1.0,
-                    stops_at_eos=s.eos_id is not None)
+                    stops_at_eos=s.eos_id is not None, placement=axes.placement())
 
 
 def _knobs(s: Sampling) -> _Knobs:

@@ -309,6 +309,36 @@ def test_new_values_of_the_sampling_knobs_reuse_the_compiled_loop():
             assert np.array_equal(got, np.asarray(generate(s))), s
 
 
+def test_the_decode_loop_is_traced_again_under_a_layout_that_places_activations_otherwise():
+    """jax keys the loop's traces by its arguments: under a second layout that places the parameters alike but
+    splits the activations otherwise, it reused the first layout's trace and its activation constraints. The
+    layout is part of the program now; equal layouts (two objects) share one."""
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+
+    cfg = tiny_config(n_layer=2)
+    graphdef, state = nnx.split(GPTNeo(cfg, rngs=nnx.Rngs(0)))
+    mesh = make_mesh("x:4,y:2")
+    everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    params, prompts, pad, key = jax.device_put((nnx.to_pure_dict(state), jnp.ones((4, 6), jnp.int32),
+                                                jnp.zeros((4,), jnp.int32), jax.random.key(0)), everywhere)
+    settings = Sampling(max_new_tokens=4, temperature=0)
+
+    def lowered(layout: str) -> str:
+        with Layout.from_config(mesh, layout).active():
+            return generate_module.lower_sample(graphdef, params, prompts, pad, settings, key).as_text()
+
+    whole, split, again = lowered("batch:x"), lowered("batch:x,activation_embd:y"), lowered("batch:x")
+    assert split.count('"y"') > whole.count('"y"')  # the hidden states' constraints name y
+    assert again == whole
+    before = generate_module._sample._cache_size()
+    with Layout.from_config(mesh, "batch:x").active():
+        sample(graphdef, params, prompts, pad, settings, key)
+    with Layout.from_config(mesh, "batch:x").active():  # an equal layout: the same program
+        sample(graphdef, params, prompts, pad, settings, key)
+    assert generate_module._sample._cache_size() == before + 1
+
+
 def test_top_k_and_top_p_keep_the_right_tokens():
     logits = jnp.log(jnp.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     kept = lambda x: (np.asarray(x)[0] > -1e8).tolist()  # noqa: E731

@@ -174,11 +174,11 @@ class Config:
         None, "causal_lm: compute the loss this many positions at a time, so the (B, T, V) float32 logits are never "
         "whole in memory (0: never; null: chunks of 512 once one device's share of them would pass an eighth of its "
         "memory)", minimum=0)
-    logits_pad_multiple: int = _key(
-        0, "the output head's matmul runs over the vocabulary padded with zero rows to a multiple of this and drops "
-        "the padding's logits (GPU matmuls favour aligned shapes: 50257 -> 50304 for 64 or 128); parameters, "
-        "checkpoints and results are unchanged; 0: as is; a layout that splits the vocabulary keeps it as is",
-        minimum=0)
+    logits_pad_multiple: Optional[int] = _key(
+        None, "the output head's matmul runs over the vocabulary padded with zero rows to a multiple of this and "
+        "drops the padding's logits (GPU matmuls favour aligned shapes: 50257 -> 50304 for 64 or 128); parameters, "
+        "checkpoints and results are unchanged; 0: as is; null: 128 on GPUs, 0 elsewhere; a layout that splits the "
+        "vocabulary keeps it as is", minimum=0)
     entmax_loss: bool = _key(False, "causal_lm/masked_lm: the 1.3-entmax loss (GPT-Neo's alpha) instead of "
                                     "softmax cross-entropy; predict.py then samples from entmax")
     causal: bool = _key(True, "causal (decoder) attention; false: every token sees the whole sequence")

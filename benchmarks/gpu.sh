@@ -11,9 +11,10 @@
 # the exit status says whether any failed. Parts, in this order: attention train decode scale (the default);
 # profile: where the 125M step's time goes, by XLA op (benchmarks/xla_profile.py; its trace in $PROFILE_DIR),
 # then the same step four ways besides: its loss chunked, its vocabulary 50304 (another model), the head's matmul
-# padded to 50304 (logits_pad_multiple 128: the same model), and every matmul on cuBLAS instead of XLA's Triton
-# GEMMs; variants: the 1.3B step with and without logits_pad_multiple 128, 125M decoding at batch 1 with XLA's
-# default CUDA graphs, without any, and with its whole loop as one, and 125M decoding with decode_kernel cudnn.
+# not padded (logits_pad_multiple 0; GPUs pad it to 50304 by default), and every matmul on cuBLAS instead of XLA's
+# Triton GEMMs; variants (measured on an H200, README: GPU numbers): the 1.3B step with and without
+# logits_pad_multiple 128, 125M decoding at batch 1 with XLA's default CUDA graphs, without any, and with its
+# whole loop as one, and 125M decoding with decode_kernel cudnn.
 # The default's budgets add up to about 16 minutes, most of them for the PyTorch peers' compiles (torch.compile:
 # 49 s for the 125M step, 82 s for 1.3B on an H100; the static cache at batch 16 outran a 90 s budget, so it is
 # no longer asked for); its time since is unmeasured. Where one command may run 10 minutes at most, run it in
@@ -91,8 +92,9 @@ if wants scale; then
 fi
 if wants profile; then
     # The 125M step spent a third of its kernel time (17 of 51 ms, chunked loss) in the tied logits' matmuls, on
-    # XLA's Triton GEMMs at about 300 TFLOP/s where the blocks' matmuls ran on cuBLAS at about 700. 50257 is not
-    # a multiple of 8, which cuBLAS's tensor-core GEMMs want, or the autotuner chose badly: these runs say which.
+    # XLA's Triton GEMMs at about 300 TFLOP/s where the blocks' matmuls ran on cuBLAS at about 700. Padded to 50304
+    # (now the GPU default) the step ran 14.6% faster on an H200; the profile says where its time goes now, and
+    # the runs after it what a vocabulary of 50304, no padding or cuBLAS for every matmul changes.
     run 100 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 3 \
         --no-peer --profile "${PROFILE_DIR:-/tmp/neomesh-gpu-profile}"
     run 60 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
@@ -100,13 +102,13 @@ if wants profile; then
     run 60 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
         --no-peer --vocab 50304
     run 60 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
-        --no-peer --logits-pad 128
+        --no-peer --logits-pad 0
     run 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" "$python" benchmarks/train_step.py \
         --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 --no-peer
 fi
 if wants variants; then
-    # The 1.3B step ran at 46.6% MFU with its loss whole (goal 50%): with its logits' matmul padded to 50304, and
-    # without, in the same run (about 50 s each with the compile on an H100).
+    # The 1.3B step with its logits' matmul padded to 50304 and without (H200: 52.8% and 49.7% MFU, about 45 s
+    # each with the compile).
     for pad in 128 0; do
         run 90 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 \
             --no-peer --logits-pad "$pad"

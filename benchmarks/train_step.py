@@ -271,9 +271,9 @@ def main(argv=None) -> None:
     p.add_argument("--loss-chunk", type=int, default=None, help="NeoMesh's loss_chunk (default: automatic)")
     p.add_argument("--vocab", type=int, help="override the shapes' n_vocab (GPT-Neo's 50257 padded to a multiple of "
                    "128 is 50304: what an aligned logits matmul gains)")
-    p.add_argument("--logits-pad", type=int, default=0, metavar="N", help="NeoMesh's logits_pad_multiple: the "
+    p.add_argument("--logits-pad", type=int, default=None, metavar="N", help="NeoMesh's logits_pad_multiple: the "
                    "head's matmul over the vocabulary padded to a multiple of N, parameters unchanged (--vocab's "
-                   "speed without its other model)")
+                   "speed without its other model; default: the config's, 128 on a GPU, 0 elsewhere)")
     p.add_argument("--layers", type=int, help="override the shapes' depth (even: global/local pairs)")
     p.add_argument("--scan", action="store_true", help="NeoMesh's scan_layers")
     p.add_argument("--compile-only", action="store_true", help="NeoMesh alone, compiled but not run (compile "
@@ -300,6 +300,7 @@ def main(argv=None) -> None:
     import jax
     import numpy as np
 
+    from models.layers import logits_pad_multiple
     from training.flops import peak_flops_per_second, train_flops_per_token
 
     device = jax.devices()[0]
@@ -333,9 +334,10 @@ def main(argv=None) -> None:
             theirs = hf_flax(cfg, tokens, args.hf_flax)
             add(f"transformers {theirs['version']} (Flax)", theirs)
     load = os.getloadavg()[0]
+    pad = logits_pad_multiple(args.logits_pad)
     print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}"
           f"{', scan_layers' if args.scan else ''}{f', n_vocab {args.vocab}' if args.vocab else ''}"
-          f"{f', logits_pad_multiple {args.logits_pad}' if args.logits_pad else ''}; "
+          f"{f', logits_pad_multiple {pad}' if pad else ''}; "
           f"JAX on {device.platform} ({device.device_kind}); {os.cpu_count()} cores, load {load:.1f}")
     print("| shape | implementation | tokens/s | MFU | peak memory | compile / first step s |")
     print("|---|---|---|---|---|---|")

@@ -252,6 +252,19 @@ def test_every_family_pads_its_output_head_unless_the_layout_splits_the_vocabula
         assert len(padded_vocab(logits, padded)) == 1
 
 
+@pytest.mark.parametrize("platform, setting, want", [("gpu", None, 128), ("cpu", None, 0), ("tpu", None, 0),
+                                                      ("gpu", 0, 0), ("cpu", 64, 64)])
+def test_unset_the_output_head_pads_to_128_on_gpus_alone(platform, setting, want, monkeypatch):
+    """logits_pad_multiple null pads the head's matmul to a multiple of 128 where the model is built for a GPU
+    (measured faster there, slower on a CPU); a value set is kept on every platform; tied and untied heads alike."""
+    from models import layers
+
+    monkeypatch.setattr(layers, "target_platform", lambda: platform)
+    cfg = tiny_config(n_layer=1, attention_types=None, logits_pad_multiple=setting)
+    assert registry.build(cfg, nnx.Rngs(0)).wte.logits_multiple == want
+    assert registry.build(cfg.replace(no_weight_tie=True), nnx.Rngs(0)).lm_head.logits_multiple == want
+
+
 def test_loss_is_chunked_by_default_where_the_logits_would_crowd_a_devices_memory():
     """Unset, loss_chunk chunks once one device's float32 logits would pass an eighth of its memory: GPT-Neo
     125M's 3.3 GB at T=2048, batch 8 on a 16 GB device, not on an 80 GB one, nor split over 8 devices."""

@@ -435,7 +435,7 @@ TRAJECTORY_FREE = ("eval_batch_size", "eval_steps", "eval_every", "log_every", "
                    "keep_checkpoints", "max_bad_steps", "mesh_shape", "layout", "model_path", "sample_prompt",
                    "sample_tokens", "predict_max_steps", "eval_tasks", "lambada_path", "multiple_choice_path",
                    "eval_task_examples", "tfds_data_dir", "init_from", "init_new_head", "attention_kernel",
-                   "recompute_grad", "scan_layers", "loss_chunk", "tokens_per_mb_per_replica")
+                   "logits_pad_multiple", "recompute_grad", "scan_layers", "loss_chunk", "tokens_per_mb_per_replica")
 
 
 def training_changes(saved: dict, cfg) -> list[str]:

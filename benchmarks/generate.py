@@ -47,6 +47,9 @@ def main(argv=None) -> None:
                    "for NeoMesh, as train.py's --set does (decode_kernel=cudnn, say); repeatable")
     p.add_argument("--neomesh-only", action="store_true", help="time NeoMesh alone (random weights), without "
                    "transformers")
+    p.add_argument("--profile", metavar="DIR", help="after timing, trace NeoMesh's generation at the first batch "
+                   "size with jax.profiler into DIR and print the XLA ops that took longest, and the kernels' time "
+                   "per new token against the step's (benchmarks/xla_profile.py)")
     p.add_argument("--compile-only", action="store_true", help="compile NeoMesh's generation program for one "
                    "device without running it: memory, and kernels per new token on a GPU (nothing allocated)")
     p.add_argument("--topology", metavar="NAME", help="with --compile-only: the device to compile for, without "
@@ -61,6 +64,13 @@ def main(argv=None) -> None:
 
     if args.topology and not args.compile_only:
         raise ConfigError("--topology: only with --compile-only (nothing runs on a device this machine lacks)")
+    if args.profile and args.compile_only:
+        raise ConfigError("--profile: not with --compile-only, which runs nothing to profile")
+    if args.profile:  # XLA:CPU traces its ops only with this flag, read when jax starts
+        from benchmarks.xla_profile import CPU_FLAG
+        from parallel.xla_flags import known_flags
+
+        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *known_flags([CPU_FLAG])]).strip()
     static_batch_sizes(args)  # the flags' mistakes (--batch-sizes, --static-cache) before jax starts
     if args.compile_only:
         return compile_plan(args)
@@ -127,6 +137,8 @@ def main(argv=None) -> None:
         pad = np.zeros((batch,), np.int32)
         add("NeoMesh (JAX)", batch, timed(lambda: jax.block_until_ready(
             sample(graphdef, params, prompt, pad, settings, jax.random.key(0)))))
+    if args.profile:
+        profile_generation(args, graphdef, params, prompts, settings, rows[0])
     caches = {"dynamic cache": ({}, list(prompts))}
     if args.static_cache:  # compiles itself on GPUs
         caches["static cache"] = ({"cache_implementation": "static"}, static_batch_sizes(args))
@@ -157,6 +169,31 @@ def main(argv=None) -> None:
     print("|---|---|---|---|")
     for row in rows:
         print(table_row(*row))
+
+
+def profile_generation(args, graphdef, params, prompts: dict, settings, row: tuple) -> None:
+    """``--profile``: NeoMesh's generation at the first batch size (``row``: its timed row) under jax.profiler,
+    the ops that took longest, and the traced ops' summed time per new token against the timed step. On a GPU the
+    program is compiled again without command buffers (xla_profile.GPU_PROFILE_OPTIONS: the kernels then name
+    their instructions): its kernels take the same time, the gaps between them do not."""
+    import jax
+    import numpy as np
+
+    from benchmarks.xla_profile import GPU_PROFILE_OPTIONS, print_profile, profile
+    from models.generate import compiled_sample
+
+    batch, prompt = next(iter(prompts.items()))
+    on_gpu = jax.devices()[0].platform == "gpu"
+    if on_gpu:
+        print("NeoMesh: compiling generation again without command buffers for its profile", flush=True)
+    run, hlo_text = compiled_sample(graphdef, params, prompt, np.zeros((batch,), np.int32), settings,
+                                    jax.random.key(0), GPU_PROFILE_OPTIONS if on_gpu else None)
+    jax.block_until_ready(run())  # the first run's allocations stay out of the trace
+    rows = profile(lambda: jax.block_until_ready(run()), hlo_text, args.profile, top=10 ** 6)
+    print_profile(rows[:20], args.profile)
+    traced = sum(millis for _, _, millis in rows) / args.new_tokens
+    print(f"batch {batch}: the traced ops add up to {traced:.3f} ms per new token (prefill included) against "
+          f"{row[3]:.3f} ms per new token timed; on a GPU the difference is time between kernels")
 
 
 def table_row(name, batch, tokens_per_second, ms, failed) -> str:

@@ -173,6 +173,19 @@ def lower_sample(graphdef: nnx.GraphDef, params, prompts, pad, s: Sampling, key)
                          key)
 
 
+def compiled_sample(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s: Sampling, key: jax.Array,
+                    compiler_options: dict | None = None) -> tuple[Callable[[], jax.Array], str]:
+    """``sample`` on these arguments as a call without arguments, its program compiled with ``compiler_options``
+    (XLA's, beside the loop's own LOOP_OPTIONS), and that program's optimized HLO text: what a profile runs and
+    names its kernels by, compiled otherwise than ``sample``'s."""
+    prompts, pad = jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32)
+    program = _sampling_program(s, len(prompts), jax.tree.leaves(params)[0])
+    knobs = _knobs(s)
+    compiled = _sample.lower(graphdef, program, None, params, prompts, pad, knobs, key).compile(
+        compiler_options={**LOOP_OPTIONS, **(compiler_options or {})})
+    return functools.partial(compiled, params, prompts, pad, knobs, key), compiled.as_text()
+
+
 def _sampling_program(s: Sampling, batch: int, placed) -> _Program:
     """The program for ``batch`` prompts on the devices where ``placed`` (an array or ShapeDtypeStruct) is."""
     sharding = getattr(placed, "sharding", None)  # a NumPy array: jax's default device

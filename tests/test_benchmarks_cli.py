@@ -108,6 +108,7 @@ QUICKSTART = ["--neomesh-only", "--config", "configs/quickstart.json"]
     (["--compile-only", "--batch-sizes", "0"], "--batch-sizes: '0' is not a positive whole number"),
     (["--compile-only", "--prompt-tokens", "127", "--new-tokens", "2"], "is more than the 128 positions"),
     (["--static-cache", "16", "--batch-sizes", "1,8"], "--static-cache: '16' is not one of --batch-sizes 1,8"),
+    (["--compile-only", "--profile", "trace"], "--profile: not with --compile-only, which runs nothing to profile"),
 ])
 def test_generate_benchmark_mistakes(argv, message, capsys):
     assert message in one_line_error("benchmarks.generate", QUICKSTART + argv, capsys)

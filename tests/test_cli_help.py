@@ -175,9 +175,10 @@ def test_mesh_needing_more_devices_says_how_to_simulate_them_on_cpu():
     assert "XLA_FLAGS" not in str(accelerator.value)
 
 
-def test_generate_benchmark_without_torch_says_what_to_install_and_times_neomesh_alone():
+def test_generate_benchmark_without_torch_says_what_to_install_times_neomesh_alone_and_profiles_it(tmp_path):
     code = ("import sys; sys.modules['torch'] = None; from benchmarks import generate; generate.main(['--config', "
-            "'quickstart', '--batch-sizes', '1', '--new-tokens', '2', '--prompt-tokens', '4', '--repeats', '1'])")
+            "'quickstart', '--batch-sizes', '1', '--new-tokens', '2', '--prompt-tokens', '4', '--repeats', '1', "
+            f"'--profile', {str(tmp_path)!r}])")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
@@ -186,6 +187,12 @@ def test_generate_benchmark_without_torch_says_what_to_install_and_times_neomesh
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines
             if line.startswith(("| NeoMesh", "| transformers"))]  # | implementation | batch | tokens/s | ms/token |
     assert [row[:2] for row in rows] == [["NeoMesh (JAX)", "1"]] and float(rows[0][2].replace(",", "")) > 0
+    # --profile: the generation's ops by time (its decode loop's among them), and their sum per new token
+    ops = [line.split("|")[2].strip() for line in lines if line.startswith("| ") and line.split("|")[1].strip()
+           .replace(".", "").replace(",", "").isdigit()]
+    assert any(op.startswith("while/body/") for op in ops), ops
+    summary = next(line for line in lines if line.startswith("batch 1: the traced ops add up to "))
+    assert float(summary.split("add up to ")[1].split()[0]) > 0 and list(tmp_path.rglob("perfetto_trace.json.gz"))
 
 
 def test_generate_benchmark_compile_only_plans_one_device_without_running(capsys):

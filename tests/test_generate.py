@@ -309,6 +309,22 @@ def test_new_values_of_the_sampling_knobs_reuse_the_compiled_loop():
             assert np.array_equal(got, np.asarray(generate(s))), s
 
 
+def test_a_separately_compiled_sampling_program_gives_what_sample_gives():
+    """compiled_sample (what benchmarks/generate.py --profile runs, compiled with other XLA options) is sample's
+    program: the same tokens, sampled with top-p and a repetition penalty from one key."""
+    cfg = tiny_config(n_layer=2)
+    graphdef, state = nnx.split(GPTNeo(cfg, rngs=nnx.Rngs(0)))
+    params = nnx.to_pure_dict(state)
+    prompts = np.random.default_rng(1).integers(1, cfg.n_vocab, (2, 5))
+    pad = np.asarray([1, 0], np.int32)
+    settings = Sampling(max_new_tokens=6, temperature=0.8, top_p=0.9, repetition_penalty=1.2)
+    run, hlo_text = generate_module.compiled_sample(graphdef, params, prompts, pad, settings, jax.random.key(3),
+                                                    {"xla_embed_ir_in_executable": False})
+    assert " while(" in hlo_text
+    np.testing.assert_array_equal(np.asarray(run()), sample(graphdef, params, prompts, pad, settings,
+                                                            jax.random.key(3)))
+
+
 def test_the_decode_loop_is_traced_again_under_a_layout_that_places_activations_otherwise():
     """jax keys the loop's traces by its arguments: under a second layout that places the parameters alike but
     splits the activations otherwise, it reused the first layout's trace and its activation constraints. The

@@ -168,16 +168,16 @@ def test_init_from_a_classifier_with_other_labels_names_both_counts(tmp_path):
     """A 3-label BertForSequenceClassification fine-tuned on an 8-label dataset: one line with both counts and the
     way out (it was a shape error of classifier/out/bias, then a line pointing to a base model without the head);
     the same labels load."""
-    import train
+    from training import init_from
 
     source = saved(hf_fixtures.encoder(kind="bert", head="sequence_classification", num_labels=3), tmp_path)
     cfg, _ = load_hf(source)
     with pytest.raises(ConfigError) as error:
-        train.imported_params(cfg.replace(num_labels=8), source)
+        init_from.imported_params(cfg.replace(num_labels=8), source)
     assert str(error.value) == (f"--init-from {source}: its classifier has 3 labels, but num_labels is 8; --set "
                                 "init_new_head=true keeps its backbone and starts a new head of 8")
-    assert "classifier" in train.imported_params(cfg, source)
-    assert train.imported_params(cfg.replace(task="masked_lm", num_labels=8), source)  # no classifier: no count
+    assert "classifier" in init_from.imported_params(cfg, source)
+    assert init_from.imported_params(cfg.replace(task="masked_lm", num_labels=8), source)  # no classifier: no count
 
 
 @pytest.mark.parametrize("kind", ["hf", "run"])
@@ -185,7 +185,7 @@ def test_init_new_head_keeps_the_backbone_and_starts_a_head_of_num_labels(tmp_pa
     """init_new_head (transformers' ignore_mismatched_sizes) from a 2-label classifier, a Hugging Face directory or
     a NeoMesh run made of it, for 5 labels: every weight but the head's output layer is the source's, bit for bit,
     and that layer takes the model's init in the new shape."""
-    import train
+    from training import init_from
     from convert.hf import import_hf
     from parallel.state import init_params, path_name, place_params, sharded_abstract_params
     from pretrained import default_layout
@@ -199,9 +199,9 @@ def test_init_new_head_keeps_the_backbone_and_starts_a_head_of_num_labels(tmp_pa
     theirs, weights = load_hf(str(tmp_path / "hf"))
     cfg = theirs.replace(num_labels=5, init_from=source)
     with pytest.raises(ConfigError, match="its classifier has 2 labels, but num_labels is 5; --set init_new_head"):
-        train.imported_params(cfg, source)
+        init_from.imported_params(cfg, source)
     cfg = cfg.replace(init_new_head=True)
-    params = train.imported_params(cfg, source)
+    params = init_from.imported_params(cfg, source)
     make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
     _, abstract = sharded_abstract_params(make_model, default_layout())
     _, missing, unused = match_params(params, abstract)

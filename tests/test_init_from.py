@@ -13,7 +13,7 @@ TINY = ['datasets=[["embedded", null, null, null]]', "n_vocab=257", "n_layer=1",
 
 
 def test_a_run_started_from_a_lora_run_computes_what_it_computed(tmp_path):
-    import train
+    from training import init_from
     from parallel.state import init_params, place_params, sharded_abstract_params
     from pretrained import Pretrained, default_layout
     from training.peft import build_model
@@ -27,9 +27,9 @@ def test_a_run_started_from_a_lora_run_computes_what_it_computed(tmp_path):
     cfg = from_dict(dict(n_vocab=257, n_layer=1, attention_types=[[["global"], 1]], n_embd=32, n_head=2, n_ctx=16,
                          init_from=source))[0]
     notes = []
-    cfg = train.with_architecture_of(cfg, "--init-from", notes)
+    cfg = init_from.with_architecture_of(cfg, "--init-from", notes)
     assert cfg.rotary_emb and "rotary_emb true" in notes[0], notes
-    params = train.imported_params(cfg, source)
+    params = init_from.imported_params(cfg, source)
     assert not any("lora" in str(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
     make_model = lambda rngs: build_model(cfg, rngs)  # noqa: E731
     graphdef, abstract = sharded_abstract_params(make_model, default_layout())

@@ -9,6 +9,7 @@ import os
 import pytest
 
 import train
+from training import init_from
 from config import ConfigError, load_config
 from data.prepare import build_once
 from tests import hf_fixtures
@@ -165,9 +166,9 @@ def test_init_from_notes_only_the_keys_whose_model_changes(tmp_path):
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(hf))
     notes = []
-    cfg = train.with_architecture_of(quickstart.replace(init_from=str(same)), "--init-from", notes)
+    cfg = init_from.with_architecture_of(quickstart.replace(init_from=str(same)), "--init-from", notes)
     assert notes == [] and cfg.intermediate == quickstart.intermediate
-    cfg = train.with_architecture_of(quickstart.replace(init_from=str(wider)), "--init-from", notes)
+    cfg = init_from.with_architecture_of(quickstart.replace(init_from=str(wider)), "--init-from", notes)
     assert notes == [f"--init-from: the model's shape is {wider}'s: n_embd 240, d_ff 960"]
     assert (cfg.n_embd, cfg.intermediate) == (240, 960)
 
@@ -197,15 +198,15 @@ def test_a_shorter_n_ctx_than_the_models_position_table_trains_on_it_and_keeps_t
 
     notes = []
     gpt2 = load_config("finetune_lora_gpt2", ("peft=null",))[0].replace(init_from=gpt2_dir)
-    cfg = train.with_architecture_of(gpt2.replace(n_ctx=16), "--init-from", notes)
+    cfg = init_from.with_architecture_of(gpt2.replace(n_ctx=16), "--init-from", notes)
     assert (cfg.n_ctx, cfg.n_positions, cfg.position_rows) == (16, 64, 64)
     assert "n_positions 64" in notes[0] and "n_ctx" not in notes[0], notes
     graphdef, _, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
     tokens = np.random.default_rng(0).integers(0, hf_fixtures.VOCAB, (2, 16))
-    got = nnx.merge(graphdef, nnx.State(train.imported_params(cfg, gpt2_dir)))(jnp.asarray(tokens))[0]
+    got = nnx.merge(graphdef, nnx.State(init_from.imported_params(cfg, gpt2_dir)))(jnp.asarray(tokens))[0]
     with torch.no_grad():
         want = transformers.GPT2LMHeadModel.from_pretrained(gpt2_dir).eval()(torch.from_numpy(tokens)).logits.numpy()
     assert np.max(np.abs(np.asarray(got) - want)) <= 1e-4
     assert config_to_hf(cfg)["n_positions"] == 64
-    longer = train.with_architecture_of(gpt2.replace(n_ctx=100), "--init-from", [])
+    longer = init_from.with_architecture_of(gpt2.replace(n_ctx=100), "--init-from", [])
     assert (longer.n_ctx, longer.n_positions) == (64, None)

@@ -242,22 +242,22 @@ def test_init_from_takes_the_checkpoints_t5_shape_and_keeps_the_configs_length(n
     every key that shapes the checkpoint's parameters, T5's own included (buckets, gating, decoder depth, d_kv
     were kept from the config: a wrong bias table, or a gate initialised fresh beside the checkpoint's MLP), but
     not n_ctx, which sizes only its data."""
-    import train
+    from training import init_from
     from config import load_config
     from parallel.state import match_params
 
     cfg, _ = load_config("configs/t5_small_spans.json")
     path = directories[name]
     notes = []
-    cfg = train.with_architecture_of(cfg.replace(init_from=path), "--init-from", notes)
+    cfg = init_from.with_architecture_of(cfg.replace(init_from=path), "--init-from", notes)
     theirs, params = load_hf(path)
-    for key in train.ARCHITECTURE:
+    for key in init_from.ARCHITECTURE:
         assert getattr(cfg, key) == getattr(theirs, key) or key == "n_ctx", key
     assert cfg.n_ctx == 128 and "relative_attention_num_buckets" in notes[0]
     _, state = nnx.split(nnx.eval_shape(lambda: registry.build(cfg, nnx.Rngs(0))))
     found, missing, _ = match_params(params, nnx.to_pure_dict(state))
     assert not missing, missing
-    assert train.imported_params(cfg, path) is not None  # the check before loading agrees
+    assert init_from.imported_params(cfg, path) is not None  # the check before loading agrees
 
 
 def test_pytorch_model_bin_and_a_missing_sentencepiece(tmp_path, monkeypatch):

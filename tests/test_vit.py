@@ -241,7 +241,7 @@ def test_vit_digits_trains_and_resumes_exactly_through_train_py(tmp_path):
 def test_a_bare_vit_model_starts_a_classifier_for_any_number_of_labels(tmp_path):
     """A ViTModel (google/vit-base-patch16-224-in21k's kind) has no classifier, only the default id2label of two
     labels in its config: --init-from it for 3 classes was refused as 'its classifier has 2 labels'."""
-    from train import imported_params
+    from training.init_from import imported_params
 
     bare = saved(hf_vit(8, 4, 3, 16, 2, 1, 2, head=False), tmp_path / "bare")
     cfg, _ = from_dict(dict(model="vit", image_size=8, patch_size=4, num_channels=3, n_embd=16, n_head=2, n_layer=1,
@@ -307,14 +307,14 @@ def test_a_vit_classifier_with_other_classes_trains_a_new_head_on_vit_digits(tmp
         in result.stdout
     assert [r["step"] for r in metrics_rows(tmp_path / "run")] == [1, 2]
     # A bare ViTModel's config says two labels too, but it has no head: the check before the data lets it by.
-    import train
+    from training import init_from
     from config import load_config
 
     bare = saved(hf_vit(8, 2, 1, 16, 2, 1, 2, head=False), tmp_path / "bare")
     digits = load_config("vit_digits")[0]
-    assert train.with_architecture_of(digits.replace(init_from=bare), "--init-from", []).num_labels == 10
+    assert init_from.with_architecture_of(digits.replace(init_from=bare), "--init-from", []).num_labels == 10
     with pytest.raises(ConfigError, match="its classifier has 2 labels, but num_labels is 10"):
-        train.with_architecture_of(digits.replace(init_from=source), "--init-from", [])
+        init_from.with_architecture_of(digits.replace(init_from=source), "--init-from", [])
 
 
 def test_init_from_a_vit_with_the_default_config_names_the_vit_configs(tmp_path, capsys):

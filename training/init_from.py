@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 
-from config import Config, ConfigError
+from config import MODEL_VALUE, Config, ConfigError, shipped_configs_of
 
 # A run's model keys that a Hugging Face model of its family fixes by its family alone: from a run they come with
-# its weights too (train.ARCHITECTURE are those a config.json holds).
+# its weights too (ARCHITECTURE are those a config.json holds).
 RUN_ARCHITECTURE = ("norm", "scalenorm", "rezero", "macaron", "axial_pos_emb", "dense_bias", "num_mem_kv",
                     "moe_layers", "moe_params", "moe_activation", "rotary_emb", "rotary_emb_fraction", "rotary_style",
                     "share_parameters")
@@ -156,3 +156,61 @@ def without_head(cfg: Config, params: dict) -> tuple[dict, list[str]]:
 
     names = head_names(cfg)
     return split_params(params, lambda name: name not in names)[0], names
+
+
+ARCHITECTURE = ("n_embd", "n_layer", "n_head", "n_vocab", "n_ctx", "n_positions", "attention_types",
+                "activation_function", "no_weight_tie", "qkv_bias", "attention_scale", "d_ff", "norm_position",
+                "n_token_types", "local_attention_radius", "layer_norm_epsilon", "position_offset", "mlp_glu",
+                # T5's and ViT's own (a T5's n_ctx is only its data's length: relative positions hold no table)
+                "n_decoder_layer", "d_kv", "relative_attention_num_buckets", "relative_attention_max_distance",
+                "decoder_start_token_id", "image_size", "patch_size", "num_channels",
+                "image_mean", "image_std")  # a ViT's input normalisation: what its weights were trained on
+
+
+def with_architecture_of(cfg: Config, where: str, notes: list[str]) -> Config:
+    """``cfg`` with the shape of the Hugging Face model it starts from (``init_from``), as from_pretrained takes
+    it from the checkpoint; each key that changes gets a note. The model family must be the same (one-line error
+    otherwise)."""
+    import json
+
+    theirs = source_config(cfg.init_from)
+    if theirs.model == "t5":  # relative positions: any length
+        theirs = theirs.replace(n_ctx=cfg.n_ctx)
+    elif theirs.learned_position_table and cfg.n_ctx < theirs.position_rows:
+        # Fine-tuning on shorter sequences than the model's position table (transformers' max_seq_length): the
+        # table stays whole, the config's n_ctx is the length trained on.
+        theirs = theirs.replace(n_ctx=cfg.n_ctx, n_positions=theirs.position_rows)
+    if theirs.model != cfg.model:
+        shipped = shipped_configs_of(theirs.model)
+        raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}; "
+                          f"name a config of the {theirs.model} family with --config" +
+                          (f" (shipped: {', '.join(shipped)})" if shipped else ""))
+    check_head(cfg, theirs, where, may_lack_head(cfg.init_from, theirs))  # imported_params checks the weights
+    keys = ARCHITECTURE + (RUN_ARCHITECTURE if is_run(cfg.init_from) else ())
+    changes = {key: getattr(theirs, key) for key in keys if getattr(theirs, key) != getattr(cfg, key)}
+    new = cfg.replace(**changes)
+    # Another spelling of the same model (d_ff 768 for null at n_embd 192, attention_types in full) is no change.
+    changed = {key: value for key, value in changes.items()
+               if getattr(new, MODEL_VALUE.get(key, key)) != getattr(cfg, MODEL_VALUE.get(key, key))}
+    if changed:
+        notes.append(f"{where}: the model's shape is {cfg.init_from}'s: " + ", ".join(
+            f"{key} {json.dumps(value)}" for key, value in changed.items()))
+    return new
+
+
+def imported_params(cfg: Config, hf_dir: str) -> dict:
+    """The weights of the model ``cfg`` starts from (a Hugging Face directory or a NeoMesh run) for ``cfg``'s
+    model; a one-line error if its shape differs. With ``init_new_head``, without the head's output layer."""
+    theirs, params = source_params(hf_dir)
+    keys = ["model", "n_embd", "n_layer", "n_head", "n_vocab", "attention_layers", "activation_function",
+            "no_weight_tie", "qkv_bias", "attention_scale", "intermediate", "norm_position", "n_token_types"] + (
+        ["local_attention_radius"] if "local" in cfg.attention_layers else []) + (
+        [] if cfg.model == "t5" else ["position_rows"])  # T5's relative positions fit any length
+    for key in keys:
+        if getattr(theirs, key) != getattr(cfg, key):
+            raise ConfigError(f"--init-from {hf_dir}: {key} is {getattr(theirs, key)} there but "
+                              f"{getattr(cfg, key)} in the config")
+    # A bare ViTModel has no classifier (it starts fresh), only its config's default id2label of 2 labels.
+    headless = cfg.model == "vit" and "classifier" not in params
+    check_head(cfg.replace(init_from=hf_dir), theirs, "--init-from", headless)
+    return without_head(cfg, params)[0] if cfg.init_new_head else params

@@ -13,6 +13,9 @@ import os
 import sys
 import time
 
+from training.run_dir import (check_init_from_given, check_resume_base, has_checkpoint, newest_saved_config,
+                              only_damaged, run_config)
+
 # Steps whose metrics stay on the device before the loop fetches them (and at every checkpoint and evaluation):
 # fetching after every step would stall the device while the host logs and builds the next batch.
 METRICS_FETCH_EVERY = 10
@@ -234,7 +237,7 @@ def train(args, cfg, notes: list[str]) -> int:
         except BaseException:
             # A run that failed before doing anything (a bad --resume or --init-from, say) leaves no directory,
             # and a --new one puts the run it moved aside back (a layout typo would have moved it for nothing).
-            if created and lead and not run["trained"] and not _has_checkpoint(cfg.model_path):
+            if created and lead and not run["trained"] and not has_checkpoint(cfg.model_path):
                 lock.release()
                 shutil.rmtree(cfg.model_path, ignore_errors=True)
                 if aside and not os.path.exists(cfg.model_path):
@@ -245,18 +248,6 @@ def train(args, cfg, notes: list[str]) -> int:
             lock.release()
     finally:
         signals.uninstall()
-
-
-def _has_checkpoint(model_path: str) -> bool:
-    directory = os.path.join(model_path, "checkpoints")
-    return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
-
-
-def _only_damaged(model_path: str) -> bool:
-    """Whether the run in ``model_path`` has checkpoints only in damaged_checkpoints/ (training/checkpoint.py moved
-    every one there): a run that trained, not a fresh directory."""
-    damaged = os.path.join(model_path, "damaged_checkpoints")
-    return os.path.isdir(damaged) and bool(os.listdir(damaged)) and not _has_checkpoint(model_path)
 
 
 def _trained_without_checkpoints(cfg) -> int | None:
@@ -270,7 +261,7 @@ def _trained_without_checkpoints(cfg) -> int | None:
     from training.metrics import read_rows
 
     last = 0
-    if jax.process_index() == 0 and not _has_checkpoint(cfg.model_path):
+    if jax.process_index() == 0 and not has_checkpoint(cfg.model_path):
         last = max((row["step"] for row in read_rows(os.path.join(cfg.model_path, "metrics.jsonl"))[0]), default=0)
     last = process_zero_value(last)
     return last if last > 2 * cfg.steps_per_checkpoint else None
@@ -300,71 +291,6 @@ def tokenizes_as_read(cfg) -> bool:
     run reads it with its model's tokenizer; text tokenized ahead (TFRecords) keeps its ids."""
     return cfg.task in ("sequence_classification", "token_classification") or (
         cfg.task == "seq2seq" and not cfg.span_corruption)
-
-
-def newest_saved_config(model_path: str) -> dict | None:
-    """The config the newest checkpoint in ``model_path`` was written with, read as orbax wrote it (no jax); None
-    where there is none or it is unreadable (restoring then says what is wrong)."""
-    import json
-
-    directory = os.path.join(model_path, "checkpoints")
-    steps = [int(name) for name in os.listdir(directory) if name.isdigit()] if os.path.isdir(directory) else []
-    if not steps:
-        return None
-    try:
-        with open(os.path.join(directory, str(max(steps)), "config", "metadata"), encoding="utf-8") as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) else None
-
-
-def holds_trained_only(saved: dict) -> bool | None:
-    """Whether a run saved with config ``saved`` checkpoints only its trained parameters (peft checkpoint
-    'trainable'), so resuming needs its base model; None where its peft setting is unreadable."""
-    from config import ConfigError, check_peft
-
-    try:
-        return saved.get("peft") is not None and check_peft(saved["peft"])["checkpoint"] == "trainable"
-    except ConfigError:
-        return None
-
-
-def run_config(args):
-    """``(config, notes)`` a run directory named without ``--config`` goes on with: the config of its newest
-    checkpoint, ``--set`` applied (as predict.py reads a run); None for a new run, or one given data or a model
-    to start from."""
-    from config import from_dict
-
-    if not args.model_path or args.new or args.data or args.init_from:
-        return None
-    saved = newest_saved_config(args.model_path)
-    if saved is None:
-        return None
-    cfg, notes = from_dict(saved, source=f"{args.model_path}'s config", overrides=tuple(args.set))
-    return cfg, [f"config: the run's own, from its newest checkpoint in {args.model_path} (--config names "
-                 "another)", *notes]
-
-
-def check_init_from_given(model_path: str | None, cfg) -> None:
-    """A run started from a Hugging Face model resumes from it again: its checkpoint may hold only the trained
-    parameters (peft checkpoint 'trainable'), and the model's shape is that model's. A one-line error when the
-    run's newest checkpoint records an init_from that this command does not give and needs."""
-    import shlex
-
-    from config import ConfigError
-    from training.init_from import ARCHITECTURE
-
-    saved = newest_saved_config(model_path) if model_path else None
-    if not saved or not saved.get("init_from"):
-        return
-    partial = holds_trained_only(saved) is not False  # unreadable: assume the base is needed
-    reshaped = any(key in saved and saved[key] != getattr(cfg, key) for key in ARCHITECTURE)
-    if partial or reshaped:
-        why = "its checkpoints hold only the trained parameters" if partial else "the model's shape is that model's"
-        raise ConfigError(f"--init-from: the run in {model_path} was started with --init-from "
-                          f"{shlex.quote(saved['init_from'])} ({why}); pass it again to resume (or --new for a "
-                          "fresh run)")
 
 
 SAMPLE_TEXT = "def add(a, b):\n    return a + b  # Hello, World! 42"
@@ -424,32 +350,6 @@ def with_tokenizer_of_run(cfg, notes: list):
         notes.append(f"{cfg.model_path}: its text is read with the run's own tokenizer ({own}), not dataset "
                      f"{other[0]}'s ({other[1]}), whose ids its weights never saw")
     return cfg.replace(tokenizer_path=own)
-
-
-def check_resume_base(cfg, notes: list) -> None:
-    """``init_from`` given where ``model_path`` already holds a run, which resumes from its own checkpoint. A run
-    started without one would silently go on from its own weights, never reading init_from's: a one-line error.
-    A run started from another model: a note, since model paths move (a full checkpoint does not read the new
-    model's weights; one that holds only its trained parameters puts them on the new model's)."""
-    import shlex
-
-    from config import ConfigError
-
-    saved = newest_saved_config(cfg.model_path)
-    if not saved:
-        return
-    if not saved.get("init_from"):
-        raise ConfigError(f"--init-from: {cfg.model_path} already holds a run, not started from a model, which would "
-                          f"resume from its own checkpoint and never read {shlex.quote(cfg.init_from)}'s weights; "
-                          "--new moves it aside and starts from them, or --model-path names a new directory")
-    if os.path.realpath(saved["init_from"]) == os.path.realpath(cfg.init_from):
-        return
-    if holds_trained_only(saved):
-        notes.append(f"the run in {cfg.model_path} was started with --init-from {saved['init_from']}; its "
-                     f"checkpoints hold only the trained parameters, which now go on {cfg.init_from}'s weights")
-    else:
-        notes.append(f"the run in {cfg.model_path} was started with --init-from {saved['init_from']}; it resumes "
-                     f"from its checkpoint, which holds every parameter: {cfg.init_from}'s weights are not used")
 
 
 def run_training(args, cfg, notes, signals, run) -> int:
@@ -561,7 +461,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                                                                       train_sharding, train_shapes)
             if position:
                 say(position)
-        elif _only_damaged(cfg.model_path):  # starting afresh here would drop its metrics.jsonl rows without a word
+        elif only_damaged(cfg.model_path):  # starting afresh here would drop its metrics.jsonl rows without a word
             raise ConfigError(f"model_path: no usable checkpoint in {checkpoints.directory} (every one was damaged "
                               f"and moved to {os.path.join(cfg.model_path, 'damaged_checkpoints')}); --new starts a "
                               "fresh run, moving this directory aside")

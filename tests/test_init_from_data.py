@@ -9,7 +9,7 @@ import os
 import pytest
 
 import train
-from training import init_from
+from training import init_from, run_dir
 from config import ConfigError, load_config
 from data.prepare import build_once
 from tests import hf_fixtures
@@ -59,14 +59,14 @@ def test_a_run_resumed_on_another_base_says_so(tmp_path, gpt2_dir):
     peft = saved_run(tmp_path / "peft", init_from="/models/first", peft={"lora": {}, "checkpoint": "trainable"})
     cfg = load_config("finetune_lora_gpt2")[0].replace(model_path=peft, init_from=gpt2_dir)
     notes = []
-    train.check_resume_base(cfg, notes)
+    run_dir.check_resume_base(cfg, notes)
     assert notes == [f"the run in {peft} was started with --init-from /models/first; its checkpoints hold only the "
                      f"trained parameters, which now go on {gpt2_dir}'s weights"]
     notes.clear()
-    train.check_resume_base(cfg.replace(init_from="/models/first"), notes)
+    run_dir.check_resume_base(cfg.replace(init_from="/models/first"), notes)
     assert not notes
     full = saved_run(tmp_path / "full", init_from="/models/first")
-    train.check_resume_base(cfg.replace(model_path=full), notes)
+    run_dir.check_resume_base(cfg.replace(model_path=full), notes)
     assert notes == [f"the run in {full} was started with --init-from /models/first; it resumes from its "
                      f"checkpoint, which holds every parameter: {gpt2_dir}'s weights are not used"]
 
@@ -93,9 +93,9 @@ def test_init_from_on_a_run_not_started_from_a_model_is_an_error(tmp_path, gpt2_
     with pytest.raises(ConfigError, match=f"^--init-from: {run} already holds a run, not started from a model, "
                        "which would resume from its own checkpoint and never read .*'s weights; --new moves it "
                        "aside"):
-        train.check_resume_base(cfg, [])
+        run_dir.check_resume_base(cfg, [])
     notes = []
-    train.check_resume_base(cfg.replace(model_path=str(tmp_path / "new")), notes)
+    run_dir.check_resume_base(cfg.replace(model_path=str(tmp_path / "new")), notes)
     assert not notes
 
 
@@ -122,7 +122,7 @@ def test_a_labelled_dataset_prepares_in_its_own_folder_whatever_tokenizer_reads_
 def test_a_run_directory_without_a_config_goes_on_with_its_own(tmp_path):
     run = saved_run(tmp_path / "run", model="gpt_neo", n_layer=2, n_embd=64, n_head=4, lr=0.5)
     args = train.parse_args(["--model-path", run, "--set", "lr=0.25"])
-    cfg, notes = train.run_config(args)
+    cfg, notes = run_dir.run_config(args)
     assert (cfg.n_layer, cfg.n_embd, cfg.lr) == (2, 64, 0.25)
     assert notes[0].startswith(f"config: the run's own, from its newest checkpoint in {run}")
     for argv in (["--model-path", str(tmp_path / "none")], ["--model-path", run, "--new"], []):

@@ -15,6 +15,8 @@ import time
 
 from training.run_dir import (check_init_from_given, check_resume_base, has_checkpoint, newest_saved_config,
                               only_damaged, run_config)
+from training.run_tokenizer import save_tokenizer, with_tokenizer_of_init_from, with_tokenizer_of_run
+from training.saved_state import base_params, saved_part, state_shapes, storage_changed
 
 # Steps whose metrics stay on the device before the loop fetches them (and at every checkpoint and evaluation):
 # fetching after every step would stall the device while the host logs and builds the next batch.
@@ -284,72 +286,6 @@ def check_batches_can_be_made(cfg, data: bool = False) -> None:
         mistake = pairs_mistake(cfg, load_dataset_config(name))
         if mistake:
             raise ConfigError(mistake)
-
-
-def tokenizes_as_read(cfg) -> bool:
-    """Whether the task's text is tokenized as it is read (jsonl of labelled examples or of seq2seq pairs), so a
-    run reads it with its model's tokenizer; text tokenized ahead (TFRecords) keeps its ids."""
-    return cfg.task in ("sequence_classification", "token_classification") or (
-        cfg.task == "seq2seq" and not cfg.span_corruption)
-
-
-SAMPLE_TEXT = "def add(a, b):\n    return a + b  # Hello, World! 42"
-
-
-def with_tokenizer_of_init_from(cfg, notes: list):
-    """Fine-tuning reads text with the pretrained model's own tokenizer: jsonl tokenized as it is read (a
-    classifier's labelled text, seq2seq pairs) gets it as ``tokenizer_path``; data tokenized ahead (TFRecords)
-    keeps its ids, and a note says so where its tokenizer is not the model's (the ids would name other tokens)."""
-    from training.init_from import has_tokenizer, source_tokenizer
-
-    if cfg.tokenizer_path is not None:
-        return cfg
-    own = source_tokenizer(cfg.init_from)
-    if not has_tokenizer(own):
-        return cfg
-    if tokenizes_as_read(cfg):
-        return cfg.replace(tokenizer_path=own)
-    other = dataset_tokenizer_other_than(cfg, own)
-    if other:
-        notes.append(f"--init-from {cfg.init_from}: dataset {other[0]} holds the ids of its own tokenizer "
-                     f"({other[1]}), not this model's; fine-tuning on them teaches other tokens (train.py --data "
-                     "FOLDER --init-from prepares text with the model's tokenizer)")
-    return cfg
-
-
-def dataset_tokenizer_other_than(cfg, own: str) -> tuple[str, str] | None:
-    """(dataset name, its tokenizer_path) where the config's dataset reads text with another tokenizer than
-    ``own`` (their sizes or ids of a sample differ); None where they agree, or the dataset's is not there yet
-    (prepared on first use) or is TFDS's."""
-    from data.source import load_dataset_config
-    from data.tokenizer import load_tokenizer
-
-    name = cfg.datasets[0][0]
-    theirs = None if name.startswith("tfds:") else load_dataset_config(name).get("tokenizer_path", "bytes")
-    if theirs is None or (theirs != "bytes" and not os.path.exists(theirs)):
-        return None
-    data, model = load_tokenizer(theirs), load_tokenizer(own)
-    differ = data.vocab_size != model.vocab_size or data.encode(SAMPLE_TEXT) != model.encode(SAMPLE_TEXT)
-    return (name, theirs) if differ else None
-
-
-def with_tokenizer_of_run(cfg, notes: list):
-    """A classifier (or seq2seq on pairs) going on in a run directory reads its text with the run's own tokenizer
-    (its ``tokenizer/``, written by training and by ``convert import``), as predict.py and export read it: the
-    dataset config's would feed the weights other ids (an imported BERT trained on bytes). A note says so where
-    they differ."""
-    from convert.hf_dir import has_tokenizer
-    from neomesh.paths import run_tokenizer_dir
-
-    own = run_tokenizer_dir(cfg.model_path)
-    if not tokenizes_as_read(cfg) or cfg.tokenizer_path is not None \
-            or not has_tokenizer(own) or not newest_saved_config(cfg.model_path):
-        return cfg
-    other = dataset_tokenizer_other_than(cfg, own)
-    if other:
-        notes.append(f"{cfg.model_path}: its text is read with the run's own tokenizer ({own}), not dataset "
-                     f"{other[0]}'s ({other[1]}), whose ids its weights never saw")
-    return cfg.replace(tokenizer_path=own)
 
 
 def run_training(args, cfg, notes, signals, run) -> int:
@@ -698,96 +634,6 @@ def check_bad_step(step: int, out: dict, in_row: int, cfg, saved_step, say) -> N
                           f"stopped without saving (the last checkpoint, {last}, is intact); lower lr or check "
                           "the data")
     say(f"step {step}: {why}; update skipped ({in_row} in a row, stopping at {cfg.max_bad_steps})")
-
-
-def save_tokenizer(tokenizer, path: str) -> None:
-    """Writes the run's tokenizer whole or not at all (a full disk must not leave half a tokenizer.json)."""
-    from config import ConfigError
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    try:
-        tokenizer.save(tmp)
-        os.replace(tmp, path)
-    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for I/O errors
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise ConfigError(f"{path}: could not write the tokenizer ({str(e).splitlines()[0][:160]})") from None
-
-
-def state_shapes(cfg):
-    """The abstract train state (parameters and optimizer state) of ``cfg``: what a checkpoint must match."""
-    import jax
-
-    from parallel.state import abstract_model, split_params
-    from training.layer_stack import stack_abstract, storage_plan
-    from training.optimizer import make_optimizer
-    from training.peft import build_model, trainable_filter
-
-    graphdef, params, _ = abstract_model(lambda rngs: build_model(cfg, rngs))
-    tx, trainable = make_optimizer(cfg), trainable_filter(cfg.peft_settings)
-    params = stack_abstract(params, storage_plan(graphdef, params, tx, trainable))
-    trained = split_params(params, trainable)[0]
-    saved = trained if _partial(cfg) else params
-    return {"params": saved, "opt_state": jax.eval_shape(tx.init, trained)}
-
-
-def _partial(cfg) -> bool:
-    return cfg.peft is not None and cfg.peft_settings["checkpoint"] == "trainable"
-
-
-def storage_changed(cfg, saved: dict, stacking: dict, where: str, make_model, layout, trainable, abstract, shardings,
-                    say):
-    """A checkpoint storing the layers otherwise than this run does (training/layer_stack.py): written with the
-    other ``scan_layers`` (optimizer state and parameters stacked or per layer), or by a scan_layers run of an
-    earlier storage (parameters per layer, or stacked with another period). ``stacking``: the checkpoint's
-    stacked parameters ({} per layer). (The abstract state as stored, a jitted function moving the restored state
-    to this run's storage and shardings); any other difference is the usual one-line error."""
-    import jax
-
-    from parallel.state import abstract_train_state
-    from training.checkpoint import check_same_model
-    from training.layer_stack import as_stored, convert_opt_state, unstack_layers
-    from training.optimizer import make_optimizer
-
-    as_saved = cfg.replace(scan_layers=saved.get("scan_layers", False))
-    check_same_model(saved, as_saved, state_shapes, where)
-    stored = saved_part(cfg, abstract_train_state(make_model, make_optimizer(as_saved), layout, trainable,
-                                                  stacking=stacking)[1])
-    convert = jax.jit(lambda state: state.replace(params=as_stored(unstack_layers(state.params), abstract.params),
-                                                  opt_state=convert_opt_state(state.opt_state, abstract.opt_state)),
-                      out_shardings=saved_part(cfg, shardings))
-    params_stacked = bool(stacking)
-
-    def converted(state):
-        say(f"note: {where} stored the parameters {'stacked' if params_stacked else 'per layer'} and the optimizer "
-            f"state {'stacked' if as_saved.scan_layers else 'per layer'} (scan_layers="
-            f"{str(as_saved.scan_layers).lower()}); moved to this run's storage (scan_layers="
-            f"{str(cfg.scan_layers).lower()})")
-        return convert(state)
-
-    return stored, converted
-
-
-def saved_part(cfg, state):
-    """What a checkpoint holds of ``state`` (or of an abstract state): all of it, or with peft checkpoint
-    'trainable' only the parameters that train (and the optimizer state, which covers only them anyway)."""
-    if not _partial(cfg):
-        return state
-    from parallel.state import split_params
-    from training.peft import trainable_filter
-
-    return state.replace(params=split_params(state.params, trainable_filter(cfg.peft_settings))[0])
-
-
-def base_params(cfg, make_model, imported, abstract, shardings, trained):
-    """The full parameters of a run whose checkpoint holds only the ``trained`` ones: the base comes from
-    ``init_from`` (``imported``) as at the run's start, or from the same seeded init."""
-    from parallel.state import init_params, join_params, place_params
-
-    fresh = lambda: init_params(make_model, cfg.seed, shardings.params)  # noqa: E731
-    base = place_params(imported, abstract.params, fresh) if imported is not None else fresh()
-    return join_params(trained, base)
 
 
 def peft_base_note(cfg) -> str | None:

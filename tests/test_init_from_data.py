@@ -9,7 +9,7 @@ import os
 import pytest
 
 import train
-from training import init_from, run_dir
+from training import init_from, run_dir, run_tokenizer
 from config import ConfigError, load_config
 from data.prepare import build_once
 from tests import hf_fixtures
@@ -23,10 +23,10 @@ def gpt2_dir(tmp_path_factory):
 def test_a_classifier_reads_its_text_with_the_models_tokenizer_and_other_ids_are_named(gpt2_dir):
     classify = load_config("finetune_lora_bert_classify")[0].replace(init_from=gpt2_dir)
     notes = []
-    assert train.with_tokenizer_of_init_from(classify, notes).tokenizer_path == gpt2_dir and not notes
+    assert run_tokenizer.with_tokenizer_of_init_from(classify, notes).tokenizer_path == gpt2_dir and not notes
     tokenized = load_config("quickstart", ('datasets=[["embedded", null, null, null]]',))[0].replace(
         init_from=gpt2_dir)  # byte-level ids, not the model's BPE
-    assert train.with_tokenizer_of_init_from(tokenized, notes).tokenizer_path is None
+    assert run_tokenizer.with_tokenizer_of_init_from(tokenized, notes).tokenizer_path is None
     assert notes == [f"--init-from {gpt2_dir}: dataset embedded holds the ids of its own tokenizer (bytes), not "
                      "this model's; fine-tuning on them teaches other tokens (train.py --data FOLDER --init-from "
                      "prepares text with the model's tokenizer)"]
@@ -40,13 +40,13 @@ def test_a_classifier_started_from_a_run_reads_its_text_with_the_runs_tokenizer(
     run = str(tmp_path / "run")
     import_hf(gpt2_dir, run)
     classify = load_config("finetune_lora_bert_classify")[0].replace(init_from=run)
-    assert train.with_tokenizer_of_init_from(classify, []).tokenizer_path == os.path.join(run, "tokenizer")
+    assert run_tokenizer.with_tokenizer_of_init_from(classify, []).tokenizer_path == os.path.join(run, "tokenizer")
     # A Hugging Face directory is its own tokenizer's, even without one: --data names what is missing there,
     # rather than preparing the text with the default dataset's tokenizer.
     bare = tmp_path / "bare"
     hf_fixtures.gpt2().save_pretrained(str(bare))
     assert source_tokenizer(str(bare)) == str(bare)
-    assert train.with_tokenizer_of_init_from(classify.replace(init_from=str(bare)), []).tokenizer_path is None
+    assert run_tokenizer.with_tokenizer_of_init_from(classify.replace(init_from=str(bare)), []).tokenizer_path is None
 
 
 def saved_run(run, **saved):
@@ -80,10 +80,11 @@ def test_a_classifier_going_on_in_a_run_reads_its_text_with_the_runs_tokenizer(t
     shutil.copytree(gpt2_dir, os.path.join(run, "tokenizer"))
     cfg = load_config("bert_classify", ('datasets=[["embedded", null, null, null]]',))[0].replace(model_path=run)
     notes = []
-    assert train.with_tokenizer_of_run(cfg, notes).tokenizer_path == os.path.join(run, "tokenizer")
+    assert run_tokenizer.with_tokenizer_of_run(cfg, notes).tokenizer_path == os.path.join(run, "tokenizer")
     assert notes == [f"{run}: its text is read with the run's own tokenizer ({run}/tokenizer), not dataset "
                      "embedded's (bytes), whose ids its weights never saw"]
-    assert train.with_tokenizer_of_run(cfg.replace(model_path=str(tmp_path / "new")), notes).tokenizer_path is None
+    fresh = cfg.replace(model_path=str(tmp_path / "new"))
+    assert run_tokenizer.with_tokenizer_of_run(fresh, notes).tokenizer_path is None
 
 
 def test_init_from_on_a_run_not_started_from_a_model_is_an_error(tmp_path, gpt2_dir):

@@ -11,11 +11,10 @@ import numpy as np
 import optax
 import pytest
 
-import train
 from config import ConfigError
 from parallel.mesh import make_mesh
 from tests.common import tiny_config
-from training import integrity
+from training import integrity, saved_state
 from training.checkpoint import first_changed_key, model_changes, training_changes
 from training.metrics import MetricsWriter, read_rows
 from training.optimizer import bad_step_counts, make_optimizer
@@ -132,11 +131,11 @@ def test_the_first_key_that_changes_the_state_shape_is_named():
     saved = {**cfg.to_dict(), "lr": 0.5, "n_embd": 32, "n_layer": 3,
              "attention_types": [[["global", "local", "global"], 1]]}
     # lr and n_layer differ too: lr changes no shape, n_layer comes after n_embd in the config's key order.
-    assert first_changed_key(saved, cfg, train.state_shapes) == "n_embd"
-    assert first_changed_key({**cfg.to_dict(), "lr": 0.5, "train_steps": 7}, cfg, train.state_shapes) is None
-    assert first_changed_key({**cfg.to_dict(), "opt_name": "adafactor"}, cfg, train.state_shapes) == "opt_name"
+    assert first_changed_key(saved, cfg, saved_state.state_shapes) == "n_embd"
+    assert first_changed_key({**cfg.to_dict(), "lr": 0.5, "train_steps": 7}, cfg, saved_state.state_shapes) is None
+    assert first_changed_key({**cfg.to_dict(), "opt_name": "adafactor"}, cfg, saved_state.state_shapes) == "opt_name"
     resharded = {**cfg.to_dict(), "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}  # restore reshards
-    assert first_changed_key(resharded, cfg, train.state_shapes) is None
+    assert first_changed_key(resharded, cfg, saved_state.state_shapes) is None
 
 
 def test_a_resume_names_the_model_keys_that_change_without_changing_shapes():

@@ -23,6 +23,9 @@
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
 #     bash benchmarks/gpu.sh variants 2>&1 | tee gpu_variants.txt
+# goals: where a device is lent for 15 minutes in all, one call of about 7 minutes (budgets 420 s) measures what
+# issue 13's open goals need, NeoMesh alone: the 125M and 1.3B train steps as configured (MFU), the 125M step at
+# batch 16, decoding at batch 1 and 16 (latency), and the 1.3B decode profile (where its time goes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1  # a run cut off at its budget still shows what it printed
@@ -30,8 +33,8 @@ python=${PYTHON:-python3}  # GPU images often have no plain "python"
 parts=("$@")
 ((${#parts[@]})) || parts=(attention train decode scale)
 for part in "${parts[@]}"; do
-    [[ " attention train decode scale profile variants " == *" $part "* ]] || {
-        echo "error: benchmarks/gpu.sh: unknown part '$part' (parts: attention train decode scale profile" \
+    [[ " goals attention train decode scale profile variants " == *" $part "* ]] || {
+        echo "error: benchmarks/gpu.sh: unknown part '$part' (parts: goals attention train decode scale profile" \
             "variants)" >&2
         exit 2
     }
@@ -65,6 +68,20 @@ run() {  # run SECONDS COMMAND...: a run that hangs or compiles too long is cut 
 # Budgets sized from one H100 (2026-11-27): the attention test took 24 s, the 125M train run about 115 s, and
 # 160 s ended the 1.3B one after transformers' rows (compiled: 82 s) before NeoMesh's (about 50 s alone), 90 and 95 s
 # the decode runs inside transformers' static-cache compiles (125M at batch 16, 1.3B at batch 1).
+if wants goals; then
+    run 70 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
+        --no-peer
+    run 70 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 --no-peer
+    run 70 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 16 --precision bfloat16 --steps 10 \
+        --no-peer
+    for config in 125M 1.3B; do
+        run 60 "$python" benchmarks/generate.py --config "configs/gpt_neo_$config.json" --precision bfloat16 \
+            --batch-sizes 1,16 --prompt-tokens 32 --new-tokens 128 --repeats 3 --neomesh-only
+    done
+    run 90 "$python" benchmarks/generate.py --config configs/gpt_neo_1.3B.json --precision bfloat16 --batch-sizes 1 \
+        --prompt-tokens 32 --new-tokens 128 --repeats 3 --neomesh-only \
+        --profile "${PROFILE_DIR:-/tmp/neomesh-gpu-profile}/decode"
+fi
 if wants attention; then
     run 60 env JAX_PLATFORMS=cuda "$python" -m pytest tests/test_attention_gpu.py -q -rs -p no:cacheprovider
 fi

@@ -37,7 +37,8 @@ def op_names(hlo_text: str) -> dict[str, str]:
     for line in hlo_text.splitlines():
         match = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = .*?op_name=\"([^\"]*)\"", line)
         if match:
-            names[match.group(1)] = re.sub(r"^jit\([^)]*\)/", "", match.group(2))
+            # the text escapes quotes inside the name (params[\'blocks\']...): shown as jax wrote it
+            names[match.group(1)] = re.sub(r"^jit\([^)]*\)/", "", match.group(2)).replace("\\'", "'")
     return names
 
 

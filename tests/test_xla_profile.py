@@ -18,6 +18,12 @@ def test_op_names_map_compiled_instructions_to_their_jax_operations():
     assert all(not name.startswith("jit(") for name in names.values())
 
 
+def test_op_names_show_a_parameter_path_as_jax_wrote_it():
+    line = ("  %copy_bitcast_fusion.3 = f32[768,768]{1,0} fusion(%p.1), kind=kLoop, metadata={op_name=\"jit(_sample)/"
+            "params[\\'blocks\\'][4][\\'attn\\']\" source_file=\"x.py\"}")
+    assert op_names(line) == {"copy_bitcast_fusion.3": "params['blocks'][4]['attn']"}
+
+
 def test_a_profiled_function_lists_its_matmul_first():
     code = """
 import os

@@ -8,9 +8,14 @@ from __future__ import annotations
 import os
 
 
-def has_checkpoint(model_path: str) -> bool:
+def saved_steps(model_path: str) -> list[int]:
+    """The steps of the checkpoints in ``model_path`` (their folders' names), by the names alone."""
     directory = os.path.join(model_path, "checkpoints")
-    return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+    return [int(name) for name in os.listdir(directory) if name.isdigit()] if os.path.isdir(directory) else []
+
+
+def has_checkpoint(model_path: str) -> bool:
+    return bool(saved_steps(model_path))
 
 
 def only_damaged(model_path: str) -> bool:
@@ -25,12 +30,12 @@ def newest_saved_config(model_path: str) -> dict | None:
     where there is none or it is unreadable (restoring then says what is wrong)."""
     import json
 
-    directory = os.path.join(model_path, "checkpoints")
-    steps = [int(name) for name in os.listdir(directory) if name.isdigit()] if os.path.isdir(directory) else []
+    steps = saved_steps(model_path)
     if not steps:
         return None
     try:
-        with open(os.path.join(directory, str(max(steps)), "config", "metadata"), encoding="utf-8") as f:
+        with open(os.path.join(model_path, "checkpoints", str(max(steps)), "config", "metadata"),
+                  encoding="utf-8") as f:
             saved = json.load(f)
     except (OSError, ValueError):
         return None

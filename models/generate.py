@@ -179,11 +179,9 @@ def compiled_sample(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax
     (XLA's, beside the loop's own LOOP_OPTIONS), and that program's optimized HLO text: what a profile runs and
     names its kernels by, compiled otherwise than ``sample``'s."""
     prompts, pad = jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32)
-    program = _sampling_program(s, len(prompts), jax.tree.leaves(params)[0])
-    knobs = _knobs(s)
-    compiled = _sample.lower(graphdef, program, None, params, prompts, pad, knobs, key).compile(
+    compiled = lower_sample(graphdef, params, prompts, pad, s, key).compile(
         compiler_options={**LOOP_OPTIONS, **(compiler_options or {})})
-    return functools.partial(compiled, params, prompts, pad, knobs, key), compiled.as_text()
+    return functools.partial(compiled, params, prompts, pad, _knobs(s), key), compiled.as_text()
 
 
 def _sampling_program(s: Sampling, batch: int, placed) -> _Program:

@@ -67,10 +67,9 @@ def main(argv=None) -> None:
     if args.profile and args.compile_only:
         raise ConfigError("--profile: not with --compile-only, which runs nothing to profile")
     if args.profile:  # XLA:CPU traces its ops only with this flag, read when jax starts
-        from benchmarks.xla_profile import CPU_FLAG
-        from parallel.xla_flags import known_flags
+        from benchmarks.xla_profile import trace_cpu_ops
 
-        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *known_flags([CPU_FLAG])]).strip()
+        trace_cpu_ops()
     static_batch_sizes(args)  # the flags' mistakes (--batch-sizes, --static-cache) before jax starts
     if args.compile_only:
         return compile_plan(args)

@@ -291,11 +291,10 @@ def main(argv=None) -> None:
     apply_defaults(compilation_cache=False)  # as train.py runs, but every compile timed cold
     if not (args.no_peer or args.compile_only):  # the GPU's memory is shared with the peers (module docstring)
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    if args.profile:  # inert on accelerators, where this XLA knows it (it quits on a flag it does not know)
-        from benchmarks.xla_profile import CPU_FLAG
-        from parallel.xla_flags import known_flags
+    if args.profile:  # XLA:CPU traces its ops only with this flag, read when jax starts
+        from benchmarks.xla_profile import trace_cpu_ops
 
-        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *known_flags([CPU_FLAG])]).strip()
+        trace_cpu_ops()
     check(args)
     import jax
     import numpy as np

@@ -31,6 +31,14 @@ LIBRARY_KERNELS = (("cuBLAS", re.compile(r"^(nvjet|sm\d+_xmma|cutlass|cublas)", 
                    ("cuDNN", re.compile(r"cudnn", re.I)), ("copy", re.compile(r"^(memset|memcpy)", re.I)))
 
 
+def trace_cpu_ops() -> None:
+    """Adds CPU_FLAG to ``XLA_FLAGS`` before jax starts, where this XLA knows it (it quits on a flag it does not
+    know); inert on accelerators."""
+    from parallel.xla_flags import known_flags
+
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *known_flags([CPU_FLAG])]).strip()
+
+
 def op_names(hlo_text: str) -> dict[str, str]:
     """{instruction name: the jax operation it came from} for the instructions of a compiled module's text."""
     names = {}

@@ -27,6 +27,8 @@ _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "opt-barrier",
              "partition-id", "replica-id"}
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_CUBLAS_GEMM = re.compile(r'custom_call_target="__cublas\$(?:gemm|lt\$matmul)')
+_CUBLAS_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +63,8 @@ class Collective:
 @dataclasses.dataclass(frozen=True)
 class HloStats:
     collectives: tuple[Collective, ...]
-    matmul_flops: float  # per device per step: 2 x output elements x contracted elements of every dot
-    # and convolution (the TPU compiler's dots)
+    matmul_flops: float  # per device per step: 2 x output elements x contracted elements of every dot,
+    # convolution (the TPU compiler's dots) and cuBLAS call (the GPU compiler's dots it hands to the library)
     whole_before_scatter: int = 0  # bytes the CPU program holds whole before slicing (see _scattered_bytes)
     attention_kernel_calls: int = 0  # per step: attention kernels whose FLOPs are not in matmul_flops (splash's
     # Pallas kernels on TPUs, cuDNN's flash attention on GPUs)
@@ -357,11 +359,13 @@ def parse_hlo(text: str, device_count: int) -> HloStats:
                     scattered_once += scattered - scattered // len(groups[0])
                 if size > scattered:
                     found.append(Collective(base, size - scattered, runs[name], groups))
-            elif op == "dot":
+            elif op == "dot" or op == "custom-call" and _CUBLAS_GEMM.search(attrs):
+                # a dot states its contracted dimensions as an attribute, a cuBLAS call in its backend config
                 lhs = _dims(shapes.get(_operand(args[0]), args[0]))
-                contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
-                inner = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d) if contracting else 1
-                flops += 2.0 * math.prod(_dims(shape)) * inner * runs[name]
+                contracting = (re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs) if op == "dot"
+                               else _CUBLAS_CONTRACTING.search(attrs))
+                inner = math.prod(lhs[int(d)] for d in re.findall(r"\d+", contracting.group(1))) if contracting else 1
+                flops += 2.0 * math.prod(_dims(shape)) * inner * runs[name]  # a cuBLAS call's first result
             elif op == "convolution":
                 flops += convolution_flops(shape, shapes.get(_operand(args[0]), args[0]), attrs) * runs[name]
             elif op == "custom-call" and re.search(r'custom_call_target="(tpu_custom_call|__cudnn\$fmha)', attrs):

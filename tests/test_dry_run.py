@@ -109,6 +109,30 @@ def test_hlo_reader_reads_a_loops_trips_off_its_condition(start, step, trips):
     assert stats.attention_kernel_calls == trips  # cuDNN's flash attention, whose FLOPs the HLO does not show
 
 
+CUBLAS_HLO = """HloModule cublas
+
+ENTRY %main (a: bf16[4,256,512], w: bf16[512,1024], b: bf16[4,512,64]) -> bf16[1024,1024] {
+  %a = bf16[4,256,512]{2,1,0} parameter(0)
+  %w = bf16[512,1024]{1,0} parameter(1)
+  %b = bf16[4,512,64]{2,1,0} parameter(2)
+  %batched = (bf16[4,256,64]{2,1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul", \
+backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["2"],\
+"rhs_contracting_dimensions":["1"],"lhs_batch_dimensions":["0"],"rhs_batch_dimensions":["0"]}}}
+  %flat = bf16[1024,512]{1,0} bitcast(%a)
+  %plain = (bf16[1024,1024]{1,0}, s8[4194304]{0}) custom-call(%flat, %w), custom_call_target="__cublas$gemm", \
+backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],\
+"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  ROOT %out = bf16[1024,1024]{1,0} get-tuple-element(%plain), index=0
+}
+"""
+
+
+def test_hlo_reader_counts_the_matmuls_xla_gpu_hands_to_cublas():
+    """With cuBLAS chosen for a step's matmuls (parallel/xla_flags.GPU_STEP_OPTIONS) XLA:GPU writes them as library
+    calls whose contracted dimensions sit in the backend config (as XLA wrote them for an H100, trimmed)."""
+    assert parse_hlo(CUBLAS_HLO, 1).matmul_flops == 2 * 4 * 256 * 64 * 512 + 2 * 1024 * 1024 * 512
+
+
 DECODE_LOOP_HLO = """HloModule decode
 
 %body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
@@ -294,8 +318,9 @@ def installed(module: str) -> bool:
 def test_dry_run_compiles_for_gpus_without_one(monkeypatch):
     """XLA's GPU compiler's own program for two H100s, on this CPU machine: cuDNN flash attention for global and
     local layers (forward and backward per layer), the GPU's memory plan and an estimate for the H100 alone. A
-    step the compiler cannot compile without its GPU is one line (ViT's small matmuls: XLA does not autotune its
-    Triton tiles without a GPU) and compiles with the workaround the line names."""
+    step the compiler cannot compile without its GPU is one line (ViT's small matmuls as Triton kernels, without
+    the step's cuBLAS option: XLA does not autotune Triton tiles without a GPU) and compiles with the workaround
+    the line names."""
     result = run_cli("train.py", "--config", "configs/quickstart.json", "--dry-run", "--topology", "h100:2",
                      "--set", "mesh_shape=x:2", "--set", "layout=batch:x", "--set", "n_layer=2",
                      "--set", "precision=bfloat16", "--set", 'attention_types=[[["global","local"],1]]',
@@ -310,6 +335,9 @@ def test_dry_run_compiles_for_gpus_without_one(monkeypatch):
     assert 0.5 * model < compiled < model  # the head and projections; attention inside cuDNN's kernels
     vit = ("train.py", "--config", "configs/vit_digits.json", "--dry-run", "--topology", "h100", "--set",
            "mesh_shape=x:1", "--set", "precision=bfloat16")
+    result = run_cli(*vit, timeout=300)  # the step's own options: cuBLAS
+    assert result.returncode == 0 and "| H100 |" in result.stdout, result.stderr[-3000:]
+    monkeypatch.setenv("NEOMESH_XLA_DEFAULTS", "0")
     result = run_cli(*vit, timeout=300)
     assert "Traceback" not in result.stderr and (result.returncode == 0 or "--xla_gpu_enable_triton_gemm=false"
                                                  in result.stderr), result.stderr[-3000:]

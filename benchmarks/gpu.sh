@@ -25,9 +25,10 @@
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
 #     bash benchmarks/gpu.sh variants 2>&1 | tee gpu_variants.txt
-# goals: where a device is lent for 15 minutes in all, one call of about 7 minutes (budgets 420 s) measures what
-# issue 13's open goals need, NeoMesh alone: the 125M and 1.3B train steps as configured (MFU), the 125M step at
-# batch 16, decoding at batch 1 and 16 (latency), and the 1.3B decode profile (where its time goes).
+# goals: where a device is lent for 15 minutes in all, one call of about 7 minutes (budgets 420 s; with three more
+# decode runs, 6.2 minutes on an H100, 2026-11-27) measures what issue 13's open goals need, NeoMesh alone: the
+# 125M and 1.3B train steps as configured (MFU), the 125M step at batch 16, decoding at batch 1 and 16 (latency),
+# and the 1.3B decode profile (where its time goes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1  # a run cut off at its budget still shows what it printed
@@ -113,8 +114,9 @@ fi
 if wants profile; then
     # The 125M step spent a third of its kernel time (17 of 51 ms, chunked loss) in the tied logits' matmuls, on
     # XLA's Triton GEMMs at about 300 TFLOP/s where the blocks' matmuls ran on cuBLAS at about 700. Padded to 50304
-    # (now the GPU default) the step ran 14.6% faster on an H200; the profile says where its time goes now, and
-    # the runs after it what a vocabulary of 50304, no padding or cuBLAS for every matmul changes.
+    # (now the GPU default) the step ran 14.6% faster on an H200, and with cuBLAS for all its matmuls (the steps'
+    # option now: parallel/xla_flags.GPU_STEP_OPTIONS) 2.7% more on an H100; the profile says where its time goes
+    # now, and the runs after it what a vocabulary of 50304, no padding or XLA's Triton GEMMs change.
     run 100 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 3 \
         --no-peer --profile "${PROFILE_DIR:-/tmp/neomesh-gpu-profile}"
     run 60 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
@@ -123,10 +125,10 @@ if wants profile; then
         --no-peer --vocab 50304
     run 60 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
         --no-peer --logits-pad 0
-    run 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" "$python" benchmarks/train_step.py \
+    run 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=true" "$python" benchmarks/train_step.py \
         --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 --no-peer
     # 1.3B decoding at batch 1 took 1.47 ms per token on an H200 (goal 1.1) where reading its weights takes about
-    # 0.55: whether the time is in the kernels (small-M GEMMs below the memory bandwidth) or between them
+    # 0.55; on an H100 (1.65 ms) its kernels added up to the whole step: where they spend it
     run 90 "$python" benchmarks/generate.py --config configs/gpt_neo_1.3B.json --precision bfloat16 --batch-sizes 1 \
         --prompt-tokens 32 --new-tokens 128 --repeats 3 --neomesh-only \
         --profile "${PROFILE_DIR:-/tmp/neomesh-gpu-profile}/decode"

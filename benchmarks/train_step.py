@@ -300,6 +300,7 @@ def main(argv=None) -> None:
     import numpy as np
 
     from models.layers import logits_pad_multiple
+    from parallel.xla_flags import step_options
     from training.flops import peak_flops_per_second, train_flops_per_token
 
     device = jax.devices()[0]
@@ -334,9 +335,10 @@ def main(argv=None) -> None:
             add(f"transformers {theirs['version']} (Flax)", theirs)
     load = os.getloadavg()[0]
     pad = logits_pad_multiple(args.logits_pad)
+    options = "".join(f", {name}={value}" for name, value in step_options(device.platform).items())
     print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}"
           f"{', scan_layers' if args.scan else ''}{f', n_vocab {args.vocab}' if args.vocab else ''}"
-          f"{f', logits_pad_multiple {pad}' if pad else ''}; "
+          f"{f', logits_pad_multiple {pad}' if pad else ''}{options}; "
           f"JAX on {device.platform} ({device.device_kind}); {os.cpu_count()} cores, load {load:.1f}")
     print("| shape | implementation | tokens/s | MFU | peak memory | compile / first step s |")
     print("|---|---|---|---|---|---|")

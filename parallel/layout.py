@@ -149,6 +149,12 @@ class Layout:
         """The rules back in layout syntax."""
         return ",".join(f"{name}:{'+'.join(axes) or NOT_SPLIT}" for name, axes in self.rules)
 
+    @property
+    def platform(self) -> str:
+        """The platform of the mesh's devices: "cpu", "gpu" or "tpu" (a dry run's are the accelerators it compiles
+        for)."""
+        return self.mesh.devices.flat[0].platform
+
     def spec(self, names: Sequence[str | None], prefer: Sequence[str] = ()) -> PartitionSpec:
         """``prefer`` moves the rules of those dimensions to the front, so they win a contested mesh axis."""
         rules = sorted(resolution_rules(self.rules), key=lambda rule: rule[0] not in prefer)  # stable otherwise

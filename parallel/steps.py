@@ -20,6 +20,7 @@ from models.axes import constrain, target_platform
 from models.block import prestacked
 from parallel.layout import Layout, replicated
 from parallel.state import Params, TrainState, join_params, split_params
+from parallel.xla_flags import step_options
 from training.layer_stack import optimizer_step, stored_stacks, unstack_layers
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -146,7 +147,8 @@ def make_train_step(graphdef: nnx.GraphDef, objective, tx: optax.GradientTransfo
             return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return jax.jit(train_step, in_shardings=(state_shardings, data_shardings),
-                   out_shardings=(state_shardings, replicated(layout.mesh)), donate_argnums=0)
+                   out_shardings=(state_shardings, replicated(layout.mesh)), donate_argnums=0,
+                   compiler_options=step_options(layout.platform))
 
 
 def make_eval_step(graphdef: nnx.GraphDef, objective, layout: Layout, param_shardings: Params,
@@ -159,7 +161,8 @@ def make_eval_step(graphdef: nnx.GraphDef, objective, layout: Layout, param_shar
         with layout.active():
             return objective_sums(graphdef, objective, params, batch, compute_dtype)[0]
 
-    return jax.jit(eval_step, in_shardings=(param_shardings, data_shardings), out_shardings=replicated(layout.mesh))
+    return jax.jit(eval_step, in_shardings=(param_shardings, data_shardings), out_shardings=replicated(layout.mesh),
+                   compiler_options=step_options(layout.platform))
 
 
 def mean_of(sums: list[dict]) -> dict:

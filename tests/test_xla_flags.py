@@ -2,8 +2,12 @@
 
 import os
 
-from parallel.xla_flags import (CACHE_MAX_BYTES, DEFAULT_XLA_FLAGS, GPU_MEMORY_FRACTION, apply_defaults,
-                               with_defaults)
+import jax
+import jax.numpy as jnp
+import pytest
+
+from parallel.xla_flags import (CACHE_MAX_BYTES, DEFAULT_XLA_FLAGS, GPU_MEMORY_FRACTION, GPU_STEP_OPTIONS,
+                               apply_defaults, step_options, with_defaults)
 
 
 def test_xla_flag_defaults_keep_the_users_values():
@@ -24,6 +28,25 @@ def test_xla_flag_defaults_keep_the_users_values():
         environ = {given: "0.5"}
         apply_defaults(environ)
         assert environ[given] == "0.5" and other not in environ
+
+
+def test_the_steps_own_options_apply_on_gpus_unless_the_user_sets_them_or_turns_defaults_off():
+    environ = {}
+    apply_defaults(environ, compilation_cache=False)  # the process-wide defaults leave the steps' options alone
+    assert step_options("gpu", environ) == GPU_STEP_OPTIONS
+    assert step_options("cpu", environ) == step_options("tpu", environ) == {}
+    name = next(iter(GPU_STEP_OPTIONS))
+    assert name not in step_options("gpu", {"XLA_FLAGS": f"--{name}=true --xla_gpu_autotune_level=0"})
+    assert step_options("gpu", {"NEOMESH_XLA_DEFAULTS": "0"}) == {}
+
+
+def test_the_steps_gpu_options_are_ones_this_xla_compiles_with():
+    square = lambda x: x @ x  # noqa: E731
+    compiled = jax.jit(square, compiler_options=GPU_STEP_OPTIONS).lower(jnp.ones((4, 4))).compile()
+    assert compiled(jnp.ones((4, 4)))[0, 0] == 4
+    misspelt = {name[:-1]: value for name, value in GPU_STEP_OPTIONS.items()}
+    with pytest.raises(Exception, match="No such compile option"):  # what a renamed option would meet
+        jax.jit(square, compiler_options=misspelt).lower(jnp.ones((4, 4))).compile()
 
 
 def test_the_compilation_cache_defaults_to_the_users_cache_directory_unless_chosen_or_off(tmp_path, monkeypatch):

@@ -107,7 +107,7 @@ if wants scale; then
     run 45 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 \
         --scan --no-peer
     # 2.7B scanned with full rematerialisation: XLA:GPU plans 45.4 GB (41.0 GB unrolled; batch 32 still fits,
-    # 61.9 GB), XLA:CPU 55.3 GiB (unrolled 185 GiB: README, Speed); measured here is what the GPU really holds.
+    # 64.1 GB), XLA:CPU 55.3 GiB (unrolled 185 GiB: README, Speed); measured here is what the GPU really holds.
     run 45 "$python" benchmarks/train_step.py --shape 2.7B --seq 2048 --batch 4 --precision bfloat16 --steps 3 \
         --remat full --scan --no-peer
 fi

@@ -103,10 +103,10 @@ if wants decode; then
 fi
 if wants scale; then
     # The same 1.3B step scanned (recompute_grad none still recomputes elementwise values there): XLA:GPU's plan
-    # (train.py --dry-run --topology h100) is 34.6 GB against 37.1 unrolled; whether the scan costs speed here.
+    # (train.py --dry-run --topology h100) is 34.5 GB against 36.3 unrolled; whether the scan costs speed here.
     run 45 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 \
         --scan --no-peer
-    # 2.7B scanned with full rematerialisation: XLA:GPU plans 45.4 GB (41.0 GB unrolled; batch 32 still fits,
+    # 2.7B scanned with full rematerialisation: XLA:GPU plans 45.0 GB (40.2 GB unrolled; batch 32 still fits,
     # 64.1 GB), XLA:CPU 55.3 GiB (unrolled 185 GiB: README, Speed); measured here is what the GPU really holds.
     run 45 "$python" benchmarks/train_step.py --shape 2.7B --seq 2048 --batch 4 --precision bfloat16 --steps 3 \
         --remat full --scan --no-peer

@@ -73,3 +73,20 @@ def test_the_bad_step_guard_applies_optax_apply_if_finite_in_place(platform, mon
     assert int(state_ours[1].total_notfinite) == 4 and int(state_ours[1].notfinite_count) == 0
     primitives = {e.primitive.name for e in jax.make_jaxpr(ours.update_and_apply)(grads, state_ours, params).eqns}
     assert ("cond" in primitives) == (platform != "gpu")
+
+
+def test_a_gradient_whose_norm_passes_float32s_range_is_a_bad_step():
+    """The guard judges a gradient by its norm: finite values whose squares sum past float32's range are skipped
+    and counted, where optax's element check let them through and, without clipping, left Adam's second moment
+    infinite (that parameter never moved again)."""
+    params = {"w": jnp.ones(3), "b": jnp.zeros(2)}
+    grads = {"w": jnp.full(3, 1e30), "b": jnp.ones(2)}
+    ours = guarded(spike_to_nan(0.0), optax.adamw(0.1), 2)
+    state = ours.init(params)
+    new, state = jax.jit(ours.update_and_apply)(grads, state, params)
+    assert jax.tree.all(jax.tree.map(jnp.array_equal, new, params))
+    assert int(state[1].total_notfinite) == 1 and int(state[1].notfinite_count) == 1
+    theirs = optax.chain(spike_to_nan(0.0), optax.apply_if_finite(optax.adamw(0.1), 2))
+    _, their_state = theirs.update(grads, theirs.init(params), params)
+    assert int(their_state[1].total_notfinite) == 0
+    assert not np.isfinite(their_state[1].inner_state[0].nu["w"]).all()

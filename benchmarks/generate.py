@@ -301,7 +301,8 @@ def compile_plan(args) -> None:
         cache = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(
             jax.eval_shape(prefill, params, rows_run, jax.ShapeDtypeStruct(rows_run.shape[:1], jnp.int32))))
         start = time.perf_counter()
-        compiled = lower_sample(graphdef, params, prompts, pad, settings, key).compile()
+        with placing(lambda names, prefer: on_device):  # traced for that device too: its attention kernels
+            compiled = lower_sample(graphdef, params, prompts, pad, settings, key).compile()
         seconds = time.perf_counter() - start
         rows.append((batch, cache, compiled.memory_analysis().temp_size_in_bytes,
                      loop_body_kernels(compiled.as_text()), seconds))

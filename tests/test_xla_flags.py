@@ -100,3 +100,32 @@ def test_flags_this_xla_does_not_know_are_found_before_they_end_a_process():
 
     known = "--xla_cpu_parallel_codegen_split_count=1"
     assert known_flags(["--xla_no_such_flag_anywhere=1", known]) == [known]
+
+
+def test_the_train_and_eval_steps_compile_with_the_step_options(monkeypatch):
+    """make_train_step and make_eval_step hand ``step_options`` of their layout's platform to XLA (on GPUs: cuBLAS
+    for their matmuls): an option this XLA does not know stops both compiles."""
+    from models import registry
+    from parallel import steps
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+    from parallel.state import abstract_train_state
+    from tests.common import tiny_config
+    from training.objectives import objective_for
+    from training.optimizer import learning_rate_schedule, make_optimizer
+
+    seen = []
+    monkeypatch.setattr(steps, "step_options", lambda platform: seen.append(platform) or {"xla_no_such_option": 1})
+    cfg = tiny_config(n_layer=1, attention_types=None)
+    layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
+    tx, objective = make_optimizer(cfg), objective_for(cfg)
+    graphdef, abstract, shardings = abstract_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout)
+    data = steps.batch_shardings(layout, objective, steps.batch_shapes(objective, cfg, cfg.train_batch_size))
+    batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data[name])
+             for name, shape in steps.batch_shapes(objective, cfg, cfg.train_batch_size).items()}
+    train = steps.make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data)
+    evaluate = steps.make_eval_step(graphdef, objective, layout, shardings.params, data)
+    for lowered in (train.lower(abstract, batch), evaluate.lower(abstract.params, batch)):
+        with pytest.raises(Exception, match="No such compile option"):
+            lowered.compile()
+    assert seen == ["cpu", "cpu"]

@@ -62,9 +62,14 @@ def known_flags(flags) -> list[str]:
     return flags if starts(flags) else [flag for flag in flags if starts([flag])]
 
 
+def flag_names(flags: str) -> set[str]:
+    """The names of the flags an XLA_FLAGS value sets (``--name=value`` -> ``name``)."""
+    return {part.lstrip("-").split("=", 1)[0] for part in flags.split()}
+
+
 def with_defaults(flags: str) -> str:
     """``flags`` (an XLA_FLAGS value) with every default flag it does not set appended."""
-    given = {part.lstrip("-").split("=", 1)[0] for part in flags.split()}
+    given = flag_names(flags)
     extra = [f"--{name}={value}" for name, value in DEFAULT_XLA_FLAGS.items() if name not in given]
     return " ".join([flags.strip(), *extra]).strip()
 
@@ -75,7 +80,7 @@ def step_options(platform: str, environ=os.environ) -> dict:
     ``NEOMESH_XLA_DEFAULTS=0``."""
     if platform != "gpu" or environ.get("NEOMESH_XLA_DEFAULTS", "1") == "0":
         return {}
-    given = {part.lstrip("-").split("=", 1)[0] for part in environ.get("XLA_FLAGS", "").split()}
+    given = flag_names(environ.get("XLA_FLAGS", ""))
     return {name: value for name, value in GPU_STEP_OPTIONS.items() if name not in given}
 
 

@@ -281,7 +281,10 @@ def compile_plan(args) -> None:
     on_device = jax.sharding.SingleDeviceSharding(devices[0])
     sizes = batch_sizes(args)
     cfg = checked_config(args)
-    with placing(lambda names, prefer: on_device):  # the layers choose their kernels for that device
+    def on_that_device(names, prefer):  # the layers choose their kernels for that device, built and traced
+        return on_device
+
+    with placing(on_that_device):
         graphdef, abstract, _ = abstract_model(lambda rngs: registry.build(cfg, rngs))
     dtype = jnp.bfloat16 if args.precision == "bfloat16" else jnp.float32
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype, sharding=on_device), abstract)
@@ -301,7 +304,7 @@ def compile_plan(args) -> None:
         cache = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(
             jax.eval_shape(prefill, params, rows_run, jax.ShapeDtypeStruct(rows_run.shape[:1], jnp.int32))))
         start = time.perf_counter()
-        with placing(lambda names, prefer: on_device):  # traced for that device too: its attention kernels
+        with placing(on_that_device):  # as predict.py samples under its layout
             compiled = lower_sample(graphdef, params, prompts, pad, settings, key).compile()
         seconds = time.perf_counter() - start
         rows.append((batch, cache, compiled.memory_analysis().temp_size_in_bytes,

@@ -31,7 +31,7 @@ from flax import nnx
 
 from config import ConfigError
 from models.axes import HEADS, axes, constrain, target_platform
-from models.kv_cache import CrossCache, LayerCache, LinearCache
+from models.kv_cache import CrossCache, LayerCache, LinearCache, heads_first
 from models.layers import dropout, over_flat_positions, projection
 from models.linear_attention import bidirectional_linear_attention, causal_linear_attention
 from models.rotary import apply_rotary
@@ -304,7 +304,7 @@ class Attention(nnx.Module):
         once, then every decoding step's cross-attention reads them."""
         k = constrain(over_flat_positions(self.k, context), KEY_VALUE)  # (B, S, N, H)
         v = constrain(over_flat_positions(self.v, context), KEY_VALUE)  # (B, S, N, H)
-        return CrossCache(k=k, v=v, segment_ids=context_segment_ids.astype(jnp.int32))
+        return CrossCache(k=heads_first(k), v=heads_first(v), segment_ids=context_segment_ids.astype(jnp.int32))
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
                  cache: LayerCache | LinearCache | CrossCache | None = None, dropout_key: jax.Array | None = None,
@@ -321,7 +321,7 @@ class Attention(nnx.Module):
         cross = context is not None or isinstance(cache, CrossCache)
         q = constrain(over_flat_positions(self.q, x), HEADS)  # (B, T, N, H)
         if isinstance(cache, CrossCache):
-            k, v, context_segment_ids = cache.k, cache.v, cache.segment_ids  # (B, S, N, H) x2, (B, S)
+            k, v, context_segment_ids = heads_first(cache.k), heads_first(cache.v), cache.segment_ids  # (B, S, N, H)
         else:
             source = x if context is None else context
             k = constrain(over_flat_positions(self.k, source), KEY_VALUE)  # (B, S, N, H)

@@ -66,7 +66,7 @@ class T5Stack(nnx.Module):
             # Buffer indices: a row's left padding shifts queries and keys alike, so key - query is unchanged.
             # Global layers cache every index, so the keys are the whole buffer 0..L-1.
             query = cache.index + jnp.arange(t)[None, :]  # (1, T)
-            keys = jnp.arange(cache.layers[0].k.shape[1])[None, :]  # (1, L)
+            keys = jnp.arange(cache.layers[0].length)[None, :]  # (1, L)
             bias = self.relative_attention_bias(query, keys)  # (1, N, T, L)
             positions = cache.positions(t)
         else:

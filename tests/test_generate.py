@@ -99,7 +99,7 @@ def test_cached_decoding_equals_full_recomputation(changes):
 def test_caches_keep_only_what_each_kind_needs():
     cfg = tiny_config(**EVERY_KIND)
     layers = GPTNeo(cfg, rngs=nnx.Rngs(0)).init_cache(1, 30, jnp.zeros((1,), jnp.int32)).layers
-    assert layers[0].k.shape[1] == 30 and layers[1].k.shape[1] == 4  # global: everything; local: its window
+    assert layers[0].length == 30 and layers[1].length == 4  # global: everything; local: its window
     assert layers[2].kv_sum.shape == (1, 4, 16, 16) and layers[3] is None  # linear: running sums; none: nothing
     # No per-position bookkeeping besides keys and values: each layer stored a (B, L) array of segment ids, the
     # same in every layer and written again every token (two kernels per layer and token on a GPU); a key's segment

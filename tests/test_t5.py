@@ -153,7 +153,7 @@ def test_cached_decoding_equals_full_recomputation(directories):
     pad = jnp.asarray([11 - n for n in lengths], jnp.int32)
     outputs = rng.integers(3, 300, (2, new))
     logits, cache, seen = jax.jit(lambda p, pad: neo.prefill(p, pad, new, jnp.float32))(jnp.asarray(prompts), pad)
-    assert cache.cross[0].k.shape == (2, 11, cfg.n_head, 16) and cache.layers[0].k.shape[1] == new + 1
+    assert cache.cross[0].k.shape == (2, cfg.n_head, 11, 16) and cache.layers[0].length == new + 1
     assert np.asarray(seen).sum() == 2 and bool(seen[0, 0])  # the repetition penalty counts the start token
     step = jax.jit(neo.decode_step)
     got = [np.asarray(logits)]

@@ -75,6 +75,36 @@ def test_the_bad_step_guard_applies_optax_apply_if_finite_in_place(platform, mon
     assert ("cond" in primitives) == (platform != "gpu")
 
 
+def test_with_spike_checking_the_guard_skips_what_optaxs_chain_skips():
+    """With grad_spike_factor set, the guarded update takes the spike check's verdict from its state and updates
+    with the gradient as it came (one norm for the check and clipping): the same parameters and state as optax's
+    chain, whose spike check turns a spike into NaNs for apply_if_finite, over ordinary steps, spikes (after the
+    check's warm-up) and non-finite steps."""
+    from training.optimizer import SPIKE_WARMUP
+
+    params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
+    inner = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(0.1))
+    ours = guarded(spike_to_nan(3.0), inner, 2)
+    theirs = optax.chain(spike_to_nan(3.0), optax.apply_if_finite(inner, 2))
+    state_ours, state_theirs = ours.init(params), theirs.init(params)
+    params_ours = params_theirs = params
+    rng = np.random.default_rng(1)
+    kinds = ["ordinary"] * SPIKE_WARMUP + ["spike", "ordinary", "nan", "spike", "ordinary"]
+    for step, kind in enumerate(kinds):
+        grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+        if kind == "spike":
+            grads = jax.tree.map(lambda g: 100 * g, grads)
+        if kind == "nan":
+            grads["b"] = grads["b"].at[1].set(jnp.nan)
+        params_ours, state_ours = jax.jit(ours.update_and_apply)(grads, state_ours, params_ours)
+        updates, state_theirs = theirs.update(grads, state_theirs, params_theirs)
+        params_theirs = optax.apply_updates(params_theirs, updates)
+        for got, want in zip(jax.tree.leaves((params_ours, state_ours)), jax.tree.leaves((params_theirs,
+                                                                                          state_theirs))):
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"step {step} ({kind})")
+    assert int(state_ours[1].total_notfinite) == 3 and int(state_ours[0].accepted) == SPIKE_WARMUP + 2
+
+
 def test_a_gradient_whose_norm_passes_float32s_range_is_a_bad_step():
     """The guard judges a gradient by its norm: finite values whose squares sum past float32's range are skipped
     and counted, where optax's element check let them through and, without clipping, left Adam's second moment

@@ -11,16 +11,16 @@
 # the exit status says whether any failed. Parts, in this order: attention train decode scale (the default);
 # profile: where the 125M step's time goes, by XLA op (benchmarks/xla_profile.py; its trace in $PROFILE_DIR),
 # then the same step four ways besides: its loss chunked, its vocabulary 50304 (another model), the head's matmul
-# not padded (logits_pad_multiple 0; GPUs pad it to 50304 by default), and every matmul on cuBLAS instead of XLA's
-# Triton GEMMs, and 1.3B decoding at batch 1 by XLA op; variants: the 1.3B step with and without
-# logits_pad_multiple 128 (measured on an H200, README: GPU numbers), the 125M step at batch 16 and 32, and 125M
-# decoding with decode_kernel cudnn.
+# not padded (logits_pad_multiple 0; GPUs pad it to 50304 by default), and its matmuls on XLA's Triton GEMMs
+# instead of cuBLAS (the steps' default), and 1.3B decoding at batch 1 by XLA op; variants: the 1.3B step with and
+# without logits_pad_multiple 128 (measured on an H200, README: GPU numbers), the 125M step at batch 16 and 32 and
+# with each layer's q, k and v projections left unmerged, and 125M decoding with decode_kernel cudnn.
 # The default's budgets add up to 14.5 minutes, most of them for the PyTorch peers' compiles (torch.compile:
 # 42-49 s for the 125M step, 76-82 s for 1.3B; transformers' static cache at batch 16 outran a 90 s budget, for
 # 1.3B at batch 1 95 s: neither is asked for). From the H200's runs of 2026-11-27 (the attention test 39 s, both
 # train runs with their peers 284 s, a decode run alone 27-44 s) the whole should take about 10 minutes; it has
 # not been timed whole. Where one command may run 10 minutes at most, run it in four (each within its budgets,
-# 450 / 420 / 430 / 380 s plus the version check):
+# 450 / 420 / 430 / 440 s plus the version check):
 #     bash benchmarks/gpu.sh attention train 2>&1 | tee gpu_train.txt
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
@@ -147,8 +147,13 @@ if wants variants; then
         run 70 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch "$batch" --precision bfloat16 \
             --steps 10 --no-peer
     done
-    # decode_kernel cudnn: one flash attention call per layer and token instead of the XLA path's five kernels
-    # (XLA:GPU's plan: 179 kernels per token at batch 1 against 215), at batch 1 and 16
+    # XLA merges each layer's q, k and v projections into one GEMM and copies its three slices out (36 copies of
+    # 25 MB at 125M, batch 8); with the merge off (--xla_gpu_dot_merger_threshold_mb=0) its plan has no copies but
+    # 36 more GEMM launches, each reading the layer's input again: whether that is faster
+    run 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_dot_merger_threshold_mb=0" "$python" benchmarks/train_step.py \
+        --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 --no-peer
+    # decode_kernel cudnn: one flash attention call per layer and token instead of the XLA path's two kernels
+    # (XLA:GPU's plan: 179 kernels per token at batch 1 against 171), at batch 1 and 16
     run 60 "$python" benchmarks/generate.py --config configs/gpt_neo_125M.json --precision bfloat16 \
         --batch-sizes 1,16 --prompt-tokens 32 --new-tokens 128 --repeats 3 --neomesh-only --set decode_kernel=cudnn
 fi

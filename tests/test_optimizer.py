@@ -47,6 +47,17 @@ def test_adafactor_trains_and_is_sharding_invariant():
     np.testing.assert_allclose(sharded, single, atol=1e-5)
 
 
+def step_both(ours, theirs, grads, mine: tuple, their: tuple, what: str) -> tuple[tuple, tuple]:
+    """One step of the guarded update and of optax's chain with apply_updates, from (params, state) each: the new
+    pairs, asserted equal."""
+    mine = jax.jit(ours.update_and_apply)(grads, mine[1], mine[0])
+    updates, state = theirs.update(grads, their[1], their[0])
+    their = (optax.apply_updates(their[0], updates), state)
+    for got, want in zip(jax.tree.leaves(mine), jax.tree.leaves(their)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=what)
+    return mine, their
+
+
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])  # a cond elsewhere, a select on GPUs
 def test_the_bad_step_guard_applies_optax_apply_if_finite_in_place(platform, monkeypatch):
     """The train step's guarded update (the choice made around the update and the add) against optax's chain and
@@ -64,12 +75,8 @@ def test_the_bad_step_guard_applies_optax_apply_if_finite_in_place(platform, mon
         grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
         if bad:
             grads["w"] = grads["w"].at[0, 1].set(jnp.nan)
-        params_ours, state_ours = jax.jit(ours.update_and_apply)(grads, state_ours, params_ours)
-        updates, state_theirs = theirs.update(grads, state_theirs, params_theirs)
-        params_theirs = optax.apply_updates(params_theirs, updates)
-        for got, want in zip(jax.tree.leaves((params_ours, state_ours)), jax.tree.leaves((params_theirs,
-                                                                                          state_theirs))):
-            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"step {step}")
+        (params_ours, state_ours), (params_theirs, state_theirs) = step_both(
+            ours, theirs, grads, (params_ours, state_ours), (params_theirs, state_theirs), f"step {step}")
     assert int(state_ours[1].total_notfinite) == 4 and int(state_ours[1].notfinite_count) == 0
     primitives = {e.primitive.name for e in jax.make_jaxpr(ours.update_and_apply)(grads, state_ours, params).eqns}
     assert ("cond" in primitives) == (platform != "gpu")
@@ -96,12 +103,8 @@ def test_with_spike_checking_the_guard_skips_what_optaxs_chain_skips():
             grads = jax.tree.map(lambda g: 100 * g, grads)
         if kind == "nan":
             grads["b"] = grads["b"].at[1].set(jnp.nan)
-        params_ours, state_ours = jax.jit(ours.update_and_apply)(grads, state_ours, params_ours)
-        updates, state_theirs = theirs.update(grads, state_theirs, params_theirs)
-        params_theirs = optax.apply_updates(params_theirs, updates)
-        for got, want in zip(jax.tree.leaves((params_ours, state_ours)), jax.tree.leaves((params_theirs,
-                                                                                          state_theirs))):
-            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"step {step} ({kind})")
+        (params_ours, state_ours), (params_theirs, state_theirs) = step_both(
+            ours, theirs, grads, (params_ours, state_ours), (params_theirs, state_theirs), f"step {step} ({kind})")
     assert int(state_ours[1].total_notfinite) == 3 and int(state_ours[0].accepted) == SPIKE_WARMUP + 2
 
 

@@ -120,9 +120,9 @@ def test_the_train_and_eval_steps_compile_with_the_step_options(monkeypatch):
     layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
     tx, objective = make_optimizer(cfg), objective_for(cfg)
     graphdef, abstract, shardings = abstract_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout)
-    data = steps.batch_shardings(layout, objective, steps.batch_shapes(objective, cfg, cfg.train_batch_size))
-    batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data[name])
-             for name, shape in steps.batch_shapes(objective, cfg, cfg.train_batch_size).items()}
+    shapes = steps.batch_shapes(objective, cfg, cfg.train_batch_size)
+    data = steps.batch_shardings(layout, objective, shapes)
+    batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data[name]) for name, shape in shapes.items()}
     train = steps.make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data)
     evaluate = steps.make_eval_step(graphdef, objective, layout, shardings.params, data)
     for lowered in (train.lower(abstract, batch), evaluate.lower(abstract.params, batch)):

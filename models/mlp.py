@@ -7,7 +7,7 @@ import jax
 from flax import nnx
 
 from models.axes import constrain
-from models.layers import ACTIVATIONS, over_flat_positions, projection
+from models.layers import feed_forward_activation, over_flat_positions, projection
 from models.spec import MlpSpec
 
 INTERMEDIATE = ("batch", "sequence", "intermediate_expanded")  # (B, T, F)
@@ -25,7 +25,7 @@ class Mlp(nnx.Module):
                                  bias=bias) if spec.kind == "glu" else None
         self.c_proj = projection("PF,FD->PD", (f, d), ("intermediate_expanded", "embd"), proj_std, rngs,
                                  bias=("embd",) if spec.bias else None)
-        self.activation = ACTIVATIONS[spec.activation]
+        self.activation = feed_forward_activation(spec.activation)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """(B, T, D) -> (B, T, D)."""

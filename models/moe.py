@@ -30,7 +30,7 @@ from flax import nnx
 
 from models.aux_losses import sow_aux_losses
 from models.axes import axes, constrain
-from models.layers import ACTIVATIONS, BASE_STDDEV
+from models.layers import BASE_STDDEV, feed_forward_activation
 from models.spec import MlpSpec
 
 # Letters beyond the shared dimension names: C the capacity slots of one expert, K a token's top_k choices.
@@ -91,7 +91,7 @@ class MoeMlp(nnx.Module):
         self.w_out = nnx.Param(normal(proj_std)(rngs.params(), (e, f, d)),
                                **axes("experts", "intermediate_expanded", "embd"))  # (E, F, D)
         self.b_out = nnx.Param(jnp.zeros((e, d)), **axes("experts", "embd"))  # (E, D)
-        self.activation = ACTIVATIONS[spec.activation]
+        self.activation = feed_forward_activation(spec.activation)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """(B, T, D) -> (B, T, D); sows this layer's routing statistics."""

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.block import Block
+from models.layers import ACTIVATIONS
+from models.mlp import Mlp
 from models.gpt_neo import AxialPositions
 from models.spec import AttentionSpec, BlockSpec, MlpSpec
 from tests import references as ref
@@ -148,3 +150,26 @@ def test_axial_positions_average_a_row_and_a_column():
     got = np.asarray(axial(jnp.asarray(positions)))
     want = np.stack([(rows[p // 8] + columns[p % 8]) / 2 for p in positions[0]])[None]
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind, kept", [("dense", 2), ("glu", 4)])
+@pytest.mark.parametrize("activation", ["gelu", "silu"])
+def test_feed_forward_keeps_no_intermediate_of_its_activation(kind, kept, activation):
+    """What the backward pass keeps at the size of the (B, T, F) intermediate: the activation's input and what the
+    matmuls read (dense: its output; glu: the value half, the activation's output and their product), not the
+    activation's own intermediates (tanh gelu: five arrays in all), and the same gradients."""
+    mlp = Mlp(MlpSpec(kind=kind, n_embd=D, d_ff=F, activation=activation), rngs=nnx.Rngs(0))
+    randomized(mlp)
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 5, D)), jnp.float32)
+
+    def backward(mlp):
+        graph, params = nnx.split(mlp)
+        _, vjp = jax.vjp(lambda p: nnx.merge(graph, p)(x), params)
+        intermediates = [leaf for leaf in jax.tree.leaves(vjp) if leaf.size == 2 * 5 * F]
+        return len(intermediates), vjp(jnp.ones_like(x))[0]
+
+    count, grads = backward(mlp)
+    mlp.activation = ACTIVATIONS[activation]  # what autodiff keeps of the plain function
+    plain_count, plain_grads = backward(mlp)
+    assert count == kept < plain_count
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), grads, plain_grads)

@@ -25,8 +25,8 @@
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
 #     bash benchmarks/gpu.sh variants 2>&1 | tee gpu_variants.txt
-# goals: where a device is lent for 15 minutes in all, one call of about 7 minutes (budgets 430 s; with three more
-# decode runs, 6.2 minutes on an H100, 2026-11-27) measures what issue 13's open goals need, NeoMesh alone: the
+# goals: where a device is lent for 15 minutes in all, one call of 3 to 7 minutes (budgets 430 s; 2.9 minutes on an
+# H100, 2026-11-27 night) measures what issue 13's open goals need, NeoMesh alone: the
 # 125M and 1.3B train steps as configured (MFU), the 125M step at batch 16, decoding at batch 1 and 16 (latency),
 # and the 125M step's profile (where its time goes; 1.3B decoding's, the part's last run until then, spent its
 # time in the kernels: README, Speed).

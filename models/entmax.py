@@ -1,5 +1,5 @@
 """alpha-entmax: a sparse alternative to softmax (Peters, Niculae & Martins, 2019), for GPT-Neo's ``entmax_loss``
-and entmax sampling.
+(training/objectives.entmax_loss) and entmax sampling.
 
     entmax(z) = argmax over the simplex of  p.z + sum_j (p_j - p_j^alpha) / (alpha (alpha - 1))
               = [(alpha - 1) z - tau]_+ ^ (1 / (alpha - 1)),   tau such that the p sum to 1.
@@ -9,7 +9,7 @@ alpha 1.3 (its models/utils.py) and found tau by bisection, as here: no exact so
 
 GPT-Neo's loss was -log entmax(z)[target], which is infinite (NaN through its one-hot product) once any vocabulary
 entry leaves the support. ``entmax_loss`` is the paper's entmax loss instead: finite, zero only when entmax(z) is
-the target's one-hot, gradient entmax(z) - one_hot(target).
+the target's one-hot, gradient entmax(z) - one_hot(target) (training/objectives.py).
 """
 
 from __future__ import annotations
@@ -67,19 +67,6 @@ def _entmax_backward(alpha, p, g):
 
 
 entmax.defvjp(_entmax_forward, _entmax_backward)
-
-
-def entmax_loss(logits: jax.Array, targets: jax.Array, alpha: float = GPT_NEO_ALPHA) -> jax.Array:
-    """(..., V) logits and (...) integer targets -> (...) float32 entmax losses
-
-        (p - one_hot(y)).z + (1 - sum_j p_j^alpha) / (alpha (alpha - 1)),   p = entmax(z),
-
-    the Fenchel-Young loss of the Tsallis entropy: >= 0, zero only when p is y's one-hot. p maximises the
-    regularised score, so the gradient is p - one_hot(y) with p held constant."""
-    z = logits.astype(jnp.float32)
-    p = jax.lax.stop_gradient(entmax(z, alpha))  # (..., V)
-    target_score = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]  # (...)
-    return jnp.sum(p * z, axis=-1) - target_score + (1.0 - jnp.sum(p ** alpha, axis=-1)) / (alpha * (alpha - 1.0))
 
 
 def sample(key: jax.Array, logits: jax.Array, alpha: float = GPT_NEO_ALPHA) -> jax.Array:

@@ -11,7 +11,7 @@ from flax import nnx
 
 import predict
 from models import registry
-from models.entmax import entmax, entmax_loss
+from models.entmax import entmax
 from models.generate import Sampling, choose
 from models.moe import MoeMlp
 from models.spec import block_spec, gpt_neo_attention_init, gpt_neo_mlp_init
@@ -20,7 +20,7 @@ from tests import references as ref
 from tests.common import random_batches, tiny_config
 from tests.test_blocks import numpy_block, randomized
 from tests.test_moe import numpy_moe, run
-from training.objectives import objective_for, report
+from training.objectives import entmax_loss, objective_for, report
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -100,9 +100,18 @@ def test_entmax_gradient_is_gpt_neos_and_the_true_derivative():
     np.testing.assert_allclose(got, numeric, atol=1e-4)
 
 
-def test_entmax_loss_value_and_gradient():
+@pytest.mark.parametrize("platform", ["gpu", "cpu"])
+def test_entmax_loss_value_and_gradient(platform, monkeypatch):
+    """The same loss and gradient with the target's score picked (GPUs: no scatter in the gradient) or gathered."""
+    from tests.common import jaxpr_equations
+    from training import objectives
+
+    monkeypatch.setattr(objectives, "target_platform", lambda: platform)
     targets = np.random.default_rng(2).integers(0, SCORES.shape[-1], SCORES.shape[:-1])
     z, y = jnp.asarray(SCORES), jnp.asarray(targets)
+    gradient = jax.make_jaxpr(jax.grad(lambda z: entmax_loss(z, y).sum()))(z)
+    scatters = sum(e.primitive.name.startswith("scatter") for e in jaxpr_equations(gradient.jaxpr))
+    assert (scatters == 0) == (platform == "gpu")
     got = np.asarray(entmax_loss(z, y))
     np.testing.assert_allclose(got, numpy_entmax_loss(SCORES, targets), rtol=1e-5, atol=1e-5)
     assert (got >= -1e-6).all()

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from config import Config, ConfigError
-from models.entmax import entmax_loss
+from models.entmax import GPT_NEO_ALPHA, entmax
 from models.aux_losses import sow_aux_losses
 from models.axes import LOGITS, constrain, target_platform
 
@@ -91,6 +91,20 @@ def target_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
         vocab = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
         return jnp.sum(jnp.where(vocab == targets[..., None], logits, 0), axis=-1)
     return jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+
+
+def entmax_loss(logits: jax.Array, targets: jax.Array, alpha: float = GPT_NEO_ALPHA) -> jax.Array:
+    """(..., V) logits and (...) integer targets -> (...) float32 entmax losses
+
+        (p - one_hot(y)).z + (1 - sum_j p_j^alpha) / (alpha (alpha - 1)),   p = entmax(z),
+
+    the Fenchel-Young loss of the Tsallis entropy: >= 0, zero only when p is y's one-hot. p maximises the
+    regularised score, so the gradient is p - one_hot(y) with p held constant. The target's score is picked as
+    cross-entropy's is (``target_logits``)."""
+    z = logits.astype(jnp.float32)
+    p = jax.lax.stop_gradient(entmax(z, alpha))  # (..., V)
+    target_score = target_logits(z, targets)  # (...)
+    return jnp.sum(p * z, axis=-1) - target_score + (1.0 - jnp.sum(p ** alpha, axis=-1)) / (alpha * (alpha - 1.0))
 
 
 @dataclasses.dataclass(frozen=True)

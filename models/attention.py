@@ -373,10 +373,13 @@ class Attention(nnx.Module):
             if bias is not None:  # the slots have no position: no bias for them
                 bias = jnp.pad(bias, [(0, 0), (0, 0), (0, 0), (slots, 0)])
         attend = self.attention_fn or softmax_attention  # called with q, k, v and CALL_KEYWORDS
-        return attend(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
-                      window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
-                      mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,
-                      kernel=self.kernel if mask is None else self.decode_kernel if decoding else "xla", bias=bias)
+        # Named by kind, so that a profile tells global layers' attention kernels from local ones'.
+        with jax.named_scope("cross_attention" if cross else f"{s.kind}_attention"):
+            return attend(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
+                          window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
+                          mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,
+                          kernel=self.kernel if mask is None else self.decode_kernel if decoding else "xla",
+                          bias=bias)
 
     def _linear(self, q, k, v, segment_ids, cache):
         real = None if segment_ids is None else segment_ids != 0

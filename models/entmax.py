@@ -1,5 +1,5 @@
 """alpha-entmax: a sparse alternative to softmax (Peters, Niculae & Martins, 2019), for GPT-Neo's ``entmax_loss``
-(training/objectives.entmax_loss) and entmax sampling.
+(training/token_losses.entmax_loss) and entmax sampling.
 
     entmax(z) = argmax over the simplex of  p.z + sum_j (p_j - p_j^alpha) / (alpha (alpha - 1))
               = [(alpha - 1) z - tau]_+ ^ (1 / (alpha - 1)),   tau such that the p sum to 1.
@@ -9,7 +9,7 @@ alpha 1.3 (its models/utils.py) and found tau by bisection, as here: no exact so
 
 GPT-Neo's loss was -log entmax(z)[target], which is infinite (NaN through its one-hot product) once any vocabulary
 entry leaves the support. ``entmax_loss`` is the paper's entmax loss instead: finite, zero only when entmax(z) is
-the target's one-hot, gradient entmax(z) - one_hot(target) (training/objectives.py).
+the target's one-hot, gradient entmax(z) - one_hot(target) (training/token_losses.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from tests import references as ref
 from tests.common import random_batches, tiny_config
 from tests.test_blocks import numpy_block, randomized
 from tests.test_moe import numpy_moe, run
-from training.objectives import entmax_loss, objective_for, report
+from training.objectives import objective_for, report
+from training.token_losses import entmax_loss
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -104,9 +105,9 @@ def test_entmax_gradient_is_gpt_neos_and_the_true_derivative():
 def test_entmax_loss_value_and_gradient(platform, monkeypatch):
     """The same loss and gradient with the target's score picked (GPUs: no scatter in the gradient) or gathered."""
     from tests.common import jaxpr_equations
-    from training import objectives
+    from training import token_losses
 
-    monkeypatch.setattr(objectives, "target_platform", lambda: platform)
+    monkeypatch.setattr(token_losses, "target_platform", lambda: platform)
     targets = np.random.default_rng(2).integers(0, SCORES.shape[-1], SCORES.shape[:-1])
     z, y = jnp.asarray(SCORES), jnp.asarray(targets)
     gradient = jax.make_jaxpr(jax.grad(lambda z: entmax_loss(z, y).sum()))(z)
@@ -192,15 +193,15 @@ def assert_same_loss_and_grads(got, want):
 def test_cross_entropy_picks_the_targets_logits_as_a_gather_would_and_on_gpus_its_gradient_scatters_nothing(
         dtype, platform, monkeypatch):
     """For a GPU the targets' logits are picked by comparison with the vocabulary's positions
-    (objectives.target_logits), elsewhere gathered: the losses and gradients are those of optax's gather to
+    (token_losses.target_logits), elsewhere gathered: the losses and gradients are those of optax's gather to
     float32 rounding either way, and for a GPU the gradient's program has no scatter (a gather's writes a float32
     (..., V) array of zeros first: 3.3 GB for GPT-Neo 125M at T=2048, batch 8)."""
     import optax
 
     from tests.common import jaxpr_equations
-    from training import objectives
+    from training import token_losses
 
-    monkeypatch.setattr(objectives, "target_platform", lambda: platform)
+    monkeypatch.setattr(token_losses, "target_platform", lambda: platform)
     logits = (3 * jax.random.normal(jax.random.key(0), (2, 5, 37))).astype(dtype)
     targets = jax.random.randint(jax.random.key(1), (2, 5), 0, 37)
     weights = jax.random.uniform(jax.random.key(2), (2, 5))
@@ -208,7 +209,7 @@ def test_cross_entropy_picks_the_targets_logits_as_a_gather_would_and_on_gpus_it
     def gathered(x, y):
         return optax.softmax_cross_entropy_with_integer_labels(x.astype(jnp.float32), y)
 
-    ours = objectives.cross_entropy
+    ours = token_losses.cross_entropy
     np.testing.assert_allclose(ours(logits, targets), gathered(logits, targets), rtol=1e-6, atol=1e-6)
     grads = [jax.grad(lambda x, f=f: jnp.sum(weights * f(x, targets)))(logits) for f in (ours, gathered)]
     assert grads[0].dtype == dtype
@@ -219,6 +220,32 @@ def test_cross_entropy_picks_the_targets_logits_as_a_gather_would_and_on_gpus_it
         return sum(e.primitive.name.startswith("scatter") for e in jaxpr_equations(gradient.jaxpr))
 
     assert scatters(gathered) > 0 and (scatters(ours) == 0) == (platform == "gpu")
+
+
+@pytest.mark.parametrize("platform", ["gpu", "cpu"])
+def test_log_normaliser_is_logsumexp_and_on_gpus_reads_the_logits_once(platform, monkeypatch):
+    """token_losses.log_normaliser equals jax.nn.logsumexp, value and gradient, for logits near 0, far from it in
+    either direction and with masked (-inf) entries; for a GPU its forward pass is one reduction over the
+    vocabulary (maximum and sum together), where logsumexp's is two."""
+    from tests.common import jaxpr_equations
+    from training import token_losses
+
+    monkeypatch.setattr(token_losses, "target_platform", lambda: platform)
+    x = 3 * jax.random.normal(jax.random.key(0), (4, 3, 37))
+    x = x + jnp.array([0.0, 200.0, -200.0, 0.0])[:, None, None]  # exp of either over- or underflows float32
+    x = x.at[3, :, ::2].set(-jnp.inf)
+    cotangent = jax.random.uniform(jax.random.key(1), (4, 3))
+    got, grad = jax.value_and_grad(lambda x: jnp.sum(cotangent * token_losses.log_normaliser(x)))(x)
+    want, want_grad = jax.value_and_grad(lambda x: jnp.sum(cotangent * jax.nn.logsumexp(x, axis=-1)))(x)
+    np.testing.assert_allclose(np.asarray(token_losses.log_normaliser(x)), np.asarray(jax.nn.logsumexp(x, -1)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-7)
+    assert (np.asarray(grad)[3, :, ::2] == 0).all()
+
+    program = jax.make_jaxpr(lambda x: token_losses.log_normaliser(x))(x)  # a new function: jax caches traces
+    reductions = [e.primitive.name for e in jaxpr_equations(program.jaxpr) if e.primitive.name.startswith("reduce")]
+    assert reductions == (["reduce"] if platform == "gpu" else ["reduce_max", "reduce_sum"])
 
 
 @pytest.mark.parametrize("chunk", [3, 4])  # 3 leaves a padded last chunk of the 8 positions

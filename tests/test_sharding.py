@@ -40,9 +40,9 @@ def test_losses_match_one_device(reference, mesh_shape, layout):
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])  # the targets' logits gathered, or picked as on GPUs
 def test_chunked_loss_on_a_vocab_split_mesh_matches_one_device(reference, platform, monkeypatch):
     """loss_chunk's scan over sequence chunks, with the vocabulary (and tied embedding) split over y."""
-    from training import objectives
+    from training import token_losses
 
-    monkeypatch.setattr(objectives, "target_platform", lambda: platform)
+    monkeypatch.setattr(token_losses, "target_platform", lambda: platform)
     cfg, batches, single = reference
     chunked = train_losses(cfg.replace(loss_chunk=cfg.n_ctx // 4), batches, "x:2,y:4", "batch:x,embd:y,vocab:y")
     np.testing.assert_allclose(chunked, single, rtol=0, atol=1e-5)

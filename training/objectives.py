@@ -8,7 +8,7 @@ losses and weights over batches so the mean is exact for any number of batches. 
 the config's ``task`` picks the objective here.
 
 The language-model objectives take GPT-Neo's loss options (``token_loss``): ``entmax_loss`` replaces softmax
-cross-entropy by the entmax loss (models/entmax.py), and ``z_loss`` adds ``z_loss * mean(logsumexp(logits)^2)``
+cross-entropy by the entmax loss (training/token_losses.py), and ``z_loss`` adds ``z_loss * mean(logsumexp(logits)^2)``
 to the training loss, sown like a layer's auxiliary loss so that ``loss``, evaluation and perplexity stay the
 cross-entropy and the mean squared log-normaliser is reported as ``logits_z_loss``.
 
@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 
 from config import Config, ConfigError
-from models.entmax import GPT_NEO_ALPHA, entmax
 from models.aux_losses import sow_aux_losses
-from models.axes import LOGITS, constrain, target_platform
+from models.axes import LOGITS, constrain
+from training.token_losses import cross_entropy, entmax_loss, log_normaliser, target_logits
 
 Output = tuple[jax.Array, dict]  # (per-target losses, {metric: per-target values})
 
@@ -73,40 +73,6 @@ SEQUENCE = ("batch", None)
 PER_EXAMPLE = ("batch",)
 
 
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Softmax cross-entropy in float32 of (..., V) logits against (...) integer targets (in range)."""
-    logits = logits.astype(jnp.float32)
-    return jax.nn.logsumexp(logits, axis=-1) - target_logits(logits, targets)
-
-
-def target_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """(..., V) logits, (...) targets -> (...) the targets' logits. On GPUs they are picked by comparing the
-    vocabulary's positions with the target rather than gathered: a gather's gradient is a scatter into a float32
-    (..., V) array of zeros (3.3 GB for GPT-Neo 125M at T=2048, batch 8), written and read again, where the
-    comparison's is elementwise and fuses into the softmax's gradient. XLA:GPU's plan of that 125M step for an
-    H100 moves 58.4 GB instead of 73.2 (9.61 GB of temporaries instead of 11.3); 1.3B at batch 4 155.6 GB instead
-    of 163.0. On a CPU the comparison made the 4 x 256 step 14% slower (892-988 against 1,025-1,134 tokens/s,
-    three runs each), so CPUs, and TPUs (unmeasured), gather."""
-    if target_platform() == "gpu":
-        vocab = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
-        return jnp.sum(jnp.where(vocab == targets[..., None], logits, 0), axis=-1)
-    return jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-
-
-def entmax_loss(logits: jax.Array, targets: jax.Array, alpha: float = GPT_NEO_ALPHA) -> jax.Array:
-    """(..., V) logits and (...) integer targets -> (...) float32 entmax losses
-
-        (p - one_hot(y)).z + (1 - sum_j p_j^alpha) / (alpha (alpha - 1)),   p = entmax(z),
-
-    the Fenchel-Young loss of the Tsallis entropy: >= 0, zero only when p is y's one-hot. p maximises the
-    regularised score, so the gradient is p - one_hot(y) with p held constant. The target's score is picked as
-    cross-entropy's is (``target_logits``)."""
-    z = logits.astype(jnp.float32)
-    p = jax.lax.stop_gradient(entmax(z, alpha))  # (..., V)
-    target_score = target_logits(z, targets)  # (...)
-    return jnp.sum(p * z, axis=-1) - target_score + (1.0 - jnp.sum(p ** alpha, axis=-1)) / (alpha * (alpha - 1.0))
-
-
 @dataclasses.dataclass(frozen=True)
 class TokenLoss:
     """How a language model's (..., V) logits are scored against (...) targets (GPT-Neo's loss options)."""
@@ -120,13 +86,16 @@ class TokenLoss:
         """Per-target losses; sows the weighted z-loss on ``model`` (the steps add it to the training loss)."""
         if self.entmax:
             return entmax_loss(logits, targets)
-        if self.z_loss:
-            self.sow_z_loss(model, jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1), weights)
-        return cross_entropy(logits, targets)
+        if not self.z_loss:
+            return cross_entropy(logits, targets)
+        logits = logits.astype(jnp.float32)
+        normalisers = log_normaliser(logits)  # (...)
+        self.sow_z_loss(model, normalisers, weights)
+        return normalisers - target_logits(logits, targets)
 
-    def sow_z_loss(self, model, log_normaliser: jax.Array, weights: jax.Array) -> None:
+    def sow_z_loss(self, model, normalisers: jax.Array, weights: jax.Array) -> None:
         """Sows ``z_loss * mean(logsumexp(logits)^2)`` from the (B, T) log-normalisers."""
-        mean_square = jnp.sum(weights * log_normaliser ** 2) / jnp.maximum(jnp.sum(weights), 1.0)
+        mean_square = jnp.sum(weights * normalisers ** 2) / jnp.maximum(jnp.sum(weights), 1.0)
         sow_aux_losses(model, self.z_loss * mean_square, logits_z_loss=mean_square)
 
 
@@ -150,8 +119,8 @@ def chunked_token_losses(model, hidden: jax.Array, targets: jax.Array, weights: 
     def step(carry, chunk):
         h, y = chunk
         logits = constrain(model.logits(h), LOGITS).astype(jnp.float32)  # (B, C, V)
-        log_normaliser = jax.nn.logsumexp(logits, axis=-1)  # (B, C)
-        return carry, (log_normaliser - target_logits(logits, y), log_normaliser)
+        normalisers = log_normaliser(logits)  # (B, C)
+        return carry, (normalisers - target_logits(logits, y), normalisers)
 
     _, (losses, log_normalisers) = jax.lax.scan(step, None, (hidden, chunks))
     losses, log_normalisers = (x.swapaxes(0, 1).reshape(b, n * c)[:, :t] for x in (losses, log_normalisers))

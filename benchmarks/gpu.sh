@@ -106,8 +106,8 @@ if wants scale; then
     # (train.py --dry-run --topology h100) is 34.5 GB against 36.3 unrolled; whether the scan costs speed here.
     run 45 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 \
         --scan --no-peer
-    # 2.7B scanned with full rematerialisation: XLA:GPU plans 45.0 GB (40.2 GB unrolled; batch 32 still fits,
-    # 64.1 GB), XLA:CPU 55.3 GiB (unrolled 185 GiB: README, Speed); measured here is what the GPU really holds.
+    # 2.7B scanned with full rematerialisation: XLA:GPU plans 44.8 GB (40.2 GB unrolled; batch 32 still fits,
+    # 62.8 GB), XLA:CPU 55.3 GiB (unrolled 185 GiB: README, Speed); measured here is what the GPU really holds.
     run 45 "$python" benchmarks/train_step.py --shape 2.7B --seq 2048 --batch 4 --precision bfloat16 --steps 3 \
         --remat full --scan --no-peer
 fi

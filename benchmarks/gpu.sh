@@ -20,7 +20,7 @@
 # 1.3B at batch 1 95 s: neither is asked for). From the H200's runs of 2026-11-27 (the attention test 39 s, both
 # train runs with their peers 284 s, a decode run alone 27-44 s) the whole should take about 10 minutes; it has
 # not been timed whole. Where one command may run 10 minutes at most, run it in four (each within its budgets,
-# 450 / 420 / 430 / 440 s plus the version check):
+# 450 / 420 / 490 / 440 s plus the version check):
 #     bash benchmarks/gpu.sh attention train 2>&1 | tee gpu_train.txt
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
@@ -127,6 +127,13 @@ if wants profile; then
         --no-peer --logits-pad 0
     run 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=true" "$python" benchmarks/train_step.py \
         --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 --no-peer
+    # The log-normaliser in two passes over the logits (jax.nn.logsumexp) instead of the GPUs' one
+    # (training/token_losses.py; XLA's plan: 55.5 against 53.9 GB of kernel inputs and outputs)
+    run 60 "$python" -c 'import runpy, sys, jax, training.token_losses as losses
+losses.one_pass_logsumexp = lambda x: jax.nn.logsumexp(x, axis=-1)
+sys.argv = ["benchmarks/train_step.py", *sys.argv[1:]]
+runpy.run_path(sys.argv[0], run_name="__main__")' --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
+        --no-peer
     # 1.3B decoding at batch 1 took 1.47 ms per token on an H200 (goal 1.1) where reading its weights takes about
     # 0.55; on an H100 (1.65 ms) its kernels added up to the whole step: where they spend it
     run 90 "$python" benchmarks/generate.py --config configs/gpt_neo_1.3B.json --precision bfloat16 --batch-sizes 1 \

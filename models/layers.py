@@ -69,7 +69,6 @@ ACTIVATIONS.update({
 })
 
 
-
 @functools.cache  # one function per name: a layer's graph compares it, and the stacked layers must be equal
 def feed_forward_activation(name: str) -> Callable[[jax.Array], jax.Array]:
     """``ACTIVATIONS[name]`` for a feed-forward layer's (B, T, F) intermediate, its gradient computed from its input
@@ -79,6 +78,7 @@ def feed_forward_activation(name: str) -> Callable[[jax.Array], jax.Array]:
     (2026-11-27, T=2048, bf16, in one run) the 125M train step went from 419,257 to 423,494 tokens/s at batch 8
     (10.35 -> 9.22 GiB peak) and from 466,375 to 478,500 at batch 16 (19.12 -> 16.87 GiB)."""
     return jax.checkpoint(ACTIVATIONS[name])
+
 
 def over_flat_positions(project: Callable[[jax.Array], jax.Array], x: jax.Array, feature_dims: int = 1
                         ) -> jax.Array:

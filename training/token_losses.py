@@ -21,7 +21,7 @@ def log_normaliser(logits: jax.Array) -> jax.Array:
     """(..., V) logits -> (...) float32 logsumexp over the vocabulary. On GPUs in one pass over the logits
     (``one_pass_logsumexp``) where ``jax.nn.logsumexp`` makes two, the maximum and then the sum: XLA:GPU's plan of
     GPT-Neo 125M's train step (T=2048, batch 8, one H100) moves 53.9 GB of kernel inputs and outputs instead of
-    55.5, one read of the (16384, 50304) bfloat16 logits less (1.3B at batch 4: 170.6 GB instead of 171.4); not
+    55.5, one read of the (16384, 50304) bfloat16 logits less (1.3B at batch 4: 149.1 GB instead of 150.0); not
     yet timed on a GPU. Elsewhere, and where the layout splits the vocabulary (a pass over one device's part would
     need the others' maxima), in two."""
     logits = logits.astype(jnp.float32)

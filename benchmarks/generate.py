@@ -189,7 +189,7 @@ def profile_generation(args, graphdef, params, prompts: dict, settings, row: tup
                                     jax.random.key(0), GPU_PROFILE_OPTIONS if on_gpu else None)
     jax.block_until_ready(run())  # the first run's allocations stay out of the trace
     rows = profile(lambda: jax.block_until_ready(run()), hlo_text, args.profile, top=10 ** 6)
-    print_profile(rows[:20], args.profile)
+    print_profile(rows, args.profile, shown=20)
     traced = sum(millis for _, _, millis in rows) / args.new_tokens
     print(f"batch {batch}: the traced ops add up to {traced:.3f} ms per new token (prefill included) against "
           f"{row[3]:.3f} ms per new token timed; on a GPU the difference is time between kernels")

@@ -90,9 +90,14 @@ def op_totals(events: list[dict], names: dict[str, str]) -> collections.Counter:
     return totals
 
 
-def print_profile(rows: list[tuple], directory: str) -> None:
+def print_profile(rows: list[tuple], directory: str, shown: int = 25) -> None:
+    """The first ``shown`` of ``profile``'s rows, then what the others add up to and the total of them all, so that
+    the table accounts for the whole traced time."""
     print(f"\nXLA ops by summed duration per step (trace: {directory}; overlapping ops add up):")
     print("| ms per step | operation | XLA op |")
     print("|---:|---|---|")
-    for op, kind, millis in rows:
+    for op, kind, millis in rows[:shown]:
         print(f"| {millis:,.1f} | {op} | {kind} |")
+    if len(rows) > shown:
+        print(f"| {sum(millis for *_, millis in rows[shown:]):,.1f} | the {len(rows) - shown} other operations | |")
+    print(f"| {sum(millis for *_, millis in rows):,.1f} | all traced operations | |")

@@ -6,7 +6,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from benchmarks.xla_profile import op_names, op_totals
+from benchmarks.xla_profile import op_names, op_totals, print_profile
 from tests.common import ROOT
 
 
@@ -77,3 +77,12 @@ def test_kernels_of_a_cuda_graph_count_by_their_fusion_name_or_their_library():
         ("jvp()/while/body/closed_call/dot_general", "gemm_fusion_dot_general"): 1212.0,
         ("mul", "loop_multiply_fusion"): 1.5, ("-", "cuBLAS"): 121.0, ("-", "cuDNN"): 267.0,
         ("-", "input_reduce_fusion"): 4.0}
+
+
+def test_the_printed_profile_accounts_for_the_ops_it_leaves_out(capsys):
+    rows = [("ND,DF->NF/dot_general", "custom-call", 4.0), ("tanh", "fusion", 1.5), ("add", "fusion", 0.25),
+            ("mul", "fusion", 0.25)]
+    print_profile(rows, "/tmp/trace", shown=2)
+    table = capsys.readouterr().out.splitlines()[-4:]
+    assert table[:2] == ["| 4.0 | ND,DF->NF/dot_general | custom-call |", "| 1.5 | tanh | fusion |"]
+    assert table[2:] == ["| 0.5 | the 2 other operations | |", "| 6.0 | all traced operations | |"]

@@ -224,7 +224,7 @@ def test_cross_entropy_picks_the_targets_logits_as_a_gather_would_and_on_gpus_it
 
 @pytest.mark.parametrize("platform", ["gpu", "cpu"])
 def test_log_normaliser_is_logsumexp_and_on_gpus_reads_the_logits_once(platform, monkeypatch):
-    """token_losses.log_normaliser equals jax.nn.logsumexp, value and gradient, for logits near 0, far from it in
+    """token_losses.log_normaliser equals jax.nn.logsumexp, value and derivatives, for logits near 0, far from it in
     either direction and with masked (-inf) entries; for a GPU its forward pass is one reduction over the
     vocabulary (maximum and sum together), where logsumexp's is two, unless the layout splits the vocabulary."""
     from parallel.layout import Layout
@@ -244,6 +244,10 @@ def test_log_normaliser_is_logsumexp_and_on_gpus_reads_the_logits_once(platform,
     np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-5, atol=1e-7)
     assert (np.asarray(grad)[3, :, ::2] == 0).all()
+    tangent = jax.random.normal(jax.random.key(2), x.shape)  # forward mode too
+    _, got_tangent = jax.jvp(token_losses.log_normaliser, (x,), (tangent,))
+    _, want_tangent = jax.jvp(lambda x: jax.nn.logsumexp(x, axis=-1), (x,), (tangent,))
+    np.testing.assert_allclose(np.asarray(got_tangent), np.asarray(want_tangent), rtol=1e-5, atol=1e-6)
 
     def reductions() -> list[str]:
         program = jax.make_jaxpr(lambda x: token_losses.log_normaliser(x))(x)  # a new function: jax caches traces

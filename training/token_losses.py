@@ -37,27 +37,22 @@ def _merge_sums(a, b):
     return jnp.maximum(max_a, max_b), jnp.where(max_a >= max_b, sum_a + sum_b * scale, sum_a * scale + sum_b)
 
 
-@jax.custom_vjp
+@jax.custom_jvp
 def one_pass_logsumexp(x: jax.Array) -> jax.Array:
     """(..., V) float32 -> (...) logsumexp over the last axis as one reduction of (maximum, sum) pairs (the online
-    softmax's normaliser). Its gradient is the softmax, computed from x and the result."""
+    softmax's normaliser). Its derivative is the softmax, computed from x and the result; the rule is linear in
+    the tangent, so reverse mode transposes it."""
     lowest = jnp.array(jnp.finfo(x.dtype).min, x.dtype)  # not -inf: merging two empty pairs gives 0, not NaN
     maximum, total = jax.lax.reduce((x, jnp.ones_like(x)), (lowest, jnp.zeros((), x.dtype)), _merge_sums,
                                     (x.ndim - 1,))
     return maximum + jnp.log(total)
 
 
-def _one_pass_forward(x):
+@one_pass_logsumexp.defjvp
+def _one_pass_jvp(primals, tangents):
+    (x,), (tangent,) = primals, tangents
     normaliser = one_pass_logsumexp(x)
-    return normaliser, (x, normaliser)
-
-
-def _one_pass_backward(residuals, cotangent):
-    x, normaliser = residuals
-    return (cotangent[..., None] * jnp.exp(x - normaliser[..., None]),)
-
-
-one_pass_logsumexp.defvjp(_one_pass_forward, _one_pass_backward)
+    return normaliser, jnp.sum(jnp.exp(x - normaliser[..., None]) * tangent, axis=-1)
 
 
 def target_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:

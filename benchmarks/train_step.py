@@ -60,8 +60,15 @@ def shape_config(name: str, args):
         settings["n_vocab"] = args.vocab
     if args.layers is not None:  # the shape's width at another depth, GPT-Neo's global/local pattern kept
         settings.update(n_layer=args.layers, attention_types=[[["global", "local"], args.layers // 2]])
+    for given in args.set:  # a key the flags or the shape set is theirs: two values for one key would be a guess
+        key = given.split("=", 1)[0].strip()
+        if key in settings:
+            owner = FLAG_OF_KEY.get(key) or (f"--shape {name}" if key in overrides else None)
+            whose = f"set by {owner}" if owner else "fixed by this benchmark (one device, no warm-up)"
+            raise ConfigError(f"--set {given}: {key} is {whose}")
     try:
-        return load_config(path, overrides=tuple(f"{k}={json.dumps(v)}" for k, v in settings.items()))[0]
+        return load_config(path, overrides=tuple(f"{k}={json.dumps(v)}" for k, v in settings.items())
+                           + tuple(args.set))[0]
     except ConfigError as e:  # the flag that set the key, not a --set the command line never had
         for key, flag in FLAG_OF_KEY.items():
             prefix = f"--set {key}="
@@ -73,8 +80,8 @@ def shape_config(name: str, args):
 
 # The config keys the command line sets, by flag.
 FLAG_OF_KEY = {"n_ctx": "--seq", "train_batch_size": "--batch", "loss_chunk": "--loss-chunk", "n_layer": "--layers",
-               "attention_types": "--layers", "n_vocab": "--vocab",
-               "logits_pad_multiple": "--logits-pad"}
+               "attention_types": "--layers", "n_vocab": "--vocab", "logits_pad_multiple": "--logits-pad",
+               "precision": "--precision", "recompute_grad": "--remat", "scan_layers": "--scan"}
 
 
 def neomesh(cfg, tokens) -> dict:
@@ -276,6 +283,9 @@ def main(argv=None) -> None:
                    "speed without its other model; default: the config's, 128 on a GPU, 0 elsewhere)")
     p.add_argument("--layers", type=int, help="override the shapes' depth (even: global/local pairs)")
     p.add_argument("--scan", action="store_true", help="NeoMesh's scan_layers")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override another key of the "
+                   "shape's config, as train.py's --set does (attention_kernel=xla, say); the peers are built from "
+                   "the same config; repeatable")
     p.add_argument("--compile-only", action="store_true", help="NeoMesh alone, compiled but not run (compile "
                    "seconds and the program's memory; any shape compiles on a CPU)")
     p.add_argument("--profile", metavar="DIR", help="after timing, trace two NeoMesh steps with jax.profiler "
@@ -338,7 +348,7 @@ def main(argv=None) -> None:
     options = "".join(f", {name}={value}" for name, value in step_options(device.platform).items())
     print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}"
           f"{', scan_layers' if args.scan else ''}{f', n_vocab {args.vocab}' if args.vocab else ''}"
-          f"{f', logits_pad_multiple {pad}' if pad else ''}{options}; "
+          f"{f', logits_pad_multiple {pad}' if pad else ''}{''.join(f', {given}' for given in args.set)}{options}; "
           f"JAX on {device.platform} ({device.device_kind}); {os.cpu_count()} cores, load {load:.1f}")
     print("| shape | implementation | tokens/s | MFU | peak memory | compile / first step s |")
     print("|---|---|---|---|---|---|")

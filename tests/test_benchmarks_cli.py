@@ -71,9 +71,26 @@ def test_train_step_benchmark_mistakes(module_name, argv, message, capsys):
     (["--hf-flax", "/nonexistent"], "--hf-flax: /nonexistent holds no transformers; pip install"),
     # a value the config rejects names the flag that set it, not a --set the command line never had
     (["--loss-chunk", "-5"], "error: --loss-chunk -5: loss_chunk: -5 is below the minimum 0"),
+    # --set reaches the config, but not the keys the flags, the shape or the benchmark set
+    (["--set", "attention_kernel=nope"], "--set attention_kernel=\"nope\": attention_kernel: \"nope\" is not one of"),
+    (["--set", "n_ctx=64"], "error: --set n_ctx=64: n_ctx is set by --seq"),
+    (["--set", "n_embd=64"], "error: --set n_embd=64: n_embd is set by --shape cpu"),
+    (["--set", "mesh_shape=x:2"], "error: --set mesh_shape=x:2: mesh_shape is fixed by this benchmark"),
 ])
 def test_train_step_benchmark_mistakes_exit_2(argv, message, capsys):
     assert message in one_line_error("benchmarks.train_step", argv, capsys)
+
+
+def test_train_step_benchmark_sets_other_keys_of_the_shape():
+    import argparse
+
+    from benchmarks.train_step import shape_config
+
+    flags = dict(seq=256, batch=8, precision="float32", remat="none", loss_chunk=None, scan=False, logits_pad=None,
+                 vocab=None, layers=None)
+    cfg = shape_config("125M", argparse.Namespace(**flags, set=["attention_kernel=xla", "z_loss=0.001"]))
+    assert (cfg.attention_kernel, cfg.z_loss, cfg.n_ctx, cfg.n_embd) == ("xla", 0.001, 256, 768)
+    assert shape_config("125M", argparse.Namespace(**flags, set=[])).attention_kernel == "auto"
 
 
 def test_train_step_benchmark_shape_is_exit_status_2_from_the_command_line():

@@ -25,11 +25,11 @@
 #     bash benchmarks/gpu.sh decode scale 2>&1 | tee gpu_decode.txt
 #     bash benchmarks/gpu.sh profile 2>&1 | tee gpu_profile.txt
 #     bash benchmarks/gpu.sh variants 2>&1 | tee gpu_variants.txt
-# goals: where a device is lent for 15 minutes in all, one call of 3 to 7 minutes (budgets 430 s; 2.9 minutes on an
-# H100, 2026-11-27 night) measures what issue 13's open goals need, NeoMesh alone: the
-# 125M and 1.3B train steps as configured (MFU), the 125M step at batch 16, decoding at batch 1 and 16 (latency),
-# and the 125M step's profile (where its time goes; 1.3B decoding's, the part's last run until then, spent its
-# time in the kernels: README, Speed).
+# goals: where a device is lent for 15 minutes in all, one call of 3 to 8 minutes (budgets 500 s; 2.9 minutes on an
+# H100, 2026-11-27 night, before its two-pass run) measures what issue 13's open goals need, NeoMesh alone: the
+# 125M step at batch 8 (also with the log-normaliser in two passes) and 16, the 1.3B step (MFU), decoding at batch
+# 1 and 16 (latency), and the 125M step's profile (where its time goes; 1.3B decoding's, the part's last run until
+# then, spent its time in the kernels: README, Speed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1  # a run cut off at its budget still shows what it printed
@@ -75,6 +75,9 @@ run() {  # run SECONDS COMMAND...: a run that hangs or compiles too long is cut 
 if wants goals; then
     run 70 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
         --no-peer
+    # the same step with the log-normaliser in two passes: whether the GPUs' one pass (training/token_losses.py) pays
+    run 70 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
+        --no-peer --normaliser two-pass
     run 70 "$python" benchmarks/train_step.py --shape 1.3B --seq 2048 --batch 4 --precision bfloat16 --steps 5 --no-peer
     run 70 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 16 --precision bfloat16 --steps 10 \
         --no-peer
@@ -128,12 +131,9 @@ if wants profile; then
     run 60 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=true" "$python" benchmarks/train_step.py \
         --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 --no-peer
     # The log-normaliser in two passes over the logits (jax.nn.logsumexp) instead of the GPUs' one
-    # (training/token_losses.py; XLA's plan: 55.5 against 53.9 GB of kernel inputs and outputs)
-    run 60 "$python" -c 'import runpy, sys, jax, training.token_losses as losses
-losses.one_pass_logsumexp = lambda x: jax.nn.logsumexp(x, axis=-1)
-sys.argv = ["benchmarks/train_step.py", *sys.argv[1:]]
-runpy.run_path(sys.argv[0], run_name="__main__")' --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
-        --no-peer
+    # (training/token_losses.py; XLA's plan: 55.5 against 53.9 GB of kernel inputs and outputs; also in goals)
+    run 60 "$python" benchmarks/train_step.py --shape 125M --seq 2048 --batch 8 --precision bfloat16 --steps 10 \
+        --no-peer --normaliser two-pass
     # 1.3B decoding at batch 1 took 1.47 ms per token on an H200 (goal 1.1) where reading its weights takes about
     # 0.55; on an H100 (1.65 ms) its kernels added up to the whole step: where they spend it
     run 90 "$python" benchmarks/generate.py --config configs/gpt_neo_1.3B.json --precision bfloat16 --batch-sizes 1 \

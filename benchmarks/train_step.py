@@ -286,6 +286,9 @@ def main(argv=None) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override another key of the "
                    "shape's config, as train.py's --set does (attention_kernel=xla, say); the peers are built from "
                    "the same config; repeatable")
+    p.add_argument("--normaliser", choices=("auto", "two-pass"), default="auto", help="the loss's log-normaliser: "
+                   "'auto' reads the logits once on GPUs (training/token_losses.py), 'two-pass' as jax.nn.logsumexp "
+                   "does everywhere (an A/B)")
     p.add_argument("--compile-only", action="store_true", help="NeoMesh alone, compiled but not run (compile "
                    "seconds and the program's memory; any shape compiles on a CPU)")
     p.add_argument("--profile", metavar="DIR", help="after timing, trace two NeoMesh steps with jax.profiler "
@@ -311,7 +314,11 @@ def main(argv=None) -> None:
 
     from models.layers import logits_pad_multiple
     from parallel.xla_flags import step_options
+    from training import token_losses
     from training.flops import peak_flops_per_second, train_flops_per_token
+
+    if args.normaliser == "two-pass":
+        token_losses.ONE_PASS_PLATFORMS = frozenset()
 
     device = jax.devices()[0]
     peak_flops = peak_flops_per_second()
@@ -348,7 +355,8 @@ def main(argv=None) -> None:
     options = "".join(f", {name}={value}" for name, value in step_options(device.platform).items())
     print(f"\nGPT-Neo train step, T={args.seq}, batch {args.batch}, {args.precision}, recompute_grad {args.remat}"
           f"{', scan_layers' if args.scan else ''}{f', n_vocab {args.vocab}' if args.vocab else ''}"
-          f"{f', logits_pad_multiple {pad}' if pad else ''}{''.join(f', {given}' for given in args.set)}{options}; "
+          f"{f', logits_pad_multiple {pad}' if pad else ''}{''.join(f', {given}' for given in args.set)}"
+          f"{', log-normaliser in two passes' if args.normaliser == 'two-pass' else ''}{options}; "
           f"JAX on {device.platform} ({device.device_kind}); {os.cpu_count()} cores, load {load:.1f}")
     print("| shape | implementation | tokens/s | MFU | peak memory | compile / first step s |")
     print("|---|---|---|---|---|---|")

@@ -260,6 +260,8 @@ def test_log_normaliser_is_logsumexp_and_on_gpus_reads_the_logits_once(platform,
         assert reductions() == two_passes
     with Layout.from_config(mesh, "batch:x,embd:y").active():
         assert reductions() == (["reduce"] if platform == "gpu" else two_passes)
+    monkeypatch.setattr(token_losses, "ONE_PASS_PLATFORMS", frozenset())  # train_step.py --normaliser two-pass
+    assert reductions() == two_passes
 
 
 @pytest.mark.parametrize("chunk", [3, 4])  # 3 leaves a padded last chunk of the 8 positions

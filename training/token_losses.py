@@ -17,6 +17,10 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return log_normaliser(logits) - target_logits(logits, targets)
 
 
+# Where ``log_normaliser`` reads the logits once (benchmarks/train_step.py --normaliser two-pass empties it: an A/B).
+ONE_PASS_PLATFORMS = frozenset({"gpu"})
+
+
 def log_normaliser(logits: jax.Array) -> jax.Array:
     """(..., V) logits -> (...) float32 logsumexp over the vocabulary. On GPUs in one pass over the logits
     (``one_pass_logsumexp``) where ``jax.nn.logsumexp`` makes two, the maximum and then the sum: XLA:GPU's plan of
@@ -25,7 +29,7 @@ def log_normaliser(logits: jax.Array) -> jax.Array:
     yet timed on a GPU. Elsewhere, and where the layout splits the vocabulary (a pass over one device's part would
     need the others' maxima), in two."""
     logits = logits.astype(jnp.float32)
-    if target_platform() == "gpu" and not (splits("vocab") or splits("activation_vocab")):
+    if target_platform() in ONE_PASS_PLATFORMS and not (splits("vocab") or splits("activation_vocab")):
         return one_pass_logsumexp(logits)
     return jax.nn.logsumexp(logits, axis=-1)
 

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from config import Config, ConfigError
 from models.aux_losses import sow_aux_losses
 from models.axes import LOGITS, constrain
-from training.token_losses import cross_entropy, entmax_loss, log_normaliser, target_logits
+from training.token_losses import cross_entropy, cross_entropy_and_normaliser, entmax_loss
 
 Output = tuple[jax.Array, dict]  # (per-target losses, {metric: per-target values})
 
@@ -86,12 +86,10 @@ class TokenLoss:
         """Per-target losses; sows the weighted z-loss on ``model`` (the steps add it to the training loss)."""
         if self.entmax:
             return entmax_loss(logits, targets)
-        if not self.z_loss:
-            return cross_entropy(logits, targets)
-        logits = logits.astype(jnp.float32)
-        normalisers = log_normaliser(logits)  # (...)
-        self.sow_z_loss(model, normalisers, weights)
-        return normalisers - target_logits(logits, targets)
+        losses, normalisers = cross_entropy_and_normaliser(logits, targets)
+        if self.z_loss:
+            self.sow_z_loss(model, normalisers, weights)
+        return losses
 
     def sow_z_loss(self, model, normalisers: jax.Array, weights: jax.Array) -> None:
         """Sows ``z_loss * mean(logsumexp(logits)^2)`` from the (B, T) log-normalisers."""
@@ -118,9 +116,8 @@ def chunked_token_losses(model, hidden: jax.Array, targets: jax.Array, weights: 
     @jax.checkpoint
     def step(carry, chunk):
         h, y = chunk
-        logits = constrain(model.logits(h), LOGITS).astype(jnp.float32)  # (B, C, V)
-        normalisers = log_normaliser(logits)  # (B, C)
-        return carry, (normalisers - target_logits(logits, y), normalisers)
+        logits = constrain(model.logits(h), LOGITS)  # (B, C, V)
+        return carry, cross_entropy_and_normaliser(logits, y)  # (B, C) each
 
     _, (losses, log_normalisers) = jax.lax.scan(step, None, (hidden, chunks))
     losses, log_normalisers = (x.swapaxes(0, 1).reshape(b, n * c)[:, :t] for x in (losses, log_normalisers))

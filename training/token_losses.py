@@ -13,8 +13,14 @@ from models.entmax import GPT_NEO_ALPHA, entmax
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Softmax cross-entropy in float32 of (..., V) logits against (...) integer targets (in range)."""
+    return cross_entropy_and_normaliser(logits, targets)[0]
+
+
+def cross_entropy_and_normaliser(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``cross_entropy`` and the (...) log-normalisers it subtracts the targets' logits from (what z-loss reads)."""
     logits = logits.astype(jnp.float32)
-    return log_normaliser(logits) - target_logits(logits, targets)
+    normalisers = log_normaliser(logits)
+    return normalisers - target_logits(logits, targets), normalisers
 
 
 # Where ``log_normaliser`` reads the logits once (benchmarks/train_step.py --normaliser two-pass empties it: an A/B).

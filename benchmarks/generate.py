@@ -188,7 +188,7 @@ def profile_generation(args, graphdef, params, prompts: dict, settings, row: tup
     run, hlo_text = compiled_sample(graphdef, params, prompt, np.zeros((batch,), np.int32), settings,
                                     jax.random.key(0), GPU_PROFILE_OPTIONS if on_gpu else None)
     jax.block_until_ready(run())  # the first run's allocations stay out of the trace
-    rows = profile(lambda: jax.block_until_ready(run()), hlo_text, args.profile, top=10 ** 6)
+    rows = profile(lambda: jax.block_until_ready(run()), hlo_text, args.profile)
     print_profile(rows, args.profile, shown=20)
     traced = sum(millis for _, _, millis in rows) / args.new_tokens
     print(f"batch {batch}: the traced ops add up to {traced:.3f} ms per new token (prefill included) against "

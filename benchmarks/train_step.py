@@ -148,7 +148,7 @@ def neomesh(cfg, tokens) -> dict:
             state, metrics = profiled(state, batch)
             jax.block_until_ready(metrics)
 
-        print_profile(profile(run, profiled.as_text(), ARGS.profile, top=10 ** 6), ARGS.profile)
+        print_profile(profile(run, profiled.as_text(), ARGS.profile), ARGS.profile)
     stats = device.memory_stats() or {}
     peak = stats.get("peak_bytes_in_use", compiled_bytes)  # CPUs keep no allocator statistics: the program's
     return {"seconds": statistics.median(times), "compile": compile_seconds, "peak": peak}

@@ -50,9 +50,9 @@ def op_names(hlo_text: str) -> dict[str, str]:
     return names
 
 
-def profile(run: Callable[[], None], hlo_text: str, directory: str, runs: int = 2, top: int = 15) -> list[tuple]:
-    """Calls ``run`` (one step, blocking until done) ``runs`` times under the profiler and returns the ``top``
-    (operation, instruction kind, milliseconds per run) rows by summed duration."""
+def profile(run: Callable[[], None], hlo_text: str, directory: str, runs: int = 2) -> list[tuple]:
+    """Calls ``run`` (one step, blocking until done) ``runs`` times under the profiler and returns every
+    (operation, instruction kind, milliseconds per run) row, the largest summed duration first."""
     import jax
 
     with jax.profiler.trace(directory, create_perfetto_trace=True):
@@ -65,7 +65,7 @@ def profile(run: Callable[[], None], hlo_text: str, directory: str, runs: int = 
         events = json.load(f)
     events = events["traceEvents"] if isinstance(events, dict) else events
     totals = op_totals(events, op_names(hlo_text))
-    return [(op, kind, micros / 1e3 / runs) for (op, kind), micros in totals.most_common(top)]
+    return [(op, kind, micros / 1e3 / runs) for (op, kind), micros in totals.most_common()]
 
 
 def op_totals(events: list[dict], names: dict[str, str]) -> collections.Counter:

@@ -11,46 +11,18 @@ Prints one table: shape, implementation, tokens/s, ms/step, compile seconds.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def neomesh(args, batch) -> tuple[float, float]:
     """(median seconds per step, compile seconds) of NeoMesh's jitted train step on one device."""
-    import jax
+    from benchmarks import zoo_step
 
-    from config import from_dict
-    from models import registry
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
-    from parallel.state import create_train_state
-    from parallel.steps import batch_shapes, batch_shardings, make_train_step
-    from training.objectives import objective_for
-    from training.optimizer import learning_rate_schedule, make_optimizer
-
-    cfg, _ = from_dict(dict(model="bert", n_layer=args.layers, n_embd=args.width, n_head=args.heads,
-                            d_ff=4 * args.width, n_ctx=args.seq, n_vocab=args.vocab, train_batch_size=args.batch,
-                            warmup_steps=0, lr=1e-4, mesh_shape="x:1"))
-    layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
-    objective, tx = objective_for(cfg), make_optimizer(cfg)
-    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, 0)
-    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, args.batch))
-    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data)
-    batch = jax.device_put(batch, data)
-    start = time.perf_counter()
-    state, metrics = step(state, batch)
-    jax.block_until_ready(metrics)
-    compile_seconds = time.perf_counter() - start
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), compile_seconds
+    return zoo_step.neomesh(dict(model="bert", n_layer=args.layers, n_embd=args.width, n_head=args.heads,
+                                 d_ff=4 * args.width, n_ctx=args.seq, n_vocab=args.vocab,
+                                 train_batch_size=args.batch, lr=1e-4), batch, args.steps)
 
 
 def pytorch(args, batch) -> tuple[float, float]:
@@ -58,7 +30,9 @@ def pytorch(args, batch) -> tuple[float, float]:
     import torch
     import transformers
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    from benchmarks import zoo_step
+
+    zoo_step.torch_threads()
     cfg = transformers.BertConfig(vocab_size=args.vocab, hidden_size=args.width, num_hidden_layers=args.layers,
                                   num_attention_heads=args.heads, intermediate_size=4 * args.width,
                                   max_position_embeddings=args.seq, hidden_dropout_prob=0.0,
@@ -73,15 +47,7 @@ def pytorch(args, batch) -> tuple[float, float]:
         model(input_ids=inputs, labels=labels).loss.backward()
         optimizer.step()
 
-    start = time.perf_counter()
-    step()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), first
+    return zoo_step.timed(step, args.steps)
 
 
 def check(args) -> None:
@@ -108,14 +74,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=3, help="timed steps per implementation (median reported)")
     args = p.parse_args(argv)
     check(args)
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as e:
-        print(f"error: the PyTorch peer needs the test requirements ({e.name} is missing): "
-              "pip install -r requirements-test.txt", file=sys.stderr)
-        sys.exit(2)
-    import jax
+    from benchmarks import zoo_step
+
+    zoo_step.require_pytorch_peer()
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -123,14 +84,8 @@ def main(argv=None) -> None:
     mask = (rng.random(targets.shape) < 0.15).astype(np.float32)
     batch = {"inputs": np.where(mask == 1, 103, targets).astype(np.int32), "targets": targets, "mask": mask}
     rows = [("NeoMesh (JAX)", *neomesh(args, batch)), ("transformers (PyTorch)", *pytorch(args, batch))]
-    tokens = args.batch * args.seq
-    load = os.getloadavg()[0]
-    print(f"\nBERT masked-LM train step: {args.layers} layers x {args.width}, {args.heads} heads, T={args.seq}, "
-          f"batch {args.batch}, fp32; {jax.devices()[0].platform} ({os.cpu_count()} cores, load {load:.1f})")
-    print("| implementation | tokens/s | ms/step | compile / first step s |")
-    print("|---|---|---|---|")
-    for name, seconds, first in rows:
-        print(f"| {name} | {tokens / seconds:,.0f} | {1000 * seconds:,.0f} | {first:.1f} |")
+    zoo_step.print_table(f"BERT masked-LM train step: {args.layers} layers x {args.width}, {args.heads} heads, "
+                         f"T={args.seq}, batch {args.batch}, fp32", "tokens", args.batch * args.seq, rows)
 
 
 if __name__ == "__main__":

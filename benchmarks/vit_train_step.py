@@ -11,63 +11,29 @@ threads as JAX has CPU cores to use. Prints one table: implementation, images/s,
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def timed(step, steps: int) -> tuple[float, float]:
-    """(median seconds of ``steps`` calls after the first, seconds of the first): ``step()`` must block."""
-    start = time.perf_counter()
-    step()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), first
-
-
 def neomesh(args, batch) -> tuple[float, float]:
-    import jax
+    """(median seconds per step, compile seconds) of NeoMesh's jitted train step on one device."""
+    from benchmarks import zoo_step
 
-    from config import from_dict
-    from models import registry
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
-    from parallel.state import create_train_state
-    from parallel.steps import batch_shapes, batch_shardings, make_train_step
-    from training.objectives import objective_for
-    from training.optimizer import learning_rate_schedule, make_optimizer
-
-    cfg, _ = from_dict(dict(model="vit", n_layer=args.layers, n_embd=args.width, n_head=args.heads,
-                            d_ff=4 * args.width, image_size=args.image, patch_size=args.patch,
-                            num_labels=args.labels, train_batch_size=args.batch, warmup_steps=0, lr=1e-4,
-                            weight_decay=0.0, mesh_shape="x:1", precision=args.precision))
-    layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
-    objective, tx = objective_for(cfg), make_optimizer(cfg)
-    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, 0)
-    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, args.batch))
-    train_step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
-                                 precision=args.precision)
-    batch = jax.device_put(batch, data)
-    box = [state]
-
-    def step():
-        box[0], metrics = train_step(box[0], batch)
-        jax.block_until_ready(metrics)
-
-    return timed(step, args.steps)
+    return zoo_step.neomesh(dict(model="vit", n_layer=args.layers, n_embd=args.width, n_head=args.heads,
+                                 d_ff=4 * args.width, image_size=args.image, patch_size=args.patch,
+                                 num_labels=args.labels, train_batch_size=args.batch, lr=1e-4, weight_decay=0.0,
+                                 precision=args.precision), batch, args.steps)
 
 
 def pytorch(args, batch) -> tuple[float, float]:
+    """(median seconds per step, first-step seconds) of transformers' ViTForImageClassification with AdamW."""
     import torch
     import transformers
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    from benchmarks import zoo_step
+
+    zoo_step.torch_threads()
     cfg = transformers.ViTConfig(hidden_size=args.width, num_hidden_layers=args.layers, num_attention_heads=args.heads,
                                  intermediate_size=4 * args.width, image_size=args.image, patch_size=args.patch,
                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
@@ -85,7 +51,7 @@ def pytorch(args, batch) -> tuple[float, float]:
         loss.backward()
         optimizer.step()
 
-    return timed(step, args.steps)
+    return zoo_step.timed(step, args.steps)
 
 
 def check(args) -> None:
@@ -117,14 +83,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=3, help="timed steps per implementation (median reported)")
     args = p.parse_args(argv)
     check(args)
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as e:
-        print(f"error: the PyTorch peer needs the test requirements ({e.name} is missing): "
-              "pip install -r requirements-test.txt", file=sys.stderr)
-        sys.exit(2)
-    import jax
+    from benchmarks import zoo_step
+
+    zoo_step.require_pytorch_peer()
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -132,13 +93,9 @@ def main(argv=None) -> None:
              "labels": rng.integers(0, args.labels, args.batch).astype(np.int32),
              "weights": np.ones(args.batch, np.float32)}
     rows = [("NeoMesh (JAX)", *neomesh(args, batch)), ("transformers (PyTorch)", *pytorch(args, batch))]
-    print(f"\nViT train step: {args.layers} layers x {args.width}, {args.heads} heads, {args.image}x{args.image} "
-          f"images in {args.patch}x{args.patch} patches, batch {args.batch}, {args.precision}; "
-          f"{jax.devices()[0].platform} ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
-    print("| implementation | images/s | ms/step | compile / first step s |")
-    print("|---|---|---|---|")
-    for name, seconds, first in rows:
-        print(f"| {name} | {args.batch / seconds:,.1f} | {1000 * seconds:,.0f} | {first:.1f} |")
+    zoo_step.print_table(f"ViT train step: {args.layers} layers x {args.width}, {args.heads} heads, "
+                         f"{args.image}x{args.image} images in {args.patch}x{args.patch} patches, batch {args.batch}, "
+                         f"{args.precision}", "images", args.batch, rows)
 
 
 if __name__ == "__main__":

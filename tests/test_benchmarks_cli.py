@@ -46,6 +46,14 @@ def test_t5_train_step_prints_its_table():
     assert all(float(row[1].replace(",", "")) > 0 for row in rows)
 
 
+@pytest.mark.parametrize("module_name", ["benchmarks.mlm_train_step", "benchmarks.t5_train_step",
+                                         "benchmarks.vit_train_step"])
+def test_a_zoo_train_step_benchmark_without_torch_says_what_to_install(module_name, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # an import of torch fails as where it is not installed
+    assert one_line_error(module_name, [], capsys) == ("error: the PyTorch peer needs the test requirements (torch "
+                                                       "is missing): pip install -r requirements-test.txt")
+
+
 @pytest.mark.parametrize("module_name, argv, message", [
     ("benchmarks.vit_train_step", ["--image", "30", "--patch", "8"], "--patch: --image 30 is not divisible into 8x8"),
     ("benchmarks.vit_train_step", ["--batch", "-1"], "--batch: -1 is below the minimum 1"),

@@ -11,7 +11,8 @@ such folders, with ``eval_fraction``, ``labels`` (the classes in id order) and `
 Class ids follow the sorted class folder names (a run started from a classifier that names the same classes takes
 its order, as labelled text does). Every image is decoded with Pillow, converted to RGB (``num_channels`` 3) or
 grey (1) and resized to ``image_size`` x ``image_size`` bilinearly, what transformers' ``ViTImageProcessor`` does
-before it rescales, and held in memory as uint8; batches scale it to [0, 1] (data/images.py).
+before it rescales, and held in memory as uint8; batches scale it to [0, 1] (data/images.py). What a start
+decodes, the next one reads back (data/image_cache.py).
 """
 
 from __future__ import annotations
@@ -125,6 +126,23 @@ def held_out(classes: dict[str, list[str]], fraction: float, split: str) -> dict
     return chosen
 
 
+def decode_all(files: list[str], size: int, channels: int) -> tuple[np.ndarray, list[str | None]]:
+    """(N, size, size, channels) uint8 of ``files`` (zeros where one cannot be read), and per file None or the
+    problem that leaves it out."""
+    images = np.empty((len(files), size, size, channels), np.uint8)  # filled in place: no second copy of them all
+
+    def one(i):
+        try:
+            images[i] = decode(files[i], size, channels)
+        except ValueError as e:
+            images[i] = 0
+            return f"{files[i]}: not a readable image ({e})"
+        return None
+
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # Pillow decodes outside the GIL
+        return images, list(pool.map(one, range(len(files))))
+
+
 def read_images(files: list[str], size: int, channels: int, skip_bad: bool) -> tuple[np.ndarray, list[int]]:
     """(N, size, size, channels) uint8 of the readable ``files`` and their indices; a file that cannot be read is
     an error naming it or, with ``skip_bad``, a warning line and left out."""
@@ -134,17 +152,17 @@ def read_images(files: list[str], size: int, channels: int, skip_bad: bool) -> t
         raise ConfigError("an image folder is decoded with Pillow: pip install pillow (NeoMesh's [images] "
                           "extra)") from None
 
-    images = np.empty((len(files), size, size, channels), np.uint8)  # filled in place: no second copy of them all
+    from data import image_cache
 
-    def one(i):
-        try:
-            images[i] = decode(files[i], size, channels)
-        except ValueError as e:
-            return f"{files[i]}: not a readable image ({e})"
-        return None
-
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # Pillow decodes outside the GIL
-        problems = list(pool.map(one, range(len(files))))
+    entry = image_cache.entry_for(files, size, channels)  # None with the cache off
+    found = image_cache.load(entry)
+    if found is None:
+        images, problems = decode_all(files, size, channels)
+        image_cache.save(entry, images, problems)
+    else:
+        images, problems = found
+        print(f"note: the {len(files)} images as an earlier start decoded them, from {entry} "
+              "(NEOMESH_IMAGE_CACHE=0 decodes at every start)", flush=True)
     for problem in filter(None, problems):
         if not skip_bad:
             raise ConfigError(f"{problem}; remove it, or set skip_bad_files in a dataset config to leave it out")

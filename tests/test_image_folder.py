@@ -182,6 +182,74 @@ def test_a_dataset_config_may_leave_bad_files_out_and_names_a_missing_folder(tmp
         image_source(vit("typo"), "train")
 
 
+@pytest.fixture
+def image_cache_on(tmp_path, monkeypatch):
+    """The decoded-image cache as a user has it, in this test's own cache home; records each file decoded."""
+    from data import image_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("NEOMESH_IMAGE_CACHE", "1")
+    decoded, decode = [], image_folder.decode
+    monkeypatch.setattr(image_folder, "decode", lambda path, *args: decoded.append(path) or decode(path, *args))
+    return decoded
+
+
+def test_a_folder_is_decoded_once_and_again_where_a_file_changes(pets, tmp_path, image_cache_on, capsys):
+    decoded = image_cache_on
+    first = image_source(vit(pets["root"]), "train")
+    assert sorted(decoded) == pets["train"] and "as an earlier start decoded them" not in capsys.readouterr().out
+    (entry,) = (tmp_path / "cache" / "neomesh" / "images").iterdir()  # written whole: no .writing- file left
+    decoded.clear()
+    again = image_source(vit(pets["root"]), "train")
+    assert decoded == [] and np.array_equal(again.images, first.images) and again.description == first.description
+    assert f"note: the 12 images as an earlier start decoded them, from {entry}" in capsys.readouterr().out
+    assert np.array_equal(image_source(vit(pets["root"], image_size=4), "train").images.shape, (12, 4, 4, 3))
+    decoded.clear()  # another size is another entry; a file rewritten (a new size and time) decodes the list anew
+    write_image(pets["train"][0], COLOURS["fox"], 7, size=(20, 20))
+    changed = image_source(vit(pets["root"]), "train")
+    assert sorted(decoded) == pets["train"] and not np.array_equal(changed.images[0], first.images[0])
+    assert np.array_equal(changed.images[1:], first.images[1:])
+
+
+def test_a_cached_bad_file_is_refused_or_left_out_as_when_decoded(tmp_path, monkeypatch, image_cache_on, capsys):
+    root = bad(tmp_path, "corrupt")
+    use_dataset_configs(monkeypatch, tmp_path / "configs", pets={"path": str(root / "train"), "skip_bad_files": True,
+                                                                    "eval_path": str(root / "validation")})
+    with pytest.raises(ConfigError, match=r"zz\.jpg: not a readable image .*; remove it, or set skip_bad_files"):
+        image_source(vit(root), "train")  # decoded, kept with its bad file, refused
+    image_cache_on.clear()
+    skipped = image_source(vit("pets"), "train")  # the same files: from the cache, the bad one left out
+    assert image_cache_on == [] and skipped.description.endswith("train: 4 images of 8x8x3; per label: cat 2, dog 2")
+    assert "zz.jpg: not a readable image" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"zz\.jpg: not a readable image"):
+        image_source(vit(root), "train")  # and refused again without skip_bad_files
+
+
+def test_the_image_cache_is_off_with_its_switch_and_bounded_least_recently_used_first(tmp_path, monkeypatch):
+    from data import image_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("NEOMESH_IMAGE_CACHE", "0")
+    assert image_cache.entry_for([], 8, 3) is None
+    monkeypatch.setenv("NEOMESH_IMAGE_CACHE", "1")
+    images = np.zeros((4, 8, 8, 3), np.uint8)
+    paths = [image_cache.entry_for([write_image(tmp_path / f"{i}.png", (0, 0, 0), i)], 8, 3) for i in range(3)]
+    for i, path in enumerate(paths):
+        image_cache.save(path, images + i, [None] * 4)
+        os.utime(path, (1000 + i, 1000 + i))
+    assert image_cache.load(paths[0])[0].max() == 0  # read: now the most recently used
+    size = os.path.getsize(paths[0])
+    image_cache.evict(os.path.dirname(paths[0]), keep=paths[2], max_bytes=2 * size)
+    assert [os.path.exists(p) for p in paths] == [True, False, True]
+    (tmp_path / "cache" / "neomesh" / "images" / "0.npz").write_bytes(b"torn")
+    assert image_cache.load(str(tmp_path / "cache" / "neomesh" / "images" / "0.npz")) is None  # decoded again
+    (tmp_path / "home_file").write_text("")  # a cache home that cannot hold folders (root writes past chmod)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home_file"))
+    unwritable = image_cache.entry_for([str(tmp_path / "0.png")], 8, 3)
+    image_cache.save(unwritable, images, [None] * 4)  # no cache, not an error
+    assert image_cache.load(unwritable) is None
+
+
 def test_check_dataset_says_which_file_is_bad_in_one_line(tmp_path):
     root = bad(tmp_path, "corrupt")
     result = run_command("train.py", "--config", "configs/vit_digits.json", "--check-dataset", "--set",

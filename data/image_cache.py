@@ -38,12 +38,18 @@ def entry_for(files: list[str], size: int, channels: int, environ=os.environ) ->
     directory = cache_dir(environ)
     if directory is None:
         return None
-    stamps = []
-    for path in files:
-        status = os.stat(path)
-        stamps.append([os.path.abspath(path), status.st_size, status.st_mtime_ns])
+    try:
+        stamps = [stamp(path) for path in files]
+    except OSError:  # a file gone since the folder was listed: no cache; decoding it names the file
+        return None
     key = json.dumps([FORMAT, size, channels, stamps]).encode()
     return os.path.join(directory, f"{hashlib.sha256(key).hexdigest()[:32]}.npz")
+
+
+def stamp(path: str) -> list:
+    """What identifies a file's content here: its absolute path, size and modification time."""
+    status = os.stat(path)
+    return [os.path.abspath(path), status.st_size, status.st_mtime_ns]
 
 
 def load(path: str | None) -> tuple[np.ndarray, list[str | None]] | None:

@@ -232,6 +232,7 @@ def test_the_image_cache_is_off_with_its_switch_and_bounded_least_recently_used_
     monkeypatch.setenv("NEOMESH_IMAGE_CACHE", "0")
     assert image_cache.entry_for([], 8, 3) is None
     monkeypatch.setenv("NEOMESH_IMAGE_CACHE", "1")
+    assert image_cache.entry_for([str(tmp_path / "gone.png")], 8, 3) is None  # removed since listed: no cache
     images = np.zeros((4, 8, 8, 3), np.uint8)
     paths = [image_cache.entry_for([write_image(tmp_path / f"{i}.png", (0, 0, 0), i)], 8, 3) for i in range(3)]
     for i, path in enumerate(paths):

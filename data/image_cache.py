@@ -17,6 +17,7 @@ import json
 import os
 import tempfile
 import time
+import zipfile
 
 import numpy as np
 
@@ -52,15 +53,18 @@ def stamp(path: str) -> list:
     return [os.path.abspath(path), status.st_size, status.st_mtime_ns]
 
 
-def load(path: str | None) -> tuple[np.ndarray, list[str | None]] | None:
-    """(images, a problem or None per file) as ``save`` kept them, or None where ``path`` holds nothing usable."""
+def load(path: str | None, shape: tuple[int, ...]) -> tuple[np.ndarray, list[str | None]] | None:
+    """(images of ``shape``, a problem or None per image) as ``save`` kept them, or None where ``path`` holds
+    nothing usable."""
     if path is None:
         return None
     try:
         with np.load(path, allow_pickle=False) as saved:
             images, problems = saved["images"], saved["problems"]
         os.utime(path)  # recently used: the last to go
-    except (OSError, ValueError, KeyError):  # absent, or unreadable: decoded again (and written again)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # absent or damaged: decoded again
+        return None
+    if images.shape != shape or images.dtype != np.uint8 or problems.shape != shape[:1]:
         return None
     return images, [str(p) or None for p in problems]
 

@@ -155,7 +155,7 @@ def read_images(files: list[str], size: int, channels: int, skip_bad: bool) -> t
     from data import image_cache
 
     entry = image_cache.entry_for(files, size, channels)  # None with the cache off
-    found = image_cache.load(entry)
+    found = image_cache.load(entry, (len(files), size, size, channels))
     if found is None:
         images, problems = decode_all(files, size, channels)
         image_cache.save(entry, images, problems)

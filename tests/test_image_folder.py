@@ -238,17 +238,20 @@ def test_the_image_cache_is_off_with_its_switch_and_bounded_least_recently_used_
     for i, path in enumerate(paths):
         image_cache.save(path, images + i, [None] * 4)
         os.utime(path, (1000 + i, 1000 + i))
-    assert image_cache.load(paths[0])[0].max() == 0  # read: now the most recently used
+    assert image_cache.load(paths[0], (4, 8, 8, 3))[0].max() == 0  # read: now the most recently used
+    assert image_cache.load(paths[0], (5, 8, 8, 3)) is None  # not what this list of files decodes to
     size = os.path.getsize(paths[0])
     image_cache.evict(os.path.dirname(paths[0]), keep=paths[2], max_bytes=2 * size)
     assert [os.path.exists(p) for p in paths] == [True, False, True]
-    (tmp_path / "cache" / "neomesh" / "images" / "0.npz").write_bytes(b"torn")
-    assert image_cache.load(str(tmp_path / "cache" / "neomesh" / "images" / "0.npz")) is None  # decoded again
+    torn = paths[2] + ".torn.npz"  # damaged: decoded again
+    for damage in (b"torn", open(paths[2], "rb").read()[:300]):  # not a zip file, a zip file cut short
+        open(torn, "wb").write(damage)
+        assert image_cache.load(torn, (4, 8, 8, 3)) is None
     (tmp_path / "home_file").write_text("")  # a cache home that cannot hold folders (root writes past chmod)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home_file"))
     unwritable = image_cache.entry_for([str(tmp_path / "0.png")], 8, 3)
     image_cache.save(unwritable, images, [None] * 4)  # no cache, not an error
-    assert image_cache.load(unwritable) is None
+    assert image_cache.load(unwritable, (4, 8, 8, 3)) is None
 
 
 def test_check_dataset_says_which_file_is_bad_in_one_line(tmp_path):

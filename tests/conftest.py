@@ -26,8 +26,9 @@ _given = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([_given, *(f for f in xla_flags_for(8).split() if f not in _given.split())]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-os.environ.setdefault("NEOMESH_IMAGE_CACHE", "0")  # the tests' image folders are not kept in the home's cache; its
-# own tests (test_image_folder.py) point XDG_CACHE_HOME at their temporary directory and turn it on
+# The tests' image folders stay out of the home's decoded-image cache (data/image_cache.py); the cache's own tests
+# (test_image_folder.py) turn it on in a temporary cache home.
+os.environ.setdefault("NEOMESH_IMAGE_CACHE", "0")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest-xdist workers inherit the controller's
     _cache = tempfile.mkdtemp(prefix="neomesh-test-jax-cache-")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)

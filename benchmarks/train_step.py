@@ -173,11 +173,12 @@ def pytorch_step(cfg, tokens, compile_model: bool) -> dict:
     import torch
     import transformers
 
+    from benchmarks import zoo_step
     from convert import gpt_neo
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
-    torch.set_num_threads(os.cpu_count() or 1)
+    zoo_step.torch_threads()
     model, attention = None, "eager"
     for attention in ("sdpa", "eager"):  # transformers 5.23's GPT-Neo has no SDPA path yet: eager then
         try:
@@ -205,15 +206,8 @@ def pytorch_step(cfg, tokens, compile_model: bool) -> dict:
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    step()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(ARGS.steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "compile": first, "attention": attention,
+    seconds, first = zoo_step.timed(step, ARGS.steps)
+    return {"seconds": seconds, "compile": first, "attention": attention,
             "peak": torch.cuda.max_memory_allocated() if cuda else None}
 
 

@@ -1,6 +1,6 @@
 """What the zoo's train-step comparisons share (``mlm_train_step.py``, ``t5_train_step.py``,
 ``vit_train_step.py``): NeoMesh's jitted train step on one device and a transformers model's step, timed alike,
-and the one table each prints."""
+and the one table each prints. GPT-Neo's (``train_step.py``) times its PyTorch peer the same way."""
 
 from __future__ import annotations
 

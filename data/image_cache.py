@@ -5,9 +5,9 @@ Decoding is most of an image folder's start (400 500x375 JPEGs in 1.6 s on 2 cor
 every start and resume). ``read_images`` keeps what it decoded, the pixels and which files could not be read, in
 ``$XDG_CACHE_HOME/neomesh/images`` (``~/.cache/neomesh/images``), one ``.npz`` per list of files and image shape,
 named by a hash of that shape and each file's path, size and modification time: an image changed, added or
-removed is a new list, decoded anew. A file is written whole and then renamed into place (a run killed while
-writing leaves none); the directory is held to ``MAX_BYTES``, least recently used out first.
-``NEOMESH_IMAGE_CACHE=0`` turns it off; a cache home that cannot be written is no cache.
+removed is a new list, decoded anew. A file is written whole and then renamed into place (what a run killed
+while writing leaves is removed at the next write); the directory is held to ``MAX_BYTES``, least recently used
+out first. ``NEOMESH_IMAGE_CACHE=0`` turns it off; a cache home that cannot be written is no cache.
 """
 
 from __future__ import annotations
@@ -15,23 +15,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-import time
 import zipfile
 
 import numpy as np
 
+from neomesh.paths import cache_home, left_by_the_dead
+
 FORMAT = 1  # part of every name: a change of what a file holds starts anew
 MAX_BYTES = 32 * 2**30
-STALE_SECONDS = 24 * 3600  # a file being written for longer was left by a process that died
 
 
 def cache_dir(environ=os.environ) -> str | None:
     """Where decoded folders are kept, or None with ``NEOMESH_IMAGE_CACHE=0``."""
     if environ.get("NEOMESH_IMAGE_CACHE", "1") == "0":
         return None
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "neomesh", "images")
+    return os.path.join(cache_home(environ), "neomesh", "images")
 
 
 def entry_for(files: list[str], size: int, channels: int, environ=os.environ) -> str | None:
@@ -73,37 +71,38 @@ def save(path: str | None, images: np.ndarray, problems: list[str | None]) -> No
     """Keeps ``images`` and ``problems`` in ``path``; quietly nothing where its directory cannot be written."""
     if path is None:
         return
-    directory = os.path.dirname(path)
+    temporary = f"{path}.tmp-{os.getpid()}"  # the staging name left_by_the_dead finds if this process dies
     try:
-        os.makedirs(directory, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".writing-", suffix=".npz")
-    except OSError:
-        return
-    try:
-        with os.fdopen(handle, "wb") as f:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(temporary, "wb") as f:
             np.savez(f, images=images, problems=np.array([p or "" for p in problems], dtype=str))
         os.replace(temporary, path)
-    except OSError:  # a full disk: the run goes on, it decodes again next time
+    except OSError:  # unwritable, or a full disk: the run goes on, it decodes again next time
         try:
             os.remove(temporary)
         except OSError:
             pass
         return
-    evict(directory, keep=path)
+    evict(os.path.dirname(path), keep=path)
 
 
 def evict(directory: str, keep: str, max_bytes: int = MAX_BYTES) -> None:
-    """Removes the least recently used entries of ``directory`` until it holds at most ``max_bytes`` (``keep``,
-    just written, stays whatever its size)."""
-    entries, now = [], time.time()
+    """Removes what processes that died while writing left, then the least recently used entries of
+    ``directory`` until it holds at most ``max_bytes`` (``keep``, just written, stays whatever its size)."""
+    entries, staged = [], set()
     for entry in os.scandir(directory):
         try:
-            status = entry.stat()
-            if entry.name.startswith(".writing-") and now - status.st_mtime > STALE_SECONDS:
-                os.remove(entry.path)  # left by a process killed while writing
-            elif entry.name.endswith(".npz") and not entry.name.startswith("."):
+            if entry.name.endswith(".npz"):
+                status = entry.stat()
                 entries.append((status.st_mtime, status.st_size, entry.path))
+            elif ".npz.tmp-" in entry.name:
+                staged.add(entry.path.rsplit(".tmp-", 1)[0])
         except OSError:  # removed by another process meanwhile
+            pass
+    for stale in (path for target in staged for path in left_by_the_dead(target, "tmp")):
+        try:
+            os.remove(stale)
+        except OSError:
             pass
     total = sum(size for _, size, _ in entries)
     for _, size, path in sorted(entries):

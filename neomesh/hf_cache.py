@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 
+from neomesh.paths import cache_home
+
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 _REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
@@ -21,8 +23,7 @@ def hub_cache_dir() -> str:
     for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if os.environ.get(variable):
             return os.path.expanduser(os.environ[variable])
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    home = os.environ.get("HF_HOME") or os.path.join(cache_home(), "huggingface")
     return os.path.join(os.path.expanduser(home), "hub")
 
 

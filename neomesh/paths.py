@@ -31,6 +31,12 @@ def work_root() -> str:
     return ROOT if in_checkout() else os.getcwd()
 
 
+def cache_home(environ=os.environ) -> str:
+    """The user's cache directory: ``$XDG_CACHE_HOME``, else ``~/.cache`` (NeoMesh's caches live in its
+    ``neomesh/``, Hugging Face's in its ``huggingface/``)."""
+    return environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+
+
 def left_by_the_dead(target: str, kind: str) -> list[str]:
     """The ``<target>.<kind>-PID`` paths whose process is gone from this host, newest first (a live process's, or
     another user's, are not listed)."""

@@ -86,8 +86,9 @@ def step_options(platform: str, environ=os.environ) -> dict:
 
 def compilation_cache_dir(environ=os.environ) -> str:
     """Where compiled programs are kept between runs unless ``JAX_COMPILATION_CACHE_DIR`` says otherwise."""
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "neomesh", "jax")
+    from neomesh.paths import cache_home
+
+    return os.path.join(cache_home(environ), "neomesh", "jax")
 
 
 def apply_defaults(environ=os.environ, compilation_cache: bool = True) -> None:

@@ -241,8 +241,13 @@ def test_the_image_cache_is_off_with_its_switch_and_bounded_least_recently_used_
     assert image_cache.load(paths[0], (4, 8, 8, 3))[0].max() == 0  # read: now the most recently used
     assert image_cache.load(paths[0], (5, 8, 8, 3)) is None  # not what this list of files decodes to
     size = os.path.getsize(paths[0])
+    dead = next(pid for pid in range(2**22, 2**22 + 1000) if not os.path.exists(f"/proc/{pid}"))
+    killed, writing = f"{paths[1]}.tmp-{dead}", f"{paths[1]}.tmp-{os.getppid()}"  # a dead writer's, a live one's
+    for staged in (killed, writing):
+        open(staged, "wb").write(b"half an entry")
     image_cache.evict(os.path.dirname(paths[0]), keep=paths[2], max_bytes=2 * size)
     assert [os.path.exists(p) for p in paths] == [True, False, True]
+    assert not os.path.exists(killed) and os.path.exists(writing)
     torn = paths[2] + ".torn.npz"  # damaged: decoded again
     for damage in (b"torn", open(paths[2], "rb").read()[:300]):  # not a zip file, a zip file cut short
         open(torn, "wb").write(damage)

@@ -60,7 +60,10 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, 
     segments = jnp.ones(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
 
     def local(q, k, v, segments):  # one device's share: (b, T, n, H)
-        kernel = _kernel(q.shape[1], q.shape[2], causal, window, interpret)
+        # Built eagerly: made inside a shard_map's trace, the kernel's mask arrays would be that trace's values,
+        # and the cached kernel would leak them into the next program that uses it (a train step's eval step).
+        with jax.ensure_compile_time_eval():
+            kernel = _kernel(q.shape[1], q.shape[2], causal, window, interpret)
 
         from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds
 

@@ -50,13 +50,18 @@ def test_splash_equals_xla_outputs_and_gradients(causal, window, packed):
 
 
 def test_splash_per_device_on_a_mesh_equals_one_device():
+    """Also in a second program with the same shapes (a run's eval step after its train step), which reuses the
+    cached kernel: built inside the first program's shard_map, its mask arrays were that trace's values and the
+    second program failed with an UnexpectedTracerError."""
     q, k, v, segments = inputs()
     f = attend("splash", True, 48, segments)
     want = f(q, k, v)
     layout = Layout.from_config(make_mesh("x:2,y:4"), "batch:x,heads:y")
     with layout.active():
         got = jax.jit(f)(q, k, v)
+        doubled = jax.jit(lambda q, k, v: 2 * f(q, k, v))(q, k, v)
     np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_allclose(doubled, 2 * want, atol=2e-6)
 
 
 def test_kernel_choice_on_tpus():

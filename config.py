@@ -244,6 +244,11 @@ class Config:
                                     "moe_layers")
     tokens_per_mb_per_replica: Optional[int] = _key(
         None, "tokens per microbatch per data-parallel replica: gradient accumulation", minimum=1)
+    accumulate_unreduced: bool = _key(
+        False, "with gradient accumulation: each device sums its microbatches' gradients and the batch axes reduce "
+        "them once per step, not after every microbatch (PyTorch DDP's no_sync); parameters the layout splits "
+        "over the batch axes (FSDP) are then gathered whole once per step and their gradient sums held whole; "
+        "dropout masks differ from the reduced path's; not with moe_layers")
     seed: int = _key(1234, "seed for init, data order and dropout")
 
     # Parallelism.
@@ -549,6 +554,12 @@ def validated(cfg: Config) -> Config:
     if cfg.scan_layers and cfg.moe_layers:
         raise ConfigError("scan_layers: the mixture-of-experts layers' auxiliary losses cannot leave a scanned loop; "
                           "set scan_layers false or drop moe_layers")
+    if cfg.accumulate_unreduced and cfg.moe_layers:
+        raise ConfigError("accumulate_unreduced: the mixture-of-experts layers route and balance over the whole "
+                          "batch, which each device's own accumulation cannot see; set it false or drop moe_layers")
+    if cfg.accumulate_unreduced and cfg.tokens_per_mb_per_replica is None:
+        raise ConfigError("accumulate_unreduced: only with gradient accumulation; set tokens_per_mb_per_replica "
+                          "(tokens per microbatch per data-parallel replica)")
     if isinstance(cfg.recompute_grad, str) and cfg.recompute_grad not in REMAT_POLICIES:
         raise ConfigError(f"recompute_grad: {json.dumps(cfg.recompute_grad)} is not one of true, false, "
                           f"{', '.join(REMAT_POLICIES)}")

@@ -501,7 +501,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
 
             microbatches = microbatch_count(cfg, layout)
             train_step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, train_sharding,
-                                         precision=cfg.precision, microbatches=microbatches, seed=cfg.seed,
+                                         precision=cfg.precision, microbatches=microbatches,
+                                         accumulate_unreduced=cfg.accumulate_unreduced, seed=cfg.seed,
                                          trainable=trainable)
             tokens_per_step = cfg.train_batch_size * cfg.n_ctx
             peak = peak_flops_per_second()

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from config import ConfigError
-from models.axes import HEADS, axes, constrain, target_platform
+from models.axes import HEADS, axes, constrain, per_device, target_platform
 from models.kv_cache import CrossCache, LayerCache, LinearCache, heads_first
 from models.layers import dropout, over_flat_positions, projection
 from models.linear_attention import bidirectional_linear_attention, causal_linear_attention
@@ -238,18 +238,35 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
         if kernel == "cudnn" and not dropping and segment_ids is None:
             # No mask materialised: the kernel takes causality and the window as flags (and a bias in its dtype).
             local = None if window is None else (window - 1, 0 if causal else window - 1)
-            return jax.nn.dot_product_attention(q, k, v, bias=None if bias is None else bias.astype(q.dtype),
-                                                scale=scale, is_causal=causal, local_window_size=local,
-                                                implementation="cudnn")
+            return cudnn_attention(q, k, v, bias=None if bias is None else bias.astype(q.dtype), scale=scale,
+                                   is_causal=causal, local_window_size=local)
         mask = self_attention_mask(t, causal, window, segment_ids) if s == t else jnp.ones((1, t, s), bool)
     if mask.ndim == 2:
         mask = mask[None]
     if explicit_mask and kernel == "cudnn" and bias is None and not dropping and q.dtype in CUDNN_DTYPES:
-        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn")
+        return cudnn_attention(q, k, v, mask=mask[:, None], scale=scale)
     # The XLA path spells the softmax out: two einsums with float32 logits, which XLA fuses into fewer, faster
     # loops than jax.nn.dot_product_attention's XLA implementation (1.3x forward and backward on a 2-core CPU at
     # B=8, T=256, 8 heads of 32, causal or local).
     return masked_softmax_attention(q, k, v, mask[:, None], scale, dropout_rate, dropout_key, bias)
+
+
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array | None = None,
+                    mask: jax.Array | None = None, **options) -> jax.Array:
+    """jax's cuDNN flash attention (``jax.nn.dot_product_attention``): (B, T, N, H) -> (B, T, N, H). GSPMD splits
+    it over the mesh by jax's partitioning rule for it, which cannot run inside a shard_map (a train step that
+    accumulates each device's gradients, parallel/steps.py): there each device calls it on its own share."""
+    extras = {name: x for name, x in (("bias", bias), ("mask", mask)) if x is not None}  # (B or 1, N or 1, T, S)
+
+    def attend(q, k, v, *extra):
+        return jax.nn.dot_product_attention(q, k, v, **dict(zip(extras, extra)), **options, implementation="cudnn")
+
+    if not jax.sharding.get_abstract_mesh().manual_axes:
+        return attend(q, k, v, *extras.values())
+    extra_names = [("batch" if x.shape[0] > 1 else None, "heads" if x.shape[1] > 1 else None, None, None)
+                   for x in extras.values()]
+    return per_device(attend, (HEADS, HEADS, HEADS, *extra_names), HEADS, whole=("sequence",))(
+        q, k, v, *extras.values())
 
 
 class Attention(nnx.Module):

@@ -104,8 +104,20 @@ def per_device(f: Callable, in_names: Sequence[Sequence[str | None]], out_names:
         for name, split in zip(names, sharding.spec):
             if name in whole and split is not None:
                 raise ValueError(f"layout: '{name}' is split over {split}, and this kernel needs it whole")
-    return jax.shard_map(f, mesh=inputs[0].mesh, in_specs=tuple(s.spec for s in inputs),
-                         out_specs=placer(out_names, ()).spec, check_vma=False)
+    return shard_map_rest(f, inputs[0].mesh, tuple(s.spec for s in inputs), placer(out_names, ()).spec)
+
+
+def shard_map_rest(f: Callable, mesh, in_specs, out_specs) -> Callable:
+    """``jax.shard_map`` over the axes of ``mesh`` that are not manual yet: all of them, or inside another
+    shard_map (a train step accumulating each device's gradients: parallel/steps.py) the rest, on the mesh as the
+    trace sees it; ``f`` itself where none is left. The specs name only those axes."""
+    context = jax.sharding.get_abstract_mesh()
+    if not context.manual_axes:
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    rest = frozenset(context.axis_names) - set(context.manual_axes)
+    if not rest:
+        return f
+    return jax.shard_map(f, mesh=context, in_specs=in_specs, out_specs=out_specs, axis_names=rest, check_vma=False)
 
 
 def constrain(x: jax.Array, names: Sequence[str | None], prefer: Sequence[str] = ()) -> jax.Array:
@@ -117,4 +129,8 @@ def constrain(x: jax.Array, names: Sequence[str | None], prefer: Sequence[str] =
     placer = getattr(_active, "placer", None)
     if placer is None:
         return x
-    return jax.lax.with_sharding_constraint(x, placer(names, prefer))
+    sharding = placer(names, prefer)
+    context = jax.sharding.get_abstract_mesh()
+    if context.manual_axes:  # inside a shard_map: the mesh as the trace sees it, so what follows can use it too
+        sharding = jax.sharding.NamedSharding(context, sharding.spec)
+    return jax.lax.with_sharding_constraint(x, sharding)

@@ -120,7 +120,8 @@ def dry_run(cfg, layout: Layout, make_model: Callable[[nnx.Rngs], nnx.Module],
     data = batch_shardings(layout, objective, shapes)
     microbatches = microbatch_count(cfg, layout)
     step = make_train_step(graphdef, objective, tx, schedule, layout, shardings, data, precision=cfg.precision,
-                           microbatches=microbatches, seed=cfg.seed, trainable=trainable)
+                           microbatches=microbatches, accumulate_unreduced=cfg.accumulate_unreduced, seed=cfg.seed,
+                           trainable=trainable)
     batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data[name]) for name, shape in shapes.items()}
     start = time.perf_counter()
     try:
@@ -204,7 +205,9 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
     lines = [
         f"mesh {dict(layout.mesh.shape)} ({where}), layout {layout.text}",
         f"{human_count(run.parameters)} parameters; batch {cfg.train_batch_size} x {cfg.n_ctx} tokens"
-        f"{f' in {run.microbatches} microbatches' if run.microbatches > 1 else ''}; {cfg.precision}"
+        f"{f' in {run.microbatches} microbatches' if run.microbatches > 1 else ''}"
+        f"{' (gradients reduced once per step)' if run.microbatches > 1 and cfg.accumulate_unreduced else ''}; "
+        f"{cfg.precision}"
         f"{remat}; compiled in {run.compile_seconds:.0f} s",
         f"FLOPs per step: model {run.model_flops:.3g} (6N + attention, {run.model_flops / tokens:.3g} per token); "
         f"compiled matmuls {run.hlo.matmul_flops * devices:.3g} ({run.hlo.matmul_flops:.3g} per device"

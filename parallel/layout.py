@@ -183,6 +183,11 @@ class Layout:
                                   f"of size {split}{hint}")
         return NamedSharding(self.mesh, spec)
 
+    def without(self, axes: Sequence[str]) -> "Layout":
+        """This layout with ``axes`` taken out of every rule (a rule left with none keeps its dimension whole):
+        how each device's own program places what it holds, once those axes are manual (``jax.shard_map``)."""
+        return Layout(self.mesh, tuple((name, tuple(a for a in split if a not in axes)) for name, split in self.rules))
+
     @contextlib.contextmanager
     def active(self) -> Iterator["Layout"]:
         """Makes ``models.axes.constrain`` place activations with this layout while model code is traced."""

@@ -67,26 +67,44 @@ def random_batches(cfg, steps: int, seed: int = 0) -> list[dict]:
     return [{"tokens": t} for t in tokens]
 
 
-def train_losses(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None, microbatches=1) -> list[float]:
+def train_losses(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None, microbatches=1,
+                 accumulate_unreduced=False) -> list[float]:
     """Per-step losses of ``cfg`` trained on ``batches`` with the given mesh and layout."""
-    return [m["loss"] for m in train_metrics(cfg, batches, mesh_shape, layout, devices, microbatches)]
+    return [m["loss"] for m in train_metrics(cfg, batches, mesh_shape, layout, devices, microbatches,
+                                             accumulate_unreduced)]
 
 
-def train_metrics(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None, microbatches=1) -> list[dict]:
+def train_metrics(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None, microbatches=1,
+                  accumulate_unreduced=False) -> list[dict]:
     """Per-step metrics dicts (floats) of ``cfg`` trained on ``batches`` with the given mesh and layout."""
-    mesh = make_mesh(mesh_shape, devices)
-    layout = Layout.from_config(mesh, layout)
-    tx = make_optimizer(cfg)
-    objective = objective_for(cfg)
-    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, cfg.seed)
-    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
-    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
-                           precision=cfg.precision, microbatches=microbatches, seed=cfg.seed)
+    step, state, data, _ = train_step_for(cfg, mesh_shape, layout, devices, microbatches=microbatches,
+                                          accumulate_unreduced=accumulate_unreduced)
     rows = []
     for batch in batches:
         state, metrics = step(state, jax.device_put(batch, data))
         rows.append({k: float(v) for k, v in jax.device_get(metrics).items()})
     return rows
+
+
+def compiled_train_step(cfg, mesh_shape: str, layout: str, **options) -> jax.stages.Compiled:
+    """``cfg``'s train step compiled for the mesh and layout (``make_train_step``'s ``options``), not run."""
+    step, state, data, shapes = train_step_for(cfg, mesh_shape, layout, **options)
+    batch = {name: jax.ShapeDtypeStruct(shape, np.int32, sharding=data[name]) for name, shape in shapes.items()}
+    return step.lower(state, batch).compile()
+
+
+def train_step_for(cfg, mesh_shape: str, layout: str, devices=None, **options):
+    """(the jitted train step, the initial state, the batch fields' shardings, their shapes) of ``cfg`` on the
+    mesh and layout; ``options``: ``make_train_step``'s."""
+    layout = Layout.from_config(make_mesh(mesh_shape, devices), layout)
+    tx = make_optimizer(cfg)
+    objective = objective_for(cfg)
+    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, cfg.seed)
+    shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
+    data = batch_shardings(layout, objective, shapes)
+    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
+                           precision=cfg.precision, seed=cfg.seed, **options)
+    return step, state, data, shapes
 
 
 def run_cli(*args: str, timeout: int = 600, as_shipped: bool = False, cache_home: str | None = None

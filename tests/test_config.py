@@ -121,6 +121,10 @@ def test_attention_types_expand():
     ({"rotary_emb": True, "rotary_emb_fraction": 0.01}, "rotary_emb_fraction: 0.01 of head_dim 16 rotates no"),
     ({"attention_kernel": "flash"}, 'attention_kernel: "flash" is not one of auto, xla, cudnn'),
     ({"datasets": []}, "datasets: empty"),
+    ({"accumulate_unreduced": True}, "accumulate_unreduced: only with gradient accumulation; set "
+                                     "tokens_per_mb_per_replica"),
+    ({"accumulate_unreduced": True, "tokens_per_mb_per_replica": 64, "moe_layers": [1]},
+     "accumulate_unreduced: the mixture-of-experts layers route and balance over the whole batch"),
 ])
 def test_bad_values_name_the_key(raw, expected):
     assert expected in error_of(raw)

@@ -349,6 +349,31 @@ def test_dry_run_compiles_for_gpus_without_one(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(not (installed("jax_plugins.xla_cuda12") and installed("nvidia.cudnn")),
                     reason="compiling for GPUs needs jax's CUDA plugin and cuDNN (see above)")
+def test_unreduced_accumulation_compiles_for_gpus_with_cudnn_attention():
+    """accumulate_unreduced traces the model inside a shard_map manual over the batch axis, where jax's
+    partitioning rule for cuDNN attention cannot run over the tensor-parallel axis left to GSPMD (the GPU compile
+    failed in it): there each device calls the kernel on its share. The step keeps its cuDNN calls and reduces
+    the gradients once instead of after each of its 2 microbatches."""
+    outputs = {}
+    for unreduced in ("false", "true"):
+        result = run_cli("train.py", "--config", "configs/quickstart.json", "--dry-run", "--topology", "h100:4",
+                         "--set", "mesh_shape=x:2,y:2", "--set", "layout=batch:x,heads:y", "--set", "n_layer=2",
+                         "--set", "precision=bfloat16", "--set", 'attention_types=[[["global","local"],1]]',
+                         "--set", "tokens_per_mb_per_replica=512", "--set", f"accumulate_unreduced={unreduced}",
+                         timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs[unreduced] = result.stdout
+    runs = {}
+    for unreduced, out in outputs.items():
+        assert "attention in 8 cuDNN flash attention kernel calls" in out  # 2 layers x 2 microbatches x 2 passes
+        runs[unreduced] = int(re.search(r"\| all-reduce \| \d+ \| (\d+) \|", out).group(1))
+    assert "in 2 microbatches (gradients reduced once per step)" in outputs["true"]
+    assert runs["true"] < runs["false"], runs
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (installed("jax_plugins.xla_cuda12") and installed("nvidia.cudnn")),
+                    reason="compiling for GPUs needs jax's CUDA plugin and cuDNN (see above)")
 def test_generation_compiles_for_an_h100_without_one_and_its_loop_is_not_double_buffered(monkeypatch):
     """NeoMesh's XLA defaults double-buffer while loops (for scanned train steps); the generation loop opts out,
     so its kernels per token are those of a compile without the defaults."""

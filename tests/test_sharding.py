@@ -84,6 +84,38 @@ def test_gradient_accumulation_equals_one_big_batch():
     np.testing.assert_allclose(accumulated, whole, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("mesh_shape,layout,batch_ways,extra", [
+    ("x:8", "batch:x", 8, {}),  # data parallel: one all-reduce per step instead of one per microbatch
+    # FSDP over two axes with tensor parallelism, layers scanned: one reduce-scatter of each stacked gradient
+    ("x:2,z:2,y:2", "batch:x+z,embd:x+z,heads:y", 4, {"scan_layers": True}),
+], ids=["data_parallel", "fsdp_2d_tensor_scanned"])
+def test_unreduced_accumulation_trains_as_the_reduced_one_and_reduces_once(mesh_shape, layout, batch_ways, extra):
+    """accumulate_unreduced: each device sums its own microbatches' gradients and the batch axes reduce them once
+    per step. Losses and gradient norms equal the per-microbatch reduction's; the compiled step reduces
+    gradients once per step where it did so after each of the 4 microbatches, sending a quarter of the bytes."""
+    from parallel.hlo_stats import parse_hlo
+    from tests.common import compiled_train_step
+
+    cfg = tiny_config(train_batch_size=32, warmup_steps=0, lr=3e-3, **extra)
+    batches = random_batches(cfg, 2, seed=1)
+    reduced = train_metrics(cfg, batches, mesh_shape, layout, microbatches=4)
+    unreduced = train_metrics(cfg, batches, mesh_shape, layout, microbatches=4, accumulate_unreduced=True)
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose([m[key] for m in unreduced], [m[key] for m in reduced], rtol=0, atol=1e-5)
+    assert reduced[1]["loss"] < reduced[0]["loss"] - 1e-4  # the first update counts in the second loss
+
+    def gradient_reductions(accumulate_unreduced):  # ({executions per step}, bytes sent per device per step)
+        text = compiled_train_step(cfg, mesh_shape, layout, microbatches=4,
+                                   accumulate_unreduced=accumulate_unreduced).as_text()
+        kind = "reduce-scatter" if "embd" in layout else "all-reduce"  # over the batch axes
+        found = [c for c in parse_hlo(text, 8).collectives if c.kind == kind and c.group_size == batch_ways]
+        return {c.count for c in found}, sum(c.count * c.wire_bytes for c in found)
+
+    (per_microbatch, sent), (once, sent_once) = gradient_reductions(False), gradient_reductions(True)
+    assert per_microbatch == {4} and once == {1}, (per_microbatch, once)
+    assert sent_once * 4 == pytest.approx(sent, rel=0.05)
+
+
 def test_microbatches_from_tokens_per_mb_per_replica():
     layout = Layout.from_config(make_mesh("x:8"), "batch:x")
     # 32 sequences over 8 replicas = 4 each; 64 tokens per microbatch = 2 sequences -> 2 microbatches.

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from config import ConfigError
 from models.attention import Attention, choose_kernel, softmax_attention
@@ -62,6 +63,27 @@ def test_splash_per_device_on_a_mesh_equals_one_device():
         doubled = jax.jit(lambda q, k, v: 2 * f(q, k, v))(q, k, v)
     np.testing.assert_allclose(got, want, atol=1e-6)
     np.testing.assert_allclose(doubled, 2 * want, atol=2e-6)
+
+
+def test_splash_per_device_inside_a_shard_map_over_the_batch_axis_equals_one_device():
+    """accumulate_unreduced traces the model under a shard_map manual over the batch axes (parallel/steps.py):
+    the kernel's own shard_map then takes the mesh's other axes."""
+    q, k, v, segments = inputs()
+
+    def f(q, k, v, segments):
+        return softmax_attention(q, k, v, causal=True, window=48, scale=H ** -0.5, segment_ids=segments,
+                                 kernel="splash", blocked=False)
+
+    layout = Layout.from_config(make_mesh("x:2,y:4"), "batch:x,heads:y")
+
+    def rows(*args):  # one device's rows, heads still split over y
+        with layout.without(("x",)).active():
+            return f(*args)
+
+    rows_of = PartitionSpec("x")
+    got = jax.jit(jax.shard_map(rows, mesh=layout.mesh, in_specs=rows_of, out_specs=rows_of, axis_names={"x"},
+                                check_vma=False))(q, k, v, segments)
+    np.testing.assert_allclose(got, f(q, k, v, segments), atol=1e-6)
 
 
 def test_kernel_choice_on_tpus():

@@ -298,9 +298,12 @@ def test_seq2seq_trains_sharded_as_on_one_device_and_accumulates_exactly():
     single = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
     sharded = train_metrics(cfg, batches, "x:4,y:2", "batch:x,heads:y,intermediate_expanded:y,vocab:y")
     accumulated = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1], microbatches=2)
+    # each device accumulating its own rows' gradients, reduced once per step
+    unreduced = train_metrics(cfg, batches, "x:4,y:2", "batch:x,heads:y,intermediate_expanded:y,vocab:y",
+                              microbatches=2, accumulate_unreduced=True)
     for key in ("loss", "accuracy", "grad_norm"):
-        np.testing.assert_allclose([m[key] for m in sharded], [m[key] for m in single], rtol=0, atol=1e-5)
-        np.testing.assert_allclose([m[key] for m in accumulated], [m[key] for m in single], rtol=0, atol=1e-5)
+        for run in (sharded, accumulated, unreduced):
+            np.testing.assert_allclose([m[key] for m in run], [m[key] for m in single], rtol=0, atol=1e-5)
     assert single[-1]["loss"] < single[0]["loss"] - 0.1
 
 

@@ -141,8 +141,12 @@ def test_vit_trains_sharded_as_on_one_device():
     batches = [source.batch(step, 8) for step in range(3)]
     single = train_losses(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
     sharded = train_losses(cfg, batches, "x:4,y:2", "batch:x,heads:y,embd:y")
+    # FSDP, each device accumulating its own rows' gradients, reduced (scattered) once per step
+    unreduced = train_losses(cfg, batches, "x:4,y:2", "batch:x,embd:x,heads:y", microbatches=2,
+                             accumulate_unreduced=True)
     assert single[-1] < single[0]
     np.testing.assert_allclose(sharded, single, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(unreduced, single, rtol=0, atol=1e-5)
 
 
 def test_digits_source_is_a_fixed_split_and_a_pure_function_of_the_step():

@@ -130,7 +130,8 @@ def constrain(x: jax.Array, names: Sequence[str | None], prefer: Sequence[str] =
     if placer is None:
         return x
     sharding = placer(names, prefer)
-    context = jax.sharding.get_abstract_mesh()
-    if context.manual_axes:  # inside a shard_map: the mesh as the trace sees it, so what follows can use it too
-        sharding = jax.sharding.NamedSharding(context, sharding.spec)
+    if jax.sharding.get_abstract_mesh().manual_axes:
+        # Inside a shard_map the spec alone, placed on the mesh as the trace sees it: pinned to the whole mesh,
+        # the activation would carry a mesh that later operations there cannot use.
+        return jax.lax.with_sharding_constraint(x, sharding.spec)
     return jax.lax.with_sharding_constraint(x, sharding)

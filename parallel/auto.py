@@ -193,10 +193,15 @@ def resolve(cfg, make_model, tx, devices=None, memory: float | None = None):
     devices = jax.devices() if devices is None else list(devices)
     if cfg.layout != AUTO:
         return Layout.from_config(make_mesh(cfg.mesh_shape, devices), cfg.layout), None
-    job = job_for(cfg, abstract_model(make_model)[1], tx, len(devices), memory or device_memory(devices[0]),
+    params = abstract_model(make_model)[1]
+    job = job_for(cfg, params, tx, len(devices), memory or device_memory(devices[0]),
                   min(devices_per_host(devices), MAX_TENSOR))
     given = None if cfg.mesh_shape == AUTO else parse_mesh_shape(cfg.mesh_shape, len(devices))
     choice = choose(job, given)
     layout = Layout.from_config(make_mesh(choice.mesh_shape, devices), choice.layout)
     note = f"auto: mesh_shape {choice.mesh_shape}, layout {choice.layout}\n  because {choice.reason}"
+    if cfg.accumulate_unreduced and layout.spec(("embd",))[0] is not None:  # FSDP: the rules above do not see it
+        whole = 2 * sum(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
+        note += (f"\n  accumulate_unreduced: each device also holds the parameters and their gradient sums whole "
+                 f"({_gb(whole)}) during a step; --dry-run shows whether that fits")
     return layout, note

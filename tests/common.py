@@ -86,13 +86,6 @@ def train_metrics(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None
     return rows
 
 
-def compiled_train_step(cfg, mesh_shape: str, layout: str, **options) -> jax.stages.Compiled:
-    """``cfg``'s train step compiled for the mesh and layout (``make_train_step``'s ``options``), not run."""
-    step, state, data, shapes = train_step_for(cfg, mesh_shape, layout, **options)
-    batch = {name: jax.ShapeDtypeStruct(shape, np.int32, sharding=data[name]) for name, shape in shapes.items()}
-    return step.lower(state, batch).compile()
-
-
 def train_step_for(cfg, mesh_shape: str, layout: str, devices=None, **options):
     """(the jitted train step, the initial state, the batch fields' shardings, their shapes) of ``cfg`` on the
     mesh and layout; ``options``: ``make_train_step``'s."""

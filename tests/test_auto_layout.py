@@ -111,3 +111,26 @@ def test_gpt_neo_auto_keys_mean_auto():
     assert (cfg.mesh_shape, cfg.layout) == ("x:4,y:2", "auto")
     with pytest.raises(ConfigError, match="mesh_shape: 'auto' needs layout 'auto' too"):
         from_dict({"mesh_shape": "auto", "layout": "batch:x"})
+
+
+def test_an_automatic_fsdp_layout_says_what_accumulating_unreduced_holds_whole():
+    """The rules choose FSDP from the training state's size; accumulate_unreduced then holds the parameters and
+    their gradient sums whole on each device during a step, which the note says with its size."""
+    import jax
+    import numpy as np
+
+    from parallel.auto import resolve
+    from tests.common import tiny_config
+
+    cfg = tiny_config(mesh_shape="auto", layout="auto", tokens_per_mb_per_replica=32)
+    tx = make_optimizer(cfg)
+    make = functools.partial(registry.build, cfg)
+    params = abstract_model(make)[1]
+    whole = 2 * sum(np.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
+    state = job_for(cfg, params, tx, 8, 1.0, 8).state_bytes
+    for unreduced in (False, True):  # memory: the state fits half a device only when split over all 8
+        layout, note = resolve(cfg.replace(accumulate_unreduced=unreduced), make, tx, jax.devices()[:8],
+                               memory=state / 2)
+        assert layout.spec(("embd",))[0] is not None, note  # FSDP
+        assert ("accumulate_unreduced: each device also holds the parameters and their gradient sums whole "
+                f"({whole / 1e9:.3g} GB)" in note) == unreduced, note

@@ -94,26 +94,31 @@ def test_unreduced_accumulation_trains_as_the_reduced_one_and_reduces_once(mesh_
     per step. Losses and gradient norms equal the per-microbatch reduction's; the compiled step reduces
     gradients once per step where it did so after each of the 4 microbatches, sending a quarter of the bytes."""
     from parallel.hlo_stats import parse_hlo
-    from tests.common import compiled_train_step
+    from tests.common import train_step_for
 
     cfg = tiny_config(train_batch_size=32, warmup_steps=0, lr=3e-3, **extra)
     batches = random_batches(cfg, 2, seed=1)
-    reduced = train_metrics(cfg, batches, mesh_shape, layout, microbatches=4)
-    unreduced = train_metrics(cfg, batches, mesh_shape, layout, microbatches=4, accumulate_unreduced=True)
+
+    def trained(accumulate_unreduced):  # (metrics per step, the compiled step's gradient reductions over the batch)
+        step, state, data, shapes = train_step_for(cfg, mesh_shape, layout, microbatches=4,
+                                                   accumulate_unreduced=accumulate_unreduced)
+        step = step.lower(state, {name: jax.ShapeDtypeStruct(shape, np.int32, sharding=data[name])
+                                  for name, shape in shapes.items()}).compile()
+        metrics = []
+        for batch in batches:
+            state, row = step(state, jax.device_put(batch, data))
+            metrics.append(jax.device_get(row))
+        kind = "reduce-scatter" if "embd" in layout else "all-reduce"
+        found = [c for c in parse_hlo(step.as_text(), 8).collectives if c.kind == kind and c.group_size == batch_ways]
+        return metrics, ({c.count for c in found}, sum(c.count * c.wire_bytes for c in found))
+
+    reduced, (per_microbatch, sent) = trained(False)
+    unreduced, (once, sent_once) = trained(True)
     for key in ("loss", "grad_norm"):
         np.testing.assert_allclose([m[key] for m in unreduced], [m[key] for m in reduced], rtol=0, atol=1e-5)
     assert reduced[1]["loss"] < reduced[0]["loss"] - 1e-4  # the first update counts in the second loss
-
-    def gradient_reductions(accumulate_unreduced):  # ({executions per step}, bytes sent per device per step)
-        text = compiled_train_step(cfg, mesh_shape, layout, microbatches=4,
-                                   accumulate_unreduced=accumulate_unreduced).as_text()
-        kind = "reduce-scatter" if "embd" in layout else "all-reduce"  # over the batch axes
-        found = [c for c in parse_hlo(text, 8).collectives if c.kind == kind and c.group_size == batch_ways]
-        return {c.count for c in found}, sum(c.count * c.wire_bytes for c in found)
-
-    (per_microbatch, sent), (once, sent_once) = gradient_reductions(False), gradient_reductions(True)
-    assert per_microbatch == {4} and once == {1}, (per_microbatch, once)
-    assert sent_once * 4 == pytest.approx(sent, rel=0.05)
+    assert per_microbatch == {4} and once == {1}, (per_microbatch, once)  # executions per step
+    assert sent_once * 4 == pytest.approx(sent, rel=0.05)  # bytes each device sends per step
 
 
 def test_microbatches_from_tokens_per_mb_per_replica():

@@ -54,6 +54,8 @@ def main(argv=None) -> None:
                    "device without running it: memory, and kernels per new token on a GPU (nothing allocated)")
     p.add_argument("--topology", metavar="NAME", help="with --compile-only: the device to compile for, without "
                    "it: h100, h200 (jax's CUDA plugin) or a one-chip TPU slice such as v5e:1x1 (libtpu)")
+    p.add_argument("--hlo", metavar="FILE", help="with --compile-only: also write the optimized HLO text of the "
+                   "last batch size's program to FILE (its kernels, for reading or a tool of your own)")
     args = p.parse_args(argv)
     from parallel.xla_flags import apply_defaults
 
@@ -64,6 +66,8 @@ def main(argv=None) -> None:
 
     if args.topology and not args.compile_only:
         raise ConfigError("--topology: only with --compile-only (nothing runs on a device this machine lacks)")
+    if args.hlo and not args.compile_only:
+        raise ConfigError("--hlo: only with --compile-only (the program it writes is the one compiled there)")
     if args.profile and args.compile_only:
         raise ConfigError("--profile: not with --compile-only, which runs nothing to profile")
     if args.profile:  # XLA:CPU traces its ops only with this flag, read when jax starts
@@ -307,8 +311,11 @@ def compile_plan(args) -> None:
         with placing(on_that_device):  # as predict.py samples under its layout
             compiled = lower_sample(graphdef, params, prompts, pad, settings, key).compile()
         seconds = time.perf_counter() - start
-        rows.append((batch, cache, compiled.memory_analysis().temp_size_in_bytes,
-                     loop_body_kernels(compiled.as_text()), seconds))
+        text = compiled.as_text()
+        rows.append((batch, cache, compiled.memory_analysis().temp_size_in_bytes, loop_body_kernels(text), seconds))
+    if args.hlo:
+        with open(args.hlo, "w") as f:
+            f.write(text)
     print(f"\n{args.config}: {cfg.n_layer} layers x {cfg.n_embd}, {args.precision}, prompt {args.prompt_tokens} + "
           f"{args.new_tokens} new tokens, greedy; compiled for {where}; weights {human_bytes(weights)}")
     # Only a GPU launches each top-level operation of the loop as a kernel of its own; XLA:TPU's count is mostly

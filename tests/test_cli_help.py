@@ -195,15 +195,17 @@ def test_generate_benchmark_without_torch_says_what_to_install_times_neomesh_alo
     assert float(summary.split("add up to ")[1].split()[0]) > 0 and list(tmp_path.rglob("perfetto_trace.json.gz"))
 
 
-def test_generate_benchmark_compile_only_plans_one_device_without_running(capsys):
+def test_generate_benchmark_compile_only_plans_one_device_without_running(capsys, tmp_path):
     import argparse
 
     from benchmarks import generate
     from config import ConfigError
 
+    hlo = tmp_path / "plan.hlo"
     args = argparse.Namespace(config="quickstart", precision="float32", new_tokens=4, prompt_tokens=4,
-                              batch_sizes="1,2", topology=None, set=[])
+                              batch_sizes="1,2", topology=None, set=[], hlo=str(hlo))
     generate.compile_plan(args)
+    assert "ENTRY" in hlo.read_text() and "while(" in hlo.read_text()  # --hlo: the program, its decode loop
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("quickstart: 4 layers x 192, float32, prompt 4 + 4 new tokens, greedy; compiled for "
                                "cpu (cpu); weights 7.99 MB")  # 2.00M parameters in float32
@@ -215,6 +217,8 @@ def test_generate_benchmark_compile_only_plans_one_device_without_running(capsys
     assert size(temp_one) > 0
     with pytest.raises(ConfigError, match="--topology: only with --compile-only"):
         generate.main(["--config", "quickstart", "--topology", "h100"])
+    with pytest.raises(ConfigError, match="--hlo: only with --compile-only"):
+        generate.main(["--config", "quickstart", "--hlo", str(hlo)])
 
 
 def test_the_gpu_table_script_says_in_one_line_that_it_needs_a_gpu():

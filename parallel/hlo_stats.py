@@ -155,19 +155,36 @@ def _operand(arg: str) -> str:
 
 
 def _scattered_bytes(result: str, shape: str, users: dict, n: int) -> int:
-    """Bytes of an all-reduce's results that every user cuts down to exactly 1/n (this device's slice, indexed
-    by its partition id, often fused with what follows): a reduce-scatter that XLA's CPU pipeline leaves as
-    all-reduce + dynamic-slice, where the GPU and TPU pipelines emit a reduce-scatter."""
+    """Bytes of an all-reduce's results of which every use keeps exactly 1/n (this device's slice, indexed by its
+    partition id, often fused with what follows): a reduce-scatter that XLA's CPU pipeline leaves as all-reduce +
+    dynamic-slice, where the GPU and TPU pipelines emit a reduce-scatter."""
     elements = [(result, shape)]
     if shape.startswith("("):
         elements = [(u[0], u[1]) for u in users[result] if u[2] == "get-tuple-element"]
-    total = 0
-    for element, element_shape in elements:
-        size = array_bytes(element_shape)
-        consumers = users[element]
-        if consumers and all(array_bytes(c[1]) * n == size and c[2] != "get-tuple-element" for c in consumers):
-            total += size
-    return total
+    return sum(array_bytes(element_shape) for element, element_shape in elements
+               if _kept_in_slices(element, _elements(element_shape), users, n))
+
+
+def _elements(shape_text: str) -> int:
+    return math.prod(_dims(shape_text))
+
+
+def _kept_in_slices(name: str, elements: int, users: dict, n: int, depth: int = 2) -> bool:
+    """Whether every use of ``name`` (an array of ``elements``) keeps 1/n of it: directly, or after up to ``depth``
+    operations that keep it whole (a bf16 weight's f32 gradient sum converted to bf16 whole before its slice is
+    added to the accumulated gradients)."""
+    consumers = users[name]
+    if not consumers:
+        return False
+    for consumer, shape, op, *_ in consumers:
+        if op == "get-tuple-element" or shape.startswith("("):
+            return False
+        count = _elements(shape)
+        if count * n == elements:
+            continue
+        if not (count == elements and depth and _kept_in_slices(consumer, count, users, n, depth - 1)):
+            return False
+    return True
 
 
 def _window_pairs(in_size: int, out_size: int, size: int, stride: int, pad_low: int, lhs_dilation: int,

@@ -223,6 +223,19 @@ def test_dry_run_memory_matches_a_real_step():
     assert "| optimizer state |" in text and "| TPU v5e |" in text
 
 
+def test_fsdp_gradients_in_bfloat16_read_as_the_reduce_scatters_they_are_in_float32():
+    """In bf16 the CPU program converts each FSDP gradient's f32 sum to bf16 whole before slicing it: the reader
+    follows the convert, so the step's collectives and whole gradients read as in float32 (they read as
+    all-reduces, twice the bytes on the wire, and the dry run's 13B FSDP peak kept 51 GB of gradients whole)."""
+    layout = Layout.from_config(make_mesh("x:4,y:2"), "batch:x,embd:x,heads:y,intermediate_expanded:y")
+    runs = {}
+    for precision in ("float32", "bfloat16"):
+        cfg = tiny_config(tokens_per_mb_per_replica=32, precision=precision)
+        runs[precision] = dry_run(cfg, layout, lambda rngs: registry.build(cfg, rngs)).hlo
+    assert runs["bfloat16"].by_kind() == runs["float32"].by_kind()
+    assert runs["bfloat16"].whole_before_scatter == runs["float32"].whole_before_scatter > 0
+
+
 @pytest.mark.slow
 def test_dry_run_command_simulates_its_own_devices():
     result = run_cli("train.py", "--config", "configs/quickstart.json", "--dry-run", "--devices", "16",

@@ -222,11 +222,11 @@ def report(run: DryRun, cfg, layout: Layout) -> str:
         f"| temporaries: activations, gradients, workspace ({compiler}) | {human_bytes(run.temp_bytes)} |",
     ]
     if platform == "cpu":
-        lines.append(f"| of them at most: whole gradients the CPU program all-reduces before slicing (GPUs and TPUs "
-                     f"reduce-scatter) | {human_bytes(run.hlo.whole_before_scatter)} |")
+        lines.append(f"| of them at most: arrays the CPU program all-reduces whole before slicing (gradients, partial "
+                     f"sums; GPUs and TPUs reduce-scatter) | {human_bytes(run.hlo.whole_before_scatter)} |")
     lines.append(f"| peak: arguments + temporaries + outputs not written in place | {human_bytes(run.peak_bytes)} |")
     if platform == "cpu":
-        lines.append(f"| peak without those whole gradients | "
+        lines.append(f"| peak without those whole arrays | "
                      f"{human_bytes(run.peak_bytes - run.hlo.whole_before_scatter)} |")
     lines += [
         "",

@@ -225,7 +225,7 @@ def test_dry_run_memory_matches_a_real_step():
 
 def test_fsdp_gradients_in_bfloat16_read_as_the_reduce_scatters_they_are_in_float32():
     """In bf16 the CPU program converts each FSDP gradient's f32 sum to bf16 whole before slicing it: the reader
-    follows the convert, so the step's collectives and whole gradients read as in float32 (they read as
+    follows the convert, so the step's collectives and whole arrays read as in float32 (they read as
     all-reduces, twice the bytes on the wire, and the dry run's 13B FSDP peak kept 51 GB of gradients whole)."""
     layout = Layout.from_config(make_mesh("x:4,y:2"), "batch:x,embd:x,heads:y,intermediate_expanded:y")
     runs = {}

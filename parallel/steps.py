@@ -13,14 +13,14 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import PartitionSpec
 
 from config import ConfigError
 from models import aux_losses
-from models.axes import constrain, shard_map_rest, target_platform
+from models.axes import constrain, target_platform
 from models.block import prestacked
-from parallel.layout import Layout, replicated, spec_axes
+from parallel.layout import Layout, replicated
 from parallel.state import Params, TrainState, join_params, split_params
+from parallel.unreduced import per_device_accumulation
 from parallel.xla_flags import step_options
 from training.layer_stack import optimizer_step, stored_stacks, unstack_layers
 
@@ -107,11 +107,10 @@ def make_train_step(graphdef: nnx.GraphDef, objective, tx: optax.GradientTransfo
     differentiated and updated: the rest (frozen) pass through bit for bit and have no optimizer state.
 
     ``accumulate_unreduced``: with microbatches, each device accumulates the gradients of its own rows and the
-    mesh axes that split ``batch`` reduce them once per step (``accumulated_per_device``), where otherwise
-    they are reduced after every microbatch.
+    mesh axes that split ``batch`` reduce them once per step (parallel/unreduced.py), where otherwise they are
+    reduced after every microbatch.
     """
     compute_dtype = COMPUTE_DTYPES[precision]
-    batch_axes = tuple(a for a in spec_axes(layout.spec(("batch",))[0]) if layout.mesh.shape[a] > 1)
 
     def grad_fn(params, frozen, batch, key, total_weight):  # -> ((sums, sown metrics), grads of params)
         def loss_fn(params):
@@ -139,53 +138,14 @@ def make_train_step(graphdef: nnx.GraphDef, objective, tx: optax.GradientTransfo
         ((sums, aux), grads), _ = jax.lax.scan(body, zeros, (chunks, jnp.arange(microbatches)))
         return (sums, jax.tree.map(lambda x: x / microbatches, aux)), grads
 
-    def accumulated_per_device(params, frozen, batch, key, total_weight):
-        """``accumulated`` on each device's own rows under ``shard_map``, manual over the batch axes: the sums
-        of every microbatch's gradients stay on their device until one reduction per step (PyTorch DDP's
-        ``no_sync``), a reduce-scatter where a parameter is split over those axes (FSDP), else an all-reduce.
-        Within a device the other axes (tensor parallelism) stay GSPMD's. What it costs: a parameter split over
-        the batch axes is gathered whole once per step and its gradient sum is held whole. Each device draws
-        its own dropout masks, so they differ from the reduced path's, which draws the whole batch's."""
-        shardings = split_params(state_shardings.params, trainable)[0]
-
-        def batch_parts(spec):  # per dimension of a parameter, the batch axes its layout splits it over
-            return tuple(tuple(a for a in spec_axes(entry) if a in batch_axes) for entry in spec)
-
-        def reduced(grad, sharding):  # summed over the batch axes, scattered along the dimensions they split
-            parts = batch_parts(sharding.spec)
-            rest = tuple(a for a in batch_axes if all(a not in axes for axes in parts))
-
-            def reduce(grad):
-                for dim, axes in enumerate(parts):
-                    if axes:
-                        grad = jax.lax.psum_scatter(grad, axes, scatter_dimension=dim, tiled=True)
-                return jax.lax.psum(grad, rest) if rest else grad
-
-            # Each device reduces only its share of what the other axes split (tensor parallelism): with those
-            # axes manual too, the gradient split over them as its parameter is.
-            spec = PartitionSpec(*(tuple(a for a in spec_axes(entry) if a not in batch_axes) or None
-                                   for entry in sharding.spec))
-            return shard_map_rest(reduce, layout.mesh, spec, spec)(grad)
-
-        def local(params, frozen, batch, key, total_weight):
-            key = jax.random.fold_in(key, jax.lax.axis_index(batch_axes))
-            with layout.without(batch_axes).active():
-                (sums, aux), grads = accumulated(params, frozen, batch, key, total_weight)
-            grads = jax.tree.map(reduced, grads, shardings)
-            return (jax.lax.psum(sums, batch_axes), jax.lax.pmean(aux, batch_axes)), grads
-
-        whole, rows = PartitionSpec(), PartitionSpec(batch_axes)
-        grad_specs = jax.tree.map(lambda s: PartitionSpec(*(axes or None for axes in batch_parts(s.spec))), shardings)
-        return jax.shard_map(local, mesh=layout.mesh, in_specs=(whole, whole, rows, whole, whole),
-                             out_specs=((whole, whole), grad_specs), axis_names=set(batch_axes),
-                             check_vma=False)(params, frozen, batch, key, total_weight)
+    per_device = per_device_accumulation(accumulated, layout, split_params(state_shardings.params, trainable)[0]) \
+        if accumulate_unreduced else None  # None too where no axis splits the batch: nothing to reduce
 
     def train_step(state: TrainState, batch: Batch):
         with layout.active():
             key = dropout_key(seed, state.step)
             total_weight = _nonzero(objective.weights(batch).sum())
-            step_fn = grad_fn if microbatches == 1 else \
-                accumulated_per_device if accumulate_unreduced and batch_axes else accumulated
+            step_fn = grad_fn if microbatches == 1 else per_device or accumulated
             params, frozen = split_params(state.params, trainable)
             (sums, aux), grads = step_fn(params, frozen, batch, key, total_weight)
             params, opt_state, grad_norm = optimizer_step(tx, grads, state.opt_state, params)

@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "of n_vocab tokens and a 5%% eval split), or a folder data/make_dataset.py wrote; for a ViT (task "
                    "image_classification) a folder of class folders, CLASS/IMAGE")
     p.add_argument("--skip-bad-files", action="store_true", help="with --data: leave out text files that cannot be "
-                   "read or decoded (not UTF-8, binary, corrupt or truncated .zst, bad JSON), each named in a warning "
-                   "line, instead of stopping")
+                   "read or decoded (not UTF-8, binary, corrupt or truncated .zst, bad JSON), or an image folder's "
+                   "unreadable images, each named in a warning line, instead of stopping")
     p.add_argument("--model-path", help="run directory; overrides the config's model_path (with --data: "
                    "runs/NAME-HASH, named like the prepared data's folder)")
     fresh = p.add_mutually_exclusive_group()
@@ -89,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if dry_only and not args.dry_run:
         p.error(f"{dry_only[0]}: only with --dry-run")
     if args.skip_bad_files and not args.data:
-        p.error("--skip-bad-files: only with --data (it leaves out the bad text files --data prepares)")
+        p.error("--skip-bad-files: only with --data (it leaves out the bad files --data reads)")
     return args
 
 

@@ -75,6 +75,30 @@ def folder_dataset(name: str, dataset: dict | None = None) -> dict:
             "labels": dataset.get("labels"), "skip_bad_files": bool(dataset.get("skip_bad_files")), "where": where}
 
 
+def skipping_dataset_config(folder: str) -> str:
+    """The path of a dataset config naming ``folder`` (its split folders found as for a folder named in
+    ``datasets``) with ``skip_bad_files``: what ``train.py --data FOLDER --skip-bad-files`` trains on. Written to
+    ``data_cache/image_folders/`` (one per folder path) whole, then renamed into place."""
+    import hashlib
+    import json
+
+    from neomesh.paths import work_root
+
+    folder = os.path.abspath(folder)
+    dataset = folder_dataset(folder)
+    config = {"path": dataset["path"], "skip_bad_files": True}
+    if dataset["eval_path"]:
+        config["eval_path"] = dataset["eval_path"]
+    name = f"{os.path.basename(folder)}-{hashlib.sha256(folder.encode()).hexdigest()[:8]}.json"
+    target = os.path.join(work_root(), "data_cache", "image_folders", name)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    staging = f"{target}.tmp-{os.getpid()}"
+    with open(staging, "w") as f:
+        json.dump(config, f, indent=1)
+    os.replace(staging, target)
+    return target
+
+
 def class_files(root: str) -> dict[str, list[str]]:
     """{class folder name: its image files}, both sorted; one-line errors for an image outside a class folder, a
     folder without classes and a class folder without images. Hidden files and other suffixes are ignored."""
@@ -165,7 +189,8 @@ def read_images(files: list[str], size: int, channels: int, skip_bad: bool) -> t
               "(NEOMESH_IMAGE_CACHE=0 decodes at every start)", flush=True)
     for problem in filter(None, problems):
         if not skip_bad:
-            raise ConfigError(f"{problem}; remove it, or set skip_bad_files in a dataset config to leave it out")
+            raise ConfigError(f"{problem}; remove it, or leave it out: train.py --data ... --skip-bad-files, or "
+                              "skip_bad_files in a dataset config")
         print(f"warning: {problem}; left out (skip_bad_files)", flush=True)
     kept = [i for i, problem in enumerate(problems) if problem is None]
     return (images if len(kept) == len(files) else images[kept]), kept

@@ -382,22 +382,22 @@ def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
     files, prepared here once (cached by content) with a tokenizer of ``n_vocab`` tokens (or the config's
     ``tokenizer_path``) and a 5% eval split. The run directory becomes ``runs/<data folder name>``; with no eval
     split, ``eval_steps`` becomes 0. A task that plain text cannot feed is refused before anything is prepared.
-    ``skip_bad_files`` (--skip-bad-files) leaves out text files that cannot be read or decoded, as make_dataset.
+    ``skip_bad_files`` (--skip-bad-files) leaves out text files that cannot be read or decoded, as make_dataset,
+    or an image folder's unreadable images.
     For task image_classification a folder of class folders is named in ``datasets`` as it is (data/images.py)."""
 
     dataset_file = given_dataset_file(inputs)
     check_is_dataset_config(dataset_file)
     if cfg.task == "image_classification" and dataset_file is None and len(inputs) == 1:
-        from data.image_folder import looks_like_one, meant_folder
+        from data.image_folder import looks_like_one, meant_folder, skipping_dataset_config
 
         if not os.path.exists(inputs[0]):
             raise ConfigError(f"--data {inputs[0]}: no such folder{meant_folder(inputs[0])}")
         if looks_like_one(inputs[0]):  # read as it is, by data/images.py: nothing to prepare
-            if skip_bad_files:
-                raise ConfigError("--skip-bad-files: leaves out text files; to leave out unreadable images, name the "
-                                  "folder in a dataset config with \"skip_bad_files\": true")
             folder = os.path.abspath(inputs[0])
-            return cfg.replace(datasets=[[folder, None, None, None]],
+            # unreadable images left out: the folder named in a dataset config that says so
+            source = skipping_dataset_config(folder) if skip_bad_files else folder
+            return cfg.replace(datasets=[[source, None, None, None]],
                                model_path=os.path.join("runs", os.path.basename(folder)))
     refusal = text_cannot_feed(cfg)
     if refusal and (dataset_file is None or token_data(dataset_file)):

@@ -148,7 +148,8 @@ def bad(tmp_path, what):
 
 @pytest.mark.parametrize("what, datasets, split, message", [
     ("corrupt", "pets", "train", r"^.*pets/train/cat/zz\.jpg: not a readable image \(cannot identify image file "
-                                 r".*\); remove it, or set skip_bad_files in a dataset config to leave it out$"),
+                                 r".*\); remove it, or leave it out: train.py --data ... --skip-bad-files, or "
+                                 r"skip_bad_files in a dataset config$"),
     ("truncated", "pets", "train", r"^.*pets/train/dog/zz\.png: not a readable image \(.*\); remove it"),
     ("empty class", "pets", "eval", r"^.*pets/train/emu: no images \(\.jpg, .*\) in this class folder$"),
     ("eval class", "pets", "eval", r"^.*pets/validation/fox: eval class 'fox' is not a train class \(cat, dog\)$"),
@@ -215,7 +216,7 @@ def test_a_cached_bad_file_is_refused_or_left_out_as_when_decoded(tmp_path, monk
     root = bad(tmp_path, "corrupt")
     use_dataset_configs(monkeypatch, tmp_path / "configs", pets={"path": str(root / "train"), "skip_bad_files": True,
                                                                     "eval_path": str(root / "validation")})
-    with pytest.raises(ConfigError, match=r"zz\.jpg: not a readable image .*; remove it, or set skip_bad_files"):
+    with pytest.raises(ConfigError, match=r"zz\.jpg: not a readable image .*; remove it, or leave it out: "):
         image_source(vit(root), "train")  # decoded, kept with its bad file, refused
     image_cache_on.clear()
     skipped = image_source(vit("pets"), "train")  # the same files: from the cache, the bad one left out
@@ -276,14 +277,31 @@ def test_data_names_an_image_folder_as_it_is(tmp_path):
     named = config_for_data(cfg, [str(tmp_path / "pets") + "/"])
     assert named.datasets == [[str(tmp_path / "pets"), None, None, None]] and named.model_path == "runs/pets"
     assert named.eval_steps == cfg.eval_steps  # its validation folder, or a held-out fraction, is the eval set
-    with pytest.raises(ConfigError, match=r'^--skip-bad-files: leaves out text files; to leave out unreadable '
-                                          r'images, name the folder in a dataset config with "skip_bad_files": true$'):
-        config_for_data(cfg, [str(tmp_path / "pets")], skip_bad_files=True)
     with pytest.raises(ConfigError, match="^--data: plain text cannot feed task image_classification, which needs "
                                           r"labelled images: a folder of class folders \(--data my_images/"):
         config_for_data(cfg, [str(tmp_path / "pets" / "train" / "cat")])  # images, but no class folders
     with pytest.raises(ConfigError, match=r"^--data .*/pest: no such folder \(did you mean .*/pets\?\)$"):
         config_for_data(cfg, [str(tmp_path / "pest")])
+
+
+def test_data_with_skip_bad_files_leaves_an_unreadable_image_out(tmp_path, monkeypatch, capsys):
+    """--data FOLDER --skip-bad-files names the folder in a dataset config with skip_bad_files, written once per
+    folder under data_cache/image_folders/: a corrupt image is a warning line and left out (it was refused)."""
+    from data.images import image_source
+    from data.make_dataset import config_for_data
+
+    monkeypatch.setattr("neomesh.paths.work_root", lambda: str(tmp_path / "work"))
+    root = bad(tmp_path, "corrupt")
+    cfg = config_for_data(vit(root), [str(root)], skip_bad_files=True)
+    [[source, *_]] = cfg.datasets
+    assert source.startswith(str(tmp_path / "work" / "data_cache" / "image_folders" / "pets-")), source
+    assert json.load(open(source)) == {"path": str(root / "train"), "skip_bad_files": True,
+                                       "eval_path": str(root / "validation")}
+    assert cfg.model_path == "runs/pets"
+    assert len(image_source(cfg, "train")) == 4  # two per class; the corrupt one left out
+    assert f"warning: {root}/train/cat/zz.jpg: not a readable image" in capsys.readouterr().out
+    assert config_for_data(vit(root), [str(root)], skip_bad_files=True).datasets == cfg.datasets  # the same file
+    assert os.listdir(os.path.dirname(source)) == [os.path.basename(source)]  # no staging file left behind
 
 
 @pytest.mark.e2e

@@ -48,6 +48,7 @@ class Job:
     heads: int
     experts: int  # 0 without mixture-of-experts layers
     embd: int = 0  # n_embd, the dimension FSDP splits (0: any split divides it)
+    parameter_bytes: float = 0.0  # the parameters alone, whole
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +175,7 @@ def job_for(cfg, params, tx, devices: int, memory: float, devices_per_host: int)
     opt_state = jax.eval_shape(tx.init, params)
     nbytes = lambda tree: sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(tree))  # noqa: E731
     return Job(devices=devices, devices_per_host=devices_per_host,
-               parameters=sum(math.prod(p.shape) for p in jax.tree.leaves(params)),
+               parameters=sum(math.prod(p.shape) for p in jax.tree.leaves(params)), parameter_bytes=nbytes(params),
                state_bytes=2 * nbytes(params) + nbytes(opt_state),  # parameters, gradients, optimizer state
                memory=memory, batch=cfg.train_batch_size, heads=cfg.n_head,
                experts=cfg.moe["num_experts"] if cfg.moe_layers else 0, embd=cfg.n_embd)
@@ -193,15 +194,13 @@ def resolve(cfg, make_model, tx, devices=None, memory: float | None = None):
     devices = jax.devices() if devices is None else list(devices)
     if cfg.layout != AUTO:
         return Layout.from_config(make_mesh(cfg.mesh_shape, devices), cfg.layout), None
-    params = abstract_model(make_model)[1]
-    job = job_for(cfg, params, tx, len(devices), memory or device_memory(devices[0]),
+    job = job_for(cfg, abstract_model(make_model)[1], tx, len(devices), memory or device_memory(devices[0]),
                   min(devices_per_host(devices), MAX_TENSOR))
     given = None if cfg.mesh_shape == AUTO else parse_mesh_shape(cfg.mesh_shape, len(devices))
     choice = choose(job, given)
     layout = Layout.from_config(make_mesh(choice.mesh_shape, devices), choice.layout)
     note = f"auto: mesh_shape {choice.mesh_shape}, layout {choice.layout}\n  because {choice.reason}"
     if cfg.accumulate_unreduced and layout.spec(("embd",))[0] is not None:  # FSDP: the rules above do not see it
-        whole = 2 * sum(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
         note += (f"\n  accumulate_unreduced: each device also holds the parameters and their gradient sums whole "
-                 f"({_gb(whole)}) during a step; --dry-run shows whether that fits")
+                 f"({_gb(2 * job.parameter_bytes)}) during a step; --dry-run shows whether that fits")
     return layout, note

@@ -11,6 +11,10 @@ activations; the state is parameters + gradients + optimizer state, in bytes fro
 | the batch does not split over all devices | + tensor parallelism (Megatron), as below |
 | the model has experts | + expert parallelism over the data axis (``experts:data``) when num_experts divides it |
 | the state does not fit even split over all devices | a one-line error with the numbers |
+| FSDP with ``accumulate_unreduced`` over the budget | a one-line error with the numbers |
+
+(``accumulate_unreduced`` holds the parameters and their gradient sums whole during a step, split only over the
+tensor axis, beside FSDP's split state.)
 
 Tensor parallelism runs over the fewest devices of one host that make the batch split and divide the heads:
 ``heads:tensor,intermediate_expanded:tensor`` with the residual stream whole (``activation_embd:none``).
@@ -49,6 +53,7 @@ class Job:
     experts: int  # 0 without mixture-of-experts layers
     embd: int = 0  # n_embd, the dimension FSDP splits (0: any split divides it)
     parameter_bytes: float = 0.0  # the parameters alone, whole
+    unreduced: bool = False  # accumulate_unreduced: FSDP's parameters and gradient sums held whole during a step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +148,15 @@ def choose(job: Job, mesh: dict[str, int] | None = None) -> Choice:
         why = (f"the training state ({_gb(job.state_bytes)}) is above {STATE_SHARE:.0%} of a device's "
                f"{_gb(job.memory)}" if not fits_whole else f"the state ({_gb(job.state_bytes)}) fits whole")
         reason = f"{what}: {why}, {_gb(state_per_device)} per device"
+        if job.unreduced and not fits_whole:
+            held = 2 * job.parameter_bytes / tensor_ways
+            if state_per_device + held > budget:
+                raise ConfigError(f"accumulate_unreduced: with it each device holds the parameters and their "
+                                  f"gradient sums whole during a step ({_gb(held)}) beside its "
+                                  f"{_gb(state_per_device)} of FSDP's split state, above {STATE_SHARE:.0%} of "
+                                  f"{_gb(job.memory)}; set accumulate_unreduced false (or mesh_shape and layout)")
+            reason += (f", and {_gb(held)} held whole during a step (accumulate_unreduced: the parameters and their "
+                       f"gradient sums)")
         if tensor_axis is not None:
             rules += [f"heads:{tensor_axis}", f"intermediate_expanded:{tensor_axis}", "activation_embd:none"]
             reason += (f"; tensor parallel over {tensor_axis} ({mesh[tensor_axis]}): batch {job.batch} does not "
@@ -178,7 +192,8 @@ def job_for(cfg, params, tx, devices: int, memory: float, devices_per_host: int)
                parameters=sum(math.prod(p.shape) for p in jax.tree.leaves(params)), parameter_bytes=nbytes(params),
                state_bytes=2 * nbytes(params) + nbytes(opt_state),  # parameters, gradients, optimizer state
                memory=memory, batch=cfg.train_batch_size, heads=cfg.n_head,
-               experts=cfg.moe["num_experts"] if cfg.moe_layers else 0, embd=cfg.n_embd)
+               experts=cfg.moe["num_experts"] if cfg.moe_layers else 0, embd=cfg.n_embd,
+               unreduced=bool(cfg.accumulate_unreduced))
 
 
 def resolve(cfg, make_model, tx, devices=None, memory: float | None = None):
@@ -199,8 +214,4 @@ def resolve(cfg, make_model, tx, devices=None, memory: float | None = None):
     given = None if cfg.mesh_shape == AUTO else parse_mesh_shape(cfg.mesh_shape, len(devices))
     choice = choose(job, given)
     layout = Layout.from_config(make_mesh(choice.mesh_shape, devices), choice.layout)
-    note = f"auto: mesh_shape {choice.mesh_shape}, layout {choice.layout}\n  because {choice.reason}"
-    if cfg.accumulate_unreduced and layout.spec(("embd",))[0] is not None:  # FSDP: the rules above do not see it
-        note += (f"\n  accumulate_unreduced: each device also holds the parameters and their gradient sums whole "
-                 f"({_gb(2 * job.parameter_bytes)}) during a step; --dry-run shows whether that fits")
-    return layout, note
+    return layout, f"auto: mesh_shape {choice.mesh_shape}, layout {choice.layout}\n  because {choice.reason}"

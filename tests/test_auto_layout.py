@@ -113,9 +113,10 @@ def test_gpt_neo_auto_keys_mean_auto():
         from_dict({"mesh_shape": "auto", "layout": "batch:x"})
 
 
-def test_an_automatic_fsdp_layout_says_what_accumulating_unreduced_holds_whole():
+def test_an_automatic_fsdp_layout_counts_what_accumulating_unreduced_holds_whole():
     """The rules choose FSDP from the training state's size; accumulate_unreduced then holds the parameters and
-    their gradient sums whole on each device during a step, which the note says with its size."""
+    their gradient sums whole on each device during a step: the reason says so with its size where it fits beside
+    the split state, and a one-line error names the key where it does not."""
     import jax
     import numpy as np
 
@@ -128,9 +129,15 @@ def test_an_automatic_fsdp_layout_says_what_accumulating_unreduced_holds_whole()
     params = abstract_model(make)[1]
     whole = 2 * sum(np.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(params))
     state = job_for(cfg, params, tx, 8, 1.0, 8).state_bytes
-    for unreduced in (False, True):  # memory: the state fits half a device only when split over all 8
+    roomy = 2 * 1.01 * (state / 8 + whole)  # the split state and the whole sums fit half of it, the state does not
+    assert state > roomy / 2
+    for unreduced in (False, True):
         layout, note = resolve(cfg.replace(accumulate_unreduced=unreduced), make, tx, jax.devices()[:8],
-                               memory=state / 2)
+                               memory=roomy)
         assert layout.spec(("embd",))[0] is not None, note  # FSDP
-        assert ("accumulate_unreduced: each device also holds the parameters and their gradient sums whole "
-                f"({whole / 1e9:.3g} GB)" in note) == unreduced, note
+        assert (f"{whole / 1e9:.3g} GB held whole during a step (accumulate_unreduced" in note) == unreduced, note
+    tight = state / 2  # the state fits half a device only when split over all 8, the whole sums do not beside it
+    assert resolve(cfg, make, tx, jax.devices()[:8], memory=tight)[0].spec(("embd",))[0] is not None
+    with pytest.raises(ConfigError, match=r"^accumulate_unreduced: with it each device holds the parameters and "
+                                          rf"their gradient sums whole during a step \({whole / 1e9:.3g} GB\)"):
+        resolve(cfg.replace(accumulate_unreduced=True), make, tx, jax.devices()[:8], memory=tight)

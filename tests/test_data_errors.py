@@ -195,8 +195,9 @@ except ConfigError as e:
         in result.stdout
 
 
-def test_mlm_training_needs_a_bidirectional_model_and_a_mask_token(capsys):
-    base = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--set", "mlm_training=true"]
+def test_mlm_training_needs_a_bidirectional_model_and_a_mask_token(capsys, tmp_path):
+    base = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--set", "mlm_training=true",
+            "--model-path", str(tmp_path / "run")]
     assert train.main(base) == 2
     assert capsys.readouterr().err == ("error: causal: a masked_lm model must see both sides of a mask; set causal "
                                        "false\n")

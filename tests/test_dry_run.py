@@ -20,11 +20,7 @@ from parallel.estimate import ACCELERATORS, collective_seconds, on_hosts
 from parallel.hlo_stats import Collective, HloStats, loop_body_kernels, parse_hlo, replica_groups
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
-from parallel.state import create_train_state
-from parallel.steps import batch_shapes, batch_shardings, make_train_step
-from tests.common import random_batches, run_cli, tiny_config
-from training.objectives import objective_for
-from training.optimizer import learning_rate_schedule, make_optimizer
+from tests.common import random_batches, run_cli, tiny_config, train_step_for
 
 TRIPS = 5
 
@@ -197,14 +193,10 @@ def test_dry_run_memory_matches_a_real_step():
     device (margin 0.1%: the step counter), and XLA's argument size equals them plus the batch (margin 1%)."""
     cfg = tiny_config(tokens_per_mb_per_replica=32)  # 2 microbatches: the loop's collectives are counted twice
     layout = Layout.from_config(make_mesh("x:4,y:2"), "batch:x,embd:x,heads:y,intermediate_expanded:y")
-    make_model = lambda rngs: registry.build(cfg, rngs)  # noqa: E731
-    run = dry_run(cfg, layout, make_model)
+    run = dry_run(cfg, layout, lambda rngs: registry.build(cfg, rngs))
 
-    tx, objective = make_optimizer(cfg), objective_for(cfg)
-    graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed)
-    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
-    step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
-                           precision=cfg.precision, microbatches=2, seed=cfg.seed)
+    step, state, data, _ = train_step_for(cfg, "x:4,y:2", "batch:x,embd:x,heads:y,intermediate_expanded:y",
+                                          microbatches=2)
     state, _ = step(state, jax.device_put(random_batches(cfg, 1)[0], data))
     device = jax.devices()[0]
     live = {name: sum(s.data.nbytes for leaf in jax.tree.leaves(tree) for s in leaf.addressable_shards

@@ -11,7 +11,6 @@ config's ``eval_tasks``, or on lambada. For lm-evaluation-harness tasks see ``py
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,11 +53,7 @@ def main(argv=None) -> int:
         check_options(args)  # before jax starts: a mistake costs well under a second
         evaluate(args)
 
-    try:
-        return run_main(run)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run_main(run)
 
 
 def check_options(args) -> None:

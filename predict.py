@@ -84,11 +84,7 @@ def main(argv=None) -> int:
         check_options(args)  # before jax starts: a mistake costs well under a second
         predict(args)
 
-    try:
-        return run_main(run)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run_main(run)
 
 
 def check_options(args) -> None:

@@ -187,11 +187,8 @@ def main(argv=None) -> int:
             raise ConfigError(f"{e} (the mesh of the run's own config, from its checkpoint; --set mesh_shape=... "
                               "names one for the devices here: a run resumes on any mesh)") from None
 
-    try:
-        return run_main(run)
-    except KeyboardInterrupt:  # before the handlers are installed
-        print("interrupted before the first step; nothing to save", file=sys.stderr)
-        return 130
+    try:  # Ctrl-C before the signal handlers are installed
+        return run_main(run, "interrupted before the first step; nothing to save")
     except StopNow as e:
         print(e, file=sys.stderr)
         return e.exit_code

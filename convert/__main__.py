@@ -38,11 +38,8 @@ def main(argv=None) -> int:
             cfg = export_hf(args.model_path, args.hf_dir)
             print(f"exported {args.model_path} ({cfg.model}) to {args.hf_dir}")
 
-    try:
-        return run_main(run)
-    except KeyboardInterrupt:  # Ctrl-C: one line, as every command says it (an export is staged: nothing half-done)
-        print("interrupted" + (f"; {args.hf_dir} is as it was" if args.command == "export" else ""), file=sys.stderr)
-        return 130
+    # An export is staged: Ctrl-C leaves nothing half-done.
+    return run_main(run, "interrupted" + (f"; {args.hf_dir} is as it was" if args.command == "export" else ""))
 
 
 def imported(cfg, source: str, run: str) -> list[str]:

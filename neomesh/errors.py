@@ -22,6 +22,7 @@ from typing import Callable
 from config import ConfigError
 
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # a shell's code for SIGINT (128 + 2)
 _DISK_FULL = re.compile(r"No space left on device|os_error_code='28'|RESOURCE_EXHAUSTED")
 # XLA's RESOURCE_EXHAUSTED for device memory (an allocation at run time, a TPU program's plan at compile time),
 # which is not a full disk.
@@ -150,9 +151,9 @@ def raise_background_failure() -> None:
         raise ConfigError(one_line(_background.failures[0]))
 
 
-def run_main(body: Callable[[], int | None]) -> int:
+def run_main(body: Callable[[], int | None], interrupted: str = "interrupted") -> int:
     """Runs a command's body: 0 (or its own code) on success; ``error: ...`` on stderr and 2 for an expected
-    failure; a traceback for anything else.
+    failure; ``interrupted`` on stderr and 130 for Ctrl-C; a traceback for anything else.
 
     After an expected failure the hooks stay in place until the process ends (``exit_process``) or the next
     command starts: background threads failing on the same cause (orbax's writers on a full disk) may still be
@@ -167,6 +168,9 @@ def run_main(body: Callable[[], int | None]) -> int:
     failed = False
     try:
         code = body()
+    except KeyboardInterrupt:  # Ctrl-C: one line, as every command says it
+        print(interrupted, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - only expected failures are caught; the rest re-raise
         message = one_line(e)
         if message is None:

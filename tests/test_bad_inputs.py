@@ -254,18 +254,21 @@ def test_a_mesh_or_layout_typo_is_found_before_data_is_prepared(files, capsys, o
      "data.create_tfrecords.create", "interrupted"),
     ("tokenizer", ["--input", "{d}", "--output-dir", "{d}/out", "--vocab-size", "300"], "data.tokenizer.train_bpe",
      "interrupted"),
+    ("plot", ["{d}"], "tools.plot.plot_runs", "interrupted"),
+    ("predict", ["--model", "{d}/run", "--prompt", "x"], "predict.check_options", "interrupted"),
 ])
 def test_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch, cli, argv, target, said):
-    """Ctrl-C during the work is 'interrupted' and exit status 130, as train.py, predict.py and eval.py say it (the
-    conversion and data tools printed KeyboardInterrupt's traceback, dozens of lines deep)."""
+    """Ctrl-C during the work is 'interrupted' and exit status 130, as train.py says it (the conversion, data and
+    plot tools printed KeyboardInterrupt's traceback, dozens of lines deep)."""
     from data import make_dataset
+    from tools import plot
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(target, interrupted)
     (tmp_path / "a.txt").write_text("some text\n")
-    main = {**CLIS, "make_dataset": make_dataset.main}[cli]
+    main = {**CLIS, "make_dataset": make_dataset.main, "plot": plot.main}[cli]
     assert main([a.format(d=tmp_path) for a in argv]) == 130
     assert capsys.readouterr().err == said.format(d=tmp_path) + "\n"
 

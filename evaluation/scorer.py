@@ -136,14 +136,13 @@ def _global(value: np.ndarray, sharding) -> jax.Array:
 def _continuation_scores(graphdef, layout, precision: str, params, batch: dict) -> tuple[jax.Array, jax.Array]:
     """-> (B,) summed log-probabilities of the scored targets, (B,) whether argmax hits every scored target."""
     from parallel.steps import COMPUTE_DTYPES
+    from training.token_losses import cross_entropy
 
     with layout.active():
         params = jax.tree.map(lambda p: p.astype(COMPUTE_DTYPES[precision]), params)
         model = nnx.merge(graphdef, nnx.State(params))
         logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"])  # (B, T, V)
-    logits = logits.astype(jnp.float32)
-    target_logits = jnp.take_along_axis(logits, batch["targets"][..., None], axis=-1)[..., 0]  # (B, T)
-    logprobs = target_logits - jax.nn.logsumexp(logits, axis=-1)
+    logprobs = -cross_entropy(logits, batch["targets"])  # (B, T), as the training loss computes it
     hit = jnp.argmax(logits, axis=-1) == batch["targets"]
     scored = batch["scored"]
     return jnp.sum(jnp.where(scored, logprobs, 0.0), axis=-1), jnp.all(hit | ~scored, axis=-1)

@@ -214,6 +214,7 @@ class ExampleStream:
     seed: int
     labels: np.ndarray
     _order: tuple[int, np.ndarray] | None = None
+    row_name: str = "examples"  # what a row holds, for messages
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -17,6 +17,13 @@ Hugging Face's T5 tokenizer does with ``truncation=True``: inputs to ``n_ctx`` t
 padding. How many were cut is counted and said at start. Batches follow ``ExampleStream``: a pure function of the
 step (train: a seeded permutation per epoch; eval: in order), so resuming is exact; eval rows past the last pair
 have no target tokens, so they weigh nothing.
+
+With ``pack_pairs`` several pairs share a row, as T5's seqio packs them: pair k of a row has segment id k on its
+input and its target tokens, so it attends only to itself (the model masks across segments and restarts the
+decoder's shifted-right targets at each; T5's relative positions need no reset). Rows are packed once at start,
+first fit over the last ``OPEN_ROWS`` rows, the train pairs taken in a seeded order (so row-mates differ from file
+neighbours) and the eval pairs in file order; the epochs then shuffle the rows. The loss is per target token either
+way, so packing changes how many pairs a step sees, not what each pair weighs.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from data.tokenizer import Tokenizer, load_tokenizer
 
 INPUTS_KEY, TARGETS_KEY = "inputs", "targets"
 SUFFIXES = (".jsonl", ".jsonl.zst")
+OPEN_ROWS = 64  # rows a pair may still go into when packing: near first fit's density, in linear time
+PACKING_STREAM = 0x7061636B  # the train pairs' packing order draws from (seed, this), the epochs from (seed, epoch)
 
 
 def is_pairs_path(path) -> bool:
@@ -74,44 +83,91 @@ def encode_ended(tokenizer: Tokenizer, texts: list[str], length: int) -> tuple[n
     return ids, lengths, cut
 
 
+def pack_rows(input_lengths: np.ndarray, target_lengths: np.ndarray, n_inputs: int, n_targets: int,
+              order: np.ndarray, open_rows: int = OPEN_ROWS) -> list[list[int]]:
+    """Pairs (indices, taken in ``order``) grouped into rows of at most ``n_inputs`` input and ``n_targets`` target
+    tokens: each goes into the first of the ``open_rows`` newest rows with room for both, else starts a row."""
+    rows: list[list[int]] = []
+    open_ids: list[int] = []  # rows still open, oldest first
+    room = np.zeros((0, 2), np.int64)  # (open rows, [input, target] tokens left)
+    for pair in order:
+        need = (input_lengths[pair], target_lengths[pair])
+        fits = np.flatnonzero((room[:, 0] >= need[0]) & (room[:, 1] >= need[1]))
+        if fits.size:
+            at = int(fits[0])
+            rows[open_ids[at]].append(int(pair))
+            room[at] -= need
+            continue
+        if len(open_ids) == open_rows:
+            open_ids, room = open_ids[1:], room[1:]
+        rows.append([int(pair)])
+        open_ids.append(len(rows) - 1)
+        room = np.concatenate([room, [[n_inputs - need[0], n_targets - need[1]]]])
+    return rows
+
+
+def packed(ids: np.ndarray, lengths: np.ndarray, rows: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, segment ids), each (rows, width): the real tokens of each row's pairs one after another, pair k
+    (from 1) with segment id k, then padding (segment id 0)."""
+    width = ids.shape[1]
+    tokens = np.full((len(rows), width), pad, ids.dtype)
+    segments = np.zeros((len(rows), width), np.min_scalar_type(width))  # at most one pair per token
+    for row, pairs in enumerate(rows):
+        at = 0
+        for k, pair in enumerate(pairs, 1):
+            n = lengths[pair]
+            tokens[row, at:at + n], segments[row, at:at + n] = ids[pair, :n], k
+            at += n
+    return tokens, segments
+
+
 class PairSource(ExampleStream):
     """seq2seq batches from (input, target) pairs held in memory, tokenized once."""
 
     def __init__(self, inputs: list[str], targets: list[str], places: list[str], tokenizer: Tokenizer, n_ctx: int,
-                 n_targets: int, *, prefix: str = "", shuffle: bool, seed: int, description: str):
+                 n_targets: int, *, prefix: str = "", shuffle: bool, seed: int, description: str,
+                 pack: bool = False):
         if n_ctx < 2 or n_targets < 2:
             raise ConfigError(f"n_ctx {n_ctx} / n_decoder_ctx {n_targets}: a pair needs at least 2 tokens on each "
                               "side (a text and end-of-text)")
-        self.inputs, self.input_lengths, cut_inputs = encode_ended(tokenizer, [prefix + t for t in inputs], n_ctx)
-        self.targets, self.target_lengths, cut_targets = encode_ended(tokenizer, targets, n_targets)
+        input_ids, input_lengths, cut_inputs = encode_ended(tokenizer, [prefix + t for t in inputs], n_ctx)
+        target_ids, target_lengths, cut_targets = encode_ended(tokenizer, targets, n_targets)
         self.tokenizer, self.shuffle, self.seed = tokenizer, shuffle, seed
         self.bytes_per_token = None  # losses of targets alone have no bits per byte of the text
         self._order = None
         self.cut = (int(cut_inputs.sum()), int(cut_targets.sum()))
+        rows = [[pair] for pair in range(len(inputs))]  # row r holds the pairs rows[r]
+        if pack:
+            order = np.random.default_rng([seed, PACKING_STREAM]).permutation(len(inputs)) if shuffle else \
+                range(len(inputs))
+            rows = pack_rows(input_lengths, target_lengths, n_ctx, n_targets, order)
+        self.inputs, self.segment_ids = packed(input_ids, input_lengths, rows, tokenizer.padding_id)
+        self.targets, self.target_segment_ids = packed(target_ids, target_lengths, rows, tokenizer.padding_id)
 
         def first(cut):
             return f", the first {places[int(np.argmax(cut))]}" if cut.any() else ""
 
         self.description = (f"{description}: {len(inputs):,} pairs; {self.cut[0]:,} inputs cut to n_ctx {n_ctx}"
                             f"{first(cut_inputs)}; {self.cut[1]:,} targets cut to n_decoder_ctx {n_targets}"
-                            f"{first(cut_targets)}; tokens per pair: {self.input_lengths.mean():.1f} in, "
-                            f"{self.target_lengths.mean():.1f} out")
+                            f"{first(cut_targets)}; tokens per pair: {input_lengths.mean():.1f} in, "
+                            f"{target_lengths.mean():.1f} out")
+        if pack:
+            self.row_name = f"packed rows ({len(inputs):,} pairs)"
+            self.description += (f"; packed into {len(rows):,} rows ({len(inputs) / len(rows):.2f} pairs per row, "
+                                 f"{input_lengths.sum() / self.inputs.size:.0%} of input and "
+                                 f"{target_lengths.sum() / self.targets.size:.0%} of target positions filled)")
 
     def __len__(self) -> int:
         return len(self.inputs)
 
     def batch(self, step: int, batch_size: int, rows: slice | None = None) -> dict:
         """Rows ``rows`` (default all) of global batch ``step``: {"inputs", "segment_ids": (rows, n_ctx),
-        "targets", "target_segment_ids": (rows, n_decoder_ctx)} int32; segment id 1 on real tokens, 0 on padding
-        (and on every target token of an eval row past the last pair)."""
+        "targets", "target_segment_ids": (rows, n_decoder_ctx)} int32; segment id k on the tokens of a row's k-th
+        pair (1: its only one, unpacked), 0 on padding and on every target token of an eval row past the last."""
         ids, weights = self.example_ids(step, batch_size, rows)
-        source = np.arange(self.inputs.shape[1])
-        target = np.arange(self.targets.shape[1])
-        target_lengths = np.where(weights > 0, self.target_lengths[ids], 0)
-        return {"inputs": self.inputs[ids],
-                "segment_ids": (source < self.input_lengths[ids, None]).astype(np.int32),
+        return {"inputs": self.inputs[ids], "segment_ids": self.segment_ids[ids].astype(np.int32),
                 "targets": self.targets[ids],
-                "target_segment_ids": (target < target_lengths[:, None]).astype(np.int32)}
+                "target_segment_ids": self.target_segment_ids[ids].astype(np.int32) * (weights > 0)[:, None]}
 
 
 def pairs_mistake(cfg: Config, dataset: dict) -> str | None:
@@ -157,4 +213,4 @@ def pair_source(cfg: Config, split: str) -> PairSource:
         raise ConfigError(f"{where}: prefix must be a string (put before every input), got {prefix!r}")
     inputs, targets, places = read_pairs(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}", keys)
     return PairSource(inputs, targets, places, tokenizer, cfg.n_ctx, cfg.decoder_ctx, prefix=prefix,
-                      shuffle=split == "train", seed=cfg.seed, description=f"{split}: {where}")
+                      shuffle=split == "train", seed=cfg.seed, description=f"{split}: {where}", pack=cfg.pack_pairs)

@@ -97,6 +97,61 @@ def test_resumed_batches_are_the_same_and_each_epoch_reads_every_pair_once(tmp_p
     assert [text(r) for r in evaluation.batch(0, 4)["inputs"]] == [f"input {i}" for i in range(4)]
 
 
+def test_packing_puts_each_pair_in_one_row_within_both_lengths():
+    from data.pairs import pack_rows
+
+    rng = np.random.default_rng(0)
+    inputs, targets = rng.integers(2, 12, 500), rng.integers(2, 9, 500)
+    rows = pack_rows(inputs, targets, 32, 16, rng.permutation(500))
+    assert sorted(p for row in rows for p in row) == list(range(500))
+    assert all(inputs[row].sum() <= 32 and targets[row].sum() <= 16 for row in rows)
+    assert len(rows) < 500 / 2.5, len(rows)  # 6.5 in and 5 out on average: about 3 pairs fit a row
+    in_order = pack_rows(inputs, targets, 32, 16, range(500))
+    assert all(row == sorted(row) for row in in_order)  # a row's pairs in the order taken
+    assert pack_rows(np.array([32, 2]), np.array([2, 16]), 32, 16, range(2)) == [[0], [1]]  # exactly full rows
+
+
+def test_packed_rows_hold_the_unpacked_pairs_as_segments(tmp_path):
+    """Pair k of a packed row is an unpacked pair's tokens with segment id k, on both sides, and every pair is in
+    one row; eval rows weigh nothing past the last; the train pairs are packed in an order drawn from the seed."""
+    rows = [{"inputs": "x" * (i % 5), "targets": "y" * (1 + i % 3)} for i in range(23)]
+    path = write(tmp_path / "train.jsonl", rows)
+    inputs, targets, places = read_pairs(path, "test")
+    tok = load_tokenizer("bytes")
+    make = lambda pack, shuffle=False: PairSource(inputs, targets, places, tok, 16, 8, prefix="p: ",  # noqa: E731
+                                                  shuffle=shuffle, seed=0, description="eval", pack=pack)
+    alone, packed = make(False), make(True)
+    assert len(alone) == 23 and len(packed) < 23 / 1.5
+    single, batch = alone.batch(0, 23), packed.batch(0, len(packed) + 2)
+    pairs = []
+    for row in range(len(packed)):
+        for k in range(1, batch["segment_ids"][row].max() + 1):
+            pairs.append((batch["inputs"][row][batch["segment_ids"][row] == k].tolist(),
+                          batch["targets"][row][batch["target_segment_ids"][row] == k].tolist()))
+        assert batch["target_segment_ids"][row].max() == batch["segment_ids"][row].max()
+    assert sorted(pairs) == sorted((single["inputs"][i][single["segment_ids"][i] == 1].tolist(),
+                                    single["targets"][i][single["target_segment_ids"][i] == 1].tolist())
+                                   for i in range(23))
+    assert not batch["target_segment_ids"][len(packed):].any()  # past the last row: nothing to learn
+    assert "; packed into " in packed.description and " pairs per row, " in packed.description
+    from training.eval_reads import repeat_note
+    assert repeat_note(packed, config([["pairs", None, None, None]], eval_steps=1, eval_batch_size=2)).startswith(
+        f"note: the eval split holds {len(packed)} packed rows (23 pairs), but one evaluation reads 2 ")
+    shuffled = make(True, shuffle=True)
+    assert shuffled.inputs.tolist() != packed.inputs.tolist() and len(shuffled) < 23 / 1.5
+    assert sorted(shuffled.inputs[shuffled.segment_ids > 0].tolist()) == sorted(
+        packed.inputs[packed.segment_ids > 0].tolist())
+
+
+def test_pack_pairs_is_for_seq2seq_pairs_only():
+    for changes, message in [({}, 'but task is "causal_lm"'),
+                             ({"model": "t5", "task": "seq2seq", "attention_types": None, "span_corruption": True},
+                              "but span_corruption is true, whose rows each hold one full window already")]:
+        with pytest.raises(ConfigError, match=f"^pack_pairs: true packs the \\(input, target\\) pairs of task "
+                                              f"seq2seq, {message}"):
+            config([["pairs", None, None, None]], 64, n_vocab=300, pack_pairs=True, **changes)
+
+
 @pytest.mark.parametrize("line, message", [
     ({"inputs": "a"}, "line 2 has no 'targets' field (targets_key; it has 'inputs')"),
     ({"source": "a", "target": "b"}, "line 2 has no 'inputs' field (inputs_key; it has 'source', 'target')"),

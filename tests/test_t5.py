@@ -307,6 +307,39 @@ def test_seq2seq_trains_sharded_as_on_one_device_and_accumulates_exactly():
     assert single[-1]["loss"] < single[0]["loss"] - 0.1
 
 
+def test_a_packed_row_gives_each_pair_the_losses_it_has_alone():
+    """Two pairs in one row (segment ids 1 and 2 on both sides, as pack_pairs makes them) give every target token
+    the loss it has with its pair alone in a row: the encoder, the decoder's causal attention, cross-attention and
+    the shifted-right targets restart at each pair, and T5's relative positions need no reset."""
+    from data.pairs import packed
+    from training.objectives import objective_for
+
+    cfg = tiny_config(model="t5", n_layer=1, n_decoder_layer=1, n_decoder_ctx=12, attention_types=None,
+                      mlp_glu=True, activation_function="gelu", no_weight_tie=True)
+    model = registry.build(cfg, nnx.Rngs(3))
+    rng = np.random.default_rng(0)
+    pairs = [(rng.integers(3, cfg.n_vocab, n), rng.integers(3, cfg.n_vocab, t)) for n, t in ((9, 5), (14, 7))]
+
+    def rows(groups):  # pair indices per row, laid out by data/pairs.py's packing
+        batch = {}
+        for side, (tokens, segments, width) in enumerate((("inputs", "segment_ids", cfg.n_ctx),
+                                                          ("targets", "target_segment_ids", 12))):
+            lengths = np.array([len(pair[side]) for pair in pairs])
+            ids = np.zeros((len(pairs), width), np.int32)
+            for i, pair in enumerate(pairs):
+                ids[i, :lengths[i]] = pair[side]
+            batch[tokens], batch[segments] = packed(ids, lengths, groups, 0)
+        return batch
+
+    losses = nnx.jit(lambda model, batch: objective_for(cfg)(model, batch)[0])  # (rows, 12) per target token
+    alone, together = losses(model, rows([[0], [1]])), losses(model, rows([[0, 1], []]))  # one shape, one compile
+    np.testing.assert_allclose(together[0, :5], alone[0, :5], rtol=0, atol=2e-5)
+    np.testing.assert_allclose(together[0, 5:12], alone[1, :7], rtol=0, atol=2e-5)
+    unmasked = rows([[0, 1], []])
+    unmasked["target_segment_ids"] = (unmasked["target_segment_ids"] > 0).astype(np.int32)  # as one pair
+    assert np.abs(losses(model, unmasked)[0, 5:12] - alone[1, :7]).max() > 1e-3
+
+
 def test_layout_names_cover_encoder_decoder_and_cross_attention():
     from parallel.layout import Layout
     from parallel.mesh import make_mesh

@@ -34,7 +34,7 @@ def repeat_note(source, cfg) -> str | None:
     if isinstance(source, ExampleStream):  # rows past the last example weigh 0: only too few rows miss any
         read, held = cfg.eval_steps * cfg.eval_batch_size, len(source)
         return None if read >= held else (
-            f"note: the eval split holds {held:,} examples, but one evaluation reads {read:,} (eval_steps "
+            f"note: the eval split holds {held:,} {source.row_name}, but one evaluation reads {read:,} (eval_steps "
             f"{cfg.eval_steps} x eval_batch_size {cfg.eval_batch_size}): eval rows score only its first {read:,}; "
             f"eval_steps {-(-held // cfg.eval_batch_size)} reads them all")
     if any(entry[2] not in (None, "chunks") for entry in cfg.datasets):

@@ -196,7 +196,7 @@ class Config:
                                      minimum=0.0, maximum=1.0)
     span_mean_length: float = _key(3.0, "span corruption: mean length of a dropped span", minimum=1.0)
     pack_pairs: bool = _key(False, "seq2seq pairs: several to a row where they fit (segment ids 1, 2, ...), as "
-                            "T5's seqio packs them (data/pairs.py)")
+                            "T5's seqio packs them (data/pairs.py); span corruption's rows are full already")
 
     # Optimisation.
     opt_name: str = _key("adam", "'adam' (AdamW, GPT-Neo semantics) or 'adafactor' (GPT-Neo's: constant lr, "
@@ -664,10 +664,9 @@ def _check_encoder_decoder(cfg: Config) -> None:
                           "family's task: model t5)")
     if cfg.span_corruption and cfg.task != "seq2seq":
         raise ConfigError(f"span_corruption: true makes seq2seq batches, but task is {json.dumps(cfg.task)}")
-    if cfg.pack_pairs and (cfg.task != "seq2seq" or cfg.span_corruption):
-        raise ConfigError("pack_pairs: true packs the (input, target) pairs of task seq2seq, but "
-                          + ("span_corruption is true, whose rows each hold one full window already"
-                             if cfg.span_corruption else f"task is {json.dumps(cfg.task)}"))
+    if cfg.pack_pairs and cfg.task != "seq2seq":  # (span corruption's rows are each one full window already)
+        raise ConfigError(f"pack_pairs: true packs the (input, target) pairs of task seq2seq, but task is "
+                          f"{json.dumps(cfg.task)}")
     if cfg.model != "t5":
         return
     unsupported = {"moe_layers": cfg.moe_layers, "num_mem_kv": cfg.num_mem_kv, "rotary_emb": cfg.rotary_emb,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import jax
@@ -16,7 +17,7 @@ import numpy as np
 
 from config import Config, ConfigError
 from convert import bert, gpt_neo, t5, vit
-from convert.hf_dir import TOKENIZER_FILES, load_tokenizer, read_hf_dir, restore_replaced, write_hf_dir
+from convert.hf_dir import TOKENIZER_FILES, flatten, load_tokenizer, read_hf_dir, restore_replaced, write_hf_dir
 from neomesh import label_names
 from neomesh.paths import run_tokenizer_dir
 
@@ -159,6 +160,36 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
     return cfg
 
 
+def per_layer(cfg: Config, params: dict) -> dict:
+    """The parameters of a ``share_parameters`` model, which live in the first block that has each
+    (models/block.share_parameters), as the same model without sharing holds them: every block's own copy."""
+    from models import registry
+    from parallel.state import abstract_model
+
+    held = flatten(params)
+
+    def source(path: str) -> str:  # <stack>/blocks/<i>/<rest> not held: the first block's <rest> that is
+        if path in held:
+            return path
+        stack, layer, rest = re.fullmatch(r"(.*blocks)/(\d+)/(.*)", path).groups()
+        return next(f"{stack}/{j}/{rest}" for j in range(int(layer)) if f"{stack}/{j}/{rest}" in held)
+
+    unshared = abstract_model(lambda rngs: registry.build(cfg.replace(share_parameters=False), rngs))[1]
+    return unflatten({path: held[source(path)] for path in flatten(unshared)})
+
+
+def unflatten(flat: dict) -> dict:
+    """{"a/b": x} -> {"a": {"b": x}}."""
+    tree: dict = {}
+    for path, value in flat.items():
+        *parents, name = path.split("/")
+        node = tree
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[name] = value
+    return tree
+
+
 def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | None = None,
                   labels: list[str] | None = None, eos_id: int | None = None) -> None:
     """Writes ``params`` of a ``cfg`` model as a Hugging Face directory of its family (from_pretrained loads it);
@@ -169,13 +200,15 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
         raise ConfigError(f"export: activation_function {cfg.activation_function!r} has no Hugging Face equivalent")
     if cfg.head_hidden:
         raise ConfigError("export: head_hidden: Hugging Face's classifiers are one linear layer, this head is an MLP")
-    if cfg.share_parameters:
-        raise ConfigError("export: share_parameters: Hugging Face's families hold weights per layer; this model has "
-                          "one set for all layers")
     hf_config = mapping.config_to_hf(cfg)
     if labels and "id2label" in hf_config:
         hf_config.update(label_names.to_hf(labels))
     params = jax.tree.map(np.asarray, params)
+    if cfg.share_parameters:
+        params = per_layer(cfg, params)
+        print(f"note: export: share_parameters: each of the {cfg.n_layer} layers gets a copy of the one set of block "
+              "weights (Hugging Face's families hold weights per layer; imported back, the layers train apart)",
+              file=sys.stderr, flush=True)
     check_finite(params, "export")
     tensors = mapping.params_to_hf(cfg, params)
     if tokenizer_dir:

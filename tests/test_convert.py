@@ -277,3 +277,36 @@ def test_an_export_into_a_read_only_parent_says_why_it_must_be_writable(tmp_path
         write_hf_dir(str(out), {"n": 1}, {"w": np.zeros(2)})
     assert f"{tmp_path} is not writable (Permission denied): " in str(refused.value)
     assert os.listdir(out) == []
+
+
+@pytest.mark.parametrize("family", ["gpt_neo", "bert"])
+def test_a_model_that_shares_its_block_weights_exports_a_copy_per_layer(family, tmp_path, capsys):
+    """share_parameters keeps one set of block weights (in the first block); Hugging Face's families hold them per
+    layer: the export copies them to every layer, and transformers computes the same logits from it."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+    from flax import nnx
+
+    from convert.hf import export_params
+    from models import registry
+    from tests.common import tiny_config
+
+    changes = dict(n_layer=4, attention_types=[[["global", "local"], 2]]) if family == "gpt_neo" else \
+        dict(model="bert", task="masked_lm", n_layer=3, attention_types=None, causal=False)
+    cfg = tiny_config(share_parameters=True, **changes)
+    model = registry.build(cfg, nnx.Rngs(0))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    assert list(params["blocks"]) == [0]
+    export_params(cfg, params, str(tmp_path / "hf"))
+    assert capsys.readouterr().err == (f"note: export: share_parameters: each of the {cfg.n_layer} layers gets a copy "
+                                       "of the one set of block weights (Hugging Face's families hold weights per "
+                                       "layer; imported back, the layers train apart)\n")
+    auto = transformers.AutoModelForCausalLM if family == "gpt_neo" else transformers.AutoModelForMaskedLM
+    hf = auto.from_pretrained(str(tmp_path / "hf"), attn_implementation="eager").eval()
+    tokens = np.random.default_rng(0).integers(0, cfg.n_vocab, (2, 24))
+    with torch.no_grad():
+        want = hf(torch.from_numpy(tokens)).logits.numpy()
+    got = np.asarray(model(jnp.asarray(tokens))[0])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)

@@ -293,18 +293,28 @@ def _dataset(cfg: Config) -> dict:
     return dataset
 
 
+def split_files(dataset: dict, split: str) -> tuple[str, str]:
+    """(the jsonl glob of ``split``, the key that named it, for errors): ``path`` for train, ``eval_path`` for eval;
+    ``"eval_path": ""`` is no eval set (train.py skips evaluation), and none at all an error."""
+    from data.source import NoEvalSet  # data.source dispatches here
+
+    key = "path" if split == "train" else "eval_path"
+    pattern = dataset.get(key)
+    if pattern == "" and split == "eval":
+        raise NoEvalSet(f"{dataset['where']}: eval_path is empty (no eval set)")
+    if pattern is None:
+        raise ConfigError(f"{dataset['where']}: no 'eval_path' for evaluation; add one or set eval_steps to 0")
+    return pattern, f"{dataset['where']} {key}"
+
+
 def _read(dataset: dict, split: str) -> tuple[Examples, list[str] | None]:
     """The examples of ``split`` and, for TFDS, its label names."""
-    where = dataset["where"]
     keys = (dataset.get("text_key"), dataset.get("text_pair_key"), dataset.get("label_key", "label"))
     if dataset["path"].startswith("tfds:"):
         tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")
         return read_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, keys)
-    pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
-    if pattern is None:
-        raise ConfigError(f"{where}: no 'eval_path' for evaluation; add one or set eval_steps to 0")
     jsonl_keys = (keys[0] or "text", keys[1] or "text_pair", keys[2])
-    return read_jsonl(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}", jsonl_keys), None
+    return read_jsonl(*split_files(dataset, split), jsonl_keys), None
 
 
 def labelled_source(cfg: Config, split: str) -> LabelledSource:

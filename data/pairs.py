@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from config import Config, ConfigError
-from data.labelled import ExampleStream, _dataset, jsonl_objects
+from data.labelled import ExampleStream, _dataset, jsonl_objects, split_files
 from data.tokenizer import Tokenizer, load_tokenizer
 
 INPUTS_KEY, TARGETS_KEY = "inputs", "targets"
@@ -204,13 +204,10 @@ def pair_source(cfg: Config, split: str) -> PairSource:
         raise ConfigError(mistake)
     tokenizer = load_tokenizer(dataset.get("tokenizer_path", "bytes"), f"{where} tokenizer_path")
     check_tokenizer(tokenizer, dataset, cfg)
-    pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
-    if pattern is None:
-        raise ConfigError(f"{where}: no 'eval_path' for evaluation; add one or set eval_steps to 0")
     keys = (dataset.get("inputs_key") or INPUTS_KEY, dataset.get("targets_key") or TARGETS_KEY)
     prefix = dataset.get("prefix", "")
     if not isinstance(prefix, str):
         raise ConfigError(f"{where}: prefix must be a string (put before every input), got {prefix!r}")
-    inputs, targets, places = read_pairs(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}", keys)
+    inputs, targets, places = read_pairs(*split_files(dataset, split), keys)
     return PairSource(inputs, targets, places, tokenizer, cfg.n_ctx, cfg.decoder_ctx, prefix=prefix,
                       shuffle=split == "train", seed=cfg.seed, description=f"{split}: {where}", pack=cfg.pack_pairs)

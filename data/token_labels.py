@@ -23,7 +23,7 @@ import json
 import numpy as np
 
 from config import Config, ConfigError
-from data.labelled import ExampleStream, _dataset, in_head_order, jsonl_objects, mixed_labels
+from data.labelled import ExampleStream, _dataset, in_head_order, jsonl_objects, mixed_labels, split_files
 from data.tokenizer import Tokenizer, load_tokenizer
 
 IGNORED = -1  # the label of tokens that are not scored: a word's later pieces, special tokens, padding
@@ -128,11 +128,7 @@ def token_label_source(cfg: Config, split: str) -> TokenLabelSource:
     tokenizer = load_tokenizer(dataset.get("tokenizer_path", "bytes"))
     check_tokenizer(tokenizer, dataset, cfg)
     keys = (dataset.get("text_key") or "tokens", dataset.get("label_key") or "labels")
-    pattern = dataset["path"] if split == "train" else dataset.get("eval_path")
-    if pattern is None:
-        raise ConfigError(f"{where}: no 'eval_path' for evaluation; add one or set eval_steps to 0")
-    sentences, labels, places = read_sentences(pattern, f"{where} {'path' if split == 'train' else 'eval_path'}",
-                                               keys)
+    sentences, labels, places = read_sentences(*split_files(dataset, split), keys)
     train_labels = labels if split == "train" or dataset.get("labels") else \
         read_sentences(dataset["path"], f"{where} path", keys)[1]
     names = in_head_order(cfg, label_table(dataset, train_labels, cfg.num_labels), dataset)

@@ -239,3 +239,26 @@ def test_check_dataset_shows_every_kind_of_batch(kind, monkeypatch, capsys):
             "token_labels": "its labelled tokens: 'd'/keyword ' '/operator 'f'/name",
             "seq2seq": "first targets:\n",
             "images": "per label: 3 2\nfirst image: label 3"}[kind] in out, out
+
+
+def test_an_empty_eval_path_of_examples_is_no_eval_set_and_eval_then_names_it(tmp_path, monkeypatch, capsys):
+    """Labelled, token-labelled and pair datasets take GPT-Neo's "eval_path": "" as records do (it was a glob that
+    matched no file); train.py --eval with nothing to evaluate is one line (it wrote an empty eval row)."""
+    from data.source import NoEvalSet
+
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": t, "label": t, "inputs": t, "targets": t, "tokens": [t],
+                                         "labels": [t]}) + "\n" for t in "xy"))
+    use_dataset_configs(monkeypatch, tmp_path / "dc", ex={"path": str(texts), "eval_path": "",
+                                                          "tokenizer_path": "bytes"})
+    for task in (dict(task="sequence_classification", num_labels=2), dict(task="token_classification", num_labels=2),
+                 dict(model="t5", task="seq2seq", span_corruption=False, attention_types=None)):
+        cfg = config([["ex", None, None, None]], 16, n_vocab=257, causal=False, **task)
+        assert len(make_source(cfg, "train")) == 2
+        with pytest.raises(NoEvalSet, match=r"ex.json: eval_path is empty \(no eval set\)$"):
+            make_source(cfg, "eval")
+    run = ["--config", os.path.join(ROOT, "configs/quickstart.json"), "--model-path", str(tmp_path / "run"), "--eval"]
+    assert train.main(run + ["--set", "eval_steps=0"]) == 2
+    assert capsys.readouterr().err == ("error: --eval: nothing to evaluate: eval_steps is 0, and eval_tasks is empty; "
+                                       "--set eval_steps=N with an eval set, or eval_tasks, names something\n")
+    assert not (tmp_path / "run").exists()

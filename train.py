@@ -476,6 +476,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 result.update(run_config_tasks(scorer, cfg))
             return result
 
+        signals.check()  # a Ctrl-C Python dropped during start-up
         metrics = MetricsWriter(cfg.model_path, start, say)
         try:
             if args.eval:
@@ -567,11 +568,13 @@ def run_training(args, cfg, notes, signals, run) -> int:
     if stopping:
         say(f"stopped by {signals.cause}: saved the checkpoint of step {saved_step} in {checkpoints.directory}")
         return signals.exit_code
+    signals.check()
     if cfg.sample_tokens and cfg.task == "causal_lm":  # every process takes part: the parameters are spread
         with layout.active():
             text = complete(graphdef, layers_of(state.params), train_data.tokenizer, cfg.sample_prompt,
                             cfg.sample_tokens, cfg.generation_positions, seed=cfg.seed, entmax=cfg.entmax_loss)
         say(f"sample:\n{cfg.sample_prompt}{text}")
+        signals.check()
     checkpoint = os.path.join(cfg.model_path, "checkpoints", str(saved_step)) if saved_step is not None else None
     for line in progress.summary(steps_done, last_eval, last_eval_step, checkpoint, cfg.model_path):
         say(line)

@@ -352,3 +352,32 @@ def test_generation_and_export_refuse_non_finite_weights(reference, tmp_path, ca
     assert convert_main(["export", str(path), str(tmp_path / "exported")]) == 2
     errs = capsys.readouterr().err.strip().splitlines()
     assert len(errs) == 2 and all("holds NaN or infinity; refusing its weights" in e for e in errs), errs
+
+
+def test_a_stop_python_drops_in_a_finalizer_is_raised_at_the_next_check(capsys):
+    """Python runs a signal handler between any two bytecodes, a finalizer's or jax's garbage collector callback's
+    too, and drops what is raised there: a Ctrl-C at start-up was lost that way, and the run trained to its end. The
+    stop is raised again at the next check (arming, every step), without Python's 'Exception ignored' message."""
+    from training.stop_signals import StopNow, StopSignals
+
+    signals = StopSignals(multi_process=False)
+
+    class Finalized:
+        def __del__(self):
+            signals._handle(signal.SIGINT, None)
+
+    signals.install()
+    try:
+        Finalized()  # unreferenced at once: its finalizer runs, and Python drops the StopNow raised in it
+        assert signals.phase == "before"
+        with pytest.raises(StopNow, match="^stopped by SIGINT before the first step; nothing to save$"):
+            signals.arm()
+        signals.phase, signals.pending = "training", None
+        signals._handle(signal.SIGINT, None)  # the first signal in training waits for the step's checkpoint
+        assert signals.should_stop(1, None) and signals.exit_code == 130
+        Finalized()  # the second stops at once; dropped, at the next step
+        with pytest.raises(StopNow, match="again, before the checkpoint was written"):
+            signals.should_stop(2, None)
+    finally:
+        signals.uninstall()
+    assert "Exception ignored" not in capsys.readouterr().err

@@ -387,7 +387,7 @@ def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
     For task image_classification a folder of class folders is named in ``datasets`` as it is (data/images.py)."""
 
     dataset_file = given_dataset_file(inputs)
-    check_is_dataset_config(dataset_file)
+    dataset = read_given_dataset(dataset_file) if dataset_file else None
     if cfg.task == "image_classification" and dataset_file is None and len(inputs) == 1:
         from data.image_folder import looks_like_one, meant_folder, skipping_dataset_config
 
@@ -400,7 +400,7 @@ def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
             return cfg.replace(datasets=[[source, None, None, None]],
                                model_path=os.path.join("runs", os.path.basename(folder)))
     refusal = text_cannot_feed(cfg)
-    if refusal and (dataset_file is None or token_data(dataset_file)):
+    if refusal and (dataset is None or names_token_records(dataset)):
         raise ConfigError(f"--data: {refusal}")
     if dataset_file is None:
         check_reused_tokenizer(cfg)
@@ -408,8 +408,7 @@ def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
                               special_tokens=objective_tokens(cfg), input_flag="--data", vocab_flag="n_vocab",
                               tokenizer_flag="tokenizer_path", skip_bad_files=skip_bad_files)
         dataset_file = os.path.join(folder, "dataset.json")
-    with open(dataset_file) as f:
-        dataset = json.load(f)
+        dataset = read_given_dataset(dataset_file)
     run = os.path.basename(os.path.dirname(os.path.abspath(dataset_file)))
     changes = {"datasets": [[dataset_file, None, None, None]], "model_path": os.path.join("runs", run)}
     if "eval_path" not in dataset and cfg.task != "image_classification":  # an image folder holds out a fraction
@@ -475,29 +474,34 @@ def given_dataset_file(inputs: list[str]) -> str | None:
     return None
 
 
-def check_is_dataset_config(dataset_file: str | None) -> None:
-    """A model config given to --data (a .json, as a dataset config is) is named as one (it was read as a dataset
-    config, whose first unknown key was the error)."""
+def read_given_dataset(dataset_file: str) -> dict:
+    """The JSON object of the dataset config ``--data`` names; one line naming the file for anything else, and for a
+    model config given there (as a dataset config is, a .json)."""
     from config import KNOWN_KEYS
     from data.source import DATASET_KEYS
 
     try:
-        with open(dataset_file or "") as f:
-            keys = set(json.load(f))
-    except (OSError, ValueError, TypeError):
-        return  # not there, or not a JSON object: reading it as a dataset config says what is wrong
-    if "path" not in keys and keys & (set(KNOWN_KEYS) - DATASET_KEYS):
+        with open(dataset_file, encoding="utf-8") as f:
+            dataset = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"--data {dataset_file}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--data {dataset_file}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") \
+            from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--data {dataset_file}: not UTF-8 text (byte offset {e.start})") from None
+    if not isinstance(dataset, dict):
+        raise ConfigError(f"--data {dataset_file}: a dataset config is a JSON object ({{\"path\": ...}}), not a "
+                          f"{type(dataset).__name__}")
+    if "path" not in dataset and set(dataset) & (set(KNOWN_KEYS) - DATASET_KEYS):
         raise ConfigError(f"--data {dataset_file}: a model config, not data; give it as --config {dataset_file}")
+    return dataset
 
 
-def token_data(dataset_file: str) -> bool:
+def names_token_records(dataset: dict) -> bool:
     """Whether a dataset config names TFRecords of tokens (as this module writes), not labelled examples."""
-    try:
-        with open(dataset_file) as f:
-            path = json.load(f).get("path", "")
-    except (OSError, ValueError, AttributeError):
-        return True  # unreadable here: read (and reported) as the dataset config it claims to be
-    return isinstance(path, str) and path.endswith(".tfrecords")
+    path = dataset.get("path", "")
+    return not isinstance(path, str) or path.endswith(".tfrecords")  # not a string: its reader says what is wrong
 
 
 def text_cannot_feed(cfg) -> str | None:

@@ -37,10 +37,9 @@ from data import corpus
 from data.shards import shard_files, shard_seed
 from data.tf_source import TFDataSource
 from data.tokenizer import Tokenizer, load_tokenizer
-from neomesh.paths import configs_dir, work_root
+from neomesh import paths
 
-ROOT = work_root()
-DATASET_CONFIG_DIR = os.path.join(configs_dir(), "dataset_configs")
+DATASET_CONFIG_DIR = os.path.join(paths.configs_dir(), "dataset_configs")
 DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
                 "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
                 "data_dir", "lambada_tokens_path",
@@ -72,12 +71,15 @@ def load_dataset_config(name: str) -> dict:
         raise ConfigError(f"datasets: no dataset config {path} (known: {known}; or tfds:NAME, or the "
                           "path of a dataset config .json)")
     where = name if by_path else f"configs/dataset_configs/{name}.json"
-    base = os.path.dirname(os.path.abspath(path)) if by_path else ROOT
+    base = os.path.dirname(os.path.abspath(path)) if by_path else paths.work_root()
     try:
         with open(path) as f:
             dataset = json.load(f)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{where}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    if not isinstance(dataset, dict):
+        raise ConfigError(f"{where}: a dataset config is a JSON object ({{\"path\": ...}}), not a "
+                          f"{type(dataset).__name__}")
     unknown = sorted(set(dataset) - DATASET_KEYS)
     if unknown and "path" not in dataset and {"n_layer", "n_embd", "attention_types", "model"} & set(dataset):
         raise ConfigError(f"{where}: a model config, not a dataset config (it has '{unknown[0]}'); give it as "

@@ -17,7 +17,7 @@ import hashlib
 import os
 
 from data.prepare import build_once
-from neomesh.paths import work_root
+from neomesh import paths
 
 RECORDS = "documents.tfrecords"
 
@@ -43,7 +43,7 @@ def tokenized_split(builder, name: str, split: str, text_key: str, tokenizer, to
     leaf = f"{split}-{text_key}-{tokenizer_fingerprint(tokenizer)}"
     home = os.path.join(builder.data_dir, "neomesh_tokenized")
     if not _writable(home):
-        home = os.path.join(work_root(), "data_cache", "tfds", name.replace("/", "_"), str(builder.version))
+        home = os.path.join(paths.work_root(), "data_cache", "tfds", name.replace("/", "_"), str(builder.version))
     target = os.path.join(home, leaf)
 
     def build(directory: str) -> None:

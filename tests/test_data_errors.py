@@ -262,3 +262,12 @@ def test_an_empty_eval_path_of_examples_is_no_eval_set_and_eval_then_names_it(tm
     assert capsys.readouterr().err == ("error: --eval: nothing to evaluate: eval_steps is 0, and eval_tasks is empty; "
                                        "--set eval_steps=N with an eval set, or eval_tasks, names something\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_dataset_config_that_is_not_a_json_object_is_one_line(tmp_path):
+    from data.source import load_dataset_config
+
+    (tmp_path / "listed.json").write_text('[["a", 1]]')  # unhashable keys: a traceback
+    with pytest.raises(ConfigError, match=r'listed.json: a dataset config is a JSON object \(\{"path": ...\}\), not '
+                                          r"a list$"):
+        load_dataset_config(str(tmp_path / "listed.json"))

@@ -270,6 +270,12 @@ def test_data_names_tfrecords_and_a_model_config_given_as_data(tmp_path, work_ro
     with pytest.raises(ConfigError) as e:
         config_for_data(cfg, [model_config])
     assert str(e.value) == f"--data {model_config}: a model config, not data; give it as --config {model_config}"
+    for text, says in [("[1, 2]", 'a dataset config is a JSON object ({"path": ...}), not a list'),
+                       ('{"path": ,}', "invalid JSON at line 1 column 10: Expecting value")]:
+        (tmp_path / "given.json").write_text(text)  # a traceback, and a line that did not name the file
+        with pytest.raises(ConfigError) as e:
+            config_for_data(cfg, [str(tmp_path / "given.json")])
+        assert str(e.value) == f"--data {tmp_path / 'given.json'}: {says}"
 
 
 def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_path, work_root, capsys,

@@ -212,6 +212,17 @@ def window_length(cfg: Config) -> int:
     return cfg.span_lengths[0] - 1 if cfg.span_corruption else cfg.n_ctx
 
 
+def check_not_examples(dataset: dict, task: str) -> None:
+    """A token stream's dataset config that names jsonl files (the examples of the classifier and pair tasks) is one
+    line: read as TFRecords, its first record was 'corrupt'."""
+    for key in ("path", "eval_path"):
+        path = dataset.get(key)
+        if isinstance(path, str) and path.endswith((".jsonl", ".jsonl.zst")):
+            raise ConfigError(f"{dataset['where']} {key}: {path} is jsonl, the examples of a classifier or of seq2seq "
+                              f"pairs; task {task} reads TFRecords of tokens (train.py --data FOLDER, or "
+                              "make_dataset.py, makes them from text)")
+
+
 def make_source(cfg: Config, split: str):
     """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
     from data.pipeline import check_mode
@@ -243,6 +254,7 @@ def make_source(cfg: Config, split: str):
             mistake = pairs_mistake(cfg, dataset)
             if mistake:
                 raise ConfigError(mistake)
+        check_not_examples(dataset, cfg.task)
         if split == "eval" and dataset.get("eval_path") == "":
             continue  # GPT-Neo's way of saying "no eval set"
         if split == "train" and dataset["path"] == "":

@@ -271,3 +271,14 @@ def test_a_dataset_config_that_is_not_a_json_object_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r'listed.json: a dataset config is a JSON object \(\{"path": ...\}\), not '
                                           r"a list$"):
         load_dataset_config(str(tmp_path / "listed.json"))
+
+
+def test_a_token_stream_named_jsonl_examples_says_so(tmp_path, monkeypatch):
+    """A causal LM pointed at a classifier's jsonl read it as TFRecords: 'record 0 ... is corrupt (CRC mismatch)'."""
+    examples = tmp_path / "labelled.jsonl"
+    examples.write_text('{"text": "a", "label": 0}\n')
+    use_dataset_configs(monkeypatch, tmp_path / "dc", examples={"path": str(examples), "tokenizer_path": "bytes"})
+    with pytest.raises(ConfigError, match=rf"^configs/dataset_configs/examples.json path: {examples} is jsonl, the "
+                                          r"examples of a classifier or of seq2seq pairs; task causal_lm reads "
+                                          r"TFRecords of tokens \(train.py --data FOLDER, or make_dataset.py"):
+        make_source(config([["examples", None, None, None]], n_vocab=257), "train")

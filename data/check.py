@@ -27,7 +27,7 @@ def _check_eval(cfg: Config) -> None:
         print(f"note: {e}; train.py skips evaluation")
         return
     source.batch(0, cfg.eval_batch_size)
-    print(f"{source.description}; its first batch of {cfg.eval_batch_size} reads")
+    print(f"{source.description}; its first batch of {cfg.eval_batch_size} was read")
 
 
 def _check_train(cfg: Config, batch_size: int | None) -> None:

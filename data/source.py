@@ -26,6 +26,7 @@ NeoMesh is installed, see neomesh/paths.py); in a dataset config given by its pa
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -85,7 +86,9 @@ def load_dataset_config(name: str) -> dict:
         raise ConfigError(f"{where}: a model config, not a dataset config (it has '{unknown[0]}'); give it as "
                           f"--config {where}")
     if unknown:
-        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(DATASET_KEYS))})")
+        close = difflib.get_close_matches(str(unknown[0]), DATASET_KEYS, 1)
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}'" + (f"; did you mean '{close[0]}'?" if close else
+                                                                     f" (known: {', '.join(sorted(DATASET_KEYS))})"))
     if "path" not in dataset:
         raise ConfigError(f"{where}: no 'path' (a TFRecord glob, tfds:NAME, or embedded)")
     for key in ("path", "eval_path", "tokenizer_path", "data_dir", "lambada_tokens_path"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -31,10 +32,19 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser with a usage mistake as one line, ``error: PROG: MESSAGE; did you mean --X? (PROG --help
     lists the options)``, instead of the usage block and a second line: an unknown flag gets the command's closest
     one, in either spelling (``--model_path`` -> ``--model-path``), or its counterpart of another tool's
-    (Hugging Face's ``--model_name_or_path`` -> ``--init-from``). Subcommands' parsers are of this class too."""
+    (Hugging Face's ``--model_name_or_path`` -> ``--init-from``), also where argparse would first say that a
+    required option is missing (``--promt x``: ``--prompt`` is). Subcommands' parsers are of this class too."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         hint = ""
+        unknown = [a.split("=", 1)[0] for a in getattr(self, "given", ())
+                   if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions]
+        if "required" in message and unknown:  # a misspelt required option is why it is missing
+            message = f"unrecognized arguments: {' '.join(unknown)}"
         if message.startswith("unrecognized arguments: "):
             flag = next((a.split("=", 1)[0] for a in message.split(": ", 1)[1].split() if a.startswith("-")), None)
             if flag:

@@ -146,8 +146,9 @@ class Layout:
 
     @property
     def text(self) -> str:
-        """The rules back in layout syntax."""
-        return ",".join(f"{name}:{'+'.join(axes) or NOT_SPLIT}" for name, axes in self.rules)
+        """The rules back in layout syntax, for messages (no rule left: every tensor whole on every device)."""
+        return ",".join(f"{name}:{'+'.join(axes) or NOT_SPLIT}" for name, axes in self.rules) or \
+            "none (every tensor whole on every device)"
 
     @property
     def platform(self) -> str:

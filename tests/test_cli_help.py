@@ -77,6 +77,8 @@ def test_a_usage_mistake_is_one_line(module_name, monkeypatch, capsys):
     ("train", ["--model_name_or_path", "gpt2"], "did you mean --init-from?"),  # Hugging Face's examples' flag
     ("predict", ["--prompt", "x", "--model_name_or_path", "gpt2"], "did you mean --hf-model?"),
     ("predict", ["--prompt", "x", "--max_new_tokens=5"], "did you mean --max-new-tokens?"),
+    ("predict", ["--promt", "x"], "unrecognized arguments: --promt; did you mean --prompt?"),  # was: one of the
+    # arguments --prompt ... is required
 ])
 def test_an_unknown_flag_gets_the_closest_one(module_name, argv, hint, capsys):
     module = importlib.import_module(module_name)

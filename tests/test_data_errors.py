@@ -264,13 +264,16 @@ def test_an_empty_eval_path_of_examples_is_no_eval_set_and_eval_then_names_it(tm
     assert not (tmp_path / "run").exists()
 
 
-def test_a_dataset_config_that_is_not_a_json_object_is_one_line(tmp_path):
+def test_a_dataset_config_that_is_not_a_json_object_or_misspells_a_key_is_one_line(tmp_path):
     from data.source import load_dataset_config
 
     (tmp_path / "listed.json").write_text('[["a", 1]]')  # unhashable keys: a traceback
     with pytest.raises(ConfigError, match=r'listed.json: a dataset config is a JSON object \(\{"path": ...\}\), not '
                                           r"a list$"):
         load_dataset_config(str(tmp_path / "listed.json"))
+    (tmp_path / "typo.json").write_text('{"path": "x", "tokenizer_pth": "bytes"}')
+    with pytest.raises(ConfigError, match=r"typo.json: unknown key 'tokenizer_pth'; did you mean 'tokenizer_path'\?$"):
+        load_dataset_config(str(tmp_path / "typo.json"))
 
 
 def test_a_token_stream_named_jsonl_examples_says_so(tmp_path, monkeypatch):

@@ -215,7 +215,7 @@ def test_check_dataset_with_mlm_training(neo_records, tmp_path, monkeypatch, cap
     assert train.main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "batch 0 inputs: shape (8, 16) int32" in out and "masked-LM: " in out and "first text (" in out
-    assert "its first batch of 16 reads" in out  # the eval split, read as train.py reads it at start
+    assert "its first batch of 16 was read" in out  # the eval split, read as train.py reads it at start
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -433,7 +433,9 @@ def run_training(args, cfg, notes, signals, run) -> int:
         if lead and label_names.named(names):  # export writes them as the Hugging Face config's id2label
             label_names.save(cfg.model_path, names)
         n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(state.params))
-        say(f"model: {n_params / 1e6:.2f}M parameters, {cfg.n_layer} layers {list(cfg.attention_layers)}")
+        layers = f"{cfg.n_layer} encoder and {cfg.decoder_layers} decoder layers" if cfg.model == "t5" else \
+            f"{cfg.n_layer} layers {list(cfg.attention_layers)}"
+        say(f"model: {n_params / 1e6:.2f}M parameters, {layers}")
         if trainable is not None:
             from parallel.state import split_params
 

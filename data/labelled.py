@@ -153,8 +153,15 @@ def label_names(dataset: dict, train: Examples | None, num_labels: int) -> list[
         if other is not None:  # the count below would name only the strings, and the ids would mean nothing
             raise ConfigError(f"{train.places[other]}: {mixed_labels(train.labels[other], names)}")
     if names is not None and len(names) != num_labels:
-        raise ConfigError(f"num_labels: {num_labels}, but {where} has {len(names)} labels ({', '.join(names)})")
+        raise ConfigError(labels_mismatch(num_labels, where, names))
     return names
+
+
+def labels_mismatch(num_labels: int, where: str, names: list) -> str:
+    """The error for data whose label names are not ``num_labels``."""
+    if len(names) == 1:
+        return f"{where} has one label ({names[0]}): a classifier needs two or more"
+    return f"num_labels: {num_labels}, but {where} has {len(names)} labels ({', '.join(map(str, names))})"
 
 
 def head_labels(cfg: Config) -> tuple[list[str], str] | None:

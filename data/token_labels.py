@@ -23,7 +23,8 @@ import json
 import numpy as np
 
 from config import Config, ConfigError
-from data.labelled import ExampleStream, _dataset, in_head_order, jsonl_objects, mixed_labels, split_files
+from data.labelled import (ExampleStream, _dataset, in_head_order, jsonl_objects, labels_mismatch, mixed_labels,
+                           split_files)
 from data.tokenizer import Tokenizer, load_tokenizer
 
 IGNORED = -1  # the label of tokens that are not scored: a word's later pieces, special tokens, padding
@@ -60,8 +61,7 @@ def label_table(dataset: dict, train_labels: list[list], num_labels: int) -> lis
         if other is not None:
             raise ConfigError(f"{dataset['where']} path: {mixed_labels(other, names)}")
     if names is not None and len(names) != num_labels:
-        raise ConfigError(f"num_labels: {num_labels}, but {dataset['where']} has {len(names)} labels "
-                          f"({', '.join(map(str, names))})")
+        raise ConfigError(labels_mismatch(num_labels, dataset["where"], names))
     return names
 
 

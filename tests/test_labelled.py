@@ -204,6 +204,8 @@ def test_tfds_glue_like_dataset_by_name(tiny_glue):
      "num_labels: 3, but {where} has 4 labels (neg, neutral, pos, mixed)"),
     ([{"text": "a", "label": "pos"}, {"text": "b", "label": "neg"}], {},
      "num_labels: 3, but {where} has 2 labels (neg, pos)"),
+    ([{"text": "a", "label": "pos"}, {"text": "b", "label": "pos"}], {},  # was "... has 1 labels (pos)"
+     "{where} has one label (pos): a classifier needs two or more"),
     ([{"text": "a", "label": 3}], {}, "{path}: line 1: label 3 is outside 0..2 (num_labels 3)"),
     ([{"text": "a", "label": "pos"}, {"text": "b", "label": 1}], {},  # was "num_labels: 3, but ... has 1 labels"
      '{path}: line 2: label 1 is not a string, as other train labels are ("pos"); give every label as a string or '

@@ -459,8 +459,10 @@ def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
     if key == "num_labels" and cfg.task.endswith("classification"):  # new labels on this classifier's backbone
         ways += (f"; --init-from {shlex.quote(cfg.model_path)} --set init_new_head=true --model-path NEW_DIR "
                  f"starts a new head of {cfg.num_labels} on its weights")
+    # a peft change may keep every shape, and change which parameters train and what the checkpoint holds
+    differs = "what it trains and saves differs" if key == "peft" else "the model's shape differs"
     raise ConfigError(f"{key}: {where} was trained with {key}={json.dumps(saved.get(key))}, the config has "
-                      f"{json.dumps(getattr(cfg, key))}; the model's shape differs ({ways})")
+                      f"{json.dumps(getattr(cfg, key))}; {differs} ({ways})")
 
 
 def input_position_item(data: dict | None) -> dict:

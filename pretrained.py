@@ -237,14 +237,23 @@ class Pretrained:
         text = model.generate("def ", max_new_tokens=32, temperature=0.8)
 
     Texts are tokenized and right-padded into one batch (``segment_ids`` 0 marks padding); calls are jitted once
-    per padded length. The parameters stay where ``layout`` put them (default: one device)."""
+    per padded length. The parameters stay where ``layout`` put them (default: one device).
+
+    ``model`` is the one nnx module every call reads: what changes it in place (``apply_peft``, ``merge``,
+    ``set_attention_fn``, a weight set) changes what ``__call__``, ``hidden_states`` and ``generate`` compute.
+    ``graphdef`` and ``params`` are its structure and state as they are now."""
 
     labels: list[str] | None = None  # a classifier's label names in id order (transformers' id2label), if named
 
     def __init__(self, cfg: Config, graphdef, params: dict, tokenizer, layout=None):
-        self.config, self.graphdef, self.params, self.tokenizer = cfg, graphdef, params, tokenizer
+        from flax import nnx
+
+        self.config, self.tokenizer = cfg, tokenizer
         self.layout = layout or default_layout()
-        self._forward = jax.jit(lambda params, batch, method: self._run(params, batch, method), static_argnums=2)
+        self.model = nnx.merge(graphdef, nnx.State(params))
+        # The graphdef is static: a module changed in place (an adapter plugged in) compiles anew, an unchanged one
+        # reuses the compiled call.
+        self._forward = jax.jit(self._run, static_argnums=(0, 3))
 
     @classmethod
     def from_pretrained(cls, path: str, layout=None, overrides: tuple[str, ...] = ()) -> "Pretrained":
@@ -264,11 +273,31 @@ class Pretrained:
         return pretrained
 
     @property
-    def model(self):
-        """The nnx module itself, parameters merged in."""
+    def graphdef(self):
+        """The module's structure as it is now (parts plugged in, attention functions set)."""
         from flax import nnx
 
-        return nnx.merge(self.graphdef, nnx.State(self.params))
+        return nnx.graphdef(self.model)
+
+    @property
+    def params(self) -> dict:
+        """The module's state as it is now: a nested dict of arrays."""
+        from flax import nnx
+
+        return nnx.to_pure_dict(nnx.state(self.model))
+
+    @params.setter
+    def params(self, params: dict) -> None:
+        from flax import nnx
+
+        nnx.update(self.model, nnx.State(params))
+
+    def _split(self) -> tuple:
+        """(graphdef, params) of the module as it is now, in one walk over it."""
+        from flax import nnx
+
+        graphdef, state = nnx.split(self.model)
+        return graphdef, nnx.to_pure_dict(state)
 
     def tokenize(self, texts: list[str] | str, pairs: list[str] | str | None = None) -> dict:
         """Texts (and second texts) -> {"inputs", "segment_ids" (+ "token_types"): (B, T) int32}, right-padded
@@ -313,11 +342,11 @@ class Pretrained:
         batch = {"inputs": inputs, "segment_ids": segment_ids}
         return {**batch, "token_types": token_types} if cfg.n_token_types else batch
 
-    def _run(self, params, batch: dict, method: str):
+    def _run(self, graphdef, params, batch: dict, method: str):
         from flax import nnx
 
         with self.layout.active():
-            model = nnx.merge(self.graphdef, nnx.State(params))
+            model = nnx.merge(graphdef, nnx.State(params))
             kwargs = {k: v for k, v in batch.items() if k != "inputs"}
             if method == "hidden_states":
                 return model.hidden_states(batch["inputs"], **kwargs)
@@ -327,12 +356,12 @@ class Pretrained:
         """Texts (and second texts), or a batch dict from ``tokenize`` -> the model's outputs: logits for every
         position, or class logits for a sequence classifier."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts, pairs)
-        return self._forward(self.params, self._checked(batch), "__call__")
+        return self._forward(*self._split(), self._checked(batch), "__call__")
 
     def hidden_states(self, texts) -> jax.Array:
         """Texts (or a batch dict) -> (B, T, D) final hidden states (after the final norm for decoders)."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts)
-        return self._forward(self.params, self._checked(batch), "hidden_states")
+        return self._forward(*self._split(), self._checked(batch), "hidden_states")
 
     def _checked(self, batch: dict) -> dict:
         """A batch dict's images, for a model that reads them: (B, H, W, num_channels), H and W whole patches
@@ -367,7 +396,7 @@ class Pretrained:
             raise ConfigError(f"generate: a {self.config.model} model trained for {self.config.task} does not "
                               "generate text")
         with self.layout.active():
-            return complete(self.graphdef, self.params, self.tokenizer, prompt, max_new_tokens,
+            return complete(*self._split(), self.tokenizer, prompt, max_new_tokens,
                             self.config.generation_positions,
                             temperature=temperature, seed=seed, encoder_input=self.config.task == "seq2seq",
                             entmax=self.config.entmax_loss)

@@ -320,11 +320,13 @@ class Pretrained:
                     raise ConfigError(f"tokenize: {what} must be strings, not {type(x).__name__} ({str(x):.40}); "
                                       "pass token ids as a batch dict {\"inputs\": (B, T) ids, \"segment_ids\": ...}")
         cfg = self.config
-        if cfg.task == "seq2seq":  # T5's encoder inputs: the text, then end-of-text
+        if cfg.task == "seq2seq":  # T5's encoder inputs: the text (its start, if long), then end-of-text
+            from data.pairs import ended
+
             if any(p is not None for p in pairs):
                 raise ConfigError(f"tokenize: a {cfg.model} model reads single texts, not pairs")
             eos = self.tokenizer.eos_id
-            encoded = [((ids + [eos])[-cfg.n_ctx:], None) for ids in map(self.tokenizer.encode, texts)]
+            encoded = [(ended(ids, cfg.n_ctx, eos)[0], None) for ids in map(self.tokenizer.encode, texts)]
         elif cfg.task == "sequence_classification" or not cfg.causal:
             encoded = self.tokenizer.encode_pairs(texts, pairs, cfg.n_ctx)
         elif any(p is not None for p in pairs):

@@ -119,14 +119,23 @@ def _with_base(cfg: Config, make_model, abstract: dict, trained: dict, model_pat
     if cfg.init_from is None:
         return join_params(trained, fresh())
     from neomesh.hf_cache import resolve_model
+    from training.base_identity import check_base
     from training.init_from import source_params, without_head
 
+    def unreadable(e: ConfigError) -> ConfigError:  # moved or deleted since training: say why that model is read
+        return ConfigError(f"{model_path} holds only its trained parameters (peft checkpoint 'trainable'); the rest "
+                           f"comes from its init_from, which cannot be read: {e}")
+
     try:
-        base = source_params(resolve_model(cfg.init_from, "init_from"))[1]
+        source = resolve_model(cfg.init_from, "init_from")
+    except ConfigError as e:
+        raise unreadable(e) from None
+    check_base(model_path, source)  # another model of the same shape put there would fit, and be used unsaid
+    try:
+        base = source_params(source)[1]
         base = without_head(cfg, base)[0] if cfg.init_new_head else base  # as at the run's start
-    except ConfigError as e:  # moved or deleted since training: say why that model is read at all
-        raise ConfigError(f"{model_path} holds only its trained parameters (peft checkpoint 'trainable'); the rest "
-                          f"comes from its init_from, which cannot be read: {e}") from None
+    except ConfigError as e:
+        raise unreadable(e) from None
     return join_params(trained, place_params(base, abstract, fresh))
 
 

@@ -240,7 +240,8 @@ class Pretrained:
     """A loaded zoo model and its tokenizer, as Hugging Face users know ``from_pretrained`` models:
 
         model = Pretrained.from_pretrained("runs/quickstart")     # a NeoMesh run, or any HF directory it imports
-        logits = model(["def add(a, b):"])                         # (B, T, V) (or (B, C) for a classifier)
+        logits = model(["def add(a, b):"])                         # (B, T, V); (B, C) for a classifier; (B, 1, V)
+                                                                   # for a T5: its first output token's
         model.labels                                               # a classifier's label names in id order
         hidden = model.hidden_states(["def add(a, b):"])           # (B, T, D), padding rows included
         text = model.generate("def ", max_new_tokens=32, temperature=0.8)
@@ -316,7 +317,7 @@ class Pretrained:
 
         if self.tokenizer is None:
             raise ConfigError(f"tokenize: a {self.config.model} model reads images, not text; pass a batch dict "
-                              "{\"inputs\": (B, H, W, C) images}")
+                              "{\"images\": (B, H, W, C) images}")
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
             raise ConfigError("tokenize: texts is empty; pass a text or a list of at least one")
@@ -365,29 +366,38 @@ class Pretrained:
 
     def __call__(self, texts, pairs=None) -> jax.Array:
         """Texts (and second texts), or a batch dict from ``tokenize`` -> the model's outputs: logits for every
-        position, or class logits for a sequence classifier."""
+        position, class logits for a sequence classifier, or for a T5 the logits of its first output token (B, 1, V):
+        its decoder reads the start token alone, unless the batch dict gives ``decoder_inputs`` (B, T), which get
+        (B, T, V). An image model takes ``{"images": (B, H, W, C)}``."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts, pairs)
         return self._forward(*self._split(), self._checked(batch), "__call__")
 
     def hidden_states(self, texts) -> jax.Array:
-        """Texts (or a batch dict) -> (B, T, D) final hidden states (after the final norm for decoders)."""
+        """Texts (or a batch dict) -> (B, T, D) final hidden states (after the final norm for decoders; a T5's
+        encoder output)."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts)
         return self._forward(*self._split(), self._checked(batch), "hidden_states")
 
     def _checked(self, batch: dict) -> dict:
-        """A batch dict's images, for a model that reads them: (B, H, W, num_channels), H and W whole patches
-        (an array of another layout failed deep inside the patch reshape or an einsum)."""
+        """A batch dict as the model reads it. For a model that reads images: their (B, H, W, num_channels) array,
+        under ``images`` as training batches hold it (or ``inputs``), H and W whole patches (an array of another
+        layout failed deep inside the patch reshape or an einsum); a training batch's labels and weights are not
+        read."""
         import numpy as np
 
         cfg = self.config
-        if cfg.reads_text or "inputs" not in batch:
+        if cfg.reads_text:
             return batch
-        shape = np.shape(batch["inputs"])
+        key = next((k for k in ("images", "inputs") if k in batch), None)
+        if key is None:
+            raise ConfigError(f"batch: a {cfg.model} model reads images, under \"images\" as training batches hold "
+                              f"them; this batch has {', '.join(map(repr, batch)) or 'no keys'}")
+        shape = np.shape(batch[key])
         if len(shape) != 4 or shape[-1] != cfg.num_channels or shape[1] % cfg.patch_size or shape[2] % cfg.patch_size:
-            raise ConfigError(f"inputs: images of shape {tuple(shape)}; a {cfg.model} model reads (B, H, W, "
+            raise ConfigError(f"{key}: images of shape {tuple(shape)}; a {cfg.model} model reads (B, H, W, "
                               f"{cfg.num_channels}) images, channels last, H and W multiples of patch_size "
                               f"{cfg.patch_size} (e.g. (B, {cfg.image_size}, {cfg.image_size}, {cfg.num_channels}))")
-        return batch
+        return {"inputs": batch[key]}
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
         """The text a decoder writes after ``prompt``, or an encoder-decoder (T5) writes for it (until end-of-text

@@ -413,6 +413,13 @@ def test_python_api_generates_and_embeds_like_transformers(directories):
     want = want[:want.index(1)] if 1 in want else want
     assert model.generate(PROMPT, max_new_tokens=10, temperature=0) == model.tokenizer.decode(want)
     assert np.max(np.abs(np.asarray(model.hidden_states([PROMPT])) - hidden)) <= 1e-4  # the encoder's output
+    first = np.asarray(model([PROMPT]))  # the first output token's logits: the decoder reads the start token alone
+    assert first.shape == (1, 1, model.config.n_vocab)
+    batch = {**model.tokenize([PROMPT]), "decoder_inputs": np.array([[0] + want[:3]], np.int32)}
+    steps = np.asarray(model(batch))  # (B, T, V) for the decoder inputs given, as the README says
+    assert steps.shape == (1, 4, model.config.n_vocab)
+    np.testing.assert_allclose(steps[:, :1], first, atol=1e-5, rtol=0)
+    assert [int(t) for t in steps[0, :3].argmax(-1)] == want[:3]  # greedy: each step's argmax is the next token
 
 
 def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_inputs(directories):

@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears "
                    "(repeatable)")
-    p.add_argument("--truncate-prompt", action="store_true", help="keep the last tokens of a prompt too long "
-                   "for n_ctx instead of stopping with an error")
+    p.add_argument("--truncate-prompt", action="store_true", help="cut a prompt too long for n_ctx instead of "
+                   "stopping with an error: a decoder reads its last tokens, an encoder-decoder (T5) its first ones "
+                   "and end-of-text, as training cut its inputs")
     p.add_argument("--mesh-shape", metavar="SHAPE", help="run sharded on this mesh, e.g. x:4,y:2 (default: one "
                    "device)")
     p.add_argument("--layout", default=DEFAULT_LAYOUT, help="layout with --mesh-shape")
@@ -245,6 +246,7 @@ def predict(args) -> None:
     import numpy as np
 
     from config import ConfigError
+    from data.pairs import ended
     from models.generate import Sampling, beam_search, sample
     from pretrained import layout_for
 
@@ -279,10 +281,14 @@ def predict(args) -> None:
                     (f"{length_name} with --max-new-tokens {args.max_new_tokens}", ", lower --max-new-tokens")
                 raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; only {room} fit in {limit} (shorten it"
                                   f"{lower} or pass --truncate-prompt)")
-            print(f"note: prompt {i + 1}: its last {room} of {len(ids)} tokens are read (--truncate-prompt)",
-                  file=sys.stderr)
-            ids = ids[-room:]
-            # what the model reads is what the output shows: the prompt's tail, not the text given
+            if seq2seq:  # the encoder reads the start, where T5's task prefix is, as training cut long inputs
+                read = f"its first {room - 1} of {len(ids) - 1} tokens and end-of-text are read"
+                ids = ended(ids, room, tokenizer.eos_id)[0]
+            else:  # a decoder continues the prompt's end
+                read = f"its last {room} of {len(ids)} tokens are read"
+                ids = ids[-room:]
+            print(f"note: prompt {i + 1}: {read} (--truncate-prompt)", file=sys.stderr)
+            # what the model reads is what the output shows: the part kept, not the text given
             prompts[i] = tokenizer.decode(ids[:-1] if seq2seq and ids[-1] == tokenizer.eos_id else ids)
         encoded += [ids] * args.num_samples
     width = max(map(len, encoded))

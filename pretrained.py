@@ -119,14 +119,23 @@ def _with_base(cfg: Config, make_model, abstract: dict, trained: dict, model_pat
     if cfg.init_from is None:
         return join_params(trained, fresh())
     from neomesh.hf_cache import resolve_model
+    from training.base_identity import check_base
     from training.init_from import source_params, without_head
 
+    def unreadable(e: ConfigError) -> ConfigError:  # moved or deleted since training: say why that model is read
+        return ConfigError(f"{model_path} holds only its trained parameters (peft checkpoint 'trainable'); the rest "
+                           f"comes from its init_from, which cannot be read: {e}")
+
     try:
-        base = source_params(resolve_model(cfg.init_from, "init_from"))[1]
+        source = resolve_model(cfg.init_from, "init_from")
+    except ConfigError as e:
+        raise unreadable(e) from None
+    check_base(model_path, source)  # another model of the same shape put there would fit, and be used unsaid
+    try:
+        base = source_params(source)[1]
         base = without_head(cfg, base)[0] if cfg.init_new_head else base  # as at the run's start
-    except ConfigError as e:  # moved or deleted since training: say why that model is read at all
-        raise ConfigError(f"{model_path} holds only its trained parameters (peft checkpoint 'trainable'); the rest "
-                          f"comes from its init_from, which cannot be read: {e}") from None
+    except ConfigError as e:
+        raise unreadable(e) from None
     return join_params(trained, place_params(base, abstract, fresh))
 
 
@@ -231,20 +240,30 @@ class Pretrained:
     """A loaded zoo model and its tokenizer, as Hugging Face users know ``from_pretrained`` models:
 
         model = Pretrained.from_pretrained("runs/quickstart")     # a NeoMesh run, or any HF directory it imports
-        logits = model(["def add(a, b):"])                         # (B, T, V) (or (B, C) for a classifier)
+        logits = model(["def add(a, b):"])                         # (B, T, V); (B, C) for a classifier; (B, 1, V)
+                                                                   # for a T5: its first output token's
         model.labels                                               # a classifier's label names in id order
         hidden = model.hidden_states(["def add(a, b):"])           # (B, T, D), padding rows included
         text = model.generate("def ", max_new_tokens=32, temperature=0.8)
 
     Texts are tokenized and right-padded into one batch (``segment_ids`` 0 marks padding); calls are jitted once
-    per padded length. The parameters stay where ``layout`` put them (default: one device)."""
+    per padded length. The parameters stay where ``layout`` put them (default: one device).
+
+    ``model`` is the one nnx module every call reads: what changes it in place (``apply_peft``, ``merge``,
+    ``set_attention_fn``, a weight set) changes what ``__call__``, ``hidden_states`` and ``generate`` compute.
+    ``graphdef`` and ``params`` are its structure and state as they are now."""
 
     labels: list[str] | None = None  # a classifier's label names in id order (transformers' id2label), if named
 
     def __init__(self, cfg: Config, graphdef, params: dict, tokenizer, layout=None):
-        self.config, self.graphdef, self.params, self.tokenizer = cfg, graphdef, params, tokenizer
+        from flax import nnx
+
+        self.config, self.tokenizer = cfg, tokenizer
         self.layout = layout or default_layout()
-        self._forward = jax.jit(lambda params, batch, method: self._run(params, batch, method), static_argnums=2)
+        self.model = nnx.merge(graphdef, nnx.State(params))
+        # The graphdef is static: a module changed in place (an adapter plugged in) compiles anew, an unchanged one
+        # reuses the compiled call.
+        self._forward = jax.jit(self._run, static_argnums=(0, 3))
 
     @classmethod
     def from_pretrained(cls, path: str, layout=None, overrides: tuple[str, ...] = ()) -> "Pretrained":
@@ -264,11 +283,31 @@ class Pretrained:
         return pretrained
 
     @property
-    def model(self):
-        """The nnx module itself, parameters merged in."""
+    def graphdef(self):
+        """The module's structure as it is now (parts plugged in, attention functions set)."""
         from flax import nnx
 
-        return nnx.merge(self.graphdef, nnx.State(self.params))
+        return nnx.graphdef(self.model)
+
+    @property
+    def params(self) -> dict:
+        """The module's state as it is now: a nested dict of arrays."""
+        from flax import nnx
+
+        return nnx.to_pure_dict(nnx.state(self.model))
+
+    @params.setter
+    def params(self, params: dict) -> None:
+        from flax import nnx
+
+        nnx.update(self.model, nnx.State(params))
+
+    def _split(self) -> tuple:
+        """(graphdef, params) of the module as it is now, in one walk over it."""
+        from flax import nnx
+
+        graphdef, state = nnx.split(self.model)
+        return graphdef, nnx.to_pure_dict(state)
 
     def tokenize(self, texts: list[str] | str, pairs: list[str] | str | None = None) -> dict:
         """Texts (and second texts) -> {"inputs", "segment_ids" (+ "token_types"): (B, T) int32}, right-padded
@@ -278,7 +317,7 @@ class Pretrained:
 
         if self.tokenizer is None:
             raise ConfigError(f"tokenize: a {self.config.model} model reads images, not text; pass a batch dict "
-                              "{\"inputs\": (B, H, W, C) images}")
+                              "{\"images\": (B, H, W, C) images}")
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
             raise ConfigError("tokenize: texts is empty; pass a text or a list of at least one")
@@ -291,11 +330,13 @@ class Pretrained:
                     raise ConfigError(f"tokenize: {what} must be strings, not {type(x).__name__} ({str(x):.40}); "
                                       "pass token ids as a batch dict {\"inputs\": (B, T) ids, \"segment_ids\": ...}")
         cfg = self.config
-        if cfg.task == "seq2seq":  # T5's encoder inputs: the text, then end-of-text
+        if cfg.task == "seq2seq":  # T5's encoder inputs: the text (its start, if long), then end-of-text
+            from data.pairs import ended
+
             if any(p is not None for p in pairs):
                 raise ConfigError(f"tokenize: a {cfg.model} model reads single texts, not pairs")
             eos = self.tokenizer.eos_id
-            encoded = [((ids + [eos])[-cfg.n_ctx:], None) for ids in map(self.tokenizer.encode, texts)]
+            encoded = [(ended(ids, cfg.n_ctx, eos)[0], None) for ids in map(self.tokenizer.encode, texts)]
         elif cfg.task == "sequence_classification" or not cfg.causal:
             encoded = self.tokenizer.encode_pairs(texts, pairs, cfg.n_ctx)
         elif any(p is not None for p in pairs):
@@ -313,11 +354,11 @@ class Pretrained:
         batch = {"inputs": inputs, "segment_ids": segment_ids}
         return {**batch, "token_types": token_types} if cfg.n_token_types else batch
 
-    def _run(self, params, batch: dict, method: str):
+    def _run(self, graphdef, params, batch: dict, method: str):
         from flax import nnx
 
         with self.layout.active():
-            model = nnx.merge(self.graphdef, nnx.State(params))
+            model = nnx.merge(graphdef, nnx.State(params))
             kwargs = {k: v for k, v in batch.items() if k != "inputs"}
             if method == "hidden_states":
                 return model.hidden_states(batch["inputs"], **kwargs)
@@ -325,29 +366,38 @@ class Pretrained:
 
     def __call__(self, texts, pairs=None) -> jax.Array:
         """Texts (and second texts), or a batch dict from ``tokenize`` -> the model's outputs: logits for every
-        position, or class logits for a sequence classifier."""
+        position, class logits for a sequence classifier, or for a T5 the logits of its first output token (B, 1, V):
+        its decoder reads the start token alone, unless the batch dict gives ``decoder_inputs`` (B, T), which get
+        (B, T, V). An image model takes ``{"images": (B, H, W, C)}``."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts, pairs)
-        return self._forward(self.params, self._checked(batch), "__call__")
+        return self._forward(*self._split(), self._checked(batch), "__call__")
 
     def hidden_states(self, texts) -> jax.Array:
-        """Texts (or a batch dict) -> (B, T, D) final hidden states (after the final norm for decoders)."""
+        """Texts (or a batch dict) -> (B, T, D) final hidden states (after the final norm for decoders; a T5's
+        encoder output)."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts)
-        return self._forward(self.params, self._checked(batch), "hidden_states")
+        return self._forward(*self._split(), self._checked(batch), "hidden_states")
 
     def _checked(self, batch: dict) -> dict:
-        """A batch dict's images, for a model that reads them: (B, H, W, num_channels), H and W whole patches
-        (an array of another layout failed deep inside the patch reshape or an einsum)."""
+        """A batch dict as the model reads it. For a model that reads images: their (B, H, W, num_channels) array,
+        under ``images`` as training batches hold it (or ``inputs``), H and W whole patches (an array of another
+        layout failed deep inside the patch reshape or an einsum); a training batch's labels and weights are not
+        read."""
         import numpy as np
 
         cfg = self.config
-        if cfg.reads_text or "inputs" not in batch:
+        if cfg.reads_text:
             return batch
-        shape = np.shape(batch["inputs"])
+        key = next((k for k in ("images", "inputs") if k in batch), None)
+        if key is None:
+            raise ConfigError(f"batch: a {cfg.model} model reads images, under \"images\" as training batches hold "
+                              f"them; this batch has {', '.join(map(repr, batch)) or 'no keys'}")
+        shape = np.shape(batch[key])
         if len(shape) != 4 or shape[-1] != cfg.num_channels or shape[1] % cfg.patch_size or shape[2] % cfg.patch_size:
-            raise ConfigError(f"inputs: images of shape {tuple(shape)}; a {cfg.model} model reads (B, H, W, "
+            raise ConfigError(f"{key}: images of shape {tuple(shape)}; a {cfg.model} model reads (B, H, W, "
                               f"{cfg.num_channels}) images, channels last, H and W multiples of patch_size "
                               f"{cfg.patch_size} (e.g. (B, {cfg.image_size}, {cfg.image_size}, {cfg.num_channels}))")
-        return batch
+        return {"inputs": batch[key]}
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
         """The text a decoder writes after ``prompt``, or an encoder-decoder (T5) writes for it (until end-of-text
@@ -367,7 +417,7 @@ class Pretrained:
             raise ConfigError(f"generate: a {self.config.model} model trained for {self.config.task} does not "
                               "generate text")
         with self.layout.active():
-            return complete(self.graphdef, self.params, self.tokenizer, prompt, max_new_tokens,
+            return complete(*self._split(), self.tokenizer, prompt, max_new_tokens,
                             self.config.generation_positions,
                             temperature=temperature, seed=seed, encoder_input=self.config.task == "seq2seq",
                             entmax=self.config.entmax_loss)

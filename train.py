@@ -16,7 +16,7 @@ import time
 from training.run_dir import (check_init_from_given, check_resume_base, has_checkpoint, newest_saved_config,
                               only_damaged, run_config)
 from training.run_tokenizer import save_tokenizer, with_tokenizer_of_init_from, with_tokenizer_of_run
-from training.saved_state import base_params, saved_part, state_shapes, storage_changed
+from training.saved_state import base_params, checkpoints_trained_only, saved_part, state_shapes, storage_changed
 
 # Steps whose metrics stay on the device before the loop fetches them (and at every checkpoint and evaluation):
 # fetching after every step would stall the device while the host logs and builds the next batch.
@@ -302,6 +302,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
     from parallel.state import abstract_train_state, create_train_state, path_name, per_layer_params
     from parallel.steps import (batch_shapes, batch_shardings, make_eval_step, make_train_step, mean_of,
                                 microbatch_count)
+    from training.base_identity import check_base, fingerprint, record
     from training.checkpoint import Checkpoints, check_same_model, model_changes, training_changes
     from training.eval_reads import repeat_note
     from training.layer_stack import stacked_plan
@@ -368,6 +369,11 @@ def run_training(args, cfg, notes, signals, run) -> int:
 
         return distributed.global_batch(rows_of, sharding, shapes)
 
+    base = fingerprint(cfg.init_from) if cfg.init_from else None  # what the run starts from, recorded below
+    if base is not None and checkpoints_trained_only(cfg) and has_checkpoint(cfg.model_path):
+        unchecked = check_base(cfg.model_path, cfg.init_from, base)  # the base its trained parameters go on
+        if unchecked:
+            say(unchecked)
     params = imported_params(cfg, cfg.init_from) if cfg.init_from else None  # read before writing anything
     with Checkpoints(cfg.model_path, cfg.keep_checkpoints) as checkpoints:
         changed = {}  # step -> the model keys this config changes (the shapes fit, so the run would go on silently)
@@ -417,6 +423,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 from parallel.state import match_params
                 from training.layer_stack import unstack_abstract
 
+                if lead:  # checked wherever a trained-only checkpoint of this run reads its base again
+                    record(cfg.model_path, cfg.init_from, base)
                 _, missing, unused = match_params(params, unstack_abstract(abstract.params))
                 if cfg.init_new_head:  # its head's output layer was left out: fresh, but not for want of it
                     from training.init_from import head_names

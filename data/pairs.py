@@ -65,19 +65,24 @@ def read_pairs(pattern: str, where: str, keys: tuple[str, str] = (INPUTS_KEY, TA
     return inputs, targets, places
 
 
+def ended(tokens: list[int], length: int, eos: int) -> tuple[list[int], bool]:
+    """(``tokens`` cut to their first ``length - 1`` and ended with end-of-text ``eos``, whether any were cut): an
+    encoder input as training reads it (transformers' ``truncation=True`` keeps the start, where T5's task prefix
+    is). An ``eos`` already at the end (SentencePiece's tokenizers add it) is not doubled. Shared by training,
+    predict.py and ``Pretrained``, so all three cut a long input alike."""
+    if tokens and tokens[-1] == eos:
+        tokens = tokens[:-1]
+    return tokens[:length - 1] + [eos], len(tokens) > length - 1
+
+
 def encode_ended(tokenizer: Tokenizer, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ids (N, length) right-padded, real lengths (N,), which were cut (N,) bool): each text's tokens cut to
-    ``length - 1`` and ended with end-of-text. A tokenizer that ends encodings with it itself (SentencePiece's) is
-    not given a second one, the rule predict.py follows for T5's prompts."""
-    eos = tokenizer.eos_id
+    """(ids (N, length) right-padded, real lengths (N,), which were cut (N,) bool): each text's tokens as
+    ``ended`` cuts them."""
     ids = np.full((len(texts), length), tokenizer.padding_id, np.int32)  # (N, length)
     lengths = np.zeros(len(texts), np.int32)
     cut = np.zeros(len(texts), bool)
     for row, tokens in enumerate(tokenizer.encode_batch(texts)):
-        if tokens and tokens[-1] == eos:
-            tokens = tokens[:-1]
-        cut[row] = len(tokens) > length - 1
-        tokens = tokens[:length - 1] + [eos]
+        tokens, cut[row] = ended(tokens, length, tokenizer.eos_id)
         ids[row, :len(tokens)] = tokens
         lengths[row] = len(tokens)
     return ids, lengths, cut

@@ -333,11 +333,14 @@ def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str, max_new_tok
              temperature: float = 0.8, seed: int = 0, encoder_input: bool = False, entmax: bool = False) -> str:
     """The text that follows ``prompt`` (sampled, from entmax with ``entmax``; at most until eos or the ``positions``
     the prompt and new tokens share, ``Config.generation_positions``, are full). ``encoder_input``: the prompt is an
-    encoder-decoder's input, which ends with end-of-text (T5's template)."""
-    ids = tokenizer.encode(prompt) + [tokenizer.eos_id] if encoder_input else tokenizer.encode(prompt) or \
-        [tokenizer.eos_id]
+    encoder-decoder's input, which ends with end-of-text (T5's template) and keeps its first tokens if long."""
     new = min(max_new_tokens, positions - 1)
-    ids = ids[-(positions - new):]
+    if encoder_input:  # the encoder reads the prompt's start, as training cut its inputs; the decoder starts empty
+        from data.pairs import ended
+
+        ids = ended(tokenizer.encode(prompt), positions, tokenizer.eos_id)[0]
+    else:  # a decoder continues the prompt's end
+        ids = (tokenizer.encode(prompt) or [tokenizer.eos_id])[-(positions - new):]
     out = sample(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
                  Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id, entmax=entmax),
                  jax.random.key(seed))

@@ -528,6 +528,43 @@ def test_python_api_runs_and_generates_like_transformers(neo_dir):
         [t for t in greedy if t != 0])
 
 
+def test_python_api_computes_with_its_one_module_as_changed_in_place(neo_dir):
+    """The README's snippets change ``pretrained.model`` in place (apply_peft, merge, set_attention_fn, a weight
+    set); calls, hidden states and greedy generation then compute with it, as a fresh load of its state does."""
+    from models.attention import softmax_attention
+    from pretrained import Pretrained
+    from training.peft import apply_peft
+    from training.peft.hooks import set_attention_fn
+    from training.peft.lora import merge
+
+    model = Pretrained.from_pretrained(neo_dir)
+    assert model.model is model.model
+    logits, hidden = np.asarray(model([PROMPT])), np.asarray(model.hidden_states([PROMPT]))
+    text = model.generate(PROMPT, max_new_tokens=12, temperature=0)
+    compiled = model._forward._cache_size()
+    model([PROMPT])
+    assert model._forward._cache_size() == compiled  # an unchanged module reuses the compiled call
+    apply_peft(model.model, {"lora": {"targets": ["q", "v"]}})
+    np.testing.assert_allclose(np.asarray(model([PROMPT])), logits, atol=1e-5, rtol=0)  # B starts at zero
+    for block in model.model.blocks:
+        block.attn.q.lora_b[...] = jnp.full_like(block.attn.q.lora_b[...], 0.3)
+    tuned = np.asarray(model([PROMPT]))
+    assert np.max(np.abs(tuned - logits)) > 0.1
+    assert np.max(np.abs(np.asarray(model.hidden_states([PROMPT])) - hidden)) > 0.1
+    fresh = Pretrained(model.config, model.graphdef, model.params, model.tokenizer)  # the state as it is now
+    np.testing.assert_allclose(np.asarray(fresh([PROMPT])), tuned, atol=1e-5, rtol=0)
+    tuned_text = model.generate(PROMPT, max_new_tokens=12, temperature=0)
+    assert tuned_text != text and tuned_text == fresh.generate(PROMPT, max_new_tokens=12, temperature=0)
+    merge(model.model)  # the factors folded into the kernels: the same outputs from another graph
+    np.testing.assert_allclose(np.asarray(model([PROMPT])), tuned, atol=1e-4, rtol=0)
+
+    def silent(q, k, v, **options):  # attention that reads nothing: every attention output is zero
+        return jnp.zeros_like(softmax_attention(q, k, v, **options))
+
+    set_attention_fn(model.model, silent)
+    assert np.max(np.abs(np.asarray(model([PROMPT])) - tuned)) > 0.1
+
+
 def test_python_api_names_bad_arguments_in_one_line(neo_dir, tmp_path, monkeypatch):
     """Pretrained checks what predict.py checks, and load names a bad kind and a missing local directory."""
     from config import ConfigError

@@ -1,6 +1,8 @@
 """``--init-from`` a NeoMesh run directory: the new model takes the run's shape, including what no Hugging Face
 config holds (rotary positions here), and its weights with LoRA merged in, so it computes what the run did."""
 
+import os
+
 import jax
 import numpy as np
 
@@ -58,3 +60,32 @@ def test_init_from_a_run_with_a_prefix_is_one_line(tmp_path):
         f"a new run cannot start from it (only LoRA merges into the weights); go on with it in its own directory "
         f"(--model-path {source})"], refused.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_a_base_fingerprint_tells_another_model_and_names_what_changed(tmp_path):
+    """init_from.json's fingerprint: sizes and sampled pieces of a Hugging Face directory's weights and config, a
+    Hub snapshot's revision, a run's newest checkpoint step; each difference in words."""
+    from training.base_identity import PIECE, PIECES, changes, fingerprint
+
+    hf = tmp_path / "hub" / "snapshots" / "abc123"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text('{"n_embd": 32}')
+    (hf / "model.safetensors").write_bytes(bytes(3 * PIECES * PIECE))
+    (hf / "tokenizer.json").write_text("{}")  # not the model's weights: not taken
+    then = fingerprint(str(hf))
+    assert then["revision"] == "abc123" and sorted(then["files"]) == ["config.json", "model.safetensors"]
+    assert changes(then, fingerprint(str(hf))) == []
+    with open(hf / "model.safetensors", "r+b") as f:  # one byte of the first piece
+        f.write(b"\1")
+    (hf / "config.json").write_text('{"n_embd": 33}')
+    assert changes(then, fingerprint(str(hf))) == ["config.json has other contents",
+                                                   "model.safetensors has other contents"]
+    (hf / "model.safetensors").write_bytes(bytes(10))
+    assert changes(then, fingerprint(str(hf)))[1] == f"model.safetensors has 10 bytes, not {3 * PIECES * PIECE}"
+    run = tmp_path / "run"
+    (run / "checkpoints" / "2" / "params").mkdir(parents=True)
+    (run / "checkpoints" / "2" / "params" / "data").write_bytes(b"weights")
+    then = fingerprint(str(run))
+    assert then["step"] == 2 and list(then["files"]) == [os.path.join("params", "data")]
+    (run / "checkpoints" / "4").mkdir()
+    assert changes(then, fingerprint(str(run))) == ["its newest checkpoint was step 2, now 4"]

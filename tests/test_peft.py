@@ -1,6 +1,9 @@
 """Parameter-efficient fine-tuning (training/peft/): LoRA, prefixes, adapters, the trainable filter, adapter-only
 files, merged export, and the custom attention hook, on tiny models."""
 
+import os
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -328,6 +331,66 @@ def test_lora_fine_tuning_of_a_hugging_face_gpt2_as_the_readme_shows(tmp_path, m
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
     lora_b = flat(tuned.params)["blocks/0/attn/q/lora_b"]
     assert np.abs(lora_b).max() > 0  # the factors trained (B starts at zero)
+
+
+@pytest.mark.e2e
+def test_a_trained_only_run_whose_base_was_swapped_for_another_is_one_line_everywhere(tmp_path, monkeypatch):
+    """A LoRA run that checkpoints only its factors records which model its init_from was; another model of the same
+    shape put at that path (it fit, and outputs moved without a word) is one line on resume, in predict.py,
+    Pretrained and export. The original put back works again, and a run without the record (older) still loads."""
+    import json
+    import shutil
+
+    import neomesh.paths
+    import torch
+    from pydoc_data.topics import topics
+
+    from pretrained import Pretrained
+    from tests import hf_fixtures
+    from tests.common import run_command
+    from training.base_identity import FILE
+
+    monkeypatch.setattr(neomesh.paths, "work_root", lambda: str(tmp_path))  # data_cache/ under tmp_path
+    original = hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2, n_ctx=64)
+    base = hf_fixtures.save(original, tmp_path / "gpt2")
+    text = tmp_path / "my_text.txt"
+    text.write_text("\n".join(topics[k] for k in sorted(topics)[:12]))
+    run = str(tmp_path / "lora_run")
+    train = ["train.py", "--config", "configs/finetune_lora_gpt2.json", "--init-from", base, "--data", str(text),
+             "--model-path", run, "--no-progress", "--set", "train_steps=2", "--set", "eval_steps=0",
+             "--set", "sample_tokens=0"]
+    first = run_command(*train, "--stop-at-step", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(json.loads(open(f"{run}/{FILE}").read())["fingerprint"]["files"]) == ["config.json",
+                                                                                     "model.safetensors"]
+    tokens = {"inputs": np.arange(1, 17)[None], "segment_ids": np.ones((1, 16), np.int32)}
+    logits = np.asarray(Pretrained.from_pretrained(run)(tokens))
+
+    other = hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2, n_ctx=64)  # the same shape, one weight moved
+    with torch.no_grad():
+        other.transformer.h[0].mlp.c_fc.weight.add_(0.1)
+    shutil.rmtree(base)
+    hf_fixtures.save(other, tmp_path / "gpt2")
+    swapped = (f"init_from {base}: not the model the run in {run} started from (model.safetensors has other "
+               "contents), and its checkpoints hold only the trained parameters")
+    for command in (train, ["predict.py", "--model-path", run, "--prompt", "def "],
+                    ["-m", "convert", "export", run, str(tmp_path / "merged")]):
+        result = run_command(*command)
+        assert result.returncode != 0 and result.stderr.startswith(f"error: {swapped}"), result.stderr[-3000:]
+        assert result.stderr.count("\n") == 1 and "put the original back there" in result.stderr
+    assert not os.path.exists(tmp_path / "merged")
+    with pytest.raises(ConfigError, match=f"^{re.escape(swapped)}"):
+        Pretrained.from_pretrained(run)
+
+    shutil.rmtree(base)
+    hf_fixtures.save(original, tmp_path / "gpt2")  # put back: the same files again
+    np.testing.assert_array_equal(np.asarray(Pretrained.from_pretrained(run)(tokens)), logits)
+    second = run_command(*train)
+    assert second.returncode == 0 and "resumed from" in second.stdout, second.stderr[-3000:]
+    os.remove(f"{run}/{FILE}")  # a run from before the record was kept: read unchecked, as then
+    assert np.asarray(Pretrained.from_pretrained(run)(tokens)).shape == logits.shape
+    third = run_command(*train, "--eval")
+    assert third.returncode == 0 and "records no fingerprint of its init_from" in third.stdout, third.stderr[-3000:]
 
 
 def test_a_trained_only_run_whose_base_model_is_gone_is_one_line_naming_the_run(tmp_path):

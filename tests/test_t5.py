@@ -413,6 +413,41 @@ def test_python_api_generates_and_embeds_like_transformers(directories):
     want = want[:want.index(1)] if 1 in want else want
     assert model.generate(PROMPT, max_new_tokens=10, temperature=0) == model.tokenizer.decode(want)
     assert np.max(np.abs(np.asarray(model.hidden_states([PROMPT])) - hidden)) <= 1e-4  # the encoder's output
+    first = np.asarray(model([PROMPT]))  # the first output token's logits: the decoder reads the start token alone
+    assert first.shape == (1, 1, model.config.n_vocab)
+    batch = {**model.tokenize([PROMPT]), "decoder_inputs": np.array([[0] + want[:3]], np.int32)}
+    steps = np.asarray(model(batch))  # (B, T, V) for the decoder inputs given, as the README says
+    assert steps.shape == (1, 4, model.config.n_vocab)
+    np.testing.assert_allclose(steps[:, :1], first, atol=1e-5, rtol=0)
+    assert [int(t) for t in steps[0, :3].argmax(-1)] == want[:3]  # greedy: each step's argmax is the next token
+
+
+def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_inputs(directories):
+    """predict.py --truncate-prompt, Pretrained's tokenize and generate cut a T5 input too long for n_ctx at its end,
+    as data/pairs.py cut training pairs (transformers' truncation=True): the task prefix stays. They kept the last
+    tokens, dropping it."""
+    from data.pairs import encode_ended
+    from pretrained import Pretrained
+
+    path = directories["t5v1.1-gated-gelu-untied-dkv16"]
+    tokenizer = load_tokenizer(path)
+    prompt = "reverse: " + " ".join(f"w{i}" for i in range(40))
+    given = [t for t in tokenizer.encode(prompt) if t != tokenizer.eos_id]
+    kept = encode_ended(tokenizer, [prompt], 16)[0][0].tolist()  # (16,): as training reads it
+    assert kept == given[:15] + [tokenizer.eos_id] and len(given) > 16
+    with torch.no_grad():
+        want = reference(path).generate(torch.tensor([kept]), do_sample=False, max_new_tokens=8,
+                                        use_cache=False)[0, 1:].tolist()
+    want = tokenizer.decode(want[:want.index(1)] if 1 in want else want)
+    result = run_command("predict.py", "--hf-model", path, "--set", "n_ctx=16", "--prompt", prompt,
+                         "--truncate-prompt", "--temperature", "0", "--max-new-tokens", "8")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (f"note: prompt 1: its first 15 of {len(given)} tokens and end-of-text are read (--truncate-prompt)"
+            in result.stderr)
+    assert result.stdout == want + "\n"
+    model = Pretrained.from_pretrained(path, overrides="n_ctx=16")
+    assert model.tokenize([prompt])["inputs"][0].tolist() == kept
+    assert model.generate(prompt, max_new_tokens=8, temperature=0) == want
 
 
 @pytest.mark.e2e

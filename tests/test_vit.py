@@ -192,7 +192,16 @@ def test_python_api_names_images_of_the_wrong_layout(tmp_path):
     from pretrained import Pretrained
 
     model = Pretrained.from_pretrained(saved(hf_vit(8, 2, 1, 16, 2, 1, 3), tmp_path))
-    assert np.asarray(model({"inputs": images_for(8, 1, batch=2)})).shape == (2, 3)
+    images = images_for(8, 1, batch=2)
+    logits = np.asarray(model({"inputs": images}))
+    assert logits.shape == (2, 3)
+    # a batch as training holds it (the README's task table): images under "images", labels and weights unread
+    np.testing.assert_array_equal(np.asarray(model({"images": images, "labels": np.zeros(2, np.int32),
+                                                    "weights": np.ones(2, np.float32)})), logits)
+    assert np.asarray(model.hidden_states({"images": images})).shape == (2, 17, 16)
+    with pytest.raises(ConfigError, match=r"^batch: a vit model reads images, under \"images\" as training batches "
+                       r"hold them; this batch has 'pixel_values'$"):
+        model({"pixel_values": images})
     for shape in [(2, 1, 8, 8), (2, 8, 8, 3), (8, 8, 1), (2, 9, 9, 1)]:
         with pytest.raises(ConfigError, match=rf"inputs: images of shape \({', '.join(map(str, shape))},?\); a vit "
                            r"model reads \(B, H, W, 1\) images, channels last, H and W multiples of patch_size 2"):

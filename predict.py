@@ -156,7 +156,8 @@ def load_model(args, layout):
     cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run")
     if cfg.task not in ("causal_lm", "seq2seq") or (cfg.task == "seq2seq" and not cfg.decoder_layers):
         what = "an encoder-only t5" if cfg.task == "seq2seq" else f"a {cfg.model} model trained for {cfg.task}"
-        raise ConfigError(f"{path}: {what} does not generate text; load it with pretrained.load to get its outputs")
+        raise ConfigError(f"{path}: {what} does not generate text; Pretrained.from_pretrained (pretrained.py) gives "
+                          "its outputs")
     return cfg, graphdef, params, tokenizer
 
 

@@ -334,7 +334,7 @@ def test_lora_fine_tuning_of_a_hugging_face_gpt2_as_the_readme_shows(tmp_path, m
 
 
 @pytest.mark.e2e
-def test_a_trained_only_run_whose_base_was_swapped_for_another_is_one_line_everywhere(tmp_path, monkeypatch):
+def test_a_trained_only_run_whose_base_was_swapped_for_another_is_one_line_everywhere(tmp_path, monkeypatch, capsys):
     """A LoRA run that checkpoints only its factors records which model its init_from was; another model of the same
     shape put at that path (it fit, and outputs moved without a word) is one line on resume, in predict.py,
     Pretrained and export. The original put back works again, and a run without the record (older) still loads."""
@@ -342,12 +342,15 @@ def test_a_trained_only_run_whose_base_was_swapped_for_another_is_one_line_every
     import shutil
 
     import neomesh.paths
+    import predict
     import torch
+    import train
     from pydoc_data.topics import topics
 
+    from convert.__main__ import main as convert_main
     from pretrained import Pretrained
     from tests import hf_fixtures
-    from tests.common import run_command
+    from tests.common import ROOT
     from training.base_identity import FILE
 
     monkeypatch.setattr(neomesh.paths, "work_root", lambda: str(tmp_path))  # data_cache/ under tmp_path
@@ -356,11 +359,10 @@ def test_a_trained_only_run_whose_base_was_swapped_for_another_is_one_line_every
     text = tmp_path / "my_text.txt"
     text.write_text("\n".join(topics[k] for k in sorted(topics)[:12]))
     run = str(tmp_path / "lora_run")
-    train = ["train.py", "--config", "configs/finetune_lora_gpt2.json", "--init-from", base, "--data", str(text),
-             "--model-path", run, "--no-progress", "--set", "train_steps=2", "--set", "eval_steps=0",
-             "--set", "sample_tokens=0"]
-    first = run_command(*train, "--stop-at-step", "1")
-    assert first.returncode == 0, first.stderr[-3000:]
+    training = ["--config", os.path.join(ROOT, "configs/finetune_lora_gpt2.json"), "--init-from", base, "--data",
+                str(text), "--model-path", run, "--no-progress", "--set", "train_steps=2", "--set", "eval_steps=0",
+                "--set", "sample_tokens=0"]
+    assert train.main(training + ["--stop-at-step", "1"]) == 0, capsys.readouterr().err[-3000:]
     assert sorted(json.loads(open(f"{run}/{FILE}").read())["fingerprint"]["files"]) == ["config.json",
                                                                                      "model.safetensors"]
     tokens = {"inputs": np.arange(1, 17)[None], "segment_ids": np.ones((1, 16), np.int32)}
@@ -373,11 +375,13 @@ def test_a_trained_only_run_whose_base_was_swapped_for_another_is_one_line_every
     hf_fixtures.save(other, tmp_path / "gpt2")
     swapped = (f"init_from {base}: not the model the run in {run} started from (model.safetensors has other "
                "contents), and its checkpoints hold only the trained parameters")
-    for command in (train, ["predict.py", "--model-path", run, "--prompt", "def "],
-                    ["-m", "convert", "export", run, str(tmp_path / "merged")]):
-        result = run_command(*command)
-        assert result.returncode != 0 and result.stderr.startswith(f"error: {swapped}"), result.stderr[-3000:]
-        assert result.stderr.count("\n") == 1 and "put the original back there" in result.stderr
+    capsys.readouterr()
+    for main, argv in ((train.main, training), (predict.main, ["--model-path", run, "--prompt", "def "]),
+                       (convert_main, ["export", run, str(tmp_path / "merged")])):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {swapped}") and err.count("\n") == 1, err
+        assert "put the original back there" in err
     assert not os.path.exists(tmp_path / "merged")
     with pytest.raises(ConfigError, match=f"^{re.escape(swapped)}"):
         Pretrained.from_pretrained(run)
@@ -385,12 +389,11 @@ def test_a_trained_only_run_whose_base_was_swapped_for_another_is_one_line_every
     shutil.rmtree(base)
     hf_fixtures.save(original, tmp_path / "gpt2")  # put back: the same files again
     np.testing.assert_array_equal(np.asarray(Pretrained.from_pretrained(run)(tokens)), logits)
-    second = run_command(*train)
-    assert second.returncode == 0 and "resumed from" in second.stdout, second.stderr[-3000:]
+    assert train.main(training) == 0 and "resumed from" in capsys.readouterr().out
     os.remove(f"{run}/{FILE}")  # a run from before the record was kept: read unchecked, as then
     assert np.asarray(Pretrained.from_pretrained(run)(tokens)).shape == logits.shape
-    third = run_command(*train, "--eval")
-    assert third.returncode == 0 and "records no fingerprint of its init_from" in third.stdout, third.stderr[-3000:]
+    assert train.main(training + ["--set", "train_steps=3"]) == 0  # resumes, saying it cannot check the base
+    assert "records no fingerprint of its init_from" in capsys.readouterr().out
 
 
 def test_a_trained_only_run_whose_base_model_is_gone_is_one_line_naming_the_run(tmp_path):

@@ -36,7 +36,10 @@ HF_NAMES = {"n_ctx": ("max_position_embeddings", "n_positions"), "n_embd": ("hid
             "n_layer": ("num_hidden_layers", "num_layers", "n_layer"), "n_vocab": ("vocab_size",),
             "n_head": ("num_attention_heads", "num_heads", "n_head"), "d_ff": ("intermediate_size", "n_inner", "d_ff"),
             "layer_norm_epsilon": ("layer_norm_epsilon", "layer_norm_eps"), "local_attention_radius": ("window_size",),
-            "n_decoder_layer": ("num_decoder_layers",)}
+            "n_decoder_layer": ("num_decoder_layers",),
+            "res_dropout": ("hidden_dropout_prob", "resid_dropout", "resid_pdrop", "dropout_rate"),
+            "embed_dropout": ("hidden_dropout_prob", "embed_dropout", "embd_pdrop", "dropout_rate"),
+            "attn_dropout": ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop", "dropout_rate")}
 
 
 def _config_of(hf: dict, source: str) -> Config:

@@ -134,6 +134,15 @@ def config_to_hf(cfg: Config) -> dict:
     return hf
 
 
+TOKEN_ROLES = ("eos", "pad", "unk", "mask", "cls", "sep")  # an exported tokenizer's special tokens
+
+
+def text_processor(cfg: Config, tokenizer):
+    """What NeoMesh's data puts around an encoder's text (and second text), as a tokenizers post-processor for an
+    export: ``encode_pairs``'s template (data/labelled.py, data/token_labels.py and Pretrained read text so)."""
+    return tokenizer.pair_processor()
+
+
 def pad_as_tokenizer(cfg: Config, hf: dict, tensors: dict[str, np.ndarray], tokenizer, where: str) -> str | None:
     """Makes a RoBERTa export (``hf`` and ``tensors``, changed in place) pad as the run's ``tokenizer`` does;
     returns a note where transformers cannot match NeoMesh on every input.

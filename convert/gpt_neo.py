@@ -103,6 +103,16 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
     return params
 
 
+TOKEN_ROLES = ("bos", "eos", "pad")  # an exported tokenizer's special tokens (convert/hf_tokenizer.py)
+
+
+def text_processor(cfg: Config, tokenizer):
+    """What NeoMesh's data puts around a classifier's text (data/labelled.py ``encode_pairs``, data/token_labels.py:
+    end-of-text, or [CLS], before it and end-of-text after), as a tokenizers post-processor for an export; None for
+    a language model, whose prompt transformers' generate must see as it is."""
+    return None if cfg.task == "causal_lm" else tokenizer.pair_processor()
+
+
 def check_exportable(cfg: Config) -> None:
     """A one-line error naming the first option transformers' GPT-Neo/GPT-2 cannot hold."""
     unsupported = {"num_mem_kv": cfg.num_mem_kv, "rotary_emb": cfg.rotary_emb, "moe_layers": cfg.moe_layers,

@@ -110,6 +110,19 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
     return params
 
 
+TOKEN_ROLES = ("eos", "pad", "unk")  # an exported tokenizer's special tokens (convert/hf_tokenizer.py)
+
+
+def text_processor(cfg: Config, tokenizer):
+    """End-of-text after each text, as NeoMesh ends T5's inputs and targets (data/pairs.py ``encode_ended``) and
+    transformers' T5 tokenizer ends them with </s>, as a tokenizers post-processor for an export."""
+    from tokenizers import processors
+
+    eos = tokenizer.eos_token
+    return processors.TemplateProcessing(single=f"$A:0 {eos}:0", pair=f"$A:0 {eos}:0 $B:0 {eos}:0",
+                                         special_tokens=[(eos, tokenizer.eos_id)])
+
+
 def check_exportable(cfg: Config) -> None:
     """A one-line error naming the first option transformers' T5 cannot hold."""
     unsupported = {"norm": cfg.norm_kind != "rmsnorm", "norm_position": cfg.norm_position != "pre",

@@ -43,11 +43,13 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
         raise ConfigError(f"{source}: pad_token_id {json.dumps(hf['pad_token_id'])}: RoBERTa counts positions from "
                           "pad_token_id + 1, so it must be an id (RoBERTa's is 1)")
     offset = hf.get("pad_token_id", 1) + 1 if kind == "roberta" else 0  # RoBERTa's table reserves the rows below
+    hidden_dropout = hf.get("hidden_dropout_prob", 0.1)  # transformers drops the embeddings and each branch with it
     keys = dict(model=kind, n_embd=hf["hidden_size"], n_layer=hf["num_hidden_layers"],
                 n_head=hf["num_attention_heads"], d_ff=hf["intermediate_size"], n_vocab=hf["vocab_size"],
                 n_ctx=hf["max_position_embeddings"] - offset, position_offset=offset,
                 n_token_types=hf.get("type_vocab_size", 2), layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
-                activation_function=ACTIVATIONS_FROM_HF[act],
+                activation_function=ACTIVATIONS_FROM_HF[act], res_dropout=hidden_dropout, embed_dropout=hidden_dropout,
+                attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
                 task=task, no_weight_tie=hf.get("tie_word_embeddings", True) is False,
                 num_labels=len(hf.get("id2label") or {0: 0, 1: 1}))
     cfg, _ = from_dict(keys, source=source)
@@ -125,12 +127,20 @@ def config_to_hf(cfg: Config) -> dict:
           "attention_probs_dropout_prob": cfg.attn_dropout, "initializer_range": 0.02,
           "position_embedding_type": "absolute", "torch_dtype": "float32",
           "tie_word_embeddings": not (cfg.no_weight_tie and cfg.task == "masked_lm")}
-    if cfg.model == "roberta":
-        hf["pad_token_id"] = cfg.position_offset - 1
+    hf["pad_token_id"] = cfg.position_offset - 1 if cfg.model == "roberta" else 0  # BERT's [PAD]
     if cfg.task in ("sequence_classification", "token_classification"):
         hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
         hf["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
     return hf
+
+
+TOKEN_ROLES = ("eos", "pad", "unk", "mask", "cls", "sep")  # an exported tokenizer's special tokens
+
+
+def text_processor(cfg: Config, tokenizer):
+    """What NeoMesh's data puts around an encoder's text (and second text), as a tokenizers post-processor for an
+    export: ``encode_pairs``'s template (data/labelled.py, data/token_labels.py and Pretrained read text so)."""
+    return tokenizer.pair_processor()
 
 
 def pad_as_tokenizer(cfg: Config, hf: dict, tensors: dict[str, np.ndarray], tokenizer, where: str) -> str | None:

@@ -36,7 +36,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
         keys = dict(model="gpt_neo", n_embd=d, n_layer=layers, n_head=hf["num_heads"],
                     n_ctx=hf["max_position_embeddings"],
                     attention_types=hf.get("attention_types", [[["global", "local"], layers // 2]]),
-                    local_attention_radius=hf.get("window_size", 256), d_ff=hf.get("intermediate_size"))
+                    local_attention_radius=hf.get("window_size", 256), d_ff=hf.get("intermediate_size"),
+                    res_dropout=hf.get("resid_dropout", 0.0), embed_dropout=hf.get("embed_dropout", 0.0),
+                    attn_dropout=hf.get("attention_dropout", 0.0))
     elif kind == "gpt2":
         d, layers = hf["n_embd"], hf["n_layer"]
         # reorder_and_upcast_attn computes the logits in float32, as NeoMesh's attention always does: the same model
@@ -44,7 +46,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
             raise ConfigError(f"{source}: GPT-2 option scale_attn_by_inverse_layer_idx=true is not supported")
         keys = dict(model="gpt2", n_embd=d, n_layer=layers, n_head=hf["n_head"], n_ctx=hf["n_positions"],
                     attention_types=[[["global"], layers]], d_ff=hf.get("n_inner"),
-                    attention_scale="inverse_sqrt_head_dim" if hf.get("scale_attn_weights", True) else "unscaled")
+                    attention_scale="inverse_sqrt_head_dim" if hf.get("scale_attn_weights", True) else "unscaled",
+                    res_dropout=hf.get("resid_pdrop", 0.1), embed_dropout=hf.get("embd_pdrop", 0.1),
+                    attn_dropout=hf.get("attn_pdrop", 0.1))
     else:
         raise ConfigError(f"{source}: model_type '{kind}' is not a GPT-Neo or GPT-2 model")
     architecture = (hf.get("architectures") or [""])[0]
@@ -97,6 +101,16 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
     elif cfg.task == "token_classification" and "classifier.weight" in sd:
         params["token_classifier"] = {"mlp": {"layers": {0: linear("classifier")}}}
     return params
+
+
+TOKEN_ROLES = ("bos", "eos", "pad")  # an exported tokenizer's special tokens (convert/hf_tokenizer.py)
+
+
+def text_processor(cfg: Config, tokenizer):
+    """What NeoMesh's data puts around a classifier's text (data/labelled.py ``encode_pairs``, data/token_labels.py:
+    end-of-text, or [CLS], before it and end-of-text after), as a tokenizers post-processor for an export; None for
+    a language model, whose prompt transformers' generate must see as it is."""
+    return None if cfg.task == "causal_lm" else tokenizer.pair_processor()
 
 
 def check_exportable(cfg: Config) -> None:

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from config import Config, ConfigError
-from convert import bert, gpt_neo, t5, vit
+from convert import bert, gpt_neo, hf_tokenizer, t5, vit
 from convert.hf_dir import TOKENIZER_FILES, flatten, load_tokenizer, read_hf_dir, restore_replaced, write_hf_dir
 from neomesh import label_names
 from neomesh.paths import run_tokenizer_dir
@@ -36,7 +36,10 @@ HF_NAMES = {"n_ctx": ("max_position_embeddings", "n_positions"), "n_embd": ("hid
             "n_layer": ("num_hidden_layers", "num_layers", "n_layer"), "n_vocab": ("vocab_size",),
             "n_head": ("num_attention_heads", "num_heads", "n_head"), "d_ff": ("intermediate_size", "n_inner", "d_ff"),
             "layer_norm_epsilon": ("layer_norm_epsilon", "layer_norm_eps"), "local_attention_radius": ("window_size",),
-            "n_decoder_layer": ("num_decoder_layers",)}
+            "n_decoder_layer": ("num_decoder_layers",),
+            "res_dropout": ("hidden_dropout_prob", "resid_dropout", "resid_pdrop", "dropout_rate"),
+            "embed_dropout": ("hidden_dropout_prob", "embed_dropout", "embd_pdrop", "dropout_rate"),
+            "attn_dropout": ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop", "dropout_rate")}
 
 
 def _config_of(hf: dict, source: str) -> Config:
@@ -194,7 +197,8 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
                   labels: list[str] | None = None, eos_id: int | None = None) -> None:
     """Writes ``params`` of a ``cfg`` model as a Hugging Face directory of its family (from_pretrained loads it);
     a classifier's ``labels`` (names in id order) become its ``id2label``; ``eos_id``: the end-of-text id of a
-    run without a tokenizer folder (the bytes tokenizer's 256), so transformers' generate stops at it."""
+    run without a tokenizer folder (the bytes tokenizer's 256), so transformers' generate stops at it. The files
+    of ``tokenizer_dir`` are copied; one of NeoMesh's own gets what AutoTokenizer needs (convert/hf_tokenizer.py)."""
     mapping = _mapping(cfg.model, "export: model")
     if cfg.activation_function not in mapping.ACTIVATIONS_TO_HF:
         raise ConfigError(f"export: activation_function {cfg.activation_function!r} has no Hugging Face equivalent")
@@ -211,24 +215,34 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
               file=sys.stderr, flush=True)
     check_finite(params, "export")
     tensors = mapping.params_to_hf(cfg, params)
+    extra = {vit.PREPROCESSOR: vit.preprocessor_to_hf(cfg)} if cfg.model == "vit" else {}
     if tokenizer_dir:
-        tokenizer = load_tokenizer(tokenizer_dir)
-        hf_config["eos_token_id"] = tokenizer.eos_id
-        hf_config.setdefault("bos_token_id", tokenizer.eos_id)
-        if cfg.model in gpt_neo.MODEL_TYPES and cfg.task == "sequence_classification" and \
-                tokenizer.padding_id != tokenizer.eos_id:
-            # transformers pools each row's last token that is not pad_token_id; padding with end-of-text, which
-            # also ends each NeoMesh row, it would pool the token before it: left out, it pools the last (batch 1)
-            hf_config["pad_token_id"] = tokenizer.padding_id
-        note = bert.pad_as_tokenizer(cfg, hf_config, tensors, tokenizer, tokenizer_dir) \
-            if cfg.model == "roberta" else None
-        if note:
-            print(f"note: {note}", file=sys.stderr, flush=True)
+        extra.update(fit_to_tokenizer(cfg, hf_config, tensors, tokenizer_dir, mapping))
     elif eos_id is not None:
         hf_config["eos_token_id"] = eos_id
         hf_config.setdefault("bos_token_id", eos_id)
-    extra = {vit.PREPROCESSOR: vit.preprocessor_to_hf(cfg)} if cfg.model == "vit" else {}
     write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir, extra)
+
+
+def fit_to_tokenizer(cfg: Config, hf_config: dict, tensors: dict, tokenizer_dir: str, mapping) -> dict[str, dict]:
+    """Gives ``hf_config`` (and a RoBERTa's ``tensors``) the ids of the tokenizer in ``tokenizer_dir``; returns the
+    tokenizer files to write over the copied ones ({} for a tokenizer imported with its tokenizer_config.json)."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    hf_config["eos_token_id"] = tokenizer.eos_id
+    hf_config.setdefault("bos_token_id", tokenizer.eos_id)
+    if cfg.model in gpt_neo.MODEL_TYPES and cfg.task == "sequence_classification" and \
+            tokenizer.padding_id != tokenizer.eos_id:
+        # transformers pools each row's last token that is not pad_token_id; padding with end-of-text, which
+        # also ends each NeoMesh row, it would pool the token before it: left out, it pools the last (batch 1)
+        hf_config["pad_token_id"] = tokenizer.padding_id
+    if cfg.model == "bert" and tokenizer.padding_id != tokenizer.eos_id:
+        # transformers' BERT never trains pad_token_id's embedding row: the pad token's, not id 0 (a NeoMesh
+        # BPE's end-of-text, which starts and ends every row)
+        hf_config["pad_token_id"] = tokenizer.padding_id
+    note = bert.pad_as_tokenizer(cfg, hf_config, tensors, tokenizer, tokenizer_dir) if cfg.model == "roberta" else None
+    if note:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    return hf_tokenizer.tokenizer_files(cfg, tokenizer, mapping) if hf_tokenizer.is_own(tokenizer_dir) else {}
 
 
 # what write_hf_dir leaves

@@ -119,7 +119,8 @@ def restore_replaced(out_dir: str) -> None:
 def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
                  tokenizer_dir: str | None = None, extra: dict[str, dict] | None = None) -> None:
     """Writes config.json, model.safetensors, (if given) the tokenizer files and ``extra``'s JSON files ({name:
-    content}: a ViT's preprocessor_config.json) for from_pretrained.
+    content}: a ViT's preprocessor_config.json, an own tokenizer's tokenizer_config.json) for from_pretrained; an
+    ``extra`` file replaces a tokenizer file of its name (a tokenizer.json given its post-processor).
 
     All of it goes into a staging directory beside ``out_dir`` that then takes its place, so an export that is
     killed or fails (a full disk) leaves ``out_dir`` as it was: a previous export whole, never its weights beside

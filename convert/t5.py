@@ -51,7 +51,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
                           "and vocab_size)")
     d, n = hf["d_model"], hf["num_heads"]
     encoder_only = (hf.get("architectures") or [""])[0] == "T5EncoderModel"
-    layers = hf["num_layers"]
+    layers, dropout = hf["num_layers"], hf.get("dropout_rate", 0.1)
     keys = dict(model="t5", n_embd=d, n_head=n, n_layer=layers, d_ff=hf["d_ff"], n_vocab=hf["vocab_size"],
                 n_decoder_layer=0 if encoder_only else hf.get("num_decoder_layers") or layers,
                 layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6), mlp_glu=gated,
@@ -59,6 +59,8 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
                 relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
                 relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
                 no_weight_tie=not scales_decoder_output(hf),
+                # transformers' one rate drops the embeddings, each branch and the attention probabilities
+                res_dropout=dropout, embed_dropout=dropout, attn_dropout=dropout,
                 decoder_start_token_id=hf.get("decoder_start_token_id", hf.get("pad_token_id", 0)) or 0)
     if hf.get("d_kv", d // n) * n != d:
         keys["d_kv"] = hf["d_kv"]
@@ -106,6 +108,19 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
         if cfg.no_weight_tie:  # transformers 5 ties a head the checkpoint lacks to the shared embedding
             params["lm_head"] = {"kernel": sd.get("lm_head.weight", params["wte"]["embedding"]).T}
     return params
+
+
+TOKEN_ROLES = ("eos", "pad", "unk")  # an exported tokenizer's special tokens (convert/hf_tokenizer.py)
+
+
+def text_processor(cfg: Config, tokenizer):
+    """End-of-text after each text, as NeoMesh ends T5's inputs and targets (data/pairs.py ``encode_ended``) and
+    transformers' T5 tokenizer ends them with </s>, as a tokenizers post-processor for an export."""
+    from tokenizers import processors
+
+    eos = tokenizer.eos_token
+    return processors.TemplateProcessing(single=f"$A:0 {eos}:0", pair=f"$A:0 {eos}:0 $B:0 {eos}:0",
+                                         special_tokens=[(eos, tokenizer.eos_id)])
 
 
 def check_exportable(cfg: Config) -> None:

@@ -31,11 +31,14 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
         raise ConfigError(f"{source}: encoder_stride {stride} differs from patch_size {patch} "
                           "(ViTForMaskedImageModeling's head)")
     labels = hf.get("id2label") or {}
+    hidden_dropout = hf.get("hidden_dropout_prob", 0.0)  # transformers drops the embeddings and each branch with it
     keys = dict(model="vit", n_embd=hf.get("hidden_size", 768), n_layer=hf.get("num_hidden_layers", 12),
                 n_head=hf.get("num_attention_heads", 12), d_ff=hf.get("intermediate_size", 3072),
                 image_size=hf.get("image_size", 224), patch_size=patch,
                 num_channels=hf.get("num_channels", 3), layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
                 qkv_bias=hf.get("qkv_bias", True), activation_function=ACTIVATIONS_FROM_HF[act],
+                res_dropout=hidden_dropout, embed_dropout=hidden_dropout,
+                attn_dropout=hf.get("attention_probs_dropout_prob", 0.0),
                 num_labels=max(len(labels), 2))
     cfg, _ = from_dict(keys, source=source)
     return cfg

@@ -148,21 +148,28 @@ class HFTokenizer:
         inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs)]
         return [(e.ids, e.type_ids) for e in tok.encode_batch(inputs)]
 
+    def pair_processor(self):
+        """The ``tokenizers`` post-processor ``encode_pairs`` wraps texts with: the tokenizer's own where it adds
+        special tokens (BERT's, RoBERTa's), else ``[cls or eos] a [eos]`` and ``... b [eos]`` (type ids 1)."""
+        from tokenizers import processors
+
+        own = self.tok.post_processor
+        if own is not None and own.num_special_tokens_to_add(True) > 0:
+            return own
+        first, eos = self.cls_token or self.eos_token, self.eos_token
+        return processors.TemplateProcessing(
+            single=f"{first}:0 $A:0 {eos}:0", pair=f"{first}:0 $A:0 {eos}:0 $B:1 {eos}:1",
+            special_tokens=sorted({(first, self.tok.token_to_id(first)), (eos, self.eos_id)}))
+
     def _pair_tokenizer(self, max_length: int | None):
         """A copy of the tokenizer that adds the pair template and truncates to ``max_length`` (a copy, so the
         settings never leak into ``encode``)."""
         if max_length not in self._pair_tokenizers:
             from tokenizers import Tokenizer as Library
-            from tokenizers import processors
 
             tok = Library.from_str(self.tok.to_str())
             tok.no_padding()
-            processor = tok.post_processor
-            if processor is None or processor.num_special_tokens_to_add(True) == 0:
-                first, eos = self.cls_token or self.eos_token, self.eos_token
-                tok.post_processor = processors.TemplateProcessing(
-                    single=f"{first}:0 $A:0 {eos}:0", pair=f"{first}:0 $A:0 {eos}:0 $B:1 {eos}:1",
-                    special_tokens=sorted({(first, self.tok.token_to_id(first)), (eos, self.eos_id)}))
+            tok.post_processor = self.pair_processor()
             if max_length is None:
                 tok.no_truncation()
             else:

@@ -34,6 +34,10 @@ def test_bert_classify_reports_accuracy_and_two_class_f1(tmp_path):
     assert exported.returncode == 0, exported.stderr
     hf = json.loads((tmp_path / "hf_classify" / "config.json").read_text())  # a pipeline says the module's name
     assert hf["id2label"] == {str(i): name for i, name in enumerate(names)} and hf["label2id"][names[3]] == 3
+    import transformers  # its tokenizer loads (transformers took it for a BertTokenizer and failed)
+
+    (said,) = transformers.pipeline("text-classification", model=str(tmp_path / "hf_classify"))(["Open a file."])
+    assert said["label"] in names
     pairs = [(f"sentence {i} says {'yes' if i % 3 else 'no'}", f"reply {i}", int(i % 3 != 0)) for i in range(12)]
     prepare_tiny_glue(str(tmp_path / "tfds"), pairs)
     # Fine-tuning a Hugging Face BERT on it: --init-from its directory loads the encoder; the classifier starts fresh.

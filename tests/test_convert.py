@@ -1,5 +1,6 @@
-"""``python -m convert import``: what its closing lines say for each family, and a text model imported from a
-directory without tokenizer files (a note at import; predict.py does not read text with another tokenizer)."""
+"""``python -m convert import``: what its closing lines say for each family, a text model imported from a
+directory without tokenizer files (a note at import; predict.py does not read text with another tokenizer), and the
+config.json values (dropout, pad_token_id) an import keeps and an export writes back."""
 
 import json
 import os
@@ -310,3 +311,64 @@ def test_a_model_that_shares_its_block_weights_exports_a_copy_per_layer(family, 
         want = hf(torch.from_numpy(tokens)).logits.numpy()
     got = np.asarray(model(jnp.asarray(tokens))[0])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+DROPOUT = {  # model_type: (config.json keys of a tiny model, its dropout keys, NeoMesh's res, embed and attn dropout)
+    "bert": (dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                  vocab_size=300, max_position_embeddings=32),
+             dict(hidden_dropout_prob=0.15, attention_probs_dropout_prob=0.05), (0.15, 0.15, 0.05)),
+    "gpt_neo": (dict(hidden_size=32, num_layers=2, num_heads=2, vocab_size=300, max_position_embeddings=32,
+                     attention_types=[[["global", "local"], 1]]),
+                dict(resid_dropout=0.1, embed_dropout=0.2, attention_dropout=0.3), (0.1, 0.2, 0.3)),
+    "gpt2": (dict(n_embd=32, n_layer=1, n_head=2, vocab_size=300, n_positions=32),
+             dict(resid_pdrop=0.1, embd_pdrop=0.2, attn_pdrop=0.3), (0.1, 0.2, 0.3)),
+    "t5": (dict(d_model=32, num_layers=1, num_heads=2, d_ff=64, vocab_size=300), dict(dropout_rate=0.2),
+           (0.2, 0.2, 0.2)),
+    "vit": (dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=8,
+                 patch_size=4), dict(hidden_dropout_prob=0.15, attention_probs_dropout_prob=0.05), (0.15, 0.15, 0.05)),
+}
+
+
+@pytest.mark.parametrize("model_type", list(DROPOUT))
+def test_import_keeps_the_checkpoints_dropout_and_export_writes_it_back(model_type, tmp_path):
+    """Import set res_dropout, embed_dropout and attn_dropout to 0.0 whatever config.json said, so fine-tuning an
+    imported model ran without the dropout transformers' Trainer would use, and export wrote 0.0 back."""
+    import transformers
+
+    from convert.hf import MAPPINGS, hf_config
+
+    shape, dropout, ours = DROPOUT[model_type]
+    transformers.AutoConfig.for_model(model_type, **shape, **dropout).save_pretrained(str(tmp_path))
+    cfg = hf_config(str(tmp_path))
+    assert (cfg.res_dropout, cfg.embed_dropout, cfg.attn_dropout) == ours
+    written = MAPPINGS[model_type].config_to_hf(cfg)
+    assert {key: written[key] for key in dropout} == dropout
+
+
+def test_a_dropout_config_json_cannot_hold_names_its_key(tmp_path):
+    from config import ConfigError
+    from convert.hf import hf_config
+
+    shape, _, _ = DROPOUT["gpt2"]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", **shape, "attn_pdrop": 1.5}))
+    with pytest.raises(ConfigError, match=r"config\.json: attn_pdrop: 1\.5 is above the maximum 1\.0 \(read as "
+                                          r"NeoMesh's attn_dropout\)$"):
+        hf_config(str(tmp_path))
+
+
+def test_a_bert_import_and_export_give_back_its_config_values(tmp_path):
+    """The run an import writes trains with the checkpoint's dropout, and its export writes config.json's dropout
+    and pad_token_id back (they came back as 0.0 and were left out)."""
+    from convert.hf import export_hf, import_hf
+
+    reference = hf_fixtures.encoder(head="masked_lm")
+    reference.config.hidden_dropout_prob, reference.config.attention_probs_dropout_prob = 0.1, 0.2
+    reference.save_pretrained(str(tmp_path / "in"))
+    import_hf(str(tmp_path / "in"), str(tmp_path / "run"))
+    run = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (run["res_dropout"], run["embed_dropout"], run["attn_dropout"]) == (0.1, 0.1, 0.2)
+    export_hf(str(tmp_path / "run"), str(tmp_path / "out"))
+    original, exported = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("in", "out"))
+    keys = ("hidden_dropout_prob", "attention_probs_dropout_prob", "pad_token_id")
+    assert {k: exported[k] for k in keys} == {k: original[k] for k in keys} == \
+        {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.2, "pad_token_id": 0}

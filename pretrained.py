@@ -416,8 +416,11 @@ class Pretrained:
         if self.config.task not in ("causal_lm", "seq2seq") or not self.config.decoder_layers:
             raise ConfigError(f"generate: a {self.config.model} model trained for {self.config.task} does not "
                               "generate text")
+        positions = self.config.generation_positions
+        if self.config.task == "seq2seq":  # the encoder reads the prompt's start, as training cut its inputs
+            from data.pairs import ended
+
+            prompt = ended(self.tokenizer.encode(prompt), positions, self.tokenizer.eos_id)[0]
         with self.layout.active():
-            return complete(*self._split(), self.tokenizer, prompt, max_new_tokens,
-                            self.config.generation_positions,
-                            temperature=temperature, seed=seed, encoder_input=self.config.task == "seq2seq",
-                            entmax=self.config.entmax_loss)
+            return complete(*self._split(), self.tokenizer, prompt, max_new_tokens, positions,
+                            temperature=temperature, seed=seed, entmax=self.config.entmax_loss)

@@ -349,7 +349,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
     except NoEvalSet as e:
         eval_data = None
         say(f"note: {e}; evaluation is skipped")
-    if args.eval and eval_data is None and not cfg.eval_tasks:
+    # (without a checkpoint, "no checkpoint to evaluate" comes first)
+    if args.eval and eval_data is None and not cfg.eval_tasks and has_checkpoint(cfg.model_path):
         why = "its datasets have no eval set" if cfg.eval_steps else "eval_steps is 0"
         raise ConfigError(f"--eval: nothing to evaluate: {why}, and eval_tasks is empty; --set eval_steps=N with an "
                           "eval set, or eval_tasks, names something")

@@ -329,18 +329,17 @@ def params_dtype(params) -> jnp.dtype:
     return jax.tree.leaves(params)[0].dtype
 
 
-def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str, max_new_tokens: int, positions: int, *,
-             temperature: float = 0.8, seed: int = 0, encoder_input: bool = False, entmax: bool = False) -> str:
+def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str | list[int], max_new_tokens: int,
+             positions: int, *, temperature: float = 0.8, seed: int = 0, entmax: bool = False) -> str:
     """The text that follows ``prompt`` (sampled, from entmax with ``entmax``; at most until eos or the ``positions``
-    the prompt and new tokens share, ``Config.generation_positions``, are full). ``encoder_input``: the prompt is an
-    encoder-decoder's input, which ends with end-of-text (T5's template) and keeps its first tokens if long."""
+    the prompt and new tokens share, ``Config.generation_positions``, are full). ``prompt``: a decoder's text, whose
+    end it continues, or an encoder-decoder's input ids as its encoder reads them (cut as training cut its inputs,
+    ``data.pairs.ended``), for a decoder that starts empty."""
     new = min(max_new_tokens, positions - 1)
-    if encoder_input:  # the encoder reads the prompt's start, as training cut its inputs; the decoder starts empty
-        from data.pairs import ended
-
-        ids = ended(tokenizer.encode(prompt), positions, tokenizer.eos_id)[0]
-    else:  # a decoder continues the prompt's end
+    if isinstance(prompt, str):  # a decoder continues the prompt's end
         ids = (tokenizer.encode(prompt) or [tokenizer.eos_id])[-(positions - new):]
+    else:
+        ids = list(prompt)
     out = sample(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
                  Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id, entmax=entmax),
                  jax.random.key(seed))

@@ -95,7 +95,7 @@ def test_installed_commands_run_from_any_directory(installed, tmp_path):
         helped = run_installed(installed, command, "--help", cwd=tmp_path)
         assert helped.returncode == 0 and helped.stdout.startswith(f"usage: {command}"), helped.stderr
     where = subprocess.run([str(installed / "python"), "-c", "import data.source as s, neomesh.paths as p; "
-                            "print(p.in_checkout(), s.DATASET_CONFIG_DIR, s.ROOT)"], cwd=tmp_path,
+                            "print(p.in_checkout(), s.DATASET_CONFIG_DIR, p.work_root())"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=60)
     in_checkout, dataset_configs, work_root = where.stdout.split()
     assert in_checkout == "False" and dataset_configs.startswith(str(installed.parent))  # the installed copy

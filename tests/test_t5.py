@@ -422,10 +422,11 @@ def test_python_api_generates_and_embeds_like_transformers(directories):
     assert [int(t) for t in steps[0, :3].argmax(-1)] == want[:3]  # greedy: each step's argmax is the next token
 
 
-def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_inputs(directories):
+def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_inputs(directories, capsys):
     """predict.py --truncate-prompt, Pretrained's tokenize and generate cut a T5 input too long for n_ctx at its end,
     as data/pairs.py cut training pairs (transformers' truncation=True): the task prefix stays. They kept the last
     tokens, dropping it."""
+    import predict
     from data.pairs import encode_ended
     from pretrained import Pretrained
 
@@ -439,12 +440,11 @@ def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_input
         want = reference(path).generate(torch.tensor([kept]), do_sample=False, max_new_tokens=8,
                                         use_cache=False)[0, 1:].tolist()
     want = tokenizer.decode(want[:want.index(1)] if 1 in want else want)
-    result = run_command("predict.py", "--hf-model", path, "--set", "n_ctx=16", "--prompt", prompt,
-                         "--truncate-prompt", "--temperature", "0", "--max-new-tokens", "8")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert (f"note: prompt 1: its first 15 of {len(given)} tokens and end-of-text are read (--truncate-prompt)"
-            in result.stderr)
-    assert result.stdout == want + "\n"
+    assert predict.main(["--hf-model", path, "--set", "n_ctx=16", "--prompt", prompt, "--truncate-prompt",
+                         "--temperature", "0", "--max-new-tokens", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert f"note: prompt 1: its first 15 of {len(given)} tokens and end-of-text are read (--truncate-prompt)" in err
+    assert out == want + "\n"
     model = Pretrained.from_pretrained(path, overrides="n_ctx=16")
     assert model.tokenize([prompt])["inputs"][0].tolist() == kept
     assert model.generate(prompt, max_new_tokens=8, temperature=0) == want

@@ -187,8 +187,9 @@ def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:
 
     out[prefix + "embeddings.word_embeddings.weight"] = p["wte/embedding"]
     out[prefix + "embeddings.position_embeddings.weight"] = p["wpe/embedding"]
-    if cfg.n_token_types:
-        out[prefix + "embeddings.token_type_embeddings.weight"] = p["wtt/embedding"]
+    # Without token types, transformers' one row (type_vocab_size 1) is added to every token: a zero row adds nothing
+    out[prefix + "embeddings.token_type_embeddings.weight"] = p["wtt/embedding"] if cfg.n_token_types else \
+        np.zeros((1, cfg.n_embd), np.float32)
     norm(prefix + "embeddings.LayerNorm", "ln_embed")
     for i in range(cfg.n_layer):
         b, ours = f"{prefix}encoder.layer.{i}.", f"blocks/{i}/"

@@ -280,6 +280,30 @@ def test_an_export_into_a_read_only_parent_says_why_it_must_be_writable(tmp_path
     assert os.listdir(out) == []
 
 
+def test_a_bert_without_token_types_exports_a_zero_type_row(tmp_path):
+    """transformers' BERT adds a token-type row to every token (type_vocab_size 1 at least): the export gives it a
+    zero one, which adds nothing, where it had none (transformers drew it at random)."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+    from flax import nnx
+
+    from convert.hf import export_params
+    from models import registry
+    from tests.common import tiny_config
+
+    cfg = tiny_config(model="bert", task="masked_lm", attention_types=None, causal=False, n_token_types=0)
+    model = registry.build(cfg, nnx.Rngs(0))
+    export_params(cfg, nnx.to_pure_dict(nnx.state(model, nnx.Param)), str(tmp_path / "hf"))
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf"), attn_implementation="eager").eval()
+    assert not hf.bert.embeddings.token_type_embeddings.weight.abs().sum()
+    tokens = np.random.default_rng(0).integers(0, cfg.n_vocab, (2, 12))
+    with torch.no_grad():
+        want = hf(torch.from_numpy(tokens)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(tokens))[0]), want, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("family", ["gpt_neo", "bert"])
 def test_a_model_that_shares_its_block_weights_exports_a_copy_per_layer(family, tmp_path, capsys):
     """share_parameters keeps one set of block weights (in the first block); Hugging Face's families hold them per

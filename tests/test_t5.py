@@ -451,25 +451,30 @@ def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_input
 
 
 @pytest.mark.e2e
-def test_span_corruption_run_resumes_bit_identically(tmp_path):
-    """configs/t5_small_spans.json made tiny, through train.py: span-corruption batches from TFRecords, dropout on;
-    a run stopped after step 2 and resumed equals the uninterrupted run bit for bit (predict.py on T5:
-    test_predict_writes_what_transformers_generates)."""
-    from tests.common import metrics_rows
+def test_span_corruption_run_resumes_bit_identically(tmp_path, capsys):
+    """configs/t5_small_spans.json made tiny, through train.py's main (in-process: three start-ups of TensorFlow
+    and jax fewer): span-corruption batches from TFRecords, dropout on; a run stopped after step 2 and resumed
+    equals the uninterrupted run bit for bit (predict.py on T5: test_predict_writes_what_transformers_generates)."""
+    import os
+
+    import train as train_py
+    from tests.common import ROOT, metrics_rows
 
     sets = ["n_layer=1", "n_decoder_layer=1", "n_embd=64", "n_head=4", "d_ff=128", "n_ctx=32", "train_batch_size=8",
             "eval_batch_size=8", "train_steps=4", "steps_per_checkpoint=2", "warmup_steps=1", "eval_steps=1",
             "eval_every=0", "res_dropout=0.1", "attn_dropout=0.1"]
 
-    def train(path, *extra):
-        args = ["train.py", "--config", "configs/t5_small_spans.json", "--model-path", str(path), "--no-progress"]
-        result = run_command(*args, *[a for s in sets for a in ("--set", s)], *extra)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result
+    def train(path, *extra) -> str:
+        args = ["--config", os.path.join(ROOT, "configs/t5_small_spans.json"), "--model-path", str(path),
+                "--no-progress"]
+        code = train_py.main(args + [a for s in sets for a in ("--set", s)] + list(extra))
+        out, err = capsys.readouterr()
+        assert code == 0, err[-3000:]
+        return out
 
     train(tmp_path / "whole")
     train(tmp_path / "parts", "--stop-at-step", "2")
-    assert "at step 2" in train(tmp_path / "parts").stdout
+    assert "at step 2" in train(tmp_path / "parts")
 
     def rows(path, kind="train"):
         return [(r["step"], r["loss"], r.get("grad_norm"), r.get("accuracy")) for r in metrics_rows(path, kind)]

@@ -370,9 +370,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
 
         return distributed.global_batch(rows_of, sharding, shapes)
 
-    base = fingerprint(cfg.init_from) if cfg.init_from else None  # what the run starts from, recorded below
-    if base is not None and checkpoints_trained_only(cfg) and has_checkpoint(cfg.model_path):
-        unchecked = check_base(cfg.model_path, cfg.init_from, base)  # the base its trained parameters go on
+    if cfg.init_from and checkpoints_trained_only(cfg) and has_checkpoint(cfg.model_path):
+        unchecked = check_base(cfg.model_path, cfg.init_from)  # the base its trained parameters go on
         if unchecked:
             say(unchecked)
     params = imported_params(cfg, cfg.init_from) if cfg.init_from else None  # read before writing anything
@@ -425,7 +424,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 from training.layer_stack import unstack_abstract
 
                 if lead:  # checked wherever a trained-only checkpoint of this run reads its base again
-                    record(cfg.model_path, cfg.init_from, base)
+                    record(cfg.model_path, cfg.init_from, fingerprint(cfg.init_from))
                 _, missing, unused = match_params(params, unstack_abstract(abstract.params))
                 if cfg.init_new_head:  # its head's output layer was left out: fresh, but not for want of it
                     from training.init_from import head_names

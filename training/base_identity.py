@@ -97,14 +97,14 @@ def changes(then: dict, now: dict) -> list[str]:
     return said
 
 
-def check_base(model_path: str, init_from: str, now: dict | None = None) -> str | None:
-    """A one-line error where ``init_from`` no longer holds the model the run in ``model_path`` started from
-    (``now``: its fingerprint, if taken already); a note where the run recorded none; None where it is the same."""
+def check_base(model_path: str, init_from: str) -> str | None:
+    """A one-line error where ``init_from`` no longer holds the model the run in ``model_path`` started from; a note
+    where the run recorded none; None where it is the same."""
     then = recorded(model_path)
     if then is None:
         return (f"note: {model_path} records no fingerprint of its init_from (a run from before they were kept): "
                 f"{init_from} is read unchecked")
-    said = changes(then, fingerprint(init_from) if now is None else now)
+    said = changes(then, fingerprint(init_from))
     if said:
         shown = "; ".join(said[:3]) + (f"; {len(said) - 3} more" if len(said) > 3 else "")
         raise ConfigError(f"init_from {init_from}: not the model the run in {model_path} started from ({shown}), "

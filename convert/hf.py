@@ -166,6 +166,8 @@ def import_hf(hf_dir: str, model_path: str) -> Config:
 def per_layer(cfg: Config, params: dict) -> dict:
     """The parameters of a ``share_parameters`` model, which live in the first block that has each
     (models/block.share_parameters), as the same model without sharing holds them: every block's own copy."""
+    from flax import traverse_util
+
     from models import registry
     from parallel.state import abstract_model
 
@@ -178,19 +180,7 @@ def per_layer(cfg: Config, params: dict) -> dict:
         return next(f"{stack}/{j}/{rest}" for j in range(int(layer)) if f"{stack}/{j}/{rest}" in held)
 
     unshared = abstract_model(lambda rngs: registry.build(cfg.replace(share_parameters=False), rngs))[1]
-    return unflatten({path: held[source(path)] for path in flatten(unshared)})
-
-
-def unflatten(flat: dict) -> dict:
-    """{"a/b": x} -> {"a": {"b": x}}."""
-    tree: dict = {}
-    for path, value in flat.items():
-        *parents, name = path.split("/")
-        node = tree
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[name] = value
-    return tree
+    return traverse_util.unflatten_dict({path: held[source(path)] for path in flatten(unshared)}, sep="/")
 
 
 def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | None = None,

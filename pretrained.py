@@ -312,7 +312,8 @@ class Pretrained:
     def tokenize(self, texts: list[str] | str, pairs: list[str] | str | None = None) -> dict:
         """Texts (and second texts) -> {"inputs", "segment_ids" (+ "token_types"): (B, T) int32}, right-padded
         with the tokenizer's padding id. Encoders and classifiers read what their training data held: the
-        tokenizer's own [CLS] a [SEP] (b [SEP]) template (data/labelled.py); decoders the plain ids."""
+        tokenizer's own [CLS] a [SEP] (b [SEP]) template (data/labelled.py), token classifiers the text's words
+        tokenized one by one between [CLS] and [SEP] (data/token_labels.py); decoders the plain ids."""
         import numpy as np
 
         if self.tokenizer is None:
@@ -337,6 +338,13 @@ class Pretrained:
                 raise ConfigError(f"tokenize: a {cfg.model} model reads single texts, not pairs")
             eos = self.tokenizer.eos_id
             encoded = [(ended(ids, cfg.n_ctx, eos)[0], None) for ids in map(self.tokenizer.encode, texts)]
+        elif cfg.task == "token_classification":  # words tokenized one by one, framed, as its training data held them
+            from data.token_labels import framed, word_pieces
+
+            if any(p is not None for p in pairs):
+                raise ConfigError(f"tokenize: a {cfg.model} model trained for {cfg.task} reads single texts, not pairs")
+            encoded = [(framed(self.tokenizer, [i for word in word_pieces(self.tokenizer, text.split()) for i in word],
+                               cfg.n_ctx), None) for text in texts]
         elif cfg.task == "sequence_classification" or not cfg.causal:
             encoded = self.tokenizer.encode_pairs(texts, pairs, cfg.n_ctx)
         elif any(p is not None for p in pairs):

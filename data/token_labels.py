@@ -74,26 +74,36 @@ def label_id(label, names: list[str] | None, num_labels: int, place: str) -> int
     raise ConfigError(f"{place}: label {json.dumps(label)} is not {known}")
 
 
+def word_pieces(tokenizer: Tokenizer, words: list[str]) -> list[list[int]]:
+    """Each word's ids as a row holds them: tokenized alone, after a space but for the first (so byte-level BPE
+    sees it mid-sentence); a word that encodes to nothing keeps one padding id, so every word has a first token."""
+    return [tokenizer.encode(word if i == 0 else " " + word) or [tokenizer.padding_id]
+            for i, word in enumerate(words)]
+
+
+def framed(tokenizer: Tokenizer, ids: list, n_ctx: int) -> list:
+    """``[CLS] ids [SEP]`` (end-of-text on both sides for a tokenizer without [CLS]), ``ids`` cut to fit n_ctx."""
+    first = getattr(tokenizer, "cls_id", None)
+    return [tokenizer.eos_id if first is None else first, *ids[:n_ctx - 2], tokenizer.eos_id]
+
+
 class TokenLabelSource(ExampleStream):
     """Token-classification batches from sentences held in memory, tokenized once."""
 
     def __init__(self, sentences, labels, places, names, tokenizer: Tokenizer, n_ctx: int, num_labels: int, *,
                  shuffle: bool, seed: int, description: str):
-        first = getattr(tokenizer, "cls_id", None)
-        first = tokenizer.eos_id if first is None else first
         self.inputs = np.full((len(sentences), n_ctx), tokenizer.padding_id, np.int32)  # (N, T)
         self.token_labels = np.full((len(sentences), n_ctx), IGNORED, np.int32)  # (N, T)
         self.lengths = np.zeros(len(sentences), np.int32)
         cut = 0
         for row, (words, tags, place) in enumerate(zip(sentences, labels, places)):
-            ids, row_labels = [first], [IGNORED]
-            for i, (word, tag) in enumerate(zip(words, tags)):
-                pieces = tokenizer.encode(word if i == 0 else " " + word) or [tokenizer.padding_id]
-                ids += pieces
-                row_labels += [label_id(tag, names, num_labels, place)] + [IGNORED] * (len(pieces) - 1)
-            if len(ids) + 1 > n_ctx:
-                ids, row_labels, cut = ids[:n_ctx - 1], row_labels[:n_ctx - 1], cut + 1
-            ids, row_labels = ids + [tokenizer.eos_id], row_labels + [IGNORED]
+            pieces = word_pieces(tokenizer, words)
+            ids = framed(tokenizer, [i for word in pieces for i in word], n_ctx)
+            scored = [IGNORED]  # [CLS], then each word's label on its first piece
+            for tag, word in zip(tags, pieces):
+                scored += [label_id(tag, names, num_labels, place)] + [IGNORED] * (len(word) - 1)
+            row_labels = scored[:len(ids) - 1] + [IGNORED]
+            cut += len(scored) + 1 > n_ctx
             self.inputs[row, :len(ids)], self.token_labels[row, :len(ids)] = ids, row_labels
             self.lengths[row] = len(ids)
         self.labels = np.zeros(len(sentences), np.int32)  # ExampleStream counts examples by this

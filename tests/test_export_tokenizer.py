@@ -129,3 +129,22 @@ def test_an_imported_tokenizer_is_exported_as_it_came(bpe, tmp_path):
     export_hf(run, str(tmp_path / "hf"))
     assert (tmp_path / "hf" / "tokenizer_config.json").read_text() == own
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (tmp_path / "run/tokenizer/tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("keys", [MODELS["gpt_neo_tokens"], dict(ENCODER, task="token_classification", num_labels=3)],
+                         ids=["gpt_neo", "bert"])
+def test_a_token_classifier_reads_texts_as_its_training_rows_hold_their_words(keys, bpe):
+    """Pretrained.tokenize frames a token classifier's text as TokenLabelSource frames its words (a decoder's too:
+    it fed the plain ids), long texts cut to n_ctx with the closing token kept."""
+    from flax import nnx
+
+    cfg = from_dict(dict(n_ctx=32, n_embd=32, n_head=2, n_layer=1, n_vocab=400, local_attention_radius=8, **keys))[0]
+    graphdef, state = nnx.split(registry.build(cfg, nnx.Rngs(0)))
+    model = Pretrained(cfg, graphdef, nnx.to_pure_dict(state), bpe)
+    texts = [" ".join(text.split()) for text in TEXTS] + [" ".join(["word"] * 40)]
+    batch = model.tokenize(texts)
+    for row, text in enumerate(texts):
+        want = neomesh_ids(model, text)
+        assert batch["inputs"][row, :len(want)].tolist() == want and batch["segment_ids"][row].sum() == len(want)
+    assert len(neomesh_ids(model, texts[-1])) == cfg.n_ctx and batch["inputs"][-1, -1] == bpe.eos_id
+    assert model(texts).shape == (len(texts), cfg.n_ctx, cfg.num_labels)

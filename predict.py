@@ -187,6 +187,8 @@ class Printer:
             if token == self.tokenizer.eos_id:
                 self.stopped[row] = True
                 continue
+            if token == self.tokenizer.padding_id:  # never text (a T5's <pad>), as transformers' decode skips it
+                continue
             self.ids[row].append(int(token))
             self.stopped[row] = any(s in self.tokenizer.decode(self.ids[row]) for s in self.stops)
         if self.stream:

@@ -344,4 +344,5 @@ def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str | list[int],
                  Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id, entmax=entmax),
                  jax.random.key(seed))
     tokens = [int(t) for t in jax.device_get(out)[0]]
-    return tokenizer.decode(tokens[:tokens.index(tokenizer.eos_id)] if tokenizer.eos_id in tokens else tokens)
+    tokens = tokens[:tokens.index(tokenizer.eos_id)] if tokenizer.eos_id in tokens else tokens
+    return tokenizer.decode([t for t in tokens if t != tokenizer.padding_id])  # padding is never text (T5's <pad>)

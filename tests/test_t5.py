@@ -450,6 +450,27 @@ def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_input
     assert model.generate(prompt, max_new_tokens=8, temperature=0) == want
 
 
+def test_generated_padding_is_not_text(directories, monkeypatch):
+    """A T5's <pad> (a random model writes some) is left out of predict.py's and Pretrained.generate's text, as
+    transformers' decode(skip_special_tokens=True) leaves it out; the text still ends at </s>."""
+    import models.generate
+    import predict
+    from pretrained import Pretrained
+
+    path = directories["t5-relu-tied"]
+    tokenizer = load_tokenizer(path)
+    pad, eos = tokenizer.padding_id, tokenizer.eos_id
+    assert (pad, eos) == (0, 1)
+    a, b = tokenizer.encode("ab")[:2]
+    written = [a, pad, b, pad, eos, a]
+    printer = predict.Printer(tokenizer, 1, [], stream=False)
+    for token in written:
+        printer(np.array([token]), 0)
+    assert printer.text(0) == tokenizer.decode([a, b]) and "<pad>" not in tokenizer.decode([a, b])
+    monkeypatch.setattr(models.generate, "sample", lambda *args, **kwargs: np.array([written]))
+    assert Pretrained.from_pretrained(path).generate("x", max_new_tokens=6) == tokenizer.decode([a, b])
+
+
 @pytest.mark.e2e
 def test_span_corruption_run_resumes_bit_identically(tmp_path, capsys):
     """configs/t5_small_spans.json made tiny, through train.py's main (in-process: three start-ups of TensorFlow

@@ -14,7 +14,7 @@ import sys
 import time
 
 from training.run_dir import (check_init_from_given, check_resume_base, has_checkpoint, newest_saved_config,
-                              only_damaged, run_config)
+                              only_damaged, run_config, saved_steps)
 from training.run_tokenizer import save_tokenizer, with_tokenizer_of_init_from, with_tokenizer_of_run
 from training.saved_state import base_params, checkpoints_trained_only, saved_part, state_shapes, storage_changed
 
@@ -176,6 +176,10 @@ def main(argv=None) -> int:
             cfg = with_tokenizer_of_run(cfg, notes)
         if cfg.init_from and not args.new:
             check_resume_base(cfg, notes)
+        if args.stop_at_step is not None and not (args.new or args.dry_run):  # before data and model are built
+            newest = max(saved_steps(cfg.model_path), default=0)
+            if args.stop_at_step <= newest:
+                raise ConfigError(f"--stop-at-step: {args.stop_at_step} is not after the run's step {newest}")
         if args.dry_run:
             return dry_run(args, cfg, notes)
         try:

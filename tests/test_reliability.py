@@ -251,7 +251,9 @@ def test_resume_mistakes_and_finished_runs_say_so_in_one_line(reference, tmp_pat
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(expected) and "orbax" not in err[0], err
     assert train.main([*arguments(path, train_steps=8), "--stop-at-step", "5"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --stop-at-step: 5 is not after the run's step 6"
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "error: --stop-at-step: 5 is not after the run's step 6"
+    assert "mesh" not in captured.out  # refused before the mesh, data and model are built
 
     assert train.main(arguments(path, sample_tokens=8)) == 0  # finished: says so, samples nothing
     out = capsys.readouterr().out

@@ -10,6 +10,7 @@ thread.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import json
 import logging
@@ -126,7 +127,14 @@ class _Background:
             self.previous[1](kind, value, tb)
 
     def unraisablehook(self, unraisable) -> None:
-        if not self._undeliverable(unraisable.exc_value):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            # Ctrl-C whose handler ran inside a finalizer (jax's gc callback): Python dropped it with "Exception
+            # ignored" and the command went on. Delivered to the main thread again, from another thread once this
+            # hook has returned (in here it would be raised and dropped again), it stops the command.
+            again = threading.Timer(0.05, _thread.interrupt_main)
+            again.daemon = True
+            again.start()
+        elif not self._undeliverable(unraisable.exc_value):
             self.previous[2](unraisable)
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -306,3 +306,25 @@ def test_a_collective_that_lost_its_peer_is_one_line_and_other_runtime_errors_ke
     assert one_line(jax.errors.JaxRuntimeError("UNAVAILABLE: Task 1 heartbeat timeout.")).startswith(
         "another process of this run stopped (UNAVAILABLE: Task 1 heartbeat timeout.)")
     assert one_line(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes differ")) is None
+
+
+def test_ctrl_c_that_python_drops_in_a_finalizer_still_stops_the_command(capsys):
+    """Python runs a SIGINT handler wherever the main thread is, a finalizer included (jax's gc callback), and drops
+    the KeyboardInterrupt raised there ("Exception ignored in ..."): predict.py and eval.py went on. run_main
+    delivers it to the main thread again: 'interrupted', 130."""
+    import time
+
+    from neomesh.errors import run_main
+
+    class DiesOnCtrlC:
+        def __del__(self):
+            raise KeyboardInterrupt
+
+    def body():
+        DiesOnCtrlC()  # collected at once: its KeyboardInterrupt is unraisable
+        for _ in range(500):
+            time.sleep(0.01)
+        return 0
+
+    assert run_main(body, "interrupted") == 130
+    assert capsys.readouterr().err == "interrupted\n"

@@ -533,6 +533,12 @@ def run_training(args, cfg, notes, signals, run) -> int:
             tick = time.perf_counter()
             signals.arm()
             pending = []  # (step, metrics, bad-step counts) still on the device: fetched at the next sync point
+
+            def save(number, state) -> int:
+                checkpoints.save(number, saved_part(cfg, state), cfg.to_dict(),
+                                 data=train_data.state(cfg.train_batch_size))
+                return number
+
             for step in range(start, stop):
                 state, out = train_step(state, global_batch(train_data, step, train_shapes, train_sharding))
                 # copies: the next step donates (deletes) this state's buffers before they are fetched
@@ -563,13 +569,14 @@ def run_training(args, cfg, notes, signals, run) -> int:
                     tick = now
                 raise_background_failure()
                 if saving:
-                    checkpoints.save(step + 1, saved_part(cfg, state), cfg.to_dict(),
-                                     data=train_data.state(cfg.train_batch_size))
-                    saved_step = step + 1
+                    saved_step = save(step + 1, state)
                 if evaluating:
                     last_eval, last_eval_step = evaluate(state.params), step + 1
                     metrics.write({"step": step + 1, "kind": "eval", **last_eval})
                     say(f"step {step + 1}: eval {eval_text(last_eval)}")
+                    if not stopping and signals.arrived_alone():  # during the eval: stop here, not a step later
+                        stopping = True
+                        saved_step = saved_step if saving else save(step + 1, state)
                 if stopping:
                     break
                 if saving or evaluating:

@@ -295,6 +295,23 @@ def test_an_eval_a_kill_cut_short_is_done_on_resume(reference, tmp_path, env, ca
     assert trajectory(mid) == trajectory(reference)
 
 
+def test_ctrl_c_during_an_eval_stops_at_its_step_with_a_checkpoint(reference, tmp_path, capsys, monkeypatch):
+    """SIGINT while step 7 is evaluated (not a checkpoint step): the run saves step 7 and stops there, exit 130. It
+    trained step 8 first and saved that."""
+    path = copy_of(reference, tmp_path)
+    said = train.eval_text
+
+    def eval_text_then_ctrl_c(result):
+        os.kill(os.getpid(), signal.SIGINT)
+        return said(result)
+
+    monkeypatch.setattr(train, "eval_text", eval_text_then_ctrl_c)
+    assert train.main(arguments(path, train_steps=10, steps_per_checkpoint=100, eval_steps=1, eval_every=7)) == 130
+    out = capsys.readouterr().out
+    assert "step 7: eval loss " in out and f"stopped by SIGINT: saved the checkpoint of step 7 in {path}" in out, out
+    assert max(checkpoint_steps(path)) == 7 and rows(path)[-1]["step"] == 7
+
+
 def test_a_checkpoint_rotated_away_while_read_is_no_damage(reference, tmp_path, capsys, monkeypatch):
     """predict.py on a run in progress picks its newest checkpoint; the run saves the next and its keep_checkpoints
     rotation deletes the one being read: generation goes on with the newer one, never calls the run damaged."""

@@ -96,6 +96,11 @@ class StopSignals:
             return reached_preemption(step)
         return self.received is not None
 
+    def arrived_alone(self) -> bool:
+        """Whether a signal arrived in a one-process run (a multi-process run learns of one only at
+        ``should_stop``'s sync point, which every process passes at the same step)."""
+        return not self.multi_process and self.received is not None
+
     @property
     def exit_code(self) -> int:
         return 130 if self.received == "SIGINT" else 0

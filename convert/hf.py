@@ -229,6 +229,8 @@ def fit_to_tokenizer(cfg: Config, hf_config: dict, tensors: dict, tokenizer_dir:
         # transformers' BERT never trains pad_token_id's embedding row: the pad token's, not id 0 (a NeoMesh
         # BPE's end-of-text, which starts and ends every row)
         hf_config["pad_token_id"] = tokenizer.padding_id
+    if cfg.model == "t5":  # T5's own vocabulary pads with id 0; generate pads finished rows with pad_token_id
+        hf_config["pad_token_id"] = tokenizer.padding_id
     note = bert.pad_as_tokenizer(cfg, hf_config, tensors, tokenizer, tokenizer_dir) if cfg.model == "roberta" else None
     if note:
         print(f"note: {note}", file=sys.stderr, flush=True)

@@ -95,6 +95,9 @@ def test_auto_tokenizer_loads_the_export_and_gives_neomeshs_ids(name, bpe, tmp_p
             assert tokenizer(text, pair)["input_ids"] == neomesh_ids(model, text, pair), (name, text, pair)
     types = "token_type_ids" in tokenizer("a")  # GPT-Neo would add the embedding of type 0 to every token
     assert types == (model.config.model == "bert")
+    hf_config = json.loads(open(f"{hf}/config.json").read())
+    if "pad_token_id" in hf_config or name == "t5":  # what generate pads with is what the tokenizer pads with
+        assert hf_config["pad_token_id"] == tokenizer.pad_token_id, name
     config = json.loads(open(f"{hf}/tokenizer_config.json").read())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["eos_token"] == "<|endoftext|>"
     assert config["pad_token"] == "<|padding|>" and (config.get("mask_token") == "[MASK]") == (name.startswith("bert"))

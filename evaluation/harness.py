@@ -148,28 +148,33 @@ class NeoMeshLM(LM):
 
 def main(argv=None) -> int:
     """lm_eval's command line with the ``neomesh`` model registered."""
-    from lm_eval.__main__ import cli_evaluate
+    from neomesh.errors import run_main
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    return run_main(_evaluate)  # Ctrl-C is one line, as in the other commands
+
+
+def _evaluate() -> None:
+    from lm_eval.__main__ import cli_evaluate
+
+    _check_include_path(sys.argv[1:])
     try:
-        _check_include_path(sys.argv[1:])
         cli_evaluate()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except ValueError as e:  # lm_eval's way to say a --tasks name is unknown, with a traceback
         if not str(e).startswith("Tasks not found"):
             raise
-        print(f"error: --tasks: {e} (lm_eval's own: python -m evaluation.harness ls tasks; a task of your own is a "
-              "YAML file in the folder --include_path names)", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--tasks: {_first_line(e)} (lm_eval's own: python -m evaluation.harness ls tasks; a task "
+                          "of your own is a YAML file in the folder --include_path names)") from None
     except ConnectionError as e:  # datasets' word for a task whose data is neither cached nor reachable
-        print(f"error: --tasks: {e}: the task's data set comes from the Hugging Face Hub; run it once with network "
-              "(it is cached, then HF_DATASETS_OFFLINE=1 reads the cache), or give a task of your own whose YAML "
-              "names local files (--include_path)", file=sys.stderr)
-        return 2
-    return 0
+        raise ConfigError(f"--tasks: {_first_line(e)}: the task's data set comes from the Hugging Face Hub; run it "
+                          "once with network (it is cached, then HF_DATASETS_OFFLINE=1 reads the cache), or give a "
+                          "task of your own whose YAML names local files (--include_path)") from None
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of ``e``: the error shows only its message's first line, and the advice must follow it."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _check_include_path(args: list[str]) -> None:
@@ -182,4 +187,6 @@ def _check_include_path(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from neomesh.errors import exit_process
+
+    exit_process(main())

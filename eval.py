@@ -15,6 +15,7 @@ import argparse
 
 def build_parser() -> argparse.ArgumentParser:
     from neomesh.help import ArgumentParser, HelpFormatter
+    from predict import DEFAULT_LAYOUT
 
     p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False)
     which = p.add_mutually_exclusive_group()
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="rows scored at once")
     p.add_argument("--mesh-shape", metavar="SHAPE", help="run sharded on this mesh, e.g. x:4,y:2 (default: one "
                    "device)")
-    p.add_argument("--layout", default="batch:x", help="layout with --mesh-shape")
+    p.add_argument("--layout", default=DEFAULT_LAYOUT, help="layout with --mesh-shape")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the model's "
                    "config, a run's or a Hugging Face model's (repeatable; keys that keep its parameters' shapes, "
@@ -62,7 +63,7 @@ def check_options(args) -> None:
 
     from config import ConfigError
     from evaluation.tasks import TASKS
-    from predict import check_sets_place_nothing, resolve_model_source
+    from predict import check_layout_has_mesh, check_sets_place_nothing, resolve_model_source
 
     if not (args.config or args.model or args.model_path or args.hf_model):
         raise ConfigError("give --config, --model, --model-path or --hf-model")
@@ -70,6 +71,7 @@ def check_options(args) -> None:
         raise ConfigError("--limit must be at least 1")
     if args.batch_size < 1:
         raise ConfigError("--batch-size must be at least 1")
+    check_layout_has_mesh(args.mesh_shape, args.layout)
     check_sets_place_nothing(args.set, "eval.py")
     resolve_model_source(args)
     if args.tasks is not None:

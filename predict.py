@@ -108,15 +108,23 @@ def check_options(args) -> None:
               (args.num_beams == 1 or (args.top_k == 0 and args.top_p == 1 and args.temperature in (0, 1)),
                "--top-k, --top-p and --temperature shape sampling; beam search (--num-beams) does not sample"),
               (all(args.stop), "--stop: an empty text would end every generation at once"),
-              (args.mesh_shape or args.layout == DEFAULT_LAYOUT, f"--layout {args.layout}: give --mesh-shape too "
-                                                                 "(without it the model runs on one device)"),
               (args.config or args.model or args.model_path or args.hf_model,
                "give --config, --model, --model-path or --hf-model")]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    check_layout_has_mesh(args.mesh_shape, args.layout)
     check_sets_place_nothing(args.set, "predict.py")
     resolve_model_source(args)
+
+
+def check_layout_has_mesh(mesh_shape: str | None, layout: str) -> None:
+    """Without --mesh-shape the model runs on one device, where a --layout of one's own would change nothing
+    without a word (predict.py and eval.py)."""
+    from config import ConfigError
+
+    if not mesh_shape and layout != DEFAULT_LAYOUT:
+        raise ConfigError(f"--layout {layout}: give --mesh-shape too (without it the model runs on one device)")
 
 
 def check_sets_place_nothing(sets, command: str) -> None:

@@ -9,8 +9,9 @@ model registered first: lm_eval has no plug-in entry point for models, so plain 
 cannot find it. From Python, ``lm_eval.simple_evaluate(model=NeoMeshLM(path=...), tasks=[...])``.
 
 ``path`` is a NeoMesh run directory or a Hugging Face GPT-Neo/GPT-2 directory; ``batch_size`` rows are scored
-per jitted call; ``mesh_shape``/``layout`` shard the model as in predict.py. Needs ``pip install lm_eval``
-(the ``eval`` extra).
+per jitted call; ``mesh_shape``/``layout`` shard the model as in predict.py (their commas need lm_eval's JSON
+form: ``--model_args '{"path": "RUN", "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}'``). Needs
+``pip install lm_eval`` (the ``eval`` extra).
 """
 
 from __future__ import annotations
@@ -148,28 +149,80 @@ class NeoMeshLM(LM):
 
 def main(argv=None) -> int:
     """lm_eval's command line with the ``neomesh`` model registered."""
-    from lm_eval.__main__ import cli_evaluate
+    from neomesh.errors import run_main
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    return run_main(_evaluate)  # Ctrl-C is one line, as in the other commands
+
+
+def _evaluate() -> None:
+    from lm_eval.__main__ import cli_evaluate
+
+    _check_include_path(sys.argv[1:])
+    _check_model_args(sys.argv[1:])
     try:
-        _check_include_path(sys.argv[1:])
         cli_evaluate()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except ValueError as e:  # lm_eval's way to say a --tasks name is unknown, with a traceback
         if not str(e).startswith("Tasks not found"):
             raise
-        print(f"error: --tasks: {e} (lm_eval's own: python -m evaluation.harness ls tasks; a task of your own is a "
-              "YAML file in the folder --include_path names)", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--tasks: {_first_line(e)} (lm_eval's own: python -m evaluation.harness ls tasks; a task "
+                          "of your own is a YAML file in the folder --include_path names)") from None
     except ConnectionError as e:  # datasets' word for a task whose data is neither cached nor reachable
-        print(f"error: --tasks: {e}: the task's data set comes from the Hugging Face Hub; run it once with network "
-              "(it is cached, then HF_DATASETS_OFFLINE=1 reads the cache), or give a task of your own whose YAML "
-              "names local files (--include_path)", file=sys.stderr)
-        return 2
-    return 0
+        raise ConfigError(f"--tasks: {_first_line(e)}: the task's data set comes from the Hugging Face Hub; run it "
+                          "once with network (it is cached, then HF_DATASETS_OFFLINE=1 reads the cache), or give a "
+                          "task of your own whose YAML names local files (--include_path)") from None
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of ``e``: the error shows only its message's first line, and the advice must follow it."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _option_values(args: list[str], names: tuple[str, ...]) -> list[str]:
+    """The values given to an option of lm_eval's (``--name V ...``, several for nargs="+", or ``--name=V``)."""
+    values = []
+    for i, arg in enumerate(args):
+        if arg in names:
+            for value in args[i + 1:]:
+                if value.startswith("-"):
+                    break
+                values.append(value)
+        elif arg.split("=", 1)[0] in names and "=" in arg:
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+def _check_model_args(args: list[str]) -> None:
+    """lm_eval splits key=value --model_args at every comma, so mesh_shape=x:4,y:2 ended in its "expected
+    `key=value`, got 'y:2'", naming neither the key nor the way out: the JSON form, which keeps commas."""
+    import json
+
+    from lm_eval._cli.utils import split_top_level  # lm_eval's own split: quotes and brackets keep their commas
+
+    values = _option_values(args, ("--model_args", "-a"))
+    if "neomesh" not in _option_values(args, ("--model",)) or not values or values[0].lstrip().startswith("{"):
+        return  # another model's, or the JSON form
+    pieces = [piece for value in values for piece in split_top_level(value)]
+    stray = next((piece for piece in pieces if "=" not in piece), None)
+    if stray is not None:
+        example = _as_json(pieces) if "=" in pieces[0] else \
+            {"path": "RUN", "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}
+        raise ConfigError(f"--model_args: {stray!r} is not key=value: lm_eval splits --model_args at commas, so "
+                          f"values holding commas (mesh_shape, layout) go in its JSON form: --model_args "
+                          f"'{json.dumps(example)}'")
+
+
+def _as_json(pieces: list[str]) -> dict[str, str]:
+    """The arguments the user meant: each piece without '=' is the rest of the value before it."""
+    meant: dict[str, str] = {}
+    for piece in pieces:
+        if "=" in piece:
+            key, value = piece.split("=", 1)
+            meant[key] = value
+        else:
+            meant[key] += "," + piece
+    return meant
 
 
 def _check_include_path(args: list[str]) -> None:
@@ -182,4 +235,6 @@ def _check_include_path(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from neomesh.errors import exit_process
+
+    exit_process(main())

@@ -256,11 +256,14 @@ def test_a_mesh_or_layout_typo_is_found_before_data_is_prepared(files, capsys, o
      "interrupted"),
     ("plot", ["{d}"], "tools.plot.plot_runs", "interrupted"),
     ("predict", ["--model", "{d}/run", "--prompt", "x"], "predict.check_options", "interrupted"),
+    ("harness", ["--model", "neomesh", "--model_args", "path={d}", "--tasks", "x"], "lm_eval.__main__.cli_evaluate",
+     "interrupted"),
 ])
 def test_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch, cli, argv, target, said):
     """Ctrl-C during the work is 'interrupted' and exit status 130, as train.py says it (the conversion, data and
-    plot tools printed KeyboardInterrupt's traceback, dozens of lines deep)."""
+    plot tools and the lm-eval harness printed KeyboardInterrupt's traceback, dozens of lines deep)."""
     from data import make_dataset
+    from evaluation import harness
     from tools import plot
 
     def interrupted(*args, **kwargs):
@@ -268,7 +271,7 @@ def test_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch, cli, argv, target, sa
 
     monkeypatch.setattr(target, interrupted)
     (tmp_path / "a.txt").write_text("some text\n")
-    main = {**CLIS, "make_dataset": make_dataset.main, "plot": plot.main}[cli]
+    main = {**CLIS, "make_dataset": make_dataset.main, "plot": plot.main, "harness": harness.main}[cli]
     assert main([a.format(d=tmp_path) for a in argv]) == 130
     assert capsys.readouterr().err == said.format(d=tmp_path) + "\n"
 

@@ -249,3 +249,13 @@ def test_eval_refuses_a_set_that_would_place_nothing(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip() == ("error: --set mesh_shape=x:8: eval.py places the model with --mesh-shape and "
                                      "--layout, not the config's mesh_shape; give --mesh-shape x:8"), result.stderr
+
+
+def test_eval_refuses_a_layout_without_a_mesh_as_predict_does(tmp_path):
+    """Without --mesh-shape the model runs on one device: --layout heads:x was ignored without a word."""
+    run = str(tmp_path / "run")
+    result = run_command("eval.py", "--model-path", run, "--layout", "heads:x")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr == "error: --layout heads:x: give --mesh-shape too (without it the model runs on one device)\n"
+    result = run_command("eval.py", "--model-path", run, "--layout", "batch:x")  # the default: one device's layout
+    assert result.returncode == 2 and "--layout" not in result.stderr and run in result.stderr, result.stderr

@@ -133,6 +133,28 @@ def test_a_missing_include_path_or_an_unknown_task_is_one_line(tmp_path, monkeyp
     assert err.startswith("error: --tasks: Tasks not found: my_task (") and len(err.splitlines()) == 1
 
 
+def test_model_args_whose_values_hold_commas_are_sent_to_the_json_form(monkeypatch, capsys):
+    """lm_eval splits key=value --model_args at every comma: mesh_shape=x:4,y:2 ended in lm_eval's "expected
+    `key=value`, got 'y:2'", which names neither the key nor the JSON form that keeps the commas."""
+    from evaluation import harness
+
+    ran = []
+    monkeypatch.setattr("lm_eval.__main__.cli_evaluate", lambda: ran.append(True))
+    meant = ["path=RUN,mesh_shape=x:4,y:2,layout=batch:x,heads:y"]
+    assert harness.main(["--model", "neomesh", "--model_args", *meant, "--tasks", "my_task"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --model_args: 'y:2' is not key=value: lm_eval splits --model_args at commas, so values holding commas "
+        "(mesh_shape, layout) go in its JSON form: --model_args "
+        """'{"path": "RUN", "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}'\n""")
+    assert harness.main(["--model=neomesh", "-a", "x:2,path=RUN", "--tasks", "my_task"]) == 2
+    assert capsys.readouterr().err.endswith(
+        """--model_args '{"path": "RUN", "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}'\n""")
+    json_form = '{"path": "RUN", "mesh_shape": "x:4,y:2"}'
+    for model, model_args in (("neomesh", json_form), ("neomesh", "path=RUN,batch_size=4"), ("hf", "a=1,b")):
+        assert harness.main(["--model", model, "--model_args", model_args, "--tasks", "my_task"]) == 0
+    assert len(ran) == 3 and capsys.readouterr().err == ""
+
+
 def test_a_task_whose_data_set_cannot_be_fetched_is_one_line(monkeypatch, capsys):
     """python -m evaluation.harness --tasks lambada_openai offline ended in datasets' ConnectionError traceback."""
     from evaluation import harness

@@ -8,8 +8,9 @@ import pytest
 from tests.common import run_command
 
 
-def fake_run(directory, steps: int, eval_every: int, experts: bool = False):
-    """A run directory whose metrics.jsonl holds what train.py writes (train rows, eval rows with a task)."""
+def fake_run(directory, steps: int, eval_every: int, experts: bool = False, torn: bool = True):
+    """A run directory whose metrics.jsonl holds what train.py writes (train rows, eval rows with a task) and, with
+    ``torn``, the torn last line of a run killed mid-write."""
     directory.mkdir()
     rows = []
     for step in range(1, steps + 1):
@@ -20,7 +21,7 @@ def fake_run(directory, steps: int, eval_every: int, experts: bool = False):
         rows.append(row)
         if step % eval_every == 0:
             rows.append({"step": step, "kind": "eval", "loss": 7.2 - step * 0.1, "lambada_acc": 0.01 * step})
-    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"torn')
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + ('{"torn' if torn else ""))
     return str(directory)
 
 
@@ -85,3 +86,45 @@ def test_without_matplotlib_is_one_line(tmp_path, monkeypatch, capsys):
     assert main([fake_run(tmp_path / "a", 4, 2), "-o", str(tmp_path / "c.png")]) == 2
     assert capsys.readouterr().err == ("error: tools.plot draws with matplotlib, which is not installed: pip install "
                                        "matplotlib (or NeoMesh's [plot] extra)\n")
+
+
+def test_lines_that_are_not_rows_are_skipped_with_a_note(tmp_path, capsys):
+    """Garbage lines in metrics.jsonl left gaps in the curves without a word."""
+    from tools.plot import read_run
+
+    torn = fake_run(tmp_path / "torn", 4, 2)  # 6 rows, then the torn line 7
+    assert len(read_run(torn)["train"]) == 4
+    assert capsys.readouterr().err == f"note: {torn}/metrics.jsonl: skipped line 7 (not a whole JSON row)\n"
+    garbage = fake_run(tmp_path / "garbage", 4, 2, torn=False)
+    lines = (tmp_path / "garbage" / "metrics.jsonl").read_text().splitlines()
+    lines[1:1] = ["garbage", '{"kind": "train"}']  # lines 2 and 3; a row without a step is not one either
+    (tmp_path / "garbage" / "metrics.jsonl").write_text("\n".join(lines + ["[1, 2]"]) + "\n")
+    assert len(read_run(garbage)["train"]) == 4
+    assert capsys.readouterr().err == (f"note: {garbage}/metrics.jsonl: skipped 3 lines that are not whole JSON rows "
+                                       "(the first: line 2)\n")
+    assert read_run(fake_run(tmp_path / "whole", 4, 2, torn=False)) and capsys.readouterr().err == ""
+
+
+def test_a_picture_that_cannot_be_written_names_the_users_path(tmp_path, monkeypatch, capsys):
+    """The error named the temporary file (y.png.tmp), which the user never gave."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    from tools.plot import main
+
+    run = fake_run(tmp_path / "run", 4, 2, torn=False)
+    out = tmp_path / "missing" / "y.png"
+    assert main([run, "-o", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: -o {out}: no such folder {tmp_path / 'missing'}\n"
+
+    def disk_full(self, path, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(Figure, "savefig", disk_full)
+    out = tmp_path / "y.png"
+    assert main([run, "-o", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: -o {out}: No space left on device\n"
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # no half-written picture left

@@ -29,7 +29,11 @@ def read_run(run_dir: str) -> dict[str, list[dict]]:
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise ConfigError(f"{run_dir}: no metrics.jsonl (not a run directory, or nothing trained yet)")
-    rows, _ = read_rows(path)
+    rows, bad = read_rows(path)
+    if bad:  # a run killed mid-write, or a file edited by hand: the curves lack those rows
+        print(f"note: {path}: skipped line {bad[0]} (not a whole JSON row)" if len(bad) == 1 else
+              f"note: {path}: skipped {len(bad)} lines that are not whole JSON rows (the first: line {bad[0]})",
+              file=sys.stderr)
     return {kind: [r for r in rows if r.get("kind") == kind] for kind in ("train", "eval")}
 
 
@@ -51,6 +55,9 @@ def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
     picture = os.path.splitext(out)[1].lstrip(".").lower() or "png"  # no extension: a PNG, as matplotlib writes
     if os.path.isdir(out):
         raise ConfigError(f"-o {out}: is a directory; name the picture's file")
+    folder = os.path.dirname(out)
+    if folder and not os.path.isdir(folder):
+        raise ConfigError(f"-o {out}: no such folder {folder}")
     if picture not in kinds:
         raise ConfigError(f"-o {out}: the picture's type comes from its extension, one of .{', .'.join(sorted(kinds))}")
     names = names or [os.path.basename(os.path.normpath(d)) or d for d in run_dirs]
@@ -79,10 +86,24 @@ def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     figure.tight_layout()
-    figure.savefig(out + ".tmp", dpi=110, format=picture)  # whole or not at all
-    os.replace(out + ".tmp", out)
+    save_whole(figure, out, picture)
     plt.close(figure)
     return figure
+
+
+def save_whole(figure, out: str, picture: str) -> None:
+    """Writes the picture whole or not at all (a temporary file, renamed); a failure names ``out``, the file the
+    user asked for, not the temporary one."""
+    from config import ConfigError
+
+    tmp = out + ".tmp"
+    try:
+        figure.savefig(tmp, dpi=110, format=picture)
+        os.replace(tmp, out)
+    except OSError as e:
+        if os.path.isfile(tmp):  # a half-written picture
+            os.remove(tmp)
+        raise ConfigError(f"-o {out}: {e.strerror or e}") from None
 
 
 def main(argv=None) -> int:

@@ -198,7 +198,11 @@ def _check_model_args(args: list[str]) -> None:
     `key=value`, got 'y:2'", naming neither the key nor the way out: the JSON form, which keeps commas."""
     import json
 
-    from lm_eval._cli.utils import split_top_level  # lm_eval's own split: quotes and brackets keep their commas
+    try:  # lm_eval's own split: quotes and brackets keep their commas (a private module, so it may move)
+        from lm_eval._cli.utils import split_top_level
+    except ImportError:
+        def split_top_level(text: str) -> list[str]:
+            return text.split(",")
 
     values = _option_values(args, ("--model_args", "-a"))
     if "neomesh" not in _option_values(args, ("--model",)) or not values or values[0].lstrip().startswith("{"):

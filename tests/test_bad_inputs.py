@@ -290,6 +290,8 @@ def test_mesh_and_layout_flags_of_predict_and_eval_are_named_as_flags():
         layout_for("x:8", "batch:x,hedas:x", flags)
     with pytest.raises(ConfigError, match=r"^mesh_shape: 'x:16' needs"):  # the harness's model_args keep the keys
         layout_for("x:16")
+    with pytest.raises(ConfigError, match=r"^layout heads:x: give mesh_shape too \(without it the model runs on one "):
+        layout_for(None, "heads:x")  # the harness's model_args: it ran on one device, the layout unread
     assert dict(layout_for("x:-1", "batch:x", flags).mesh.shape) == {"x": 8}
 
 

@@ -10,7 +10,8 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from config import ConfigError
 
-_AXIS = re.compile(r"^([A-Za-z_]\w*)\s*:\s*(-?\d+)$")
+AXIS_NAME = r"[A-Za-z_]\w*"  # what a mesh axis may be called; a layout's axes are held to it too
+_AXIS = re.compile(rf"^({AXIS_NAME})\s*:\s*(-?\d+)$")
 
 
 def mesh_axes(text: str) -> dict[str, int]:

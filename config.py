@@ -58,6 +58,11 @@ class ConfigError(ValueError):
     """Bad user input (a config key, a file, a mesh axis). The command-line tools print it as one line."""
 
 
+class UnknownKeyError(ConfigError):
+    """A key nested in another (``moe_params.num_expert``) that is not known: ``from_dict`` names the file it is
+    in, as it names the file of an unknown top-level key."""
+
+
 def _key(default, doc, choices=None, minimum=None, maximum=None):
     meta = {"doc": doc, "choices": choices, "min": minimum, "max": maximum}
     if isinstance(default, (list, dict)):
@@ -721,9 +726,7 @@ def _check_moe(cfg: Config) -> None:
         raise ConfigError(f"moe_layers: {json.dumps(layers)} names a layer twice")
     for key, value in (cfg.moe_params or {}).items():
         if key not in MOE_DEFAULTS:
-            close = difflib.get_close_matches(key, tuple(MOE_DEFAULTS), n=1, cutoff=0.5)
-            hint = f"; did you mean 'moe_params.{close[0]}'?" if close else f" (valid: {', '.join(MOE_DEFAULTS)})"
-            raise ConfigError(f"moe_params: unknown key '{key}'{hint}")
+            raise _unknown(key, tuple(MOE_DEFAULTS), "moe_params")
         expected = type(MOE_DEFAULTS[key])
         if isinstance(value, bool) or not isinstance(value, (int, float) if expected is float else int):
             raise ConfigError(f"moe_params.{key}: expected {expected.__name__}, got {json.dumps(value)}")
@@ -741,10 +744,10 @@ def _check_moe(cfg: Config) -> None:
             raise ConfigError(f"moe_params.{key}: {moe[key]} is below the minimum 0")
 
 
-def _unknown(key: str, valid: tuple, where: str) -> ConfigError:
+def _unknown(key: str, valid: tuple, where: str) -> UnknownKeyError:
     close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
     hint = f"; did you mean '{where}.{close[0]}'?" if close else f" (valid: {', '.join(valid)})"
-    return ConfigError(f"{where}: unknown key '{key}'{hint}")
+    return UnknownKeyError(f"{where}: unknown key '{key}'{hint}")
 
 
 def _check_strings(value, where: str, allowed: tuple | None = None) -> list:
@@ -918,6 +921,8 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     except ConfigError as e:
         # "peft: ..." or a nested "peft.lora: ..." both come from --set peft=...
         culprit = next((key for key in overridden if str(e).startswith((f"{key}:", f"{key}."))), None)
+        if culprit is None and isinstance(e, UnknownKeyError):  # a typo is found in its file, as at the top level
+            raise ConfigError(f"{source}: {e}") from None
         if culprit is None:
             raise
         raise ConfigError(f"--set {culprit}={json.dumps(overridden[culprit])}: {e}") from None

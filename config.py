@@ -477,7 +477,7 @@ MODEL_VALUE = {"attention_types": "attention_layers", "norm": "norm_kind", "scal
 def describe_keys() -> str:
     """Every key with its default and doc, for ``--help-config``."""
     rows = [f"{f.name:28} {json.dumps(_default(f)):>18}  {f.metadata['doc']}" for f in dataclasses.fields(Config)]
-    rows += [f"{k:28} {'false':>18}  GPT-Neo's switch: true sets {' and '.join(t)} to 'auto'"
+    rows += [f"{k:28} {'false':>18}  GPT-Neo's switch: true sets {' and '.join(t)} to 'auto', over any given"
              for k, t in AUTO_KEYS.items()]
     rows += [f"{k:28} {'(accepted)':>18}  no effect: {why}" for k, why in LEGACY_KEYS.items()]
     rows += [f"{k:28} {'(alias)':>18}  GPT-Neo's name for {v}" for k, v in ALIASES.items()]
@@ -882,18 +882,22 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     """Builds a validated ``Config``; returns it with notes about GPT-Neo keys that were accepted or translated.
     An error in a ``--set`` override names ``--set``, not ``source``."""
     raw = _canonical_spellings(dict(raw), source)
+    switches = _take_auto_switches(raw, source, {})
     notes = _drop_legacy_keys(raw, source)
     overridden = {}
     for text in overrides:
         key, value = parse_override(text)
         _check_json_value(ALIASES.get(key, key), value, text)
         given = {ALIASES.get(key, key): value}
-        if key in LEGACY_KEYS or key in AUTO_KEYS:
+        if key in AUTO_KEYS:
+            _take_auto_switches(given, f"--set {text}", switches)
+        elif key in LEGACY_KEYS:
             notes += _drop_legacy_keys(given, f"--set {text}")
         else:
             _check_known(ALIASES.get(key, key), f"--set {text}")
         raw.update(given)
         overridden.update(given)
+    notes += _apply_auto_switches(raw, switches, source, overridden)
     if raw.get("model") == "GPT":  # GPT-Neo's one model name
         raw["model"] = "gpt_neo"
         notes.append(f"{source}: model 'GPT' is GPT-Neo's name for the gpt_neo family")
@@ -932,18 +936,39 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     return cfg, notes
 
 
-def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
-    """Removes the mesh-tensorflow-only keys from ``raw`` (with a note each) and turns GPT-Neo's auto-layout
-    switches into "auto" values; an unknown key is an error."""
-    notes = []
-    for key, targets in AUTO_KEYS.items():
+def _take_auto_switches(raw: dict, source: str, switches: dict) -> dict:
+    """Moves GPT-Neo's auto-layout switches out of ``raw`` into ``switches`` (key -> (value, where it was
+    given)), a later one (``--set``) replacing an earlier; ``_apply_auto_switches`` applies them."""
+    for key in AUTO_KEYS:
         if key in raw:
             value = raw.pop(key)
-            if value is True:
-                raw.update({target: "auto" for target in targets})
-                notes.append(f"{source}: '{key}': true sets {' and '.join(targets)} to 'auto'")
-            elif value is not False:
+            if not isinstance(value, bool):
                 raise ConfigError(f"{key}: expected true or false, got {json.dumps(value)}")
+            switches[key] = (value, source)
+    return switches
+
+
+def _apply_auto_switches(raw: dict, switches: dict, source: str, overridden: dict) -> list[str]:
+    """A switch that is true sets its keys to "auto" (as documented; GPT-Neo chose the layout itself whatever
+    ``layout`` said), once every ``--set`` is in, so that the order they are given in changes nothing; the note
+    names a value it replaces."""
+    notes = []
+    for key, (on, where) in switches.items():
+        targets = AUTO_KEYS[key]
+        if not on:
+            continue
+        replaced = [f"{target} '{raw[target]}'" for target in targets if raw.get(target, "auto") != "auto"]
+        raw.update({target: "auto" for target in targets})
+        if where != source:  # an error in them names the --set
+            overridden.update({target: "auto" for target in targets})
+        notes.append(f"{where}: '{key}': true sets {' and '.join(targets)} to 'auto'"
+                     + (f" (in place of {' and '.join(replaced)})" if replaced else ""))
+    return notes
+
+
+def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
+    """Removes the mesh-tensorflow-only keys from ``raw`` (with a note each); an unknown key is an error."""
+    notes = []
     for key in list(raw):
         if key in LEGACY_KEYS:
             notes.append(f"{source}: '{key}' has no effect here ({LEGACY_KEYS[key]})")

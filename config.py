@@ -58,6 +58,11 @@ class ConfigError(ValueError):
     """Bad user input (a config key, a file, a mesh axis). The command-line tools print it as one line."""
 
 
+class UnknownKeyError(ConfigError):
+    """A key nested in another (``moe_params.num_expert``) that is not known: ``from_dict`` names the file it is
+    in, as it names the file of an unknown top-level key."""
+
+
 def _key(default, doc, choices=None, minimum=None, maximum=None):
     meta = {"doc": doc, "choices": choices, "min": minimum, "max": maximum}
     if isinstance(default, (list, dict)):
@@ -472,7 +477,7 @@ MODEL_VALUE = {"attention_types": "attention_layers", "norm": "norm_kind", "scal
 def describe_keys() -> str:
     """Every key with its default and doc, for ``--help-config``."""
     rows = [f"{f.name:28} {json.dumps(_default(f)):>18}  {f.metadata['doc']}" for f in dataclasses.fields(Config)]
-    rows += [f"{k:28} {'false':>18}  GPT-Neo's switch: true sets {' and '.join(t)} to 'auto'"
+    rows += [f"{k:28} {'false':>18}  GPT-Neo's switch: true sets {' and '.join(t)} to 'auto', over any given"
              for k, t in AUTO_KEYS.items()]
     rows += [f"{k:28} {'(accepted)':>18}  no effect: {why}" for k, why in LEGACY_KEYS.items()]
     rows += [f"{k:28} {'(alias)':>18}  GPT-Neo's name for {v}" for k, v in ALIASES.items()]
@@ -721,9 +726,7 @@ def _check_moe(cfg: Config) -> None:
         raise ConfigError(f"moe_layers: {json.dumps(layers)} names a layer twice")
     for key, value in (cfg.moe_params or {}).items():
         if key not in MOE_DEFAULTS:
-            close = difflib.get_close_matches(key, tuple(MOE_DEFAULTS), n=1, cutoff=0.5)
-            hint = f"; did you mean 'moe_params.{close[0]}'?" if close else f" (valid: {', '.join(MOE_DEFAULTS)})"
-            raise ConfigError(f"moe_params: unknown key '{key}'{hint}")
+            raise _unknown(key, tuple(MOE_DEFAULTS), "moe_params")
         expected = type(MOE_DEFAULTS[key])
         if isinstance(value, bool) or not isinstance(value, (int, float) if expected is float else int):
             raise ConfigError(f"moe_params.{key}: expected {expected.__name__}, got {json.dumps(value)}")
@@ -741,10 +744,10 @@ def _check_moe(cfg: Config) -> None:
             raise ConfigError(f"moe_params.{key}: {moe[key]} is below the minimum 0")
 
 
-def _unknown(key: str, valid: tuple, where: str) -> ConfigError:
+def _unknown(key: str, valid: tuple, where: str) -> UnknownKeyError:
     close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
     hint = f"; did you mean '{where}.{close[0]}'?" if close else f" (valid: {', '.join(valid)})"
-    return ConfigError(f"{where}: unknown key '{key}'{hint}")
+    return UnknownKeyError(f"{where}: unknown key '{key}'{hint}")
 
 
 def _check_strings(value, where: str, allowed: tuple | None = None) -> list:
@@ -879,18 +882,22 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     """Builds a validated ``Config``; returns it with notes about GPT-Neo keys that were accepted or translated.
     An error in a ``--set`` override names ``--set``, not ``source``."""
     raw = _canonical_spellings(dict(raw), source)
+    switches = _take_auto_switches(raw, source, {})
     notes = _drop_legacy_keys(raw, source)
     overridden = {}
     for text in overrides:
         key, value = parse_override(text)
         _check_json_value(ALIASES.get(key, key), value, text)
         given = {ALIASES.get(key, key): value}
-        if key in LEGACY_KEYS or key in AUTO_KEYS:
+        if key in AUTO_KEYS:
+            _take_auto_switches(given, f"--set {text}", switches)
+        elif key in LEGACY_KEYS:
             notes += _drop_legacy_keys(given, f"--set {text}")
         else:
             _check_known(ALIASES.get(key, key), f"--set {text}")
         raw.update(given)
         overridden.update(given)
+    notes += _apply_auto_switches(raw, switches, source, overridden)
     if raw.get("model") == "GPT":  # GPT-Neo's one model name
         raw["model"] = "gpt_neo"
         notes.append(f"{source}: model 'GPT' is GPT-Neo's name for the gpt_neo family")
@@ -918,6 +925,8 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     except ConfigError as e:
         # "peft: ..." or a nested "peft.lora: ..." both come from --set peft=...
         culprit = next((key for key in overridden if str(e).startswith((f"{key}:", f"{key}."))), None)
+        if culprit is None and isinstance(e, UnknownKeyError):  # a typo is found in its file, as at the top level
+            raise ConfigError(f"{source}: {e}") from None
         if culprit is None:
             raise
         raise ConfigError(f"--set {culprit}={json.dumps(overridden[culprit])}: {e}") from None
@@ -927,18 +936,39 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     return cfg, notes
 
 
-def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
-    """Removes the mesh-tensorflow-only keys from ``raw`` (with a note each) and turns GPT-Neo's auto-layout
-    switches into "auto" values; an unknown key is an error."""
-    notes = []
-    for key, targets in AUTO_KEYS.items():
+def _take_auto_switches(raw: dict, source: str, switches: dict) -> dict:
+    """Moves GPT-Neo's auto-layout switches out of ``raw`` into ``switches`` (key -> (value, where it was
+    given)), a later one (``--set``) replacing an earlier; ``_apply_auto_switches`` applies them."""
+    for key in AUTO_KEYS:
         if key in raw:
             value = raw.pop(key)
-            if value is True:
-                raw.update({target: "auto" for target in targets})
-                notes.append(f"{source}: '{key}': true sets {' and '.join(targets)} to 'auto'")
-            elif value is not False:
+            if not isinstance(value, bool):
                 raise ConfigError(f"{key}: expected true or false, got {json.dumps(value)}")
+            switches[key] = (value, source)
+    return switches
+
+
+def _apply_auto_switches(raw: dict, switches: dict, source: str, overridden: dict) -> list[str]:
+    """A switch that is true sets its keys to "auto" (as documented; GPT-Neo chose the layout itself whatever
+    ``layout`` said), once every ``--set`` is in, so that the order they are given in changes nothing; the note
+    names a value it replaces."""
+    notes = []
+    for key, (on, where) in switches.items():
+        targets = AUTO_KEYS[key]
+        if not on:
+            continue
+        replaced = [f"{target} '{raw[target]}'" for target in targets if raw.get(target, "auto") != "auto"]
+        raw.update({target: "auto" for target in targets})
+        if where != source:  # an error in them names the --set
+            overridden.update({target: "auto" for target in targets})
+        notes.append(f"{where}: '{key}': true sets {' and '.join(targets)} to 'auto'"
+                     + (f" (in place of {' and '.join(replaced)})" if replaced else ""))
+    return notes
+
+
+def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
+    """Removes the mesh-tensorflow-only keys from ``raw`` (with a note each); an unknown key is an error."""
+    notes = []
     for key in list(raw):
         if key in LEGACY_KEYS:
             notes.append(f"{source}: '{key}' has no effect here ({LEGACY_KEYS[key]})")

@@ -13,8 +13,8 @@ import os
 import sys
 import time
 
-from training.run_dir import (check_init_from_given, check_resume_base, has_checkpoint, newest_saved_config,
-                              only_damaged, run_config, saved_steps)
+from training.run_dir import (check_init_from_given, check_resume_base, has_checkpoint, missing_run_directory,
+                              newest_saved_config, only_damaged, run_config, saved_steps)
 from training.run_tokenizer import save_tokenizer, with_tokenizer_of_init_from, with_tokenizer_of_run
 from training.saved_state import base_params, checkpoints_trained_only, saved_part, state_shapes, storage_changed
 
@@ -81,9 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    if not (args.help_config or args.config or args.model or args.data) and not (
-            args.model_path and not (args.new or args.init_from) and newest_saved_config(args.model_path)):
-        p.error("--config (or --model NAME, or --data, or the --model-path of a run to go on with) is required")
+    if args.eval and args.new:  # first: --new would move the run aside before --eval found nothing
+        p.exit(2, "error: --eval: not with --new (--new moves the run aside and starts a fresh one; --eval "
+               "evaluates the run in model_path as it is)\n")
+    if not (args.help_config or args.config or args.model or args.data):
+        check_run_to_go_on_with(p, args)
     dry_only = [flag for flag, value in (("--devices", args.devices), ("--topology", args.topology),
                                          ("--accelerator", args.accelerator)) if value is not None]
     if dry_only and not args.dry_run:
@@ -91,6 +93,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.skip_bad_files and not args.data:
         p.error("--skip-bad-files: only with --data (it leaves out the bad files --data reads)")
     return args
+
+
+def check_run_to_go_on_with(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Without --config, --model or --data, train.py goes on with the run in --model-path: a usage error where
+    there is none, naming a --model-path that is no directory (a mistyped one) as eval.py and predict.py do."""
+    goes_on = args.model_path and not (args.new or args.init_from)
+    if goes_on and newest_saved_config(args.model_path):
+        return
+    missing = goes_on and missing_run_directory(args.model_path)
+    if missing:
+        starts = not (args.eval or args.resume or os.path.exists(args.model_path))
+        p.exit(2, f"error: {missing}" + ("; --config (or --model NAME) starts a new run there\n" if starts else "\n"))
+    p.error("--config (or --model NAME, or --data, or the --model-path of a run to go on with) is required")
 
 
 def distributed_problem(args) -> str | None:
@@ -132,10 +147,6 @@ def main(argv=None) -> int:
     problem = distributed_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
-        return EXIT_ERROR
-    if args.eval and args.new:  # checked here: --new would move the run aside before --eval found nothing
-        print("error: --eval: not with --new (--new moves the run aside and starts a fresh one; --eval evaluates "
-              "the run in model_path as it is)", file=sys.stderr)
         return EXIT_ERROR
 
     def run():

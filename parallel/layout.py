@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import re
 import sys
 from typing import Iterator, Sequence
 
@@ -38,7 +39,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from config import ConfigError
 from models.axes import ACTIVATION_DIMENSIONS, DIMENSIONS, placing
-from parallel.mesh import mesh_axes
+from parallel.mesh import AXIS_NAME, mesh_axes
 
 NOT_SPLIT = "none"  # layout value: keep the dimension whole
 
@@ -63,12 +64,24 @@ def layout_rules(text: str) -> tuple[Rule, ...]:
         axes = () if value == NOT_SPLIT else tuple(a.strip() for a in value.split("+"))
         if not all(axes) and value != NOT_SPLIT:
             raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x' or 'batch:x+z')")
+        check_axis_names(part, axes)
         if len(set(axes)) != len(axes):
             raise ConfigError(f"layout: '{part}' names a mesh axis twice")
         if any(name == seen for seen, _ in rules):
             raise ConfigError(f"layout: dimension '{name}' is given twice")
         rules.append((name, axes))
     return tuple(rules)
+
+
+def check_axis_names(part: str, axes: Sequence[str]) -> None:
+    """A rule's mesh axes must be names mesh_shape could give. One that is missing from mesh_shape is only a
+    warning later (GPT-Neo's meaning), so a name that no mesh can have ('x;heads:y', from ';' for ',') is refused
+    here, or the rule would be dropped with a warning and the run go on unsharded."""
+    for axis in axes:
+        if not re.fullmatch(AXIS_NAME, axis):
+            hint = "; rules are separated by ',' (e.g. 'batch:x,heads:y')" if re.search(r"[;:]", axis) else ""
+            raise ConfigError(f"layout: '{part}': '{axis}' cannot name a mesh axis (mesh_shape's axis names are "
+                              f"letters, digits and _){hint}")
 
 
 def parse_layout(text: str, mesh: Mesh) -> tuple[Rule, ...]:

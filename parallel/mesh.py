@@ -10,7 +10,8 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from config import ConfigError
 
-_AXIS = re.compile(r"^([A-Za-z_]\w*)\s*:\s*(-?\d+)$")
+AXIS_NAME = r"[A-Za-z_]\w*"  # what a mesh axis may be called; a layout's axes are held to it too
+_AXIS = re.compile(rf"^({AXIS_NAME})\s*:\s*(-?\d+)$")
 
 
 def mesh_axes(text: str) -> dict[str, int]:
@@ -36,15 +37,15 @@ def mesh_axes(text: str) -> dict[str, int]:
     return axes
 
 
-def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[str, int]:
-    """``"x:4,y:2"`` -> ``{"x": 4, "y": 2}``; one axis may be -1 and takes the devices left over. With ``cpu``,
-    a device-count error says how to simulate more CPU devices."""
+def parse_mesh_shape(text: str, device_count: int, platform: str | None = None) -> dict[str, int]:
+    """``"x:4,y:2"`` -> ``{"x": 4, "y": 2}``; one axis may be -1 and takes the devices left over. With the devices'
+    ``platform``, a device-count error also says how to simulate (CPU) or hide (GPU) devices to match."""
     axes = mesh_axes(text)
     free = [name for name, size in axes.items() if size == -1]
     fixed = math.prod(size for size in axes.values() if size != -1)
     # Simulated CPU devices are how a mesh is tried without the hardware; the flag must be set before jax starts.
     simulate = (f"; on CPU, simulate {fixed} devices with XLA_FLAGS=--xla_force_host_platform_device_count={fixed}"
-                if cpu and fixed > device_count else "")
+                if platform == "cpu" and fixed > device_count else "")
     if free:
         if device_count % fixed:
             raise ConfigError(f"mesh_shape: '{text}' fixes {fixed} devices, which does not divide the "
@@ -52,8 +53,25 @@ def parse_mesh_shape(text: str, device_count: int, cpu: bool = False) -> dict[st
         axes[free[0]] = device_count // fixed
     elif fixed != device_count:
         raise ConfigError(f"mesh_shape: '{text}' needs {fixed} device{'s' * (fixed != 1)} but {device_count} "
-                          f"{'is' if device_count == 1 else 'are'} available{simulate}")
+                          f"{'is' if device_count == 1 else 'are'} available; "
+                          f"{fit_hint(axes, device_count, platform)}")
     return axes
+
+
+def fit_hint(axes: dict[str, int], device_count: int, platform: str | None) -> str:
+    """How a mesh of fixed ``axes`` is made to fit ``device_count`` devices: sizes that multiply to it (one axis
+    of size -1 sizing itself to fit), or, on CPU or GPU, as many devices as the mesh names."""
+    fixed = math.prod(axes.values())
+    hint = f"make its sizes multiply to {device_count}"
+    sizing = next((name for name in axes if device_count % (fixed // axes[name]) == 0), None)
+    if sizing:
+        example = ",".join(f"{name}:{-1 if name == sizing else size}" for name, size in axes.items())
+        hint += f" ('{example}' sizes {sizing} to fit)"
+    if platform == "cpu":  # the flag must be set before jax starts
+        hint += f"; on CPU, simulate {fixed} devices with XLA_FLAGS=--xla_force_host_platform_device_count={fixed}"
+    elif platform == "gpu" and fixed < device_count:
+        hint += f"; on GPUs, use {fixed} with CUDA_VISIBLE_DEVICES={','.join(map(str, range(fixed)))}"
+    return hint
 
 
 def fixed_device_count(text: str) -> int | None:
@@ -68,7 +86,7 @@ def fixed_device_count(text: str) -> int | None:
 def make_mesh(text: str, devices=None) -> Mesh:
     """The device mesh for ``mesh_shape``, over all devices of all processes unless ``devices`` is given."""
     devices = jax.devices() if devices is None else list(devices)
-    axes = parse_mesh_shape(text, len(devices), cpu=devices[0].platform == "cpu")
+    axes = parse_mesh_shape(text, len(devices), platform=devices[0].platform)
     # Auto axes: shardings are chosen by the layout and propagated by XLA (the pjit model).
     return jax.make_mesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes),
                          devices=devices)

@@ -113,6 +113,25 @@ def test_gpt_neo_auto_keys_mean_auto():
         from_dict({"mesh_shape": "auto", "layout": "batch:x"})
 
 
+@pytest.mark.parametrize("raw, overrides, note", [
+    ({}, ("auto_layout=true", "layout=batch:x"), "--set auto_layout=true"),
+    ({}, ("layout=batch:x", "auto_layout=true"), "--set auto_layout=true"),
+    ({"auto_layout": True, "layout": "batch:x"}, (), "mine.json"),
+])
+def test_auto_layout_true_makes_the_layout_auto_whatever_the_order(raw, overrides, note):
+    """The note said 'auto' while a layout given after the switch was the one used; the documented meaning (and
+    GPT-Neo's) is the switch's, and the note names the layout it replaces."""
+    cfg, notes = from_dict(raw, source="mine.json", overrides=overrides)
+    assert cfg.layout == "auto"
+    assert notes == [f"{note}: 'auto_layout': true sets layout to 'auto' (in place of layout 'batch:x')"]
+
+
+def test_auto_layout_false_on_the_command_line_turns_a_config_files_switch_off():
+    cfg, notes = from_dict({"auto_layout": True}, source="mine.json", overrides=("auto_layout=false",
+                                                                                 "layout=batch:x"))
+    assert (cfg.layout, notes) == ("batch:x", [])
+
+
 def test_an_automatic_fsdp_layout_counts_what_accumulating_unreduced_holds_whole():
     """The rules choose FSDP from the training state's size; accumulate_unreduced then holds the parameters and
     their gradient sums whole on each device during a step: the reason says so with its size where it fits beside

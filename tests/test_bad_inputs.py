@@ -233,6 +233,26 @@ def test_failed_resume_and_init_from_leave_no_run_directory(files, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("extra, hint", [
+    (["--eval"], ""), (["--resume"], ""), ([], "; --config (or --model NAME) starts a new run there")])
+def test_a_mistyped_run_directory_without_a_config_is_named(tmp_path, capsys, extra, hint):
+    """Without --config, train.py goes on with the run in --model-path: one that is no directory is named, as
+    eval.py and predict.py name it, not taken for a missing --config."""
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model-path", str(tmp_path / "nope"), *extra])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == (f"error: model_path: {tmp_path}/nope: no such run directory (nothing "
+                                         f"trained there yet){hint}\n"), err
+
+
+def test_eval_with_new_is_refused_without_a_config_too(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model-path", str(tmp_path / "nope"), "--eval", "--new"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == ("error: --eval: not with --new (--new moves the run aside and starts a "
+                                         "fresh one; --eval evaluates the run in model_path as it is)\n"), err
+
+
 @pytest.mark.parametrize("override, message", [
     ("layout=batch:x,hedas:x", "error: layout: unknown dimension 'hedas'; did you mean 'heads'?"),
     ("mesh_shape=x4", "error: mesh_shape: 'x4' is not axis:size (e.g. 'x:4,y:2')"),

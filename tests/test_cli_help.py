@@ -173,8 +173,24 @@ def test_mesh_needing_more_devices_says_how_to_simulate_them_on_cpu():
     with pytest.raises(ConfigError, match="xla_force_host_platform_device_count=16"):
         make_mesh("x:8,y:2")  # tests run on 8 simulated CPU devices
     with pytest.raises(ConfigError) as accelerator:
-        parse_mesh_shape("x:16", 8, cpu=False)
+        parse_mesh_shape("x:16", 8, platform="tpu")
     assert "XLA_FLAGS" not in str(accelerator.value)
+
+
+@pytest.mark.parametrize("text, platform, fix", [
+    ("x:3", "cpu", "needs 3 devices but 8 are available; make its sizes multiply to 8 ('x:-1' sizes x to fit); "
+                   "on CPU, simulate 3 devices with XLA_FLAGS=--xla_force_host_platform_device_count=3"),
+    ("x:3,y:2", "gpu", "needs 6 devices but 8 are available; make its sizes multiply to 8 ('x:-1,y:2' sizes x to "
+                       "fit); on GPUs, use 6 with CUDA_VISIBLE_DEVICES=0,1,2,3,4,5"),
+    ("x:3,y:3", "tpu", "needs 9 devices but 8 are available; make its sizes multiply to 8"),  # no axis sizes to fit
+])
+def test_mesh_needing_fewer_devices_says_how_to_fit_them(text, platform, fix):
+    """Too many devices was a bare count: the line now says how to fit them, as the line for too few does."""
+    from config import ConfigError
+    from parallel.mesh import parse_mesh_shape
+    with pytest.raises(ConfigError) as e:
+        parse_mesh_shape(text, 8, platform=platform)
+    assert str(e.value) == f"mesh_shape: '{text}' {fix}"
 
 
 def test_generate_benchmark_without_torch_says_what_to_install_times_neomesh_alone_and_profiles_it(tmp_path):

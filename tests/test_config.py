@@ -169,6 +169,20 @@ def test_load_config_files(tmp_path):
         load_config(str(tmp_path / "missing.json"))
 
 
+@pytest.mark.parametrize("raw, message", [
+    ({"n_embed": 64}, "typo.json: unknown key 'n_embed'; did you mean 'n_embd'?"),
+    ({"moe_params": {"num_expert": 4}},
+     "typo.json: moe_params: unknown key 'num_expert'; did you mean 'moe_params.num_experts'?"),
+    ({"peft": {"lora": {"rnak": 4}}}, "typo.json: peft.lora: unknown key 'rnak'; did you mean 'peft.lora.rank'?"),
+])
+def test_an_unknown_key_names_its_file_nested_or_not(tmp_path, raw, message):
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps({**TINY, **raw}))
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert str(e.value) == message
+
+
 def test_a_missing_config_suggests_files_that_exist(tmp_path):
     """A suggestion is a file the command would find: the folder's own config by its path, a shipped one by its
     name; the folder's configs are listed apart from the shipped ones."""

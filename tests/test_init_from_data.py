@@ -150,8 +150,9 @@ def test_a_run_whose_own_mesh_does_not_fit_the_devices_here_says_how_to_name_one
     run = saved_run(tmp_path / "run", model="gpt_neo", n_layer=2, n_embd=64, n_head=4, mesh_shape="x:16")
     assert train.main(["--model-path", run, "--eval", "--no-progress"]) == 2
     assert capsys.readouterr().err == (
-        "error: mesh_shape: 'x:16' needs 16 devices but 8 are available; on CPU, simulate 16 devices with "
-        "XLA_FLAGS=--xla_force_host_platform_device_count=16 (the mesh of the run's own config, from its "
+        "error: mesh_shape: 'x:16' needs 16 devices but 8 are available; make its sizes multiply to 8 ('x:-1' "
+        "sizes x to fit); on CPU, simulate 16 devices with XLA_FLAGS=--xla_force_host_platform_device_count=16 (the "
+        "mesh of the run's own config, from its "
         "checkpoint; --set mesh_shape=... names one for the devices here: a run resumes on any mesh)\n")
 
 

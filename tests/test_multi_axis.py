@@ -61,6 +61,23 @@ def test_bad_layouts_are_one_line_errors(text, message):
         layout(text)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("batch:x;heads:y", "layout: 'batch:x;heads:y': 'x;heads:y' cannot name a mesh axis (mesh_shape's axis names are "
+     "letters, digits and _); rules are separated by ',' (e.g. 'batch:x,heads:y')"),
+    ("batch:x y", "layout: 'batch:x y': 'x y' cannot name a mesh axis (mesh_shape's axis names are letters, digits "
+     "and _)"),
+    ("batch:x+y=2", "layout: 'batch:x+y=2': 'y=2' cannot name a mesh axis (mesh_shape's axis names are letters, "
+     "digits and _)"),
+])
+def test_a_layout_axis_no_mesh_can_have_is_an_error_not_a_warning(text, message, capsys):
+    """A rule naming an axis missing from mesh_shape is dropped with a warning (GPT-Neo's meaning); one naming
+    something mesh_shape could never call an axis is a typo ('; ' for ','), refused before any device exists."""
+    from parallel.layout import check_text
+    with pytest.raises(ConfigError) as e:
+        check_text("x:4,y:2", text)
+    assert str(e.value) == message and capsys.readouterr().err == ""
+
+
 def test_none_cannot_name_a_mesh_axis():
     with pytest.raises(ConfigError, match="'none' cannot name a mesh axis"):
         parse_mesh_shape("none:8", 8)

@@ -29,6 +29,7 @@ from config import ConfigError
 from training import integrity
 from training.input_checkpoint import ITEM as INPUT_ITEM
 from training.input_checkpoint import InputStateHandler, InputStateRestore, InputStateSave
+from training.run_dir import missing_run_directory
 
 INTEGRITY = "integrity"  # the checkpoint item holding the checksums (training/integrity.py)
 
@@ -118,10 +119,9 @@ class Checkpoints:
     def __init__(self, model_path: str, keep: int, read_only: bool = False):
         self.directory = os.path.abspath(os.path.join(model_path, "checkpoints"))
         if read_only and not os.path.isdir(self.directory):
-            if "://" not in model_path and os.path.isfile(model_path):
-                raise ConfigError(f"model_path: {model_path} is a file, not a run directory")
-            if "://" not in model_path and not os.path.exists(model_path):  # predict.py or export before train.py
-                raise ConfigError(f"model_path: {model_path}: no such run directory (nothing trained there yet)")
+            missing = missing_run_directory(model_path)  # predict.py or export before train.py, or a typo
+            if missing:
+                raise ConfigError(missing)
             if "://" not in model_path and os.path.isfile(os.path.join(model_path, "config.json")):
                 raise ConfigError(f"model_path: {model_path} is a Hugging Face model directory (config.json, no "
                                   "checkpoints/): predict.py and eval.py read it with --hf-model; python -m convert "

@@ -8,6 +8,18 @@ from __future__ import annotations
 import os
 
 
+def missing_run_directory(model_path: str) -> str | None:
+    """Why a local ``model_path`` cannot hold a run to read (no such directory, or a file), in one line; None where
+    it may (a remote path is left to orbax)."""
+    if "://" in model_path:
+        return None
+    if os.path.isfile(model_path):
+        return f"model_path: {model_path} is a file, not a run directory"
+    if not os.path.exists(model_path):
+        return f"model_path: {model_path}: no such run directory (nothing trained there yet)"
+    return None
+
+
 def saved_steps(model_path: str) -> list[int]:
     """The steps of the checkpoints in ``model_path`` (their folders' names), by the names alone."""
     directory = os.path.join(model_path, "checkpoints")

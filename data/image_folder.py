@@ -1,7 +1,9 @@
 """Your own images for ``task: image_classification``: a folder of class folders, as torchvision's ImageFolder and
 Hugging Face's ``imagefolder`` read them::
 
-    pets/train/cat/1.jpg  pets/train/dog/2.png  ...   pets/validation/cat/7.jpg  ...
+    pets/train/cat/1.jpg  pets/train/dog/2.png  pets/train/dog/puppies/3.png  ...   pets/validation/cat/7.jpg  ...
+
+(an image in a class folder's subfolders, at any depth, is of that class, as in ImageFolder).
 
 ``datasets`` names the folder itself (``pets``: its ``train`` folder trains and the first of ``validation``,
 ``val``, ``valid``, ``dev``, ``test`` evaluates; a folder without a ``train`` folder is the class folders
@@ -44,8 +46,19 @@ def looks_like_one(path: str) -> bool:
     if not os.path.isdir(path):
         return False
     root = os.path.join(path, "train") if os.path.isdir(os.path.join(path, "train")) else path
-    return any(entry.is_dir() and any(f.lower().endswith(SUFFIXES) for f in os.listdir(entry.path))
+    return any(entry.is_dir() and not entry.name.startswith(".") and next(images_under(entry.path), None)
                for entry in os.scandir(root))
+
+
+def images_under(folder: str):
+    """The image files in ``folder`` and its subfolders, at any depth, as torchvision's ImageFolder finds them
+    (the label is the class folder above them all); hidden files and folders (.ipynb_checkpoints) are passed over."""
+    for parent, folders, files in os.walk(folder, followlinks=True):
+        folders[:] = [f for f in folders if not f.startswith(".")]  # pruned in place: os.walk goes no deeper
+        for f in files:
+            path = os.path.join(parent, f)
+            if not f.startswith(".") and f.lower().endswith(SUFFIXES) and os.path.isfile(path):
+                yield path
 
 
 def folder_dataset(name: str, dataset: dict | None = None) -> dict:
@@ -100,16 +113,15 @@ def skipping_dataset_config(folder: str) -> str:
 
 
 def class_files(root: str) -> dict[str, list[str]]:
-    """{class folder name: its image files}, both sorted; one-line errors for an image outside a class folder, a
-    folder without classes and a class folder without images. Hidden files and other suffixes are ignored."""
+    """{class folder name: its image files, those in its subfolders too}, both sorted; one-line errors for an
+    image outside a class folder, a folder without classes and a class folder without images. Hidden files and
+    folders and other suffixes are ignored."""
     classes, strays = {}, []
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.name.startswith("."):
             continue
         if entry.is_dir():
-            files = (os.path.join(entry.path, f) for f in os.listdir(entry.path)
-                     if not f.startswith(".") and f.lower().endswith(SUFFIXES))
-            classes[entry.name] = sorted(f for f in files if os.path.isfile(f))
+            classes[entry.name] = sorted(images_under(entry.path))
         elif entry.name.lower().endswith(SUFFIXES):
             strays.append(entry.path)
     if strays:

@@ -128,6 +128,28 @@ def test_label_order_from_the_dataset_config_or_the_classifier_the_run_starts_fr
     np.testing.assert_array_equal(np.bincount(ours.labels[:6]), [0, 6])  # the cats come first, as id 1
 
 
+def test_images_in_a_class_folders_subfolders_belong_to_it_as_in_image_folder(tmp_path, image_cache_on):
+    """torchvision's ImageFolder walks each class folder down: cat/sub/x.png is a cat. Hidden folders are passed
+    over; a class folder whose images are all in subfolders is a class; the decoded-image cache knows each file."""
+    from data.image_folder import class_files, looks_like_one
+
+    root = tmp_path / "nest"
+    files = write_folder(root, 2)
+    nested = write_image(root / "cat" / "sub" / "deeper" / "x.png", COLOURS["fox"], 5)
+    write_image(root / "cat" / ".ipynb_checkpoints" / "y.png", COLOURS["fox"], 6)
+    only_nested = write_image(root / "fox" / "sub" / "z.png", COLOURS["fox"], 7)
+    assert class_files(str(root)) == {"cat": sorted(files[:2] + [nested]), "dog": files[2:], "fox": [only_nested]}
+    assert looks_like_one(str(root / "fox"))  # its class folder "sub" holds an image one level further down
+    cfg = vit(root, num_labels=3)
+    train, evaluation = image_source(cfg, "train"), image_source(cfg, "eval")
+    assert train.description.endswith("eval): 4 images of 8x8x3; per label: cat 2, dog 1, fox 1")
+    assert evaluation.description.endswith("eval): 2 images of 8x8x3; per label: cat 1, dog 1, fox 0")  # 3 cats
+    image_cache_on.clear()
+    write_image(nested, COLOURS["cat"], 8, size=(20, 20))  # a nested file changed: the list is decoded anew
+    image_source(cfg, "train")
+    assert nested in image_cache_on
+
+
 def bad(tmp_path, what):
     root = tmp_path / "pets"
     write_folder(root / "train", 2)

@@ -243,7 +243,7 @@ def make_source(cfg: Config, split: str):
         from data.pairs import pair_source
         return pair_source(cfg, split)
 
-    datasets, entries = [], []
+    datasets, entries, without_eval = [], [], []
     for entry in cfg.datasets:
         name = entry[0]
         if name.startswith("tfds:"):
@@ -259,6 +259,7 @@ def make_source(cfg: Config, split: str):
                 raise ConfigError(mistake)
         check_not_examples(dataset, cfg.task)
         if split == "eval" and dataset.get("eval_path") == "":
+            without_eval.append(dataset["where"])  # the file read: a config named by path is not under configs/
             continue  # GPT-Neo's way of saying "no eval set"
         if split == "train" and dataset["path"] == "":
             raise ConfigError(f"{dataset['where']}: 'path' is empty: an eval-only dataset config, which train.py "
@@ -266,8 +267,7 @@ def make_source(cfg: Config, split: str):
         datasets.append(dataset)
         entries.append(entry)
     if not datasets:
-        raise NoEvalSet(f"datasets: no eval set ('eval_path' is empty in "
-                        f"{', '.join(f'configs/dataset_configs/{e[0]}.json' for e in cfg.datasets)})")
+        raise NoEvalSet(f"datasets: no eval set ('eval_path' is empty in {', '.join(without_eval)})")
     if any(d["path"] == "embedded" for d in datasets):
         return _embedded_source(cfg, datasets[0], split)
     # Text datasets (TFDS) take the tokenizer of the first dataset config when none is set.

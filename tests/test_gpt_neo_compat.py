@@ -187,6 +187,9 @@ def test_empty_eval_path_means_no_eval_set(neo_records, tmp_path, monkeypatch):
     with pytest.raises(NoEvalSet, match=r"datasets: no eval set \('eval_path' is empty in "
                                         r"configs/dataset_configs/neo.json\)"):
         make_source(config([["neo", None, None, None]]), "eval")
+    by_path = str(tmp_path / "dc" / "neo.json")  # the file read, not a name under configs/dataset_configs/
+    with pytest.raises(NoEvalSet, match=rf"^datasets: no eval set \('eval_path' is empty in {by_path}\)$"):
+        make_source(config([[by_path, None, None, None]]), "eval")
     assert make_source(config([["neo", None, None, None], ["wiki", None, None, None]]), "eval").files == [
         neo_records]  # the dataset with an eval set is evaluated, the other left out
     with pytest.raises(ConfigError, match="wiki.json: 'path' is empty: an eval-only dataset config"):

@@ -38,6 +38,7 @@ from typing import Callable, Iterator, Sequence
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from config import ConfigError  # noqa: E402  (after the path: run from anywhere)
+from neomesh.units import human_bytes  # noqa: E402
 
 FORMAT = "neomesh-text-dataset/1"
 EVAL_FRACTION = 0.05
@@ -242,7 +243,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     if not size and "embedded" not in files:
         raise ConfigError(f"{input_flag} {' '.join(inputs)}: no text to train on")
     if size > 64 << 20:
-        say(f"data: hashing {size / 1e9:.2f} GB of input to find a prepared copy")
+        say(f"data: hashing {human_bytes(size)} of input to find a prepared copy")
     key = content_key(files, settings)[:8]
     name = dataset_name(inputs)
     target = output_dir or os.path.join(cache, f"{name}-{key}")
@@ -272,7 +273,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
         notes = "; ".join(n for n in notes if n)
         used = sum(os.path.getsize(path) for path, _ in counts if path != "embedded")
         say(f"data: {len(files)} files{f' ({notes})' if notes else ''}, {entries[-1][2]:,} documents, "
-            f"{used / 1e6:.1f} MB; eval: {held}")
+            f"{human_bytes(used)}; eval: {held}")
         entries = [(path, first) for path, first, _ in entries]
         tok = reused
         if tok is None:

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from config import ConfigError
+from neomesh.units import human_bytes
 from parallel.estimate import ACCELERATORS, DEVICE_KINDS, UTILISATION, Accelerator, StepEstimate, estimate, on_hosts
 from parallel.hlo_stats import HloStats, parse_hlo
 from parallel.layout import Layout
@@ -50,13 +51,6 @@ from training.objectives import loss_chunk, objective_for
 from training.optimizer import learning_rate_schedule, make_optimizer
 
 GB = 1e9
-
-
-def human_bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def human_count(n: float) -> str:

@@ -416,6 +416,12 @@ def test_make_dataset_for_a_config_trains_its_objectives_tokens(tmp_path, work_r
     assert capsys.readouterr().err.startswith(f"error: --tokenizer: '{tmp_path / 'nope'}' does not exist")
 
 
+def test_sizes_are_printed_in_a_unit_that_shows_them():
+    from neomesh.units import human_bytes
+
+    assert [human_bytes(n) for n in (812, 35_150, 1_234_567, 2.5e9)] == ["812 B", "35.1 kB", "1.23 MB", "2.5 GB"]
+
+
 def bad_folder(tmp_path):
     """25 good documents, a file that is not UTF-8, an empty file and one of whitespace only."""
     texts = write_texts(tmp_path / "texts", 25)
@@ -440,7 +446,9 @@ def test_a_bad_file_stops_make_dataset_naming_it_or_is_skipped_with_a_warning(tm
     assert main(base + ["--skip-bad-files"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line for line in lines if "warning" in line or "bad.txt" in line] == [warning]
-    assert "data: 28 files (1 bad, skipped; 2 with no text), 25 documents, " in "\n".join(lines)
+    used = sum(os.path.getsize(f) for f in texts.iterdir() if f.name != "bad.txt")  # about 7 kB: "0.0 MB" it said
+    assert f"data: 28 files (1 bad, skipped; 2 with no text), 25 documents, {used / 1e3:.3g} kB; eval: " \
+        in "\n".join(lines)
     assert any(line.startswith("data: train ") and line.endswith(", 1 bad file skipped") for line in lines)
     with open(out / "DONE") as f:
         done = json.load(f)

@@ -125,7 +125,8 @@ def test_a_run_directory_without_a_config_goes_on_with_its_own(tmp_path):
     args = train.parse_args(["--model-path", run, "--set", "lr=0.25"])
     cfg, notes = run_dir.run_config(args)
     assert (cfg.n_layer, cfg.n_embd, cfg.lr) == (2, 64, 0.25)
-    assert notes[0].startswith(f"config: the run's own, from its newest checkpoint in {run}")
+    assert notes[0] == (f"config: the run's own, from its newest checkpoint in {run} (no --config given; "
+                        "--config FILE would use another)")  # it read as if --config had been given
     for argv in (["--model-path", str(tmp_path / "none")], ["--model-path", run, "--new"], []):
         with pytest.raises(SystemExit):  # argparse's usage error: no config, and no run to go on with
             train.parse_args(argv)

@@ -77,8 +77,8 @@ def run_config(args):
     if saved is None:
         return None
     cfg, notes = from_dict(saved, source=f"{args.model_path}'s config", overrides=tuple(args.set))
-    return cfg, [f"config: the run's own, from its newest checkpoint in {args.model_path} (--config names "
-                 "another)", *notes]
+    return cfg, [f"config: the run's own, from its newest checkpoint in {args.model_path} (no --config given; "
+                 "--config FILE would use another)", *notes]
 
 
 def check_init_from_given(model_path: str | None, cfg) -> None:

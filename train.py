@@ -441,15 +441,14 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 if lead:  # checked wherever a trained-only checkpoint of this run reads its base again
                     record(cfg.model_path, cfg.init_from, fingerprint(cfg.init_from))
                 _, missing, unused = match_params(params, unstack_abstract(abstract.params))
-                if cfg.init_new_head:  # its head's output layer was left out: fresh, but not for want of it
-                    from training.init_from import head_names
+                from training.init_from import head_names, initialised_notes
 
+                if cfg.init_new_head:  # its head's output layer was left out: fresh, but not for want of it
                     head = head_names(cfg)
                     say(f"init_new_head: a new head of {cfg.num_labels} labels, initialised fresh: {', '.join(head)}")
                     missing = [name for name in missing if name not in head]
-                say(f"initialised from {cfg.init_from}" + (f"; fresh (not in it): {summary(missing)}" if missing
-                                                           else "")
-                    + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else ""))
+                for line in initialised_notes(cfg.init_from, missing, unused):
+                    say(line)
         if lead and train_data is not None and hasattr(train_data.tokenizer, "save"):  # kept for predict.py, export
             save_tokenizer(train_data.tokenizer, os.path.join(tokenizer_dir, "tokenizer.json"))
         names = getattr(train_data, "label_names", None)
@@ -680,11 +679,6 @@ def peft_base_note(cfg) -> str | None:
         return None
     return ("note: peft without init_from: the frozen parameters keep this run's random init; to fine-tune a trained "
             "model give --init-from DIR or ORG/NAME")
-
-
-def summary(names: list[str], most: int = 8) -> str:
-    """Parameter names for a one-line note: the first ``most``, then how many more."""
-    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def restore_input_position(source, checkpoints, step: int, shardings: dict, shapes: dict) -> str | None:

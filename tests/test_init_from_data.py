@@ -176,6 +176,20 @@ def test_init_from_notes_only_the_keys_whose_model_changes(tmp_path):
     assert (cfg.n_embd, cfg.intermediate) == (240, 960)
 
 
+def test_a_task_head_the_model_lacks_is_named_on_its_own_line():
+    """A GPT-2 LM into sequence classification with LoRA: its 16 LoRA factors sort before score/out/kernel, which a
+    summary of 8 names and "and 9 more" hid, though the README promises a warning naming the head."""
+    lora = [f"blocks/{i}/attn/{t}/lora_{f}" for i in range(2) for t in ("k", "out", "q", "v") for f in "ab"]
+    lines = init_from.initialised_notes("hf/gpt2", [*lora, "score/out/kernel"], [])
+    assert lines == [f"initialised from hf/gpt2; fresh (not in it): {', '.join(lora[:8])} and 8 more",
+                     "warning: hf/gpt2 has no task head; initialised fresh (train it before use): score/out/kernel"]
+    assert init_from.initialised_notes("bert", ["classifier/out/bias", "classifier/out/kernel"], ["mlm/bias"]) == [
+        "initialised from bert; unused (this task has no place for them): mlm/bias",
+        "warning: bert has no task head; initialised fresh (train it before use): classifier/out/bias, "
+        "classifier/out/kernel"]
+    assert init_from.initialised_notes("t5", [], []) == ["initialised from t5"]  # every weight, and only those
+
+
 def test_a_peft_run_without_init_from_is_told_its_base_stays_random():
     """configs/finetune_lora_gpt2.json run without --init-from trained LoRA factors on a random GPT-2, silently."""
     template = load_config("finetune_lora_gpt2")[0]

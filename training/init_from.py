@@ -150,6 +150,27 @@ def head_names(cfg: Config) -> list[str]:
     return sorted(name for name, shape in ours.items() if other.get(name) != shape)
 
 
+def initialised_notes(source: str, missing: list[str], unused: list[str]) -> list[str]:
+    """The lines saying what a run took from ``source``: the parameters it lacks (fresh) and those it has to spare.
+    A task head it lacks has a line of its own, so the summary of LoRA factors or other fresh parts never hides it
+    (transformers warns the same way: "newly initialized: ['score.weight']")."""
+    from training.peft.trainable import PARTS
+
+    head = [name for name in missing if PARTS["head"](name.split("/"))]
+    rest = [name for name in missing if name not in head]
+    lines = [f"initialised from {source}" + (f"; fresh (not in it): {summary(rest)}" if rest else "")
+             + (f"; unused (this task has no place for them): {', '.join(unused)}" if unused else "")]
+    if head:
+        lines.append(f"warning: {source} has no task head; initialised fresh (train it before use): "
+                     f"{', '.join(head)}")
+    return lines
+
+
+def summary(names: list[str], most: int = 8) -> str:
+    """Parameter names for a one-line note: the first ``most``, then how many more."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def without_head(cfg: Config, params: dict) -> tuple[dict, list[str]]:
     """``params`` without the head's output layer (it starts from the model's init), and its path names."""
     from parallel.state import split_params

@@ -173,10 +173,14 @@ def main(argv=None) -> int:
             check_text(cfg.mesh_shape, cfg.layout)
         if args.data:
             from data.make_dataset import config_for_data
+            reader = None
             if cfg.init_from and cfg.tokenizer_path is None:  # fine-tuning reads text with the model's tokenizer
                 from training.init_from import source_tokenizer
                 cfg = cfg.replace(tokenizer_path=source_tokenizer(cfg.init_from))
-            cfg = config_for_data(cfg, args.data, args.skip_bad_files)
+            elif not (cfg.init_from or args.new):  # a run going on reads new text with its own tokenizer
+                from training.run_tokenizer import tokenizer_of_run_for_data
+                reader = tokenizer_of_run_for_data(cfg, args.model_path, args.data)
+            cfg = config_for_data(cfg, args.data, args.skip_bad_files, tokenizer=reader)
             if goes_on and not args.model_path:  # the run directory named after the data
                 check_init_from_given(cfg.model_path, cfg)
         elif cfg.init_from:

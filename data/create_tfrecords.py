@@ -176,12 +176,15 @@ def write_index(path: str, files: list[dict], tokenizer, tokenizer_path: str, mo
                 separator: tuple[int, ...] | None = None, skipped: list[dict] = (),
                 no_records: list[dict] = ()) -> dict:
     """``NAME.index``, written under a temporary name and renamed: the files, their counts and totals, the
-    tokenizer's size and separator, the input files skipped as bad (with why), and those that gave no record
-    (with the documents they dropped, counted in the totals)."""
+    tokenizer's size, hash (data/tokenizer.py tokenizer_hash) and separator, the input files skipped as bad (with
+    why), and those that gave no record (with the documents they dropped, counted in the totals)."""
+    from data.tokenizer import tokenizer_hash
+
     totals = {k: sum(f.get(k, 0) for f in [*files, *no_records]) for k in ("documents", "records", "tokens",
                                                                             "bytes", "dropped_documents")}
     index = {"format": INDEX_FORMAT, "mode": mode, "chunk_size": chunk_size, "tokenizer": tokenizer_path,
-             "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
+             "vocab_size": tokenizer.vocab_size, "tokenizer_hash": tokenizer_hash(tokenizer),
+             "eos_id": tokenizer.eos_id,
              "separator": list(separator) if separator else [tokenizer.eos_id], "totals": totals, "files": files,
              "skipped": list(skipped), "no_records": list(no_records)}
     tmp = path + ".tmp"

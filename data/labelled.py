@@ -59,15 +59,14 @@ def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[
     """(object, "path: line N") for every line of the jsonl files ``pattern`` matches (sorted), in file order;
     one-line errors for no file, a line that is not UTF-8 (with its byte offset) or not a JSON object, a corrupt or
     truncated ``.zst``, and a file without any ``noun``."""
-    from data.text_files import _decode, _file_lines, _zstd_lines
+    from data.text_files import jsonl_lines
 
     files = sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
     if not files:
         raise ConfigError(f"{where}: {pattern} matches no file")
     for path in files:
-        found, offset = False, 0
-        for line_no, raw in enumerate(_zstd_lines(path) if path.endswith(".zst") else _file_lines(path), 1):
-            line, offset = _decode(raw, path, offset, line_no), offset + len(raw)
+        found = False
+        for line_no, line in jsonl_lines(path):
             if not line.strip():
                 continue
             try:

@@ -251,6 +251,9 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     def finished() -> bool:  # an explicit --output-dir may hold another dataset: rebuilt
         return manifest(target).get("key") == key
 
+    if not finished() and output_dir is None:
+        twin = trained_twin(cache, name, files, {**settings, "tokenizer": trained}, reused)
+        target, key = twin or (target, key)
     if finished():
         skipped = check_skipped(target, skip_bad_files, say)
         say(f"data: reusing {_shown(target)} (prepared from the same files and settings{skipped})")
@@ -309,6 +312,22 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
                                      "files reuse it)", done=finished):
         check_skipped(target, skip_bad_files, say)  # another process built it while this one waited
     return target
+
+
+def trained_twin(cache: str, name: str, files: list[str], settings: dict, reused) -> tuple[str, str] | None:
+    """``(folder, key)`` of ``files`` prepared with a BPE trained on them (``settings`` name its training) that
+    is the ``reused`` tokenizer itself, else None: a run going on with its own text and its own tokenizer
+    (train.py --data) reads the copy its first run prepared, not the same ids again under a new name."""
+    from data.tokenizer import load_tokenizer, tokenizer_hash
+
+    if not hasattr(reused, "tok"):
+        return None
+    key = content_key(files, settings)[:8]
+    folder = os.path.join(cache, f"{name}-{key}")
+    tokenizer = os.path.join(folder, "tokenizer.json")
+    if manifest(folder).get("key") != key or not os.path.isfile(tokenizer):
+        return None
+    return (folder, key) if tokenizer_hash(load_tokenizer(tokenizer)) == tokenizer_hash(reused) else None
 
 
 def check_settings(eval_fraction: float, n_ctx: int, min_frequency: int, workers: int) -> None:
@@ -378,13 +397,14 @@ def _shown(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
-def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
+def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False, tokenizer: str | None = None):
     """``cfg`` training on ``inputs`` (train.py --data): a folder this module wrote (or its dataset.json), or text
     files, prepared here once (cached by content) with a tokenizer of ``n_vocab`` tokens (or the config's
     ``tokenizer_path``) and a 5% eval split. The run directory becomes ``runs/<data folder name>``; with no eval
     split, ``eval_steps`` becomes 0. A task that plain text cannot feed is refused before anything is prepared.
     ``skip_bad_files`` (--skip-bad-files) leaves out text files that cannot be read or decoded, as make_dataset,
-    or an image folder's unreadable images.
+    or an image folder's unreadable images. ``tokenizer`` prepares the text instead of ``tokenizer_path`` (a run
+    going on reads new text with its own: training/run_tokenizer.py).
     For task image_classification a folder of class folders is named in ``datasets`` as it is (data/images.py)."""
 
     dataset_file = given_dataset_file(inputs)
@@ -404,8 +424,9 @@ def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False):
     if refusal and (dataset is None or names_token_records(dataset)):
         raise ConfigError(f"--data: {refusal}")
     if dataset_file is None:
-        check_reused_tokenizer(cfg)
-        folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=cfg.tokenizer_path, n_ctx=cfg.n_ctx,
+        reader = cfg.replace(tokenizer_path=tokenizer or cfg.tokenizer_path)
+        check_reused_tokenizer(reader)
+        folder = make_dataset(inputs, vocab_size=cfg.n_vocab, tokenizer=reader.tokenizer_path, n_ctx=cfg.n_ctx,
                               special_tokens=objective_tokens(cfg), input_flag="--data", vocab_flag="n_vocab",
                               tokenizer_flag="tokenizer_path", skip_bad_files=skip_bad_files)
         dataset_file = os.path.join(folder, "dataset.json")

@@ -37,7 +37,7 @@ from config import Config, ConfigError, json_names
 from data import corpus
 from data.shards import shard_files, shard_seed
 from data.tf_source import TFDataSource
-from data.tokenizer import Tokenizer, load_tokenizer
+from data.tokenizer import Tokenizer, load_tokenizer, tokenizer_hash
 from neomesh import paths
 
 DATASET_CONFIG_DIR = os.path.join(paths.configs_dir(), "dataset_configs")
@@ -209,6 +209,23 @@ def make_tokenizer(cfg: Config) -> Tokenizer:
     return load_tokenizer(dataset.get("tokenizer_path", "bytes"), f"{dataset['where']} tokenizer_path")
 
 
+def check_one_tokenizer(datasets: list[dict], tokenizers: list[Tokenizer]) -> None:
+    """Mixed datasets share one tokenizer: the same size, and the same vocabulary (two BPEs of one size give one
+    id to different tokens). A one-line error naming the first dataset whose tokenizer differs from the first's."""
+    sizes = {t.vocab_size for t in tokenizers}
+    if len(sizes) > 1:
+        raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "
+                          "mixed datasets must share one tokenizer")
+    hashes = [tokenizer_hash(t) for t in tokenizers] if len(tokenizers) > 1 else []
+    other = next((k for k, h in enumerate(hashes) if None not in (h, hashes[0]) and h != hashes[0]), None)
+    if other is not None:
+        first, second = datasets[0], datasets[other]
+        raise ConfigError(f"datasets: the mixed datasets use different tokenizers of the same size "
+                          f"{sizes.pop()}: {first['where']} reads with {first['tokenizer_path']}, {second['where']} "
+                          f"with {second['tokenizer_path']}, whose vocabularies differ; mixed datasets must share "
+                          "one tokenizer")
+
+
 def window_length(cfg: Config) -> int:
     """New tokens each token window takes from the stream (``windows()`` cuts one more, shared with the next): the
     context, or a span-corruption example's input tokens before its spans are cut."""
@@ -292,10 +309,7 @@ def make_source(cfg: Config, split: str):
         from data.spans import sentinel_count, sentinel_ids
 
         sentinels = sentinel_ids(tokenizers[0], cfg.n_vocab, sentinel_count(cfg), datasets[0]["where"])
-    sizes = {t.vocab_size for t in tokenizers}
-    if len(sizes) > 1:
-        raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "
-                          "mixed datasets must share one tokenizer")
+    check_one_tokenizer(datasets, tokenizers)
     from data.pipeline import mix, open_tfds, shard_batches, tfrecord_documents, windows
     from data.tfds_text import tokenized_split
     from data.tf_import import tensorflow

@@ -13,6 +13,7 @@ from config import ConfigError
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.zst")
 CHUNK = 1 << 20  # compressed bytes read at a time
+BOM = "\ufeff"  # the byte-order mark Windows editors start UTF-8 files with: no part of the text
 
 
 def expand_inputs(patterns: list[str], flag: str = "--input") -> list[str]:
@@ -78,12 +79,9 @@ def _documents(path: str) -> Iterator[str]:
         nul = raw.find(b"\0")
         if nul >= 0:
             raise BadFile(f"{path}: binary data (a NUL byte at byte offset {nul}), not text")
-        yield _decode(raw, path, 0)
+        yield _decode(raw, path, 0).removeprefix(BOM)
         return
-    lines = _zstd_lines(path) if path.endswith(".zst") else _file_lines(path)
-    offset = 0
-    for line_no, line in enumerate(lines, 1):
-        text_line, offset = _decode(line, path, offset, line_no), offset + len(line)
+    for line_no, text_line in jsonl_lines(path):
         if not text_line.strip():
             continue
         try:
@@ -93,6 +91,17 @@ def _documents(path: str) -> Iterator[str]:
         if not isinstance(text, str):
             raise BadFile(f"{path}: line {line_no}: 'text' is not a string")
         yield text
+
+
+def jsonl_lines(path: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a ``.jsonl`` or ``.jsonl.zst`` file, the one way every jsonl reader reads them:
+    decoded as UTF-8 (a ``BadFile`` naming the line and byte offset otherwise), a byte-order mark at the start
+    skipped (Windows editors write one; it is no part of the first line's JSON)."""
+    lines = _zstd_lines(path) if path.endswith(".zst") else _file_lines(path)
+    offset = 0
+    for line_no, raw in enumerate(lines, 1):
+        line, offset = _decode(raw, path, offset, line_no), offset + len(raw)
+        yield line_no, line.removeprefix(BOM) if line_no == 1 else line
 
 
 def _decode(raw: bytes, path: str, offset: int, line_no: int | None = None) -> str:

@@ -31,8 +31,9 @@ def list_files(pattern: str, where: str) -> list[str]:
 
 
 def read_indexes(files: list[str]) -> dict[str, dict]:
-    """``{file: {"documents", "records", "tokens", "bytes", "vocab_size", "eos_id", "index"}}`` for every file
-    that a ``*.index`` written by create_tfrecords in its directory lists."""
+    """``{file: {"documents", "records", "tokens", "bytes", "vocab_size", "tokenizer_hash", "eos_id", "index"}}``
+    for every file that a ``*.index`` written by create_tfrecords in its directory lists (an older index has no
+    tokenizer_hash: None)."""
     import glob
     found: dict[str, dict] = {}
     for directory in sorted({os.path.dirname(f) for f in files}):
@@ -44,16 +45,25 @@ def read_indexes(files: list[str]) -> dict[str, dict]:
                 raise DataError(f"{path}: unreadable index ({e})") from None
             for entry in index.get("files", []):
                 found[os.path.join(directory, entry["file"])] = {
-                    **entry, "vocab_size": index.get("vocab_size"), "eos_id": index.get("eos_id"), "index": path}
+                    **entry, "vocab_size": index.get("vocab_size"), "tokenizer_hash": index.get("tokenizer_hash"),
+                    "eos_id": index.get("eos_id"), "index": path}
     return {f: found[f] for f in files if f in found}
 
 
 def check_vocab(indexes: dict[str, dict], tokenizer, n_vocab: int, where: str) -> None:
-    """The files' tokenizer (from their index) must be the one the dataset config names, and fit n_vocab."""
+    """The files' tokenizer (from their index) must be the one the dataset config names, and fit n_vocab: the same
+    size, and the same vocabulary where the index records its hash (an older index records the size alone)."""
+    from data.tokenizer import tokenizer_hash
+
+    named = tokenizer_hash(tokenizer) if any(e.get("tokenizer_hash") for e in indexes.values()) else None
     for path, entry in indexes.items():
         if entry["vocab_size"] is not None and entry["vocab_size"] != tokenizer.vocab_size:
             raise DataError(f"{entry['index']}: {os.path.basename(path)} was written with a {entry['vocab_size']}-"
                             f"token tokenizer but {where} names one with {tokenizer.vocab_size} tokens")
+        if entry.get("tokenizer_hash") and named and entry["tokenizer_hash"] != named:
+            raise DataError(f"{entry['index']}: {os.path.basename(path)} was written with another tokenizer than the "
+                            f"one {where} names (both of {tokenizer.vocab_size} tokens, but other vocabularies: its "
+                            "ids would name other tokens)")
         if entry["vocab_size"] is not None and entry["vocab_size"] > n_vocab:
             raise DataError(f"n_vocab: {n_vocab} is smaller than the {entry['vocab_size']} tokens {path} was "
                             "written with")

@@ -233,6 +233,27 @@ class SentencePieceTokenizer:
         return None if found == self.sp.unk_id() and token != self.sp.id_to_piece(found) else found
 
 
+def tokenizer_hash(tokenizer) -> str | None:
+    """A short hash of what the tokenizer's ids mean (its model's vocabulary and merges, its added tokens), the
+    same for every copy of one tokenizer whatever file it was read from: sizes alone let two vocabularies of one
+    size pass as one. None for a kind of tokenizer it cannot read (then sizes are all there is to compare)."""
+    import hashlib
+
+    if isinstance(tokenizer, ByteTokenizer):
+        content = b"bytes"
+    elif isinstance(tokenizer, HFTokenizer):  # read through to_str: one library version lays out both alike
+        saved = json.loads(tokenizer.tok.to_str())
+        model = saved.get("model") or {}
+        added = sorted([t["id"], t["content"]] for t in saved.get("added_tokens") or [])
+        content = json.dumps({"type": model.get("type"), "vocab": model.get("vocab"), "merges": model.get("merges"),
+                              "added": added}, sort_keys=True).encode()
+    elif isinstance(tokenizer, SentencePieceTokenizer):
+        content = tokenizer.sp.serialized_model_proto() + str(tokenizer.vocab_size).encode()
+    else:
+        return None
+    return hashlib.sha256(content).hexdigest()[:16]
+
+
 def _byte_level(tok):
     """Byte-level pre-tokenizer and decoder without a prefix space: the exact-round-trip settings."""
     from tokenizers import decoders, pre_tokenizers

@@ -80,6 +80,57 @@ def test_a_file_cut_short_since_its_index_was_written_is_named_at_start(tmp_path
                             f"{size:,} (cut short or replaced since); write it again")
 
 
+def two_bpes_of_one_size(tmp_path):
+    """Two BPE tokenizer.json files of 270 tokens each, trained on different text: the same size, other ids."""
+    from data.tokenizer import train_bpe
+
+    paths = []
+    for name, text in (("one", "hello world foo bar baz"), ("two", "qux quux corge grault")):
+        tokenizer = train_bpe([text] * 5, 270, 1)
+        assert tokenizer.vocab_size == 270
+        paths.append(str(tmp_path / f"{name}.json"))
+        tokenizer.save(paths[-1])
+    return paths
+
+
+def test_mixed_datasets_with_two_tokenizers_of_one_size_are_refused(tmp_path, monkeypatch):
+    """Only sizes were compared: two BPEs of one size mixed silently, one id naming two tokens."""
+    one, two = two_bpes_of_one_size(tmp_path)
+    use_dataset_configs(monkeypatch, tmp_path / "dc",
+                        a={"path": str(tmp_path / "a_*.tfrecords"), "tokenizer_path": one},
+                        b={"path": str(tmp_path / "b_*.tfrecords"), "tokenizer_path": two},
+                        c={"path": str(tmp_path / "c_*.tfrecords"), "tokenizer_path": one})
+    with pytest.raises(ConfigError) as e:
+        make_source(config([["a", None, None, 1.0], ["c", None, None, 1.0], ["b", None, None, 1.0]]), "train")
+    assert str(e.value) == (f"datasets: the mixed datasets use different tokenizers of the same size 270: "
+                            f"configs/dataset_configs/a.json reads with {one}, configs/dataset_configs/b.json with "
+                            f"{two}, whose vocabularies differ; mixed datasets must share one tokenizer")
+
+
+def test_an_index_names_records_written_with_another_tokenizer_of_the_same_size(tmp_path, monkeypatch):
+    """The index recorded only the tokenizer's size: a dataset config naming another BPE of that size passed.
+    An index written before it recorded the tokenizer's hash is still read, on its size alone."""
+    from data.create_tfrecords import write_file, write_index
+    from data.tokenizer import load_tokenizer
+
+    one, two = two_bpes_of_one_size(tmp_path)
+    path = str(tmp_path / "text_00000.tfrecords")
+    counts = write_file(["hello world " * 20] * 4, load_tokenizer(one), path, "chunks", 17)
+    index = write_index(str(tmp_path / "text.index"), [counts], load_tokenizer(one), "one.json", "chunks", 17)
+    use_dataset_configs(monkeypatch, tmp_path / "dc", same={"path": str(tmp_path / "text_*.tfrecords"),
+                                                            "tokenizer_path": one},
+                        other={"path": str(tmp_path / "text_*.tfrecords"), "tokenizer_path": two})
+    make_source(config([["same", None, None, None]]), "train")
+    with pytest.raises(DataError) as e:
+        make_source(config([["other", None, None, None]]), "train")
+    assert str(e.value) == (f"{tmp_path}/text.index: text_00000.tfrecords was written with another tokenizer than "
+                            "the one configs/dataset_configs/other.json names (both of 270 tokens, but other "
+                            "vocabularies: its ids would name other tokens)")
+    del index["tokenizer_hash"]  # as older indexes were written
+    (tmp_path / "text.index").write_text(json.dumps(index))
+    make_source(config([["other", None, None, None]]), "train")
+
+
 def test_token_id_outside_n_vocab_names_the_record(records):
     with pytest.raises(DataError) as e:
         first_batches(n_vocab=3500)  # documents 3.. hold ids 3000+, 4000+, ...

@@ -52,6 +52,31 @@ def test_a_multi_frame_zst_reads_every_document(inputs):
     assert [t for t in read_documents(str(inputs / "good.jsonl.zst"))] == [d["text"] for d in GOOD]
 
 
+def test_a_byte_order_mark_is_no_part_of_the_text(tmp_path, capsys):
+    """Windows editors start UTF-8 files with a BOM: a .jsonl was 'line 1 is not a JSON object' (labelled data,
+    seq2seq pairs, token labels) or '... with a 'text' field' (make_dataset), and a .txt kept it as text. Every
+    jsonl reader reads lines through one function that skips it."""
+    from config import ConfigError
+    from data.labelled import jsonl_objects
+    from data.make_dataset import main as make_dataset_main
+
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "bom.jsonl").write_bytes(bom + jsonl(GOOD[:3]))
+    (tmp_path / "bom.jsonl.zst").write_bytes(zst(bom + jsonl(GOOD[:3])))
+    (tmp_path / "bom.txt").write_bytes(bom + b"plain text\n")
+    for name in ("bom.jsonl", "bom.jsonl.zst"):
+        assert list(read_documents(str(tmp_path / name))) == [d["text"] for d in GOOD[:3]], name
+        assert [(row, place) for row, place in jsonl_objects(str(tmp_path / name), "path")] == [
+            (d, f"{tmp_path / name}: line {i}") for i, d in enumerate(GOOD[:3], 1)]
+    assert list(read_documents(str(tmp_path / "bom.txt"))) == ["plain text\n"]
+    out = tmp_path / "out"
+    assert make_dataset_main(["--input", str(tmp_path / "bom.jsonl"), "--output-dir", str(out), "--vocab-size",
+                              "300", "--n-ctx", "16"]) == 0, capsys.readouterr().err
+    (tmp_path / "late.jsonl").write_bytes(jsonl(GOOD[:1]) + bom + jsonl(GOOD[1:2]))  # mid-file: not a JSON line
+    with pytest.raises(ConfigError, match=r"late.jsonl: line 2 is not a JSON object$"):
+        list(jsonl_objects(str(tmp_path / "late.jsonl"), "path"))
+
+
 def test_without_zstandard_a_zst_input_says_what_to_install(inputs, monkeypatch, capsys):
     """zstandard comes with the [data] extra; without it a .jsonl.zst input was an ImportError traceback."""
     monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # importing it raises ImportError

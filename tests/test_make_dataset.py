@@ -518,3 +518,65 @@ def test_train_data_takes_skip_bad_files(tmp_path, work_root, capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--config", "quickstart", "--skip-bad-files"])
     assert ": --skip-bad-files: only with --data (" in capsys.readouterr().err
+
+
+def test_a_run_going_on_prepares_new_text_with_its_own_tokenizer(tmp_path, work_root, capsys):
+    """train.py --data on changed text, resuming a run, trained a new BPE and kept training on ids that named other
+    tokens (and replaced the run's tokenizer.json). It reads the text with the run's own tokenizer, says so, and
+    finds its first run's copy of unchanged text; --new trains a fresh one."""
+    import train
+    from data.tokenizer import load_tokenizer, tokenizer_hash
+
+    texts = write_texts(tmp_path / "texts", 24)
+    sets = ["--set", "n_vocab=300", "--set", "n_ctx=32", "--set", "train_batch_size=4", "--set", "eval_batch_size=4"]
+    assert train.main(["--data", str(texts), "--check-dataset"] + sets) == 0
+    assert "training a 300-token byte-level BPE" in capsys.readouterr().out
+    first, = glob.glob(str(work_root / "data_cache" / "texts-*"))
+    run = tmp_path / "run"
+    (run / "checkpoints" / "4" / "config").mkdir(parents=True)
+    (run / "checkpoints" / "4" / "config" / "metadata").write_text(json.dumps({"n_vocab": 300}))
+    shutil.copytree(first, run / "tokenizer")
+    own = tokenizer_hash(load_tokenizer(str(run / "tokenizer")))
+
+    more = shutil.copytree(texts, tmp_path / "more")
+    (more / "new.txt").write_text("a new file " * 200)
+    assert train.main(["--data", str(more), "--model-path", str(run), "--check-dataset"] + sets) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"note: --data: the text is prepared with the run's own tokenizer ({run}/tokenizer), "
+                          f"whose ids {run}'s weights learned (--new starts a fresh run with a new one)\n"), out
+    assert f"first use: preparing {work_root}/data_cache/more-" in out and "training a" not in out
+    prepared, = glob.glob(str(work_root / "data_cache" / "more-*"))
+    assert tokenizer_hash(load_tokenizer(os.path.join(prepared, "tokenizer.json"))) == own
+    assert train.main(["--data", str(texts), "--model-path", str(run), "--check-dataset"] + sets) == 0
+    assert f"data: reusing {first} (prepared" in capsys.readouterr().out
+    assert train.main(["--data", str(more), "--model-path", str(run), "--new", "--check-dataset"] + sets) == 0
+    out = capsys.readouterr().out
+    assert "note: --data" not in out and "training a 300-token byte-level BPE" in out
+
+
+def test_a_run_going_on_notes_data_read_with_another_tokenizer(tmp_path, work_root, capsys):
+    """A prepared folder keeps its own ids, and a tokenizer_path the config names prepares the text: each is a note
+    where it is not the run's own tokenizer."""
+    from training.run_tokenizer import tokenizer_of_run_for_data
+
+    one = make_dataset([str(write_texts(tmp_path / "one", 24))], vocab_size=300, n_ctx=32, workers=1)
+    two = make_dataset([str(write_texts(tmp_path / "two", 24, seed=1))], vocab_size=300, n_ctx=32, workers=1)
+    run = tmp_path / "run"
+    (run / "checkpoints" / "4" / "config").mkdir(parents=True)
+    (run / "checkpoints" / "4" / "config" / "metadata").write_text("{}")
+    shutil.copytree(one, run / "tokenizer")
+    capsys.readouterr()
+    cfg = tiny_config(n_vocab=300)
+    assert tokenizer_of_run_for_data(cfg, str(run), [two]) is None
+    assert tokenizer_of_run_for_data(cfg.replace(tokenizer_path=f"{two}/tokenizer.json"), str(run), ["t"]) is None
+    assert tokenizer_of_run_for_data(cfg, str(run), [one]) is None
+    assert capsys.readouterr().out == (
+        f"note: --data {two}/dataset.json: holds the ids of its own tokenizer ({two}/tokenizer.json), not those of "
+        f"the run's ({run}/tokenizer), which {run}'s weights learned; --data TEXT prepares text with the run's\n"
+        f"note: tokenizer_path: {two}/tokenizer.json prepares the text, not the run's own tokenizer "
+        f"({run}/tokenizer), whose ids {run}'s weights learned\n")
+    assert tokenizer_of_run_for_data(cfg, str(tmp_path / "new"), ["t"]) is None  # no run there: a new BPE
+    # The cache key holds the tokenizer's content: another of the same size prepares another folder.
+    texts = str(tmp_path / "one")
+    assert make_dataset([texts], tokenizer=f"{one}/tokenizer.json", n_ctx=32, workers=1) != \
+        make_dataset([texts], tokenizer=f"{two}/tokenizer.json", n_ctx=32, workers=1)

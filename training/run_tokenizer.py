@@ -75,6 +75,53 @@ def with_tokenizer_of_run(cfg, notes: list):
     return cfg.replace(tokenizer_path=own)
 
 
+def tokenizer_of_run_for_data(cfg, model_path: str | None, inputs: list[str]) -> str | None:
+    """The tokenizer ``train.py --data`` prepares text with where ``model_path`` holds a run that goes on: the run's
+    own (its ``tokenizer/``), as its first run prepared its text, so new or changed text gets the ids its weights
+    learned (a BPE trained anew on it gives ids to other tokens). A note says so; None for a new run, a run with no
+    tokenizer saved, or a config naming its own ``tokenizer_path`` (a note where that is not the run's). A prepared
+    folder given as ``--data`` keeps its own ids: a note where its tokenizer is not the run's."""
+    from convert.hf_dir import has_tokenizer
+    from data.make_dataset import given_dataset_file
+    from neomesh.paths import run_tokenizer_dir
+    from training.run_dir import has_checkpoint
+
+    if not model_path or cfg.task == "image_classification" or not has_checkpoint(model_path):
+        return None
+    own = run_tokenizer_dir(model_path)
+    if not has_tokenizer(own):
+        return None
+    prepared = given_dataset_file(inputs)
+    other = dataset_tokenizer_other_than(cfg.replace(datasets=[[prepared, None, None, None]]), own) \
+        if prepared else None
+    if other:
+        say(f"--data {prepared}: holds the ids of its own tokenizer ({other[1]}), not those of the run's "
+            f"({own}), which {model_path}'s weights learned; --data TEXT prepares text with the run's")
+    if prepared:
+        return None
+    if cfg.tokenizer_path is not None:
+        if tokenizer_differs(cfg.tokenizer_path, own):
+            say(f"tokenizer_path: {cfg.tokenizer_path} prepares the text, not the run's own tokenizer ({own}), "
+                f"whose ids {model_path}'s weights learned")
+        return None
+    say(f"--data: the text is prepared with the run's own tokenizer ({own}), whose ids {model_path}'s weights "
+        "learned (--new starts a fresh run with a new one)")
+    return own
+
+
+def tokenizer_differs(path: str, other: str) -> bool:
+    """Whether the tokenizers at ``path`` and ``other`` give their ids to other tokens."""
+    from data.tokenizer import load_tokenizer, tokenizer_hash
+
+    first, second = load_tokenizer(path), load_tokenizer(other)
+    return first.vocab_size != second.vocab_size or tokenizer_hash(first) != tokenizer_hash(second)
+
+
+def say(note: str) -> None:
+    """A note printed at once: it explains the data preparation's lines that follow."""
+    print(f"note: {note}", flush=True)
+
+
 def save_tokenizer(tokenizer, path: str) -> None:
     """Writes the run's tokenizer whole or not at all (a full disk must not leave half a tokenizer.json)."""
     from config import ConfigError

@@ -219,7 +219,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     line each, counted in the summary); every file bad is an error still."""
     from data.prepare import build_once
     from data.text_files import expand_inputs
-    from data.tokenizer import check_bpe_size, load_tokenizer
+    from data.tokenizer import ByteTokenizer, check_bpe_size, load_tokenizer
     from neomesh.paths import work_root
 
     say = say or (lambda message: print(message, flush=True))
@@ -228,6 +228,11 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
         check_bpe_size(vocab_size, special_tokens, vocab_flag)
     files = expand_inputs(inputs, input_flag)
     reused = load_tokenizer(tokenizer, tokenizer_flag) if tokenizer else None
+    if reused is not None and not isinstance(reused, ByteTokenizer) and not hasattr(reused, "tok"):
+        # the prepared folder records its tokenizer as a tokenizer.json or "bytes": a SentencePiece model would
+        # be written down as "bytes", and the run would read its ids as bytes
+        raise ConfigError(f"{tokenizer_flag} {tokenizer}: a {type(reused).__name__} cannot prepare text here; give "
+                          "a tokenizer.json (transformers' tokenizer.save_pretrained writes one) or the byte tokenizer")
     cache = os.path.join(work_root(), "data_cache")
     try:
         check_output_dir(output_dir, cache)

@@ -393,6 +393,24 @@ def test_a_write_failure_while_preparing_is_one_line(tmp_path, work_root, capsys
     assert capsys.readouterr().err == f"error: {out}.tmp-1/train_00000.tfrecords: No space left on device\n"
 
 
+def test_a_sentencepiece_model_is_refused_before_preparing(tmp_path, work_root, capsys, monkeypatch):
+    """A folder prepared with a SentencePiece model (a T5 checkpoint with only spiece.model, through --init-from)
+    recorded its tokenizer as "bytes", and the run read its ids as bytes. It is one line naming the model."""
+    from data import make_dataset as module
+    from data.tokenizer import SentencePieceTokenizer
+
+    spiece = object.__new__(SentencePieceTokenizer)  # as loaded from a spiece.model (the package is optional)
+    spiece.vocab_size, spiece.eos_id, spiece.padding_id = 400, 1, 0
+    monkeypatch.setattr("data.tokenizer.load_tokenizer", lambda path, where=None: spiece)
+    out = tmp_path / "out"
+    assert module.main(["--input", str(write_texts(tmp_path / "texts", 2)), "--output-dir", str(out), "--tokenizer",
+                        "t5/spiece.model"]) == 2
+    assert capsys.readouterr().err == ("error: --tokenizer t5/spiece.model: a SentencePieceTokenizer cannot prepare "
+                                       "text here; give a tokenizer.json (transformers' tokenizer.save_pretrained "
+                                       "writes one) or the byte tokenizer\n")
+    assert not out.exists()
+
+
 def test_make_dataset_for_a_config_trains_its_objectives_tokens(tmp_path, work_root, capsys):
     from data.make_dataset import main
     from data.tokenizer import load_tokenizer

@@ -131,6 +131,23 @@ def test_an_index_names_records_written_with_another_tokenizer_of_the_same_size(
     make_source(config([["other", None, None, None]]), "train")
 
 
+def test_a_tokenizer_hash_does_not_depend_on_how_its_file_writes_merges(tmp_path):
+    """tokenizers 0.20 began to write merges as ["a", "b"] pairs, earlier versions as "a b": a file of either layout
+    gives one hash (it is taken from the loaded tokenizer, not the file), so an index written before an upgrade
+    still names the same tokenizer; another vocabulary does not."""
+    from tokenizers import Tokenizer
+
+    from data.tokenizer import HFTokenizer, load_tokenizer, tokenizer_hash
+
+    one, two = two_bpes_of_one_size(tmp_path)
+    saved = json.loads(open(one).read())
+    merges = saved["model"]["merges"]
+    assert merges and all(isinstance(m, list) for m in merges)
+    saved["model"]["merges"] = [" ".join(m) for m in merges]  # the older layout
+    older = HFTokenizer(Tokenizer.from_str(json.dumps(saved)), "older")
+    assert tokenizer_hash(older) == tokenizer_hash(load_tokenizer(one)) != tokenizer_hash(load_tokenizer(two))
+
+
 def test_token_id_outside_n_vocab_names_the_record(records):
     with pytest.raises(DataError) as e:
         first_batches(n_vocab=3500)  # documents 3.. hold ids 3000+, 4000+, ...

@@ -118,13 +118,15 @@ def check_options(args) -> None:
     resolve_model_source(args)
 
 
-def check_layout_has_mesh(mesh_shape: str | None, layout: str) -> None:
-    """Without --mesh-shape the model runs on one device, where a --layout of one's own would change nothing
-    without a word (predict.py and eval.py)."""
+def check_layout_has_mesh(mesh_shape: str | None, layout: str,
+                          names: tuple[str, str] = ("--mesh-shape", "--layout")) -> None:
+    """Without a mesh shape the model runs on one device, where a layout of one's own would change nothing without
+    a word (predict.py and eval.py, before jax starts; ``pretrained.layout_for`` for every caller, ``names`` the
+    flags or keys that gave the two)."""
     from config import ConfigError
 
     if not mesh_shape and layout != DEFAULT_LAYOUT:
-        raise ConfigError(f"--layout {layout}: give --mesh-shape too (without it the model runs on one device)")
+        raise ConfigError(f"{names[1]} {layout}: give {names[0]} too (without it the model runs on one device)")
 
 
 def check_sets_place_nothing(sets, command: str) -> None:

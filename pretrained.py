@@ -34,13 +34,13 @@ def layout_for(mesh_shape: str | None = None, layout: str = "batch:x", names: tu
     when there is no mesh shape. Errors name the two as ``names`` (the flags that gave them)."""
     from parallel.layout import Layout
     from parallel.mesh import make_mesh
+    from predict import check_layout_has_mesh
 
     for name, value in zip(names, (mesh_shape, layout)):
         if value == "auto":  # parallel/auto.py sizes a train state; a model alone goes on x:-1 with batch:x
             raise ConfigError(f"{name}: 'auto' chooses a mesh and layout for training (train.py); here give one, "
                               "e.g. x:-1 (every device) with the batch split over it, the default layout")
-    if not mesh_shape and layout != "batch:x":  # on one device a layout of one's own would change nothing silently
-        raise ConfigError(f"{names[1]} {layout}: give {names[0]} too (without it the model runs on one device)")
+    check_layout_has_mesh(mesh_shape, layout, names)
     try:
         mesh = make_mesh(mesh_shape) if mesh_shape else make_mesh("x:1", jax.devices()[:1])
         return Layout.from_config(mesh, layout)

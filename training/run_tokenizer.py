@@ -92,12 +92,11 @@ def tokenizer_of_run_for_data(cfg, model_path: str | None, inputs: list[str]) ->
     if not has_tokenizer(own):
         return None
     prepared = given_dataset_file(inputs)
-    other = dataset_tokenizer_other_than(cfg.replace(datasets=[[prepared, None, None, None]]), own) \
-        if prepared else None
-    if other:
-        say(f"--data {prepared}: holds the ids of its own tokenizer ({other[1]}), not those of the run's "
-            f"({own}), which {model_path}'s weights learned; --data TEXT prepares text with the run's")
-    if prepared:
+    if prepared:  # a prepared folder keeps its own ids
+        other = dataset_tokenizer_other_than(cfg.replace(datasets=[[prepared, None, None, None]]), own)
+        if other:
+            say(f"--data {prepared}: holds the ids of its own tokenizer ({other[1]}), not those of the run's "
+                f"({own}), which {model_path}'s weights learned; --data TEXT prepares text with the run's")
         return None
     if cfg.tokenizer_path is not None:
         if tokenizer_differs(cfg.tokenizer_path, own):

@@ -572,6 +572,35 @@ def test_a_run_going_on_prepares_new_text_with_its_own_tokenizer(tmp_path, work_
     assert "note: --data" not in out and "training a 300-token byte-level BPE" in out
 
 
+def test_a_run_that_read_bytes_goes_on_reading_bytes(tmp_path, work_root, capsys):
+    """A run that read its text with the byte tokenizer saves no tokenizer/: train.py --data going on with it
+    trained a BPE, and the weights learned on bytes went on with BPE ids. It prepares the text as bytes, whether
+    the run's config named them or its dataset did."""
+    import train
+
+    texts = write_texts(tmp_path / "texts", 24)
+    sets = ["--set", "n_vocab=300", "--set", "n_ctx=32", "--set", "train_batch_size=4", "--set", "eval_batch_size=4"]
+    run = tmp_path / "run"
+    (run / "checkpoints" / "4" / "config").mkdir(parents=True)
+    (run / "checkpoints" / "4" / "config" / "metadata").write_text(json.dumps({"tokenizer_path": "bytes"}))
+    assert train.main(["--data", str(texts), "--model-path", str(run), "--check-dataset"] + sets) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("note: --data: the text is prepared with the run's own tokenizer (bytes)"), out
+    assert "training a" not in out
+    prepared, = glob.glob(str(work_root / "data_cache" / "texts-*"))
+    assert json.load(open(os.path.join(prepared, "dataset.json")))["tokenizer_path"] == "bytes"
+
+    from training.run_tokenizer import read_bytes
+
+    datasets = [[os.path.join(prepared, "dataset.json"), None, None, None]]
+    (run / "checkpoints" / "4" / "config" / "metadata").write_text(json.dumps({"datasets": datasets}))
+    assert read_bytes(str(run))
+    bpe = make_dataset([str(texts)], vocab_size=300, n_ctx=32, workers=1)
+    datasets = [[os.path.join(bpe, "dataset.json"), None, None, None]]
+    (run / "checkpoints" / "4" / "config" / "metadata").write_text(json.dumps({"datasets": datasets}))
+    assert not read_bytes(str(run))
+
+
 def test_a_run_going_on_notes_data_read_with_another_tokenizer(tmp_path, work_root, capsys):
     """A prepared folder keeps its own ids, and a tokenizer_path the config names prepares the text: each is a note
     where it is not the run's own tokenizer."""

@@ -89,8 +89,10 @@ def tokenizer_of_run_for_data(cfg, model_path: str | None, inputs: list[str]) ->
     if not model_path or cfg.task == "image_classification" or not has_checkpoint(model_path):
         return None
     own = run_tokenizer_dir(model_path)
-    if not has_tokenizer(own):
-        return None
+    if not has_tokenizer(own):  # nothing saved: a run that read bytes, or one whose tokenizer is unknown
+        if not read_bytes(model_path):
+            return None
+        own = "bytes"
     prepared = given_dataset_file(inputs)
     if prepared:  # a prepared folder keeps its own ids
         other = dataset_tokenizer_other_than(cfg.replace(datasets=[[prepared, None, None, None]]), own)
@@ -106,6 +108,22 @@ def tokenizer_of_run_for_data(cfg, model_path: str | None, inputs: list[str]) ->
     say(f"--data: the text is prepared with the run's own tokenizer ({own}), whose ids {model_path}'s weights "
         "learned (--new starts a fresh run with a new one)")
     return own
+
+
+def read_bytes(model_path: str) -> bool:
+    """Whether the run in ``model_path`` read its text with the byte tokenizer (a run saves no ``tokenizer/`` for
+    it): its newest config's ``tokenizer_path``, else its dataset's, as the data read it."""
+    from config import ConfigError
+    from data.source import load_dataset_config
+
+    saved = newest_saved_config(model_path) or {}
+    path, datasets = saved.get("tokenizer_path"), saved.get("datasets") or []
+    if path is None and datasets and not str(datasets[0][0]).startswith("tfds:"):
+        try:
+            path = load_dataset_config(datasets[0][0]).get("tokenizer_path", "bytes")
+        except ConfigError:  # the dataset is gone: its tokenizer is unknown
+            return False
+    return path == "bytes"
 
 
 def tokenizer_differs(path: str, other: str) -> bool:

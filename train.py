@@ -269,10 +269,11 @@ def train(args, cfg, notes: list[str]) -> int:
 
 
 def _trained_without_checkpoints(cfg) -> int | None:
-    """The last step of metrics.jsonl where the run trained past its second checkpoint step and yet
-    ``checkpoints/`` holds none (so a fresh start would rewrite the file without those rows); None otherwise. A
-    run killed before its first save committed starts over, as it should: saves are asynchronous, and the first
-    is only sure to be on disk once the second has begun (which waits for it). Process 0 decides for all."""
+    """The last step of metrics.jsonl where the run trained past its second checkpoint step, or to its end, and
+    yet ``checkpoints/`` holds none (so a fresh start would rewrite the file without those rows); None otherwise.
+    A run killed before its first save committed starts over, as it should: saves are asynchronous, and the first
+    is only sure to be on disk once the second has begun (which waits for it); a finished run waited for its
+    last. Process 0 decides for all."""
     import jax
 
     from parallel.distributed import process_zero_value
@@ -282,7 +283,7 @@ def _trained_without_checkpoints(cfg) -> int | None:
     if jax.process_index() == 0 and not has_checkpoint(cfg.model_path):
         last = max((row["step"] for row in read_rows(os.path.join(cfg.model_path, "metrics.jsonl"))[0]), default=0)
     last = process_zero_value(last)
-    return last if last > 2 * cfg.steps_per_checkpoint else None
+    return last if last > 2 * cfg.steps_per_checkpoint or 0 < cfg.train_steps <= last else None
 
 
 def check_batches_can_be_made(cfg, data: bool = False) -> None:

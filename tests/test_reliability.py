@@ -360,6 +360,19 @@ def test_a_run_whose_checkpoints_are_gone_does_not_start_over_unasked(reference,
     assert (path / "metrics.jsonl").read_text() == before
 
 
+def test_a_finished_run_whose_checkpoints_are_gone_does_not_start_over_unasked(tmp_path, capsys):
+    """A run shorter than two checkpoint intervals started over once checkpoints/ was gone (a run killed before
+    its first save committed should): one that trained to its end had waited for its last save."""
+    path = tmp_path / "run"
+    path.mkdir()
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s, "loss": 5.0}) + "\n"
+                                                for s in (1, 2, 3)))
+    assert train.main(arguments(path, train_steps=3)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: model_path: {path}/metrics.jsonl has rows up to step 3, "), err
+    assert len((path / "metrics.jsonl").read_text().splitlines()) == 3
+
+
 def test_generation_and_export_refuse_non_finite_weights(reference, tmp_path, capsys):
     path = copy_of(reference, tmp_path)
     cfg, _, params = load_run(str(path))

@@ -4,8 +4,9 @@ Encoder weights map one to one (torch Linear weights are (out, in); NeoMesh atte
 (N, H, D)). Heads map when the checkpoint has them: ``*ForMaskedLM`` carries the MLM head (``cls.predictions`` /
 ``lm_head``), ``*ForSequenceClassification`` the pooler and classifier, ``*ForTokenClassification`` a per-token
 linear ``classifier`` (no pooler); a bare ``BertModel`` has none, and a model built for a task whose head the
-checkpoint lacks starts that head fresh (the caller says so). A masked-LM decoder saved untied
-(``tie_word_embeddings`` false) loads as ``no_weight_tie``.
+checkpoint lacks starts that head fresh (the caller says so), but for a BERT classifier's dense layer, which
+starts from the checkpoint's pooler where it has one (``BertModel``, ``BertForPreTraining``), as transformers'.
+A masked-LM decoder saved untied (``tie_word_embeddings`` false) loads as ``no_weight_tie``.
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
             params["token_classifier"] = {"mlp": {"layers": {0: linear("classifier")}}}
     elif cfg.model == "bert" and "classifier.weight" in sd:
         params["classifier"] = {"dense": linear("pooler.dense"), "out": linear("classifier")}
+    elif cfg.model == "bert" and cfg.task == "sequence_classification" and "pooler.dense.weight" in sd:
+        # a bare or pretraining BERT: its pooler starts the classifier, as in transformers (the output layer fresh)
+        params["classifier"] = {"dense": linear("pooler.dense")}
     elif cfg.model == "roberta" and "classifier.out_proj.weight" in sd:
         params["classifier"] = {"dense": linear("classifier.dense"), "out": linear("classifier.out_proj")}
     return params

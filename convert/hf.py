@@ -82,18 +82,21 @@ def with_preprocessing(cfg: Config, hf_dir: str) -> Config:
     return cfg.replace(**vit.normalisation_from_hf(hf_dir, cfg.num_channels)) if cfg.model == "vit" else cfg
 
 
-def load_hf(hf_dir: str) -> tuple[Config, dict]:
-    """(NeoMesh config, parameter tree of float32 numpy arrays) of a Hugging Face model directory."""
-    return model_of(hf_dir, *read_hf_dir(hf_dir))
+def load_hf(hf_dir: str, task: str | None = None) -> tuple[Config, dict]:
+    """(NeoMesh config, parameter tree of float32 numpy arrays) of a Hugging Face model directory. ``task``: the
+    task a run fine-tunes it for, whose head may start from weights a checkpoint without a task head keeps (a BERT
+    classifier's dense layer from a bare BertModel's pooler)."""
+    return model_of(hf_dir, *read_hf_dir(hf_dir), task=task)
 
 
-def model_of(hf_dir: str, hf_config: dict, tensors: dict) -> tuple[Config, dict]:
+def model_of(hf_dir: str, hf_config: dict, tensors: dict, task: str | None = None) -> tuple[Config, dict]:
     """``load_hf`` of what ``read_hf_dir(hf_dir)`` read: its config.json's content and its weights."""
     source = f"{hf_dir}/config.json"
     mapping = _mapping(hf_config.get("model_type"), source)
     cfg = with_preprocessing(_config_of(hf_config, source), hf_dir)
+    headless = task is not None and cfg.task == "masked_lm"  # a bare or pretraining encoder: no task head
     try:
-        return cfg, mapping.params_from_hf(cfg, tensors, hf_dir)
+        return cfg, mapping.params_from_hf(cfg.replace(task=task) if headless else cfg, tensors, hf_dir)
     except ValueError as e:  # a reshape to the shape config.json gives
         if isinstance(e, ConfigError):
             raise

@@ -99,6 +99,24 @@ def test_export_round_trip_is_lossless_and_loads_in_transformers(kind, head, tmp
     assert torch.equal(a, b)
 
 
+def test_a_classifier_from_a_bare_bert_starts_from_its_pooler_as_in_transformers(tmp_path):
+    """Fine-tuning a classifier from a bare BertModel started its dense layer fresh; transformers starts it from
+    the checkpoint's pooler. With the output layer transformers drew, the logits match."""
+    from training.init_from import imported_params
+
+    source = saved(hf_fixtures.encoder(head=None), tmp_path)
+    reference = transformers.BertForSequenceClassification.from_pretrained(source, num_labels=3).eval()
+    cfg = load_hf(source)[0].replace(task="sequence_classification", num_labels=3, init_from=source)
+    params = imported_params(cfg, source)
+    assert set(params["classifier"]) == {"dense"}  # the output layer is fresh, as transformers' is
+    params["classifier"]["out"] = {"kernel": reference.classifier.weight.detach().numpy().T,
+                                   "bias": reference.classifier.bias.detach().numpy()}
+    tokens, mask = padded_batch(hf_fixtures.VOCAB)
+    with torch.no_grad():
+        want = reference(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_allclose(ours(cfg, params, tokens, mask), want, atol=1e-4)
+
+
 def mlm_batches(cfg, steps, seed=0):
     """Masked-LM batches with a different number of masked targets in every row."""
     rng = np.random.default_rng(seed)

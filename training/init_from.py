@@ -41,12 +41,13 @@ def source_config(path: str) -> Config:
         return from_dict(checkpoints.located_config(step), source=f"{path} checkpoint config")[0]
 
 
-def source_params(path: str) -> tuple[Config, dict]:
-    """(config, parameter tree of float32 numpy arrays) of the model in ``path``."""
+def source_params(path: str, task: str | None = None) -> tuple[Config, dict]:
+    """(config, parameter tree of float32 numpy arrays) of the model in ``path``; ``task``: the one a run
+    fine-tunes it for (``convert.hf.load_hf``)."""
     if not is_run(path):
         from convert.hf import load_hf
 
-        return load_hf(path)
+        return load_hf(path, task)
     import jax
     import numpy as np
 
@@ -222,7 +223,7 @@ def with_architecture_of(cfg: Config, where: str, notes: list[str]) -> Config:
 def imported_params(cfg: Config, hf_dir: str) -> dict:
     """The weights of the model ``cfg`` starts from (a Hugging Face directory or a NeoMesh run) for ``cfg``'s
     model; a one-line error if its shape differs. With ``init_new_head``, without the head's output layer."""
-    theirs, params = source_params(hf_dir)
+    theirs, params = source_params(hf_dir, cfg.task)
     keys = ["model", "n_embd", "n_layer", "n_head", "n_vocab", "attention_layers", "activation_function",
             "no_weight_tie", "qkv_bias", "attention_scale", "intermediate", "norm_position", "n_token_types"] + (
         ["local_attention_radius"] if "local" in cfg.attention_layers else []) + (

@@ -148,9 +148,12 @@ class NeoMeshLM(LM):
 
 
 def main(argv=None) -> int:
-    """lm_eval's command line with the ``neomesh`` model registered."""
+    """lm_eval's command line with the ``neomesh`` model registered, under predict.py's XLA defaults and
+    compilation cache (jax is imported by now, but starts its backends at the first computation)."""
     from neomesh.errors import run_main
+    from parallel.xla_flags import apply_defaults
 
+    apply_defaults()
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     return run_main(_evaluate)  # Ctrl-C is one line, as in the other commands

@@ -155,6 +155,19 @@ def test_model_args_whose_values_hold_commas_are_sent_to_the_json_form(monkeypat
     assert len(ran) == 3 and capsys.readouterr().err == ""
 
 
+def test_the_command_runs_under_the_xla_defaults_of_the_other_commands(monkeypatch):
+    """predict.py and eval.py start jax under NeoMesh's XLA defaults (GPU flags measured for decoding and
+    scoring); the harness's command ran without them."""
+    from evaluation import harness
+    from parallel.xla_flags import DEFAULT_XLA_FLAGS, flag_names
+
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # both restored after the test
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.setattr("lm_eval.__main__.cli_evaluate", lambda: None)
+    assert harness.main(["--model", "neomesh", "--model_args", "path=RUN", "--tasks", "my_task"]) == 0
+    assert set(DEFAULT_XLA_FLAGS) <= flag_names(os.environ["XLA_FLAGS"])
+
+
 def test_a_task_whose_data_set_cannot_be_fetched_is_one_line(monkeypatch, capsys):
     """python -m evaluation.harness --tasks lambada_openai offline ended in datasets' ConnectionError traceback."""
     from evaluation import harness

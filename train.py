@@ -161,11 +161,14 @@ def main(argv=None) -> int:
             check_init_from_given(args.model_path or (None if args.data else cfg.model_path), cfg)
         if args.init_from or cfg.init_from:
             from neomesh.hf_cache import resolve_model
-            from training.init_from import with_architecture_of
+            from convert.hf_dir import check_has_weights
+            from training.init_from import is_run, with_architecture_of
 
             where = "--init-from" if args.init_from else "init_from"
             cfg = cfg.replace(init_from=resolve_model(args.init_from or cfg.init_from, where))
             cfg = with_architecture_of(cfg, where, notes)
+            if not is_run(cfg.init_from):  # now, not after --data prepared text with the tokenizer it lacks too
+                check_has_weights(cfg.init_from)
         elif cfg.init_new_head:
             raise ConfigError("init_new_head: only with --init-from (a new head on the backbone of the classifier it "
                               "names)")

@@ -37,6 +37,7 @@ def files(tmp_path_factory):
     (d / "nan_lr.json").write_text('{"lr": NaN}')
     (d / "binary.txt").write_bytes(b"def \xff\xfe\n")
     (d / "empty.txt").write_text("\n\n")
+    (d / "text.txt").write_text("def add(a, b):\n    return a + b\n")
     (d / "bad_line.jsonl").write_text('{"text": "ok"}\nnot json\n')
     (d / "empty_run").mkdir()
     (d / "a_run" / "checkpoints").mkdir(parents=True)
@@ -111,6 +112,8 @@ CASES = [
      "{d}/hf_no_config: not a Hugging Face model directory"),
     ("train", T("--model-path", "{d}/fresh_init2", "--init-from", "{d}/hf_bad_json"),
      "{d}/hf_bad_json/config.json: invalid JSON"),
+    ("train", T("--model-path", "{d}/fresh_init3", "--init-from", "{d}/hf_no_weights", "--data", "{d}/text.txt"),
+     "{d}/hf_no_weights: no model.safetensors or pytorch_model.bin"),  # was: its missing tokenizer, text prepared
     ("train", T("--set", "init_new_head=true"), "init_new_head: only for a classifier"),
     ("train", T("--set", "task=sequence_classification", "--set", "init_new_head=true"),
      "init_new_head: only with --init-from"),

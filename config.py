@@ -38,6 +38,9 @@ ACTIVATIONS = ("gelu", "gelu_exact", "relu", "silu", "swish", "selu", "elu", "so
                "arcsinh", "maxsig", "cosid", "minsin", "maxtanh", "mish", "tanhexp", "lisht", "seagull", "snake",
                "roottanh", "softplusmone")
 LEARNED_ACTIVATIONS = ("aria", "prelu", "parcsinh", "psoftplus", "proottanh")
+# Hugging Face's names of GELU's tanh approximation, NeoMesh's "gelu": the closest spelling, "gelu_exact", is the
+# other GELU (Hugging Face's "gelu"), so these get an error naming the right one instead of that suggestion.
+HF_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 # Parameter-efficient fine-tuning (``peft``, training/peft/): each part's options and their defaults. A part is
 # on when the ``peft`` dict names it (``{"lora": {}}`` takes every default).
 PEFT_PARTS = {
@@ -517,6 +520,10 @@ def validated(cfg: Config) -> Config:
             raise ConfigError(f"{key}: {json.dumps(getattr(cfg, key))} is one of GPT-Neo's activations with learned "
                               f"parameters ({', '.join(LEARNED_ACTIVATIONS)}), which NeoMesh does not have; "
                               "pick a parameter-free one (python train.py --help-config)")
+        if getattr(cfg, key) in HF_TANH_GELUS:
+            raise ConfigError(f"{key}: {json.dumps(getattr(cfg, key))} is Hugging Face's name for GELU's tanh "
+                              "approximation, which NeoMesh calls \"gelu\" (its \"gelu_exact\" is Hugging Face's "
+                              "\"gelu\")")
     for f in dataclasses.fields(Config):
         value = getattr(cfg, f.name)
         if not _type_ok(value, f.type):

@@ -14,7 +14,7 @@ import sys
 import time
 
 from training.run_dir import (check_init_from_given, check_resume_base, has_checkpoint, missing_run_directory,
-                              newest_saved_config, only_damaged, run_config, saved_steps)
+                              model_directory_problem, newest_saved_config, only_damaged, run_config, saved_steps)
 from training.run_tokenizer import save_tokenizer, with_tokenizer_of_init_from, with_tokenizer_of_run
 from training.saved_state import base_params, checkpoints_trained_only, saved_part, state_shapes, storage_changed
 
@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "state and schedule): fine-tuning; a directory, or ORG/NAME from the local Hugging Face cache")
     p.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and stop after step N (a time-sliced "
                    "job); the next run resumes there exactly")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key; VALUE is JSON, or a plain string (repeatable)")
+    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override a config key; VALUE is JSON, or a plain string (repeatable, and several may "
+                   "follow one --set)")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default")
     p.add_argument("--check-dataset", action="store_true", help="decode the first train batch, print token id "
                    "range, counts and its first text, and exit")
@@ -101,7 +102,7 @@ def check_run_to_go_on_with(p: argparse.ArgumentParser, args: argparse.Namespace
     goes_on = args.model_path and not (args.new or args.init_from)
     if goes_on and newest_saved_config(args.model_path):
         return
-    missing = goes_on and missing_run_directory(args.model_path)
+    missing = goes_on and (missing_run_directory(args.model_path) or model_directory_problem(args.model_path))
     if missing:
         starts = not (args.eval or args.resume or os.path.exists(args.model_path))
         p.exit(2, f"error: {missing}" + ("; --config (or --model NAME) starts a new run there\n" if starts else "\n"))
@@ -155,16 +156,22 @@ def main(argv=None) -> int:
         own = None if config else run_config(args)  # a run directory's own config, else the quickstart's
         cfg, notes = own or load_config(config or "quickstart", tuple(args.set))
         check_batches_can_be_made(cfg, bool(args.data))
+        problem = model_directory_problem(args.model_path or cfg.model_path)  # a Hugging Face user's model
+        if problem:
+            raise ConfigError(problem)
         goes_on = not (args.init_from or cfg.init_from or args.new or args.dry_run or args.check_dataset)
         if goes_on:  # before --data prepares text with another tokenizer than the run's
             check_init_from_given(args.model_path or (None if args.data else cfg.model_path), cfg)
         if args.init_from or cfg.init_from:
             from neomesh.hf_cache import resolve_model
-            from training.init_from import with_architecture_of
+            from convert.hf_dir import check_has_weights
+            from training.init_from import is_run, with_architecture_of
 
             where = "--init-from" if args.init_from else "init_from"
             cfg = cfg.replace(init_from=resolve_model(args.init_from or cfg.init_from, where))
             cfg = with_architecture_of(cfg, where, notes)
+            if not is_run(cfg.init_from):  # now, not after --data prepared text with the tokenizer it lacks too
+                check_has_weights(cfg.init_from)
         elif cfg.init_new_head:
             raise ConfigError("init_new_head: only with --init-from (a new head on the backbone of the classifier it "
                               "names)")

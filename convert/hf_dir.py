@@ -31,6 +31,14 @@ def not_a_model_directory(path: str) -> ConfigError:
     return ConfigError(f"{path}: not a Hugging Face model directory (no config.json)")
 
 
+def check_has_weights(path: str) -> None:
+    """The one-line error ``read_hf_dir`` gives a directory without weights, for callers that check it before
+    preparing data or starting a device."""
+    if not glob.glob(os.path.join(path, "*.safetensors")) and \
+            not os.path.exists(os.path.join(path, "pytorch_model.bin")):
+        raise ConfigError(f"{path}: no model.safetensors or pytorch_model.bin")
+
+
 def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """(config.json as a dict, {weight name: float32 array}) of a Hugging Face model directory."""
     config_path = os.path.join(path, "config.json")

@@ -114,6 +114,7 @@ def _filtered(logits: jax.Array, top_k: int, top_p: jax.Array | float | None) ->
 
 
 def _keep_top_k(logits: jax.Array, top_k: int) -> jax.Array:
+    top_k = min(top_k, logits.shape[-1])  # a k of the vocabulary or more keeps every token, as in transformers
     kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
     return jnp.where(logits < kth, NEG_INF, logits)
 

@@ -48,9 +48,23 @@ class ArgumentParser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments: "):
             flag = next((a.split("=", 1)[0] for a in message.split(": ", 1)[1].split() if a.startswith("-")), None)
             if flag:
-                close = self.closest_option(flag)
+                close = self.closest_option(flag) or self.config_key_flag(flag)
                 hint = f"; did you mean {close}?" if close else ""
         self.exit(2, f"error: {self.prog}: {message}{hint} ({self.prog} --help lists the options)\n")
+
+    def config_key_flag(self, flag: str) -> str | None:
+        """``--set KEY=VALUE`` for a flag that names a config key (``--train_steps 10``, GPT-Neo's
+        ``--steps_per_checkpoint``), where the command takes ``--set``; else None."""
+        from config import ALIASES, KNOWN_KEYS
+
+        key = flag.lstrip("-").replace("-", "_")
+        if "--set" not in self._option_string_actions or key not in (*KNOWN_KEYS, *ALIASES):
+            return None
+        given = getattr(self, "given", [])
+        at = next((i for i, a in enumerate(given) if a.split("=", 1)[0] == flag), len(given))
+        spelt = given[at:at + 2]  # --lr=3e-4, or --lr and what follows it
+        value = spelt[0].split("=", 1)[1] if spelt and "=" in spelt[0] else spelt[1] if len(spelt) == 2 else ""
+        return f"--set {key}={value if value and not value.startswith('--') else 'VALUE'}"
 
     def closest_option(self, flag: str) -> str | None:
         options = [o for o in self._option_string_actions if o.startswith("--")]

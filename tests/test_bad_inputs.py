@@ -7,6 +7,7 @@ errors (an unknown flag, a bad value) are one line too: tests/test_cli_help.py.
 
 import json
 import os
+import shutil
 import signal
 
 import numpy as np
@@ -37,6 +38,7 @@ def files(tmp_path_factory):
     (d / "nan_lr.json").write_text('{"lr": NaN}')
     (d / "binary.txt").write_bytes(b"def \xff\xfe\n")
     (d / "empty.txt").write_text("\n\n")
+    (d / "text.txt").write_text("def add(a, b):\n    return a + b\n")
     (d / "bad_line.jsonl").write_text('{"text": "ok"}\nnot json\n')
     (d / "empty_run").mkdir()
     (d / "a_run" / "checkpoints").mkdir(parents=True)
@@ -111,6 +113,8 @@ CASES = [
      "{d}/hf_no_config: not a Hugging Face model directory"),
     ("train", T("--model-path", "{d}/fresh_init2", "--init-from", "{d}/hf_bad_json"),
      "{d}/hf_bad_json/config.json: invalid JSON"),
+    ("train", T("--model-path", "{d}/fresh_init3", "--init-from", "{d}/hf_no_weights", "--data", "{d}/text.txt"),
+     "{d}/hf_no_weights: no model.safetensors or pytorch_model.bin"),  # was: its missing tokenizer, text prepared
     ("train", T("--set", "init_new_head=true"), "init_new_head: only for a classifier"),
     ("train", T("--set", "task=sequence_classification", "--set", "init_new_head=true"),
      "init_new_head: only with --init-from"),
@@ -231,6 +235,24 @@ def test_failed_resume_and_init_from_leave_no_run_directory(files, capsys):
         assert not os.path.exists(f"{d}/{name}"), f"{name} was left behind: {os.listdir(f'{d}/{name}')}"
     assert os.path.exists(f"{d}/locked_run/run.lock")  # a refused run leaves another run's lock alone
     capsys.readouterr()
+
+
+def test_a_hugging_face_model_directory_as_model_path_is_named_and_left_as_it_is(files, capsys):
+    """A Hugging Face user's --model-path of the model to fine-tune: train.py wrote a fresh run beside its weights
+    (and --new moved the model aside); it is named instead, with --init-from."""
+    model = files / "hf_model_as_run"
+    shutil.copytree(files / "hf_t5", model)  # config.json and weights
+    before = sorted(os.listdir(model))
+    message = (f"error: model_path: {model} is a Hugging Face model directory (config.json and weights, no "
+               f"checkpoints/), not a run directory: --init-from {model} fine-tunes it")
+    for argv in (T("--model-path", str(model)), T("--model-path", str(model), "--new")):
+        assert train.main(argv) == 2
+        assert capsys.readouterr().err.startswith(message)
+    with pytest.raises(SystemExit) as e:  # no --config: the run there to go on with
+        train.main(["--model-path", str(model), "--set", "train_steps=1"])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(message)
+    assert sorted(os.listdir(model)) == before  # nothing written there
+    assert not [name for name in os.listdir(files) if name.startswith("hf_model_as_run-")]  # nor moved
 
 
 @pytest.mark.parametrize("extra, hint", [

@@ -79,6 +79,9 @@ def test_a_usage_mistake_is_one_line(module_name, monkeypatch, capsys):
     ("predict", ["--prompt", "x", "--max_new_tokens=5"], "did you mean --max-new-tokens?"),
     ("predict", ["--promt", "x"], "unrecognized arguments: --promt; did you mean --prompt?"),  # was: one of the
     # arguments --prompt ... is required
+    ("train", ["--config", "quickstart", "--train_steps", "10"], "did you mean --set train_steps=10?"),  # a key
+    ("train", ["--model", "x", "--steps_per_checkpoint", "500"], "did you mean --set steps_per_checkpoint=500?"),
+    ("predict", ["--prompt", "x", "--precision=bfloat16"], "did you mean --set precision=bfloat16?"),
 ])
 def test_an_unknown_flag_gets_the_closest_one(module_name, argv, hint, capsys):
     module = importlib.import_module(module_name)
@@ -86,6 +89,15 @@ def test_an_unknown_flag_gets_the_closest_one(module_name, argv, hint, capsys):
         module.parse_args(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.splitlines()) == 1 and hint in err, err
+
+
+@pytest.mark.parametrize("module_name", ["train", "predict", "eval"])
+def test_several_key_values_follow_one_set(module_name):
+    """``--set n_layer=2 lr=1e-3`` as the usage line ``[--set KEY=VALUE [KEY=VALUE ...]]`` reads, and repeated."""
+    parser = importlib.import_module(module_name).build_parser()
+    args = parser.parse_args(["--set", "n_layer=2", "lr=1e-3", "--set", "seed=3", "--model-path", "runs/x"]
+                             + (["--prompt", "x"] if module_name == "predict" else []))
+    assert args.set == ["n_layer=2", "lr=1e-3", "seed=3"]
 
 
 def test_model_is_not_taken_for_model_path():

@@ -82,6 +82,8 @@ def test_attention_types_expand():
     ({"moe_activation": "rleu"}, "moe_activation: \"rleu\" is not one of the known values (did you mean 'relu'?"),
     ({"activation_function": "prelu"}, 'activation_function: "prelu" is one of GPT-Neo\'s activations with learned '
                                         "parameters (aria, prelu, parcsinh, psoftplus, proottanh)"),
+    ({"activation_function": "gelu_new"}, 'activation_function: "gelu_new" is Hugging Face\'s name for GELU\'s tanh '
+                                          'approximation, which NeoMesh calls "gelu"'),
     ({"activation_fn": "gleu"}, "activation_function: \"gleu\" is not one of the known values (did you mean 'gelu'?"),
     ({"activation_fn": "relu", "activation_function": "gelu"},
      "'activation_fn' \"relu\" contradicts 'activation_function' \"gelu\""),

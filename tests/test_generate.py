@@ -362,6 +362,7 @@ def test_top_k_and_top_p_keep_the_right_tokens():
     assert kept(filter_logits(logits, 0, 0.6)) == [True, True, False, False, False]  # 0.5 < 0.6 <= 0.7
     assert kept(filter_logits(logits, 0, 0.5)) == [True, False, False, False, False]
     assert kept(filter_logits(logits, 0, 0.86)) == [True, True, True, True, False]
+    assert kept(filter_logits(logits, 100, 1.0)) == [True] * 5  # a k above the vocabulary keeps every token
 
 
 # --- Export and round trips -----------------------------------------------------------------------------------

@@ -103,6 +103,8 @@ def check_options(args) -> None:
               (args.num_beams >= 1, "--num-beams must be at least 1"),
               (args.num_samples >= 1, "--num-samples must be at least 1"),
               (args.num_beams == 1 or args.num_samples == 1, "--num-samples > 1 needs sampling, not --num-beams"),
+              (args.num_samples == 1 or args.temperature > 0 or args.entmax_sampling,
+               "--num-samples > 1 needs sampling: --temperature 0 is greedy, the same text every time"),
               (args.num_beams == 1 or not args.entmax_sampling, "--entmax-sampling samples; it does not combine "
                                                                 "with --num-beams"),
               (args.num_beams == 1 or (args.top_k == 0 and args.top_p == 1 and args.temperature in (0, 1)),

@@ -454,6 +454,8 @@ def test_predict_errors_are_one_line(neo_dir, tmp_path):
         (["--model-path", str(tmp_path / "none"), "--prompt", "x"], "none: no such run directory"),
         (["--hf-model", str(tmp_path), "--prompt", "x"], "not a Hugging Face model directory"),
         (["--hf-model", neo_dir, "--prompt", "x", "--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--hf-model", neo_dir, "--prompt", "x", "--num-samples", "2", "--temperature", "0"],
+         "--num-samples > 1 needs sampling: --temperature 0 is greedy"),
         (["--hf-model", neo_dir, "--prompt", "x", "--stop", ""], "--stop: an empty text would end every generation"),
         (["--hf-model", neo_dir, "--prompt", "x", "--num-beams", "2", "--top-k", "3"],
          "beam search (--num-beams) does not sample"),

@@ -106,6 +106,10 @@ def check_run_to_go_on_with(p: argparse.ArgumentParser, args: argparse.Namespace
     if missing:
         starts = not (args.eval or args.resume or os.path.exists(args.model_path))
         p.exit(2, f"error: {missing}" + ("; --config (or --model NAME) starts a new run there\n" if starts else "\n"))
+    if goes_on and (args.eval or args.resume) and "://" not in args.model_path \
+            and not (has_checkpoint(args.model_path) or only_damaged(args.model_path)):  # as the run itself says
+        p.exit(2, f"error: model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
+                  f"{os.path.join(args.model_path, 'checkpoints')}\n")
     p.error("--config (or --model NAME, or --data, or the --model-path of a run to go on with) is required")
 
 

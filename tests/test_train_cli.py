@@ -107,6 +107,14 @@ def test_eval_with_new_is_refused_before_the_run_is_moved(tmp_path):
     assert (model_path / "metrics.jsonl").exists() and not glob.glob(str(model_path) + "-*")
 
 
+def test_eval_or_resume_of_a_directory_without_checkpoints_says_so(tmp_path):
+    """Without --config it said that --config is required, as if the directory were not meant as a run."""
+    for flag, verb in (("--eval", "evaluate"), ("--resume", "resume")):
+        result = run_command("train.py", "--model-path", str(tmp_path), flag)
+        assert result.returncode == 2 and result.stderr == (
+            f"error: model_path: no checkpoint to {verb} in {tmp_path}/checkpoints\n"), result.stderr
+
+
 def test_new_that_fails_before_its_first_step_puts_the_previous_run_back(tmp_path):
     """A layout that does not divide the model is found once the model is built, after --new moved the run aside:
     the run comes back."""

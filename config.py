@@ -1121,7 +1121,13 @@ def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, lis
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object of config keys")
     _check_not_another_kind_of_config(raw, path)
-    cfg, notes = from_dict(raw, source=os.path.basename(path), overrides=overrides)
+    source = os.path.basename(path)
+    try:
+        cfg, notes = from_dict(raw, source=source, overrides=overrides)
+    except ConfigError as e:  # a value the file gives: the file is named, as for a key it does not know
+        if str(e).split(":", 1)[0] not in raw:
+            raise
+        raise ConfigError(f"{source}: {e}") from None
     if cfg.model_path is None:
         name = os.path.splitext(os.path.basename(path))[0]
         cfg = dataclasses.replace(cfg, model_path=os.path.join("runs", name))

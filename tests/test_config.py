@@ -185,6 +185,15 @@ def test_an_unknown_key_names_its_file_nested_or_not(tmp_path, raw, message):
     assert str(e.value) == message
 
 
+def test_a_bad_value_names_the_file_or_the_set_that_gave_it(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({**TINY, "lr_decay": "cosin"}))
+    with pytest.raises(ConfigError, match='^mine.json: lr_decay: "cosin" is not one of cosine, linear, none$'):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match='^--set lr_decay="linar": lr_decay: "linar" is not one of'):
+        load_config(str(path), ("lr_decay=linar",))
+
+
 def test_a_missing_config_suggests_files_that_exist(tmp_path):
     """A suggestion is a file the command would find: the folder's own config by its path, a shipped one by its
     name; the folder's configs are listed apart from the shipped ones."""

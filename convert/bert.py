@@ -3,9 +3,9 @@
 Encoder weights map one to one (torch Linear weights are (out, in); NeoMesh attention kernels (D, N, H) and
 (N, H, D)). Heads map when the checkpoint has them: ``*ForMaskedLM`` carries the MLM head (``cls.predictions`` /
 ``lm_head``), ``*ForSequenceClassification`` the pooler and classifier, ``*ForTokenClassification`` a per-token
-linear ``classifier`` (no pooler); a bare ``BertModel`` has none, and a model built for a task whose head the
-checkpoint lacks starts that head fresh (the caller says so). A masked-LM decoder saved untied
-(``tie_word_embeddings`` false) loads as ``no_weight_tie``.
+linear ``classifier`` (no pooler); a bare ``BertModel`` has only BERT's pooler (a classifier's first layer), and a
+model built for a task whose head the checkpoint lacks starts that head fresh (the caller says so). A masked-LM
+decoder saved untied (``tie_word_embeddings`` false) loads as ``no_weight_tie``.
 """
 
 from __future__ import annotations
@@ -94,8 +94,12 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
     if cfg.task == "token_classification":  # one linear layer on every token, both families
         if "classifier.weight" in sd:
             params["token_classifier"] = {"mlp": {"layers": {0: linear("classifier")}}}
-    elif cfg.model == "bert" and "classifier.weight" in sd:
-        params["classifier"] = {"dense": linear("pooler.dense"), "out": linear("classifier")}
+    elif cfg.model == "bert" and "pooler.dense.weight" in sd:
+        # A bare BertModel (or BERT's pretraining checkpoint) holds a trained pooler: a classifier keeps it and
+        # starts only its output layer fresh, as transformers' BertForSequenceClassification.from_pretrained does.
+        params["classifier"] = {"dense": linear("pooler.dense")}
+        if "classifier.weight" in sd:
+            params["classifier"]["out"] = linear("classifier")
     elif cfg.model == "roberta" and "classifier.out_proj.weight" in sd:
         params["classifier"] = {"dense": linear("classifier.dense"), "out": linear("classifier.out_proj")}
     return params

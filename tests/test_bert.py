@@ -74,6 +74,23 @@ def test_outputs_match_transformers(name, head, tmp_path):
     assert diff <= 1e-4, diff
 
 
+
+def test_a_classifier_from_a_bare_bert_keeps_its_trained_pooler(tmp_path):
+    """A bare BertModel (as BERT's pretraining checkpoints hold it) has a trained pooler, which transformers'
+    BertForSequenceClassification.from_pretrained keeps, starting only the classifier fresh; NeoMesh dropped it and
+    started the pooler fresh too, so a fine-tuned classifier began from other features than transformers'."""
+    source = saved(hf_fixtures.encoder(head=None), tmp_path)
+    reference = transformers.BertForSequenceClassification.from_pretrained(source, num_labels=3,
+                                                                            attn_implementation="eager").eval()
+    cfg, params = load_hf(source)
+    cfg = cfg.replace(task="sequence_classification", num_labels=3)
+    params["classifier"]["out"] = {"kernel": reference.classifier.weight.detach().numpy().T,
+                                   "bias": reference.classifier.bias.detach().numpy()}
+    tokens, mask = padded_batch(hf_fixtures.VOCAB)
+    with torch.no_grad():
+        want = reference(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_allclose(ours(cfg, params, tokens, mask), want, atol=1e-4, rtol=0)
+
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
 @pytest.mark.parametrize("head", ["masked_lm", "sequence_classification", "token_classification"])
 def test_export_round_trip_is_lossless_and_loads_in_transformers(kind, head, tmp_path):

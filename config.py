@@ -694,6 +694,15 @@ def _check_encoder_decoder(cfg: Config) -> None:
                               f"corruption makes of n_ctx {cfg.n_ctx}")
 
 
+def attention_types_for(spec: list, n_layer: int) -> str:
+    """How to make ``attention_types`` list ``n_layer`` layers: a config's n_layer changed alone (``--set
+    n_layer=2`` on the quickstart) leaves its pattern's repeat count behind."""
+    kinds = spec[0][0] if len(spec) == 1 else None
+    if kinds and n_layer % len(kinds) == 0:
+        return f"set both: attention_types {json.dumps([[kinds, n_layer // len(kinds)]])} has {n_layer}"
+    return f"set attention_types to list {n_layer} layers too, e.g. {json.dumps([[['global'], n_layer]])}"
+
+
 def _check_attention_types(cfg: Config) -> None:
     spec = cfg.attention_types
     if spec is None:
@@ -710,7 +719,8 @@ def _check_attention_types(cfg: Config) -> None:
                                   f"(valid: {', '.join(ATTENTION_KINDS)})")
     n = len(cfg.attention_layers)
     if n != cfg.n_layer:
-        raise ConfigError(f"attention_types: expands to {n} layers but n_layer is {cfg.n_layer}")
+        raise ConfigError(f"attention_types: expands to {n} layers but n_layer is {cfg.n_layer}; "
+                          f"{attention_types_for(spec, cfg.n_layer)}")
     if cfg.num_mem_kv and "global" not in cfg.attention_layers:  # it added nothing, without a word
         raise ConfigError(f"num_mem_kv: {cfg.num_mem_kv}, but no layer is global "
                           f"({', '.join(sorted(set(cfg.attention_layers)))}); memory key/values join global attention "

@@ -453,6 +453,13 @@ MOE_MESH_TF_NOTES = {
 }
 
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
+# The keys of a dataset config (data/source.py checks them); the run's config only names such a file in datasets.
+DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
+                "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
+                "data_dir", "lambada_tokens_path",
+                "text_pair_key", "label_key", "labels",  # labelled data (data/labelled.py)
+                "eval_fraction", "skip_bad_files",  # image folders (data/image_folder.py)
+                "inputs_key", "targets_key", "prefix"}  # seq2seq pairs (data/pairs.py)
 
 # Keys that decide what a model computes from its parameters. A resume checks the parameters' shapes; a change of
 # one of these keeps them and gives another model, so a resume names it (training/checkpoint.model_changes). Not
@@ -989,6 +996,9 @@ def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
 
 
 def _check_known(key: str, source: str) -> None:
+    if key not in KNOWN_KEYS and key in DATASET_KEYS:  # the closest model key would mislead (text_key -> weight_decay)
+        raise ConfigError(f"{source}: '{key}' is a dataset config's key, not a model config's: set it in the dataset "
+                          "config (JSON) that the config's datasets names (README, Data)")
     if key not in KNOWN_KEYS:
         known = KNOWN_KEYS + tuple(LEGACY_KEYS) + tuple(AUTO_KEYS) + tuple(ALIASES)
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)

@@ -66,6 +66,8 @@ def test_attention_types_expand():
 
 @pytest.mark.parametrize("raw, expected", [
     ({"n_embed": 64}, "unknown key 'n_embed'; did you mean 'n_embd'?"),
+    ({"text_key": "sentence"}, "'text_key' is a dataset config's key, not a model config's: set it in the dataset "
+                               "config"),  # it suggested weight_decay
     ({"n_layer": "2"}, 'n_layer: expected int, got "2"'),
     ({"lr": -1.0}, "lr: -1.0 is below the minimum 0.0"),
     ({"precision": "fp16"}, 'precision: "fp16" is not one of float32, bfloat16'),

@@ -456,6 +456,13 @@ MOE_MESH_TF_NOTES = {
 }
 
 KNOWN_KEYS = tuple(f.name for f in dataclasses.fields(Config))
+# The keys of a dataset config (data/source.py checks them); the run's config only names such a file in datasets.
+DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
+                "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
+                "data_dir", "lambada_tokens_path",
+                "text_pair_key", "label_key", "labels",  # labelled data (data/labelled.py)
+                "eval_fraction", "skip_bad_files",  # image folders (data/image_folder.py)
+                "inputs_key", "targets_key", "prefix"}  # seq2seq pairs (data/pairs.py)
 
 # Keys that decide what a model computes from its parameters. A resume checks the parameters' shapes; a change of
 # one of these keeps them and gives another model, so a resume names it (training/checkpoint.model_changes). Not
@@ -701,6 +708,15 @@ def _check_encoder_decoder(cfg: Config) -> None:
                               f"corruption makes of n_ctx {cfg.n_ctx}")
 
 
+def attention_types_for(spec: list, n_layer: int) -> str:
+    """How to make ``attention_types`` list ``n_layer`` layers: a config's n_layer changed alone (``--set
+    n_layer=2`` on the quickstart) leaves its pattern's repeat count behind."""
+    kinds = spec[0][0] if len(spec) == 1 else None
+    if kinds and n_layer % len(kinds) == 0:
+        return f"set both: attention_types {json.dumps([[kinds, n_layer // len(kinds)]])} has {n_layer}"
+    return f"set attention_types to list {n_layer} layers too, e.g. {json.dumps([[['global'], n_layer]])}"
+
+
 def _check_attention_types(cfg: Config) -> None:
     spec = cfg.attention_types
     if spec is None:
@@ -717,7 +733,8 @@ def _check_attention_types(cfg: Config) -> None:
                                   f"(valid: {', '.join(ATTENTION_KINDS)})")
     n = len(cfg.attention_layers)
     if n != cfg.n_layer:
-        raise ConfigError(f"attention_types: expands to {n} layers but n_layer is {cfg.n_layer}")
+        raise ConfigError(f"attention_types: expands to {n} layers but n_layer is {cfg.n_layer}; "
+                          f"{attention_types_for(spec, cfg.n_layer)}")
     if cfg.num_mem_kv and "global" not in cfg.attention_layers:  # it added nothing, without a word
         raise ConfigError(f"num_mem_kv: {cfg.num_mem_kv}, but no layer is global "
                           f"({', '.join(sorted(set(cfg.attention_layers)))}); memory key/values join global attention "
@@ -986,6 +1003,9 @@ def _drop_legacy_keys(raw: dict, source: str) -> list[str]:
 
 
 def _check_known(key: str, source: str) -> None:
+    if key not in KNOWN_KEYS and key in DATASET_KEYS:  # the closest model key would mislead (text_key -> weight_decay)
+        raise ConfigError(f"{source}: '{key}' is a dataset config's key, not a model config's: set it in the dataset "
+                          "config (JSON) that the config's datasets names (README, Data)")
     if key not in KNOWN_KEYS:
         known = KNOWN_KEYS + tuple(LEGACY_KEYS) + tuple(AUTO_KEYS) + tuple(ALIASES)
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)

@@ -73,6 +73,7 @@ def check_options(args) -> None:
         raise ConfigError("--batch-size must be at least 1")
     check_layout_has_mesh(args.mesh_shape, args.layout)
     check_sets_place_nothing(args.set, "eval.py")
+    check_no_examples_set(args.set)
     resolve_model_source(args)
     if args.tasks is not None:
         args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -83,6 +84,18 @@ def check_options(args) -> None:
     for option, path in (("--lambada-path", args.lambada_path), ("--multiple-choice-path", args.multiple_choice_path)):
         if path is not None and not os.path.isfile(path):
             raise ConfigError(f"{option} {path}: no such file")
+
+
+def check_no_examples_set(sets) -> None:
+    """eval.py scores every example unless --limit (the config's eval_task_examples caps training's evaluations
+    only), so a ``--set eval_task_examples=N`` would change nothing, without a word."""
+    from config import ConfigError, parse_override
+
+    for text in sets:
+        key, value = parse_override(text)
+        if key == "eval_task_examples" and value is not None:  # null (all of them) is what eval.py does
+            raise ConfigError(f"--set {text}: eval.py scores every example of a task (eval_task_examples caps "
+                              f"training's evaluations); give --limit {value}")
 
 
 def evaluate(args) -> dict:

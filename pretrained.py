@@ -268,11 +268,15 @@ class Pretrained:
         self._forward = jax.jit(self._run, static_argnums=(0, 3))
 
     @classmethod
-    def from_pretrained(cls, path: str, layout=None, overrides: tuple[str, ...] = ()) -> "Pretrained":
+    def from_pretrained(cls, path: str, layout=None, overrides: tuple[str, ...] = (),
+                        mesh_shape: str | None = None) -> "Pretrained":
         """Loads a run or HF directory (see ``load``); weights a checkpoint lacks (a head) warn, as in
-        transformers, and start from their init."""
+        transformers, and start from their init. ``layout`` is a ``Layout`` or, as predict.py's ``--layout``, a
+        string placed on ``mesh_shape`` (``layout="batch:x,heads:y", mesh_shape="x:4,y:2"``)."""
         import warnings
 
+        if isinstance(layout, str) or mesh_shape is not None:  # the commands' strings, checked as they are
+            layout = layout_for(mesh_shape, layout or "batch:x")
         layout = layout or default_layout()
         overrides = (overrides,) if isinstance(overrides, str) else tuple(overrides)  # one "key=value" alone
         notes: list[str] = []

@@ -55,6 +55,14 @@ class Examples:
         return len(self.texts)
 
 
+def not_jsonl(path: str) -> str:
+    """The end of the error for a file that is not jsonl by name (a CSV file given as ``path``), else ""."""
+    if path.endswith((".jsonl", ".jsonl.zst")):
+        return ""
+    return ("; these files are read as jsonl (.jsonl or .jsonl.zst), one JSON object per line, not CSV (pandas "
+            "converts one: pd.read_csv(FILE).to_json(OUT, orient='records', lines=True))")
+
+
 def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[tuple[dict, str]]:
     """(object, "path: line N") for every line of the jsonl files ``pattern`` matches (sorted), in file order;
     one-line errors for no file, a line that is not UTF-8 (with its byte offset) or not a JSON object, a corrupt or
@@ -74,7 +82,7 @@ def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[
             except json.JSONDecodeError:
                 row = None
             if not isinstance(row, dict):
-                raise ConfigError(f"{path}: line {line_no} is not a JSON object")
+                raise ConfigError(f"{path}: line {line_no} is not a JSON object{not_jsonl(path)}")
             found = True
             yield row, f"{path}: line {line_no}"
         if not found:

@@ -33,7 +33,7 @@ import os
 
 import numpy as np
 
-from config import Config, ConfigError, json_names
+from config import DATASET_KEYS, Config, ConfigError, json_names
 from data import corpus
 from data.shards import shard_files, shard_seed
 from data.tf_source import TFDataSource
@@ -41,12 +41,6 @@ from data.tokenizer import Tokenizer, load_tokenizer, tokenizer_hash
 from neomesh import paths
 
 DATASET_CONFIG_DIR = os.path.join(paths.configs_dir(), "dataset_configs")
-DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained", "n_vocab", "eos_id", "padding_id",
-                "prepare", "vocab_size", "special_tokens", "shuffle_buffer", "text_key", "train_split", "eval_split",
-                "data_dir", "lambada_tokens_path",
-                "text_pair_key", "label_key", "labels",  # labelled data (data/labelled.py)
-                "eval_fraction", "skip_bad_files",  # image folders (data/image_folder.py)
-                "inputs_key", "targets_key", "prefix"}  # seq2seq pairs (data/pairs.py)
 SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
 
 

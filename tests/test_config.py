@@ -66,11 +66,17 @@ def test_attention_types_expand():
 
 @pytest.mark.parametrize("raw, expected", [
     ({"n_embed": 64}, "unknown key 'n_embed'; did you mean 'n_embd'?"),
+    ({"text_key": "sentence"}, "'text_key' is a dataset config's key, not a model config's: set it in the dataset "
+                               "config"),  # it suggested weight_decay
     ({"n_layer": "2"}, 'n_layer: expected int, got "2"'),
     ({"lr": -1.0}, "lr: -1.0 is below the minimum 0.0"),
     ({"precision": "fp16"}, 'precision: "fp16" is not one of float32, bfloat16'),
     ({"n_head": 5}, "n_embd: 64 is not divisible by n_head 5"),
-    ({"attention_types": [[["global", "local"], 3]]}, "attention_types: expands to 6 layers but n_layer is 2"),
+    ({"attention_types": [[["global", "local"], 3]]}, "attention_types: expands to 6 layers but n_layer is 2; set "
+                                                       'both: attention_types [[["global", "local"], 1]] has 2'),
+    ({"n_layer": 3, "attention_types": [[["global", "local"], 1]]}, "attention_types: expands to 2 layers but n_layer "
+                                                                    'is 3; set attention_types to list 3 layers too, '
+                                                                    'e.g. [[["global"], 3]]'),
     ({"attention_types": [[["globl"], 2]]}, 'attention_types: unknown kind "globl"'),
     ({"attention_types": [["global", 2]]}, "attention_types: entry"),
     ({"res_dropout": 1.5}, "res_dropout: 1.5 is above the maximum 1.0"),

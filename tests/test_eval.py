@@ -251,6 +251,13 @@ def test_eval_refuses_a_set_that_would_place_nothing(tmp_path):
                                      "--layout, not the config's mesh_shape; give --mesh-shape x:8"), result.stderr
 
 
+def test_eval_refuses_a_set_eval_task_examples_it_would_ignore(tmp_path):
+    """eval.py scores every example unless --limit: --set eval_task_examples=20 scored all 330 passages, silently."""
+    result = run_command("eval.py", "--model-path", str(tmp_path / "run"), "--set", "eval_task_examples=20")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == ("error: --set eval_task_examples=20: eval.py scores every example of a task "
+                                     "(eval_task_examples caps training's evaluations); give --limit 20")
+
 def test_eval_refuses_a_layout_without_a_mesh_as_predict_does(tmp_path):
     """Without --mesh-shape the model runs on one device: --layout heads:x was ignored without a word."""
     run = str(tmp_path / "run")

@@ -593,6 +593,18 @@ def test_python_api_names_bad_arguments_in_one_line(neo_dir, tmp_path, monkeypat
         Pretrained.from_pretrained("org/missing")
 
 
+def test_python_api_takes_the_commands_mesh_shape_and_layout_strings(neo_dir):
+    """from_pretrained(path, layout="batch:x,heads:y") was an AttributeError deep in parallel/state.py: layout took
+    only a Layout object. It takes predict.py's strings now, with the same checks."""
+    from pretrained import Pretrained
+
+    one = np.asarray(Pretrained.from_pretrained(neo_dir)([PROMPT]))
+    sharded = Pretrained.from_pretrained(neo_dir, layout="batch:x,heads:y", mesh_shape="x:4,y:2")
+    assert dict(sharded.layout.mesh.shape) == {"x": 4, "y": 2}
+    np.testing.assert_allclose(np.asarray(sharded([PROMPT])), one, atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match="^layout batch:x,heads:y: give mesh_shape too"):
+        Pretrained.from_pretrained(neo_dir, layout="batch:x,heads:y")
+
 def test_a_set_that_changes_the_models_shapes_is_named_before_any_restore():
     from config import ConfigError, load_config
     from pretrained import check_same_shapes

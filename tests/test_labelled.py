@@ -226,6 +226,11 @@ def test_bad_lines_and_eval_labels_name_their_file(reviews, tmp_path):
     reviews(path=str(tmp_path / "broken.jsonl"))
     with pytest.raises(ConfigError, match=r"broken.jsonl: line 3 is not a JSON object$"):
         make_source(classify(), "train")
+    (tmp_path / "reviews.csv").write_text("text,label\ngreat,pos\n")  # not jsonl: the error says what is read
+    reviews(path=str(tmp_path / "reviews.csv"))
+    with pytest.raises(ConfigError, match=r"reviews.csv: line 1 is not a JSON object; these files are read as jsonl "
+                                          r"\(.jsonl or .jsonl.zst\), one JSON object per line, not CSV"):
+        make_source(classify(), "train")
     reviews(eval_path=write_jsonl(tmp_path / "new.jsonl", [{"text": "x", "label": "surprise"}]))
     with pytest.raises(ConfigError) as e:
         make_source(classify(), "eval")

@@ -74,7 +74,6 @@ def test_outputs_match_transformers(name, head, tmp_path):
     assert diff <= 1e-4, diff
 
 
-
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
 @pytest.mark.parametrize("head", ["masked_lm", "sequence_classification", "token_classification"])
 def test_export_round_trip_is_lossless_and_loads_in_transformers(kind, head, tmp_path):

@@ -85,12 +85,25 @@ def load_dataset_config(name: str) -> dict:
                                                                      f" (known: {', '.join(sorted(DATASET_KEYS))})"))
     if "path" not in dataset:
         raise ConfigError(f"{where}: no 'path' (a TFRecord glob, tfds:NAME, or embedded)")
+    check_counts(dataset, where)
     for key in ("path", "eval_path", "tokenizer_path", "data_dir", "lambada_tokens_path"):
         value = dataset.get(key)
         if isinstance(value, str) and value not in ("", "embedded", "bytes") and not value.startswith("tfds:") \
                 and "://" not in value and not os.path.isabs(value):
             dataset[key] = os.path.join(base, value)
     return {**dataset, "where": where}
+
+
+COUNT_KEYS = {"n_vocab": 1, "vocab_size": 1, "shuffle_buffer": 1, "eos_id": 0, "padding_id": 0}  # key: least value
+
+
+def check_counts(dataset: dict, where: str) -> None:
+    """A dataset config's counts and ids are integers from their least value up (or null): a string or a 0 buffer
+    otherwise reached TensorFlow's shuffle as a traceback, and ``"eos_id": "0"`` read as another id than 0."""
+    for key, least in COUNT_KEYS.items():
+        value = dataset.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+            raise ConfigError(f"{where}: {key} {json.dumps(value)} must be an integer of at least {least} (or null)")
 
 
 class WindowSource:
@@ -320,7 +333,7 @@ def make_source(cfg: Config, split: str):
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
             raise ConfigError(f"datasets: {where}: weight {weight!r} must be a positive number or null")
         seed = cfg.seed * 1000 + 10 * k  # every entry and every stage draws its own stream
-        buffer = dataset.get("shuffle_buffer", SHUFFLE_BUFFER)
+        buffer = dataset.get("shuffle_buffer") or SHUFFLE_BUFFER  # null: the default
         if dataset["path"].startswith("tfds:"):  # tokenized once into TFRecords, then read like any files
             name = dataset["path"][len("tfds:"):]
             tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")

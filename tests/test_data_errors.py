@@ -354,3 +354,16 @@ def test_a_token_stream_named_jsonl_examples_says_so(tmp_path, monkeypatch):
                                           r"examples of a classifier or of seq2seq pairs; task causal_lm reads "
                                           r"TFRecords of tokens \(train.py --data FOLDER, or make_dataset.py"):
         make_source(config([["examples", None, None, None]], n_vocab=257), "train")
+
+
+@pytest.mark.parametrize("key, value", [("shuffle_buffer", 0), ("shuffle_buffer", "big"), ("shuffle_buffer", 2.5),
+                                        ("n_vocab", "4096"), ("eos_id", "0"), ("padding_id", -1)])
+def test_a_dataset_configs_count_or_id_that_is_no_such_integer_is_one_line(tmp_path, key, value):
+    """A shuffle_buffer of 0 or "big" was a TensorFlow traceback at the first batch; "eos_id": "0" was 'not the
+    tokenizer's end-of-text id 0'."""
+    from data.source import load_dataset_config
+
+    (tmp_path / "bad.json").write_text(json.dumps({"path": "x_*.tfrecords", key: value}))
+    with pytest.raises(ConfigError, match=rf"bad.json: {key} {json.dumps(value)} must be an integer of at least "
+                                          r"[01] \(or null\)$"):
+        load_dataset_config(str(tmp_path / "bad.json"))

@@ -109,7 +109,9 @@ class HFTokenizer:
 
     def __init__(self, tokenizer, name: str):
         self.tok, self.name = tokenizer, name
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        # The ids it can give, not how many tokens it has: a token added at an id past the vocabulary (a gap)
+        # counted as one more, so n_vocab came out too small for the ids written.
+        self.vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         eos = self._first(EOS_TOKENS)
         if eos is None:
             raise ConfigError(f"{name}: the tokenizer has no end-of-text token (one of {', '.join(EOS_TOKENS)})")

@@ -48,6 +48,18 @@ def test_saved_and_gpt2_files_load_with_the_same_ids(bpe, tmp_path):
         load_tokenizer("gpt2")
 
 
+def test_the_size_of_a_vocabulary_with_a_gap_holds_its_highest_id(bpe, tmp_path):
+    """A vocab.json with <|endoftext|> past the other ids (as GPT-2's 50256 is, in a vocabulary cut short) was
+    counted, not measured: n_vocab 300 for an end-of-text id of 1000, written into dataset configs."""
+    bpe.tok.model.save(str(tmp_path))
+    vocab = json.loads((tmp_path / "vocab.json").read_text())
+    vocab[EOS] = 1000
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    gapped = load_tokenizer(str(tmp_path))
+    assert gapped.eos_id == 1000 and gapped.vocab_size == 1001
+    assert max(gapped.encode("a<|endoftext|>b")) < gapped.vocab_size
+
+
 def test_a_failed_save_leaves_no_partial_file(bpe, tmp_path):
     os.symlink("/dev/full", tmp_path / "tokenizer.json.tmp")  # every write: no space left on device
     with pytest.raises(OSError):

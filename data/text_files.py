@@ -84,13 +84,26 @@ def _documents(path: str) -> Iterator[str]:
     for line_no, text_line in jsonl_lines(path):
         if not text_line.strip():
             continue
-        try:
-            text = json.loads(text_line)["text"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise BadFile(f"{path}: line {line_no} is not a JSON object with a 'text' field") from None
+        text = _text_field(text_line, path, line_no)
         if not isinstance(text, str):
             raise BadFile(f"{path}: line {line_no}: 'text' is not a string")
         yield text
+
+
+def _text_field(line: str, path: str, line_no: int):
+    """The ``text`` of one jsonl line; a line without one names the keys it has (a ``content`` field was 'not a JSON
+    object with a 'text' field', as if the file were broken)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        record = None
+    if not isinstance(record, dict):
+        raise BadFile(f"{path}: line {line_no} is not a JSON object")
+    if "text" not in record:
+        has = ", ".join(repr(k) for k in list(record)[:5]) or "no fields"
+        raise BadFile(f"{path}: line {line_no} has no 'text' field (it has {has}); a line's document is its "
+                      "'text', as in the Pile")
+    return record["text"]
 
 
 def jsonl_lines(path: str) -> Iterator[tuple[int, str]]:

@@ -77,6 +77,17 @@ def test_a_byte_order_mark_is_no_part_of_the_text(tmp_path, capsys):
         list(jsonl_objects(str(tmp_path / "late.jsonl"), "path"))
 
 
+def test_a_jsonl_line_without_a_text_field_names_the_fields_it_has(tmp_path):
+    """A corpus whose documents are in "content" was 'line 1 is not a JSON object with a 'text' field', as if
+    the file were broken."""
+    from config import ConfigError
+
+    (tmp_path / "content.jsonl").write_bytes(jsonl([{"content": "a document", "id": 1}]))
+    with pytest.raises(ConfigError, match=r"content.jsonl: line 1 has no 'text' field \(it has 'content', 'id'\); a "
+                                          r"line's document is its 'text', as in the Pile$"):
+        list(read_documents(str(tmp_path / "content.jsonl")))
+
+
 def test_without_zstandard_a_zst_input_says_what_to_install(inputs, monkeypatch, capsys):
     """zstandard comes with the [data] extra; without it a .jsonl.zst input was an ImportError traceback."""
     monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # importing it raises ImportError

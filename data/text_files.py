@@ -42,7 +42,24 @@ def expand_inputs(patterns: list[str], flag: str = "--input") -> list[str]:
             print(f"note: {flag} {pattern}: {len(other)} file(s) left out, not {'/'.join(SUFFIXES)} (the first: "
                   f"{other[0]}); rename them to be read", file=sys.stderr)
         files.extend(matched)
-    return files
+    return without_repeats(files, flag)
+
+
+def without_repeats(files: list[str], flag: str) -> list[str]:
+    """``files`` with each file once, where it is first named: a folder and a glob inside it that both name a file
+    read its documents twice, into train and eval alike."""
+    unique, seen, repeats = [], set(), []
+    for f in files:
+        key = os.path.realpath(f) if f != "embedded" else f
+        if key in seen:
+            repeats.append(f)
+            continue
+        seen.add(key)
+        unique.append(f)
+    if repeats:
+        print(f"note: {flag}: {len(repeats)} file(s) named more than once are read once (the first: {repeats[0]})",
+              file=sys.stderr)
+    return unique
 
 
 SKIP_HINT = "--skip-bad-files skips such files"  # what a bad file's error adds where the command has the flag

@@ -88,6 +88,18 @@ def test_a_jsonl_line_without_a_text_field_names_the_fields_it_has(tmp_path):
         list(read_documents(str(tmp_path / "content.jsonl")))
 
 
+def test_a_file_named_by_two_patterns_is_read_once(tmp_path, capsys):
+    """--input DIR 'DIR/a*.txt' read a.txt twice: its documents duplicated, one copy possibly in eval."""
+    from data.text_files import expand_inputs
+
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text(name)
+    files = expand_inputs([str(tmp_path), str(tmp_path / "a*.txt"), str(tmp_path / "." / "b.txt")])
+    assert files == [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+    assert capsys.readouterr().err == (f"note: --input: 2 file(s) named more than once are read once (the first: "
+                                       f"{tmp_path / 'a.txt'})\n")
+
+
 def test_without_zstandard_a_zst_input_says_what_to_install(inputs, monkeypatch, capsys):
     """zstandard comes with the [data] extra; without it a .jsonl.zst input was an ImportError traceback."""
     monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # importing it raises ImportError

@@ -44,7 +44,7 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
     threading.Thread(target=watch, daemon=True).start()
     try:
         if coordinator is None:
-            jax.distributed.initialize(initialization_timeout=timeout + 30)
+            join_detected_cluster(timeout + 30)
         else:
             jax.distributed.initialize(coordinator, num_processes, process_id,
                                        initialization_timeout=timeout + 30)
@@ -52,6 +52,20 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
         joined.set()
     check_device_counts()
     watch_peers(silence)
+
+
+def join_detected_cluster(timeout: int) -> None:
+    """jax.distributed.initialize on the cluster jax detects; where it detects none (a plain machine, a shell
+    outside the SLURM job) one line saying so, not jax's ValueError traceback ('coordinator_address should be
+    defined')."""
+    from config import ConfigError
+
+    try:
+        jax.distributed.initialize(initialization_timeout=timeout)
+    except ValueError as e:
+        raise ConfigError(f"--distributed: found no cluster to join here (no SLURM job, TPU pod or Open MPI run; "
+                          f"jax: {e}); on other machines start each process with --coordinator HOST:PORT "
+                          "--num-processes N --process-id I") from None
 
 
 _watching = threading.Event()  # set while watch_peers' thread may report a stopped peer

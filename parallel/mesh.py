@@ -37,15 +37,15 @@ def mesh_axes(text: str) -> dict[str, int]:
     return axes
 
 
-def parse_mesh_shape(text: str, device_count: int, platform: str | None = None) -> dict[str, int]:
+def parse_mesh_shape(text: str, device_count: int, platform: str | None = None,
+                     processes: int = 1) -> dict[str, int]:
     """``"x:4,y:2"`` -> ``{"x": 4, "y": 2}``; one axis may be -1 and takes the devices left over. With the devices'
-    ``platform``, a device-count error also says how to simulate (CPU) or hide (GPU) devices to match."""
+    ``platform``, a device-count error also says how to simulate (CPU) or hide (GPU) devices to match, per process
+    of the ``processes`` that hold them."""
     axes = mesh_axes(text)
     free = [name for name, size in axes.items() if size == -1]
     fixed = math.prod(size for size in axes.values() if size != -1)
-    # Simulated CPU devices are how a mesh is tried without the hardware; the flag must be set before jax starts.
-    simulate = (f"; on CPU, simulate {fixed} devices with XLA_FLAGS=--xla_force_host_platform_device_count={fixed}"
-                if platform == "cpu" and fixed > device_count else "")
+    simulate = simulate_hint(fixed, processes) if platform == "cpu" and fixed > device_count else ""
     if free:
         if device_count % fixed:
             raise ConfigError(f"mesh_shape: '{text}' fixes {fixed} devices, which does not divide the "
@@ -54,11 +54,11 @@ def parse_mesh_shape(text: str, device_count: int, platform: str | None = None) 
     elif fixed != device_count:
         raise ConfigError(f"mesh_shape: '{text}' needs {fixed} device{'s' * (fixed != 1)} but {device_count} "
                           f"{'is' if device_count == 1 else 'are'} available; "
-                          f"{fit_hint(axes, device_count, platform)}")
+                          f"{fit_hint(axes, device_count, platform, processes)}")
     return axes
 
 
-def fit_hint(axes: dict[str, int], device_count: int, platform: str | None) -> str:
+def fit_hint(axes: dict[str, int], device_count: int, platform: str | None, processes: int = 1) -> str:
     """How a mesh of fixed ``axes`` is made to fit ``device_count`` devices: sizes that multiply to it (one axis
     of size -1 sizing itself to fit), or, on CPU or GPU, as many devices as the mesh names."""
     fixed = math.prod(axes.values())
@@ -67,11 +67,23 @@ def fit_hint(axes: dict[str, int], device_count: int, platform: str | None) -> s
     if sizing:
         example = ",".join(f"{name}:{-1 if name == sizing else size}" for name, size in axes.items())
         hint += f" ('{example}' sizes {sizing} to fit)"
-    if platform == "cpu":  # the flag must be set before jax starts
-        hint += f"; on CPU, simulate {fixed} devices with XLA_FLAGS=--xla_force_host_platform_device_count={fixed}"
-    elif platform == "gpu" and fixed < device_count:
-        hint += f"; on GPUs, use {fixed} with CUDA_VISIBLE_DEVICES={','.join(map(str, range(fixed)))}"
+    if platform == "cpu":
+        hint += simulate_hint(fixed, processes)
+    elif platform == "gpu" and fixed < device_count and fixed % processes == 0:
+        each = fixed // processes
+        hint += f"; on GPUs, use {fixed} with CUDA_VISIBLE_DEVICES={','.join(map(str, range(each)))}"
+        hint += f" in each of the {processes} processes" if processes > 1 else ""
     return hint
+
+
+def simulate_hint(fixed: int, processes: int) -> str:
+    """How to simulate ``fixed`` CPU devices (the flag must be set before jax starts): the flag counts one
+    process's devices, so a run of several processes sets each to its share."""
+    if fixed % processes:
+        return ""
+    each = fixed // processes
+    where = f" in each of the {processes} processes" if processes > 1 else ""
+    return f"; on CPU, simulate {fixed} devices with XLA_FLAGS=--xla_force_host_platform_device_count={each}{where}"
 
 
 def fixed_device_count(text: str) -> int | None:
@@ -86,7 +98,8 @@ def fixed_device_count(text: str) -> int | None:
 def make_mesh(text: str, devices=None) -> Mesh:
     """The device mesh for ``mesh_shape``, over all devices of all processes unless ``devices`` is given."""
     devices = jax.devices() if devices is None else list(devices)
-    axes = parse_mesh_shape(text, len(devices), platform=devices[0].platform)
+    processes = len({device.process_index for device in devices})
+    axes = parse_mesh_shape(text, len(devices), platform=devices[0].platform, processes=processes)
     # Auto axes: shardings are chosen by the layout and propagated by XLA (the pjit model).
     return jax.make_mesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes),
                          devices=devices)

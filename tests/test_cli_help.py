@@ -205,6 +205,23 @@ def test_mesh_needing_fewer_devices_says_how_to_fit_them(text, platform, fix):
     assert str(e.value) == f"mesh_shape: '{text}' {fix}"
 
 
+@pytest.mark.parametrize("text, platform, fix", [
+    ("x:16", "cpu", "needs 16 devices but 8 are available; make its sizes multiply to 8 ('x:-1' sizes x to fit); "
+                    "on CPU, simulate 16 devices with XLA_FLAGS=--xla_force_host_platform_device_count=8 in each "
+                    "of the 2 processes"),
+    ("x:2,y:2", "gpu", "needs 4 devices but 8 are available; make its sizes multiply to 8 ('x:-1,y:2' sizes x to "
+                       "fit); on GPUs, use 4 with CUDA_VISIBLE_DEVICES=0,1 in each of the 2 processes"),
+])
+def test_mesh_device_hints_count_per_process(text, platform, fix):
+    """XLA_FLAGS and CUDA_VISIBLE_DEVICES count one process's devices: on 2 processes of 4 the hint for 16 devices
+    said '=16', which makes 32."""
+    from config import ConfigError
+    from parallel.mesh import parse_mesh_shape
+    with pytest.raises(ConfigError) as e:
+        parse_mesh_shape(text, 8, platform=platform, processes=2)
+    assert str(e.value) == f"mesh_shape: '{text}' {fix}"
+
+
 def test_generate_benchmark_without_torch_says_what_to_install_times_neomesh_alone_and_profiles_it(tmp_path):
     code = ("import sys; sys.modules['torch'] = None; from benchmarks import generate; generate.main(['--config', "
             "'quickstart', '--batch-sizes', '1', '--new-tokens', '2', '--prompt-tokens', '4', '--repeats', '1', "

@@ -383,3 +383,20 @@ def test_the_timeouts_of_a_multi_process_run_are_checked_before_it_joins(monkeyp
     monkeypatch.setenv("NEOMESH_JOIN_TIMEOUT", "soon")
     with pytest.raises(ConfigError, match="NEOMESH_JOIN_TIMEOUT: 'soon' is not a number of seconds of at least 10"):
         distributed.join_timeout()
+
+
+def test_distributed_outside_a_cluster_is_one_line(monkeypatch):
+    """``--distributed`` where jax detects no cluster (a plain machine, a shell outside the SLURM job) names the
+    flag and the way to start processes by hand instead of jax's 'coordinator_address should be defined'."""
+    import jax
+
+    from config import ConfigError
+    from parallel import distributed
+
+    def no_cluster(**kwargs):
+        raise ValueError("coordinator_address should be defined.")
+
+    monkeypatch.setattr(jax.distributed, "initialize", no_cluster)
+    monkeypatch.setattr(jax.config, "update", lambda *args: None)  # leaves this process's collectives alone
+    with pytest.raises(ConfigError, match=r"--distributed: found no cluster to join.*--coordinator HOST:PORT"):
+        distributed.initialize(None, None, None, auto=True)

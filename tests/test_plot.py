@@ -43,6 +43,15 @@ def test_two_runs_on_one_figure(tmp_path):
     assert list(eval_a.get_xdata()) == [5, 10, 15, 20]
 
 
+def test_a_run_given_by_its_metrics_file(tmp_path):
+    """A shell's completion names the file: it was 'run/metrics.jsonl: no metrics.jsonl'."""
+    from tools.plot import plot_runs
+
+    run = fake_run(tmp_path / "a", 6, 3)
+    figure = plot_runs([os.path.join(run, "metrics.jsonl")], str(tmp_path / "curves.png"))
+    assert {line.get_label() for ax in figure.axes for line in ax.get_lines()} >= {"a train", "a eval"}
+
+
 def test_command_line_and_its_mistakes(tmp_path):
     run = fake_run(tmp_path / "run", 6, 3)
     out = tmp_path / "out.png"

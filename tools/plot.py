@@ -26,7 +26,7 @@ def read_run(run_dir: str) -> dict[str, list[dict]]:
     from config import ConfigError
     from training.metrics import read_rows
 
-    path = os.path.join(run_dir, "metrics.jsonl")
+    path = run_dir if is_metrics_file(run_dir) else os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise ConfigError(f"{run_dir}: no metrics.jsonl (not a run directory, or nothing trained yet)")
     rows, bad = read_rows(path)
@@ -35,6 +35,17 @@ def read_run(run_dir: str) -> dict[str, list[dict]]:
               f"note: {path}: skipped {len(bad)} lines that are not whole JSON rows (the first: line {bad[0]})",
               file=sys.stderr)
     return {kind: [r for r in rows if r.get("kind") == kind] for kind in ("train", "eval")}
+
+
+def is_metrics_file(run: str) -> bool:
+    """Whether ``run`` names a run's metrics.jsonl itself (as a shell's completion gives it) rather than the run."""
+    return os.path.basename(run) == "metrics.jsonl" and os.path.isfile(run)
+
+
+def run_name(run: str) -> str:
+    """The legend's name of a run: its directory's, also when given by its metrics.jsonl."""
+    run_dir = os.path.dirname(run) if is_metrics_file(run) else run
+    return os.path.basename(os.path.normpath(run_dir)) or run_dir
 
 
 def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
@@ -60,7 +71,7 @@ def plot_runs(run_dirs: list[str], out: str, names: list[str] | None = None):
         raise ConfigError(f"-o {out}: no such folder {folder}")
     if picture not in kinds:
         raise ConfigError(f"-o {out}: the picture's type comes from its extension, one of .{', .'.join(sorted(kinds))}")
-    names = names or [os.path.basename(os.path.normpath(d)) or d for d in run_dirs]
+    names = names or [run_name(d) for d in run_dirs]
     runs = [read_run(d) for d in run_dirs]
     panels = [(title, curves) for title, curves in PANELS
               if any(row.get(metric) is not None for run in runs for kind, metric, _, _ in curves for row in run[kind])]
@@ -113,7 +124,8 @@ def main(argv=None) -> int:
     command = os.path.basename(sys.argv[0])  # neomesh-plot when run as the installed command
     p = ArgumentParser(prog="python -m tools.plot" if command.endswith(".py") else command,
                        description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (each with a metrics.jsonl)")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                   help="run directories (each with a metrics.jsonl), or their metrics.jsonl")
     p.add_argument("-o", "--output", default="curves.png", help="the picture to write (default: curves.png)")
     p.add_argument("--names", nargs="+", help="legend names, one per run (default: the directory names)")
     args = p.parse_args(argv)

@@ -121,6 +121,9 @@ def distributed_problem(args) -> str | None:
     if args.coordinator is None:
         return (f"{given[0]}: only with --coordinator HOST:PORT (with --distributed the cluster gives the count "
                 f"and id)" if given else None)
+    if args.distributed:  # one of the two ways to join would be ignored
+        return "--distributed: not with --coordinator (--distributed finds the cluster itself; --coordinator " \
+               "HOST:PORT with --num-processes and --process-id names it)"
     host, _, port = args.coordinator.rpartition(":")
     if not host or not port.isdigit():
         return f"--coordinator {args.coordinator}: not HOST:PORT (e.g. 10.0.0.1:1234)"

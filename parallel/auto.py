@@ -211,7 +211,8 @@ def resolve(cfg, make_model, tx, devices=None, memory: float | None = None):
         return Layout.from_config(make_mesh(cfg.mesh_shape, devices), cfg.layout), None
     job = job_for(cfg, abstract_model(make_model)[1], tx, len(devices), memory or device_memory(devices[0]),
                   min(devices_per_host(devices), MAX_TENSOR))
-    given = None if cfg.mesh_shape == AUTO else parse_mesh_shape(cfg.mesh_shape, len(devices))
+    given = None if cfg.mesh_shape == AUTO else parse_mesh_shape(cfg.mesh_shape, len(devices),
+                                                                  platform=devices[0].platform)
     choice = choose(job, given)
     layout = Layout.from_config(make_mesh(choice.mesh_shape, devices), choice.layout)
     return layout, f"auto: mesh_shape {choice.mesh_shape}, layout {choice.layout}\n  because {choice.reason}"

@@ -160,3 +160,16 @@ def test_an_automatic_fsdp_layout_counts_what_accumulating_unreduced_holds_whole
     with pytest.raises(ConfigError, match=r"^accumulate_unreduced: with it each device holds the parameters and "
                                           rf"their gradient sums whole during a step \({whole / 1e9:.3g} GB\)"):
         resolve(cfg.replace(accumulate_unreduced=True), make, tx, jax.devices()[:8], memory=tight)
+
+
+def test_an_automatic_layout_on_a_mesh_of_other_devices_says_how_to_simulate_them():
+    """The mesh_shape given beside layout auto was read without the platform: its device-count error lacked the
+    hint every other mesh error gives."""
+    import jax
+
+    from parallel.auto import resolve
+    from tests.common import tiny_config
+
+    cfg = tiny_config(mesh_shape="x:16", layout="auto")
+    with pytest.raises(ConfigError, match="needs 16 devices but 8 are available.*simulate 16 devices with XLA_FLAGS"):
+        resolve(cfg, functools.partial(registry.build, cfg), make_optimizer(cfg), jax.devices()[:8], memory=1e12)

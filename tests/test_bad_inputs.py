@@ -123,6 +123,8 @@ CASES = [
      "{d}/tokenizer_file_run/tokenizer: a file, not a folder: a run keeps its tokenizer in a folder of that name"),
     # train.py: multi-host options, checked where jax.distributed raised (or ran one process alone)
     ("train", T("--num-processes", "2", "--process-id", "1"), "--num-processes: only with --coordinator HOST:PORT"),
+    ("train", T("--distributed", "--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "0"),
+     "--distributed: not with --coordinator"),
     ("train", T("--coordinator", "localhost", "--num-processes", "1", "--process-id", "0"),
      "--coordinator localhost: not HOST:PORT"),
     ("train", T("--coordinator", "localhost:1234"), "--coordinator: give --num-processes N and --process-id I too"),

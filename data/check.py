@@ -28,6 +28,11 @@ def _check_eval(cfg: Config) -> None:
         return
     source.batch(0, cfg.eval_batch_size)
     print(f"{source.description}; its first batch of {cfg.eval_batch_size} was read")
+    from training.eval_reads import repeat_note  # the note train.py prints at start, here before a run
+
+    repeats = repeat_note(source, cfg)
+    if repeats:
+        print(repeats)
 
 
 def _check_train(cfg: Config, batch_size: int | None) -> None:

@@ -587,6 +587,7 @@ def test_a_run_that_read_bytes_goes_on_reading_bytes(tmp_path, work_root, capsys
     out = capsys.readouterr().out
     assert out.startswith("note: --data: the text is prepared with the run's own tokenizer (bytes)"), out
     assert "training a" not in out
+    assert "note: the eval split holds " in out  # --check-dataset gives the note train.py gives at start
     prepared, = glob.glob(str(work_root / "data_cache" / "texts-*"))
     assert json.load(open(os.path.join(prepared, "dataset.json")))["tokenizer_path"] == "bytes"
 

@@ -31,11 +31,16 @@ def not_a_model_directory(path: str) -> ConfigError:
     return ConfigError(f"{path}: not a Hugging Face model directory (no config.json)")
 
 
+def has_weights(path: str) -> bool:
+    """Whether ``path`` holds weights ``read_hf_dir`` reads: safetensors shards or a pytorch_model.bin."""
+    return bool(glob.glob(os.path.join(path, "*.safetensors"))) or \
+        os.path.exists(os.path.join(path, "pytorch_model.bin"))
+
+
 def check_has_weights(path: str) -> None:
-    """The one-line error ``read_hf_dir`` gives a directory without weights, for callers that check it before
+    """The one-line error for a directory without weights: ``read_hf_dir``'s, and its callers' that check before
     preparing data or starting a device."""
-    if not glob.glob(os.path.join(path, "*.safetensors")) and \
-            not os.path.exists(os.path.join(path, "pytorch_model.bin")):
+    if not has_weights(path):
         raise ConfigError(f"{path}: no model.safetensors or pytorch_model.bin")
 
 
@@ -47,6 +52,7 @@ def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     hf_config = read_json(config_path)
     if not isinstance(hf_config, dict):
         raise ConfigError(f"{config_path}: expected a JSON object")
+    check_has_weights(path)
     shards = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if shards:
         from safetensors.numpy import load_file
@@ -58,7 +64,7 @@ def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
             except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for damaged files
                 raise ConfigError(f"{shard}: not a readable safetensors file ({str(e).splitlines()[0][:160]})") \
                     from None
-    elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
+    else:  # pytorch_model.bin
         try:
             import torch
         except ImportError:
@@ -70,8 +76,6 @@ def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
             raise ConfigError(f"{path}/pytorch_model.bin: not a readable PyTorch state dict "
                               f"({str(e).splitlines()[0][:160]})") from None
         tensors = {k: v.float().numpy() for k, v in state.items()}
-    else:
-        raise ConfigError(f"{path}: no model.safetensors or pytorch_model.bin")
     tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
     for name, value in tensors.items():  # such weights are refused, not loaded
         if not np.isfinite(value).all():

@@ -24,16 +24,11 @@ def model_directory_problem(model_path: str) -> str | None:
     """Why ``model_path`` cannot be a run to write, in one line, where it is a Hugging Face model directory
     (config.json and weights, no checkpoints/): train.py would start a fresh model there, beside weights it never
     reads (``--init-from`` reads them). None otherwise."""
-    from convert.hf_dir import check_has_weights
-    from config import ConfigError
+    from convert.hf_dir import has_weights
 
     if "://" in model_path or has_checkpoint(model_path) or \
-            not os.path.isfile(os.path.join(model_path, "config.json")):
-        return None
-    try:
-        check_has_weights(model_path)
-    except ConfigError:
-        return None  # a config.json of one's own, not a model
+            not os.path.isfile(os.path.join(model_path, "config.json")) or not has_weights(model_path):
+        return None  # not a model (a config.json of one's own is no model without weights)
     return (f"model_path: {model_path} is a Hugging Face model directory (config.json and weights, no "
             f"checkpoints/), not a run directory: --init-from {model_path} fine-tunes it, with --model-path naming a "
             "new directory for the run")

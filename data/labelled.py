@@ -67,7 +67,7 @@ def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[
     """(object, "path: line N") for every line of the jsonl files ``pattern`` matches (sorted), in file order;
     one-line errors for no file, a line that is not UTF-8 (with its byte offset) or not a JSON object, a corrupt or
     truncated ``.zst``, and a file without any ``noun``."""
-    from data.text_files import jsonl_lines
+    from data.text_files import json_object, jsonl_lines
 
     files = sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
     if not files:
@@ -77,11 +77,8 @@ def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[
         for line_no, line in jsonl_lines(path):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
-            if not isinstance(row, dict):
+            row = json_object(line)
+            if row is None:
                 raise ConfigError(f"{path}: line {line_no} is not a JSON object{not_jsonl(path)}")
             found = True
             yield row, f"{path}: line {line_no}"

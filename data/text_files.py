@@ -107,14 +107,20 @@ def _documents(path: str) -> Iterator[str]:
         yield text
 
 
-def _text_field(line: str, path: str, line_no: int):
-    """The ``text`` of one jsonl line; a line without one names the keys it has (a ``content`` field was 'not a JSON
-    object with a 'text' field', as if the file were broken)."""
+def json_object(line: str) -> dict | None:
+    """The JSON object one jsonl line holds; None where it holds no JSON, or JSON that is not an object."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError:
-        record = None
-    if not isinstance(record, dict):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _text_field(line: str, path: str, line_no: int):
+    """The ``text`` of one jsonl line; a line without one names the keys it has (a ``content`` field was 'not a JSON
+    object with a 'text' field', as if the file were broken)."""
+    record = json_object(line)
+    if record is None:
         raise BadFile(f"{path}: line {line_no} is not a JSON object")
     if "text" not in record:
         has = ", ".join(repr(k) for k in list(record)[:5]) or "no fields"

@@ -4,8 +4,9 @@ The model comes from a NeoMesh run directory (``--model-path``, default the conf
 Face GPT-Neo/GPT-2 directory (``--hf-model``). Tasks: ``lambada`` (``lambada_acc``, last-word accuracy, and
 ``lambada_ppl``; a LAMBADA-format jsonl with ``--lambada-path``, e.g. the standard ``lambada_test.jsonl``) and
 ``multiple_choice`` (``--multiple-choice-path``: jsonl of {context, choices, label}; ``choice_acc``,
-``choice_acc_norm``, ``choice_acc_bytes``, ``choice_acc_per_token``). Without ``--tasks`` a run is evaluated on its
-config's ``eval_tasks``, or on lambada. For lm-evaluation-harness tasks see ``python -m evaluation.harness``.
+``choice_acc_norm``, ``choice_acc_bytes``, ``choice_acc_per_token``). Without ``--tasks`` a run is evaluated on the
+tasks whose files are given, else its config's ``eval_tasks``, else lambada. For lm-evaluation-harness tasks see
+``python -m evaluation.harness``.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--model-path", help="NeoMesh run directory with checkpoints")
     source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face GPT-Neo/GPT-2 model: a directory, "
                         "or ORG/NAME from the local Hugging Face cache")
-    p.add_argument("--tasks", metavar="LIST", help="comma-separated: lambada, multiple_choice (default: the run's "
-                   "eval_tasks, else lambada)")
+    p.add_argument("--tasks", metavar="LIST", help="comma-separated: lambada, multiple_choice (default: the "
+                   "tasks whose files are given, else the run's eval_tasks, else lambada)")
     p.add_argument("--lambada-path", metavar="FILE", help="LAMBADA-format jsonl (default: the config's lambada_path, "
                    "else the shipped embedded-corpus passages)")
     p.add_argument("--multiple-choice-path", metavar="FILE", help="jsonl of {context, choices, label}")
@@ -81,9 +82,18 @@ def check_options(args) -> None:
         if unknown or not args.tasks:
             raise ConfigError(f"--tasks: unknown task {unknown[0]!r} (known: {', '.join(TASKS)})" if unknown else
                               f"--tasks: no task named (known: {', '.join(TASKS)})")
-    for option, path in (("--lambada-path", args.lambada_path), ("--multiple-choice-path", args.multiple_choice_path)):
-        if path is not None and not os.path.isfile(path):
+    files = (("lambada", "--lambada-path", args.lambada_path),
+             ("multiple_choice", "--multiple-choice-path", args.multiple_choice_path))
+    for task, option, path in files:
+        if path is None:
+            continue
+        if not os.path.isfile(path):
             raise ConfigError(f"{option} {path}: no such file")
+        if args.tasks is not None and task not in args.tasks:  # a file given for a task not run: never read
+            raise ConfigError(f"{option} is for the {task} task, which --tasks {','.join(args.tasks)} leaves out; "
+                              f"add it to --tasks, or drop {option}")
+    if args.tasks is None:  # the files given name the tasks wanted
+        args.tasks = [task for task, _, path in files if path is not None] or None
 
 
 def check_no_examples_set(sets) -> None:

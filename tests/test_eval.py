@@ -266,3 +266,29 @@ def test_eval_refuses_a_layout_without_a_mesh_as_predict_does(tmp_path):
     assert result.stderr == "error: --layout heads:x: give --mesh-shape too (without it the model runs on one device)\n"
     result = run_command("eval.py", "--model-path", run, "--layout", "batch:x")  # the default: one device's layout
     assert result.returncode == 2 and "--layout" not in result.stderr and run in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("args, tasks", [
+    (["--multiple-choice-path", "{q}"], ["multiple_choice"]),
+    (["--lambada-path", "{q}", "--multiple-choice-path", "{q}"], ["lambada", "multiple_choice"]),
+    ([], None),  # the run's eval_tasks, else lambada
+])
+def test_eval_runs_the_tasks_whose_files_are_given(tmp_path, args, tasks):
+    """--multiple-choice-path without --tasks scored LAMBADA only and never read the questions, without a word."""
+    import eval as eval_cli
+
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"context": "a", "choices": ["b", "c"], "label": 0}])
+    parsed = eval_cli.build_parser().parse_args(["--model-path", "run", *[a.format(q=questions) for a in args]])
+    eval_cli.check_options(parsed)
+    assert parsed.tasks == tasks
+
+
+def test_eval_refuses_a_file_for_a_task_it_leaves_out(tmp_path):
+    import eval as eval_cli
+
+    questions = write_jsonl(tmp_path / "q.jsonl", [{"context": "a", "choices": ["b", "c"], "label": 0}])
+    parsed = eval_cli.build_parser().parse_args(["--model-path", "run", "--tasks", "lambada",
+                                                 "--multiple-choice-path", questions])
+    with pytest.raises(ConfigError, match="^--multiple-choice-path is for the multiple_choice task, which --tasks "
+                                          "lambada leaves out; add it to --tasks, or drop --multiple-choice-path$"):
+        eval_cli.check_options(parsed)

@@ -852,10 +852,8 @@ def _check_eval_tasks(cfg: Config) -> None:
     if "multiple_choice" in cfg.eval_tasks and cfg.multiple_choice_path is None:
         raise ConfigError("eval_tasks: multiple_choice needs multiple_choice_path (a jsonl of {context, choices, "
                           "label})")
-    for key in ("lambada_path", "multiple_choice_path"):
-        path = getattr(cfg, key)
-        if path is not None and not os.path.isfile(path):
-            raise ConfigError(f"{key}: {path}: no such file")
+    # The files themselves are read where they are scored (evaluation.tasks.check_config_tasks, before training):
+    # a run whose task file has moved since still loads for predict.py, export and eval.py --lambada-path.
 
 
 def _check_datasets(datasets: list) -> None:

@@ -143,6 +143,7 @@ def main(argv=None) -> int:
 
     apply_defaults(compilation_cache=not args.dry_run)  # before jax starts; a dry run reports its compile
     from config import ConfigError, describe_keys, load_config, model_config_path
+    from evaluation.tasks import check_config_tasks
     from neomesh.errors import EXIT_ERROR, run_main
     from training.stop_signals import StopNow
 
@@ -163,6 +164,7 @@ def main(argv=None) -> int:
         own = None if config else run_config(args)  # a run directory's own config, else the quickstart's
         cfg, notes = own or load_config(config or "quickstart", tuple(args.set))
         check_batches_can_be_made(cfg, bool(args.data))
+        check_config_tasks(cfg)  # the eval tasks' files, read before any data is prepared
         problem = model_directory_problem(args.model_path or cfg.model_path)  # a Hugging Face user's model
         if problem:
             raise ConfigError(problem)
@@ -668,9 +670,6 @@ def task_scorer(cfg, graphdef, params, train_data, layout):
         return None
     from data.source import make_tokenizer
     from evaluation.scorer import Scorer
-    from evaluation.tasks import check_config_tasks
-
-    check_config_tasks(cfg)
 
     tokenizer = train_data.tokenizer if train_data is not None else make_tokenizer(cfg)
     return Scorer(cfg, graphdef, params, tokenizer, layout, batch_size=cfg.eval_batch_size)

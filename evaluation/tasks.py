@@ -26,10 +26,16 @@ def run_tasks(scorer, tasks, lambada_path: str | None = None, multiple_choice_pa
 
 
 def check_config_tasks(cfg) -> None:
-    """Reads the files of the config's ``eval_tasks`` as their evaluation will: a line they cannot score is a
-    one-line error before training, not after ``eval_every`` steps of it."""
+    """Reads the files of the config's ``eval_tasks`` as their evaluation will: a missing file (naming its key) or
+    a line they cannot score is a one-line error before training, not after ``eval_every`` steps of it."""
+    import os
+
     from evaluation import lambada, multiple_choice
 
+    for key in ("lambada_path", "multiple_choice_path"):
+        path = getattr(cfg, key)
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"{key}: {path}: no such file")
     if "lambada" in cfg.eval_tasks:
         lambada.read_examples(cfg.lambada_path or lambada.EMBEDDED, cfg.eval_task_examples)
     if "multiple_choice" in cfg.eval_tasks and cfg.multiple_choice_path is not None:

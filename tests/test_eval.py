@@ -194,12 +194,23 @@ def test_shipped_lambada_file_is_the_embedded_corpus_format():
     ({"eval_tasks": ["lambda"]}, 'eval_tasks: unknown task "lambda" (known: lambada, multiple_choice)'),
     ({"eval_tasks": ["lambada"], "task": "masked_lm"}, "eval_tasks: lambada score text with a language model"),
     ({"eval_tasks": ["multiple_choice"]}, "eval_tasks: multiple_choice needs multiple_choice_path"),
-    ({"lambada_path": "nowhere.jsonl"}, "lambada_path: nowhere.jsonl: no such file"),
 ])
 def test_config_errors(changes, message):
     with pytest.raises(ConfigError) as e:
         from_dict(changes)
     assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("key", ["lambada_path", "multiple_choice_path"])
+def test_a_task_file_gone_is_an_error_where_it_is_read_not_where_the_config_is(key):
+    """A run whose task file moved after training could not be loaded at all (its checkpoint's config failed
+    validation): predict.py, export and eval.py --lambada-path each stopped at 'lambada_path: ...: no such file'."""
+    from evaluation.tasks import check_config_tasks
+
+    cfg, _ = from_dict({"eval_tasks": ["lambada", "multiple_choice"], "multiple_choice_path": "q.jsonl",
+                        key: "nowhere.jsonl"})
+    with pytest.raises(ConfigError, match=f"^{key}: nowhere.jsonl: no such file$"):
+        check_config_tasks(cfg)
 
 
 @pytest.mark.e2e

@@ -602,7 +602,7 @@ def main(argv=None) -> int:
         return 2
     config = shlex.quote(args.config) if args.config else "configs/quickstart.json"
     print(f"dataset config: {_shown(os.path.join(folder, 'dataset.json'))}; train on it with: python train.py "
-          f"--config {config} --data {_shown(folder)}")
+          f"--config {config} --data {shlex.quote(_shown(folder))}")  # pasted into a shell: a path may hold spaces
     return 0
 
 

@@ -628,3 +628,16 @@ def test_a_run_going_on_notes_data_read_with_another_tokenizer(tmp_path, work_ro
     texts = str(tmp_path / "one")
     assert make_dataset([texts], tokenizer=f"{one}/tokenizer.json", n_ctx=32, workers=1) != \
         make_dataset([texts], tokenizer=f"{two}/tokenizer.json", n_ctx=32, workers=1)
+
+
+def test_the_train_command_printed_at_the_end_pastes_into_a_shell(tmp_path, work_root, capsys):
+    """An output folder with a space in its name printed `--data /x/my data`, which a shell reads as two paths."""
+    import shlex
+
+    from data.make_dataset import main
+
+    out = tmp_path / "my data"
+    assert main(["--input", str(write_texts(tmp_path / "texts", 2)), "--vocab-size", "300", "--n-ctx", "16",
+                 "--workers", "1", "--output-dir", str(out)]) == 0
+    command = capsys.readouterr().out.strip().splitlines()[-1].split("train on it with: ", 1)[1]
+    assert shlex.split(command)[-2:] == ["--data", str(out)]

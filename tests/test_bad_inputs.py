@@ -257,6 +257,18 @@ def test_a_hugging_face_model_directory_as_model_path_is_named_and_left_as_it_is
     assert not [name for name in os.listdir(files) if name.startswith("hf_model_as_run-")]  # nor moved
 
 
+def test_a_url_as_model_path_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """--model-path gs://bucket/run (GPT-Neo's configs' model_path) made a local folder gs:/bucket/run, wrote its
+    lock and metrics there, then stopped in a traceback from tensorboardX's GCS writer."""
+    monkeypatch.chdir(tmp_path)
+    for extra in ([], ["--resume"]):
+        assert train.main(T("--model-path", "gs://bucket/runs/x", *extra)) == 2
+        assert capsys.readouterr().err == ("error: model_path: gs://bucket/runs/x: a run is written to a local or "
+                                           "mounted directory, not a URL; mount the bucket (gcsfuse on a TPU VM) "
+                                           "and name a folder in it\n")
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("extra, hint", [
     (["--eval"], ""), (["--resume"], ""), ([], "; --config (or --model NAME) starts a new run there")])
 def test_a_mistyped_run_directory_without_a_config_is_named(tmp_path, capsys, extra, hint):

@@ -21,12 +21,16 @@ def missing_run_directory(model_path: str) -> str | None:
 
 
 def model_directory_problem(model_path: str) -> str | None:
-    """Why ``model_path`` cannot be a run to write, in one line, where it is a Hugging Face model directory
-    (config.json and weights, no checkpoints/): train.py would start a fresh model there, beside weights it never
-    reads (``--init-from`` reads them). None otherwise."""
+    """Why ``model_path`` cannot be a run to write, in one line, where it is a URL (``gs://``: the run's lock,
+    metrics.jsonl and tokenizer are written with the file system's calls, which made a local folder ``gs:``) or a
+    Hugging Face model directory (config.json and weights, no checkpoints/): train.py would start a fresh model
+    there, beside weights it never reads (``--init-from`` reads them). None otherwise."""
     from convert.hf_dir import has_weights
 
-    if "://" in model_path or has_checkpoint(model_path) or \
+    if "://" in model_path:
+        return (f"model_path: {model_path}: a run is written to a local or mounted directory, not a URL; mount the "
+                "bucket (gcsfuse on a TPU VM) and name a folder in it")
+    if has_checkpoint(model_path) or \
             not os.path.isfile(os.path.join(model_path, "config.json")) or not has_weights(model_path):
         return None  # not a model (a config.json of one's own is no model without weights)
     return (f"model_path: {model_path} is a Hugging Face model directory (config.json and weights, no "

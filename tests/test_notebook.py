@@ -73,3 +73,19 @@ def test_resume_cell_needs_only_the_settings_cell():
     assert result.returncode == 0, result.stderr[-2000:]
     argv = ast.literal_eval(result.stdout.strip().splitlines()[-1])
     assert argv == ["--model-path", "runs/notebook", "--set", "train_steps=2020", "--no-progress"]
+
+
+@pytest.mark.parametrize("prompt", ["2024", '"quoted"', "def "])
+def test_train_cell_passes_the_sample_prompt_as_text(prompt):
+    """SAMPLE_PROMPT = "2024" went to --set as a JSON number (an error: sample_prompt expected str), and '"quoted"'
+    lost its quotes."""
+    from config import parse_override
+
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    fake_train = "import sys, types\nsys.modules['train'] = types.SimpleNamespace(main=lambda argv: print(argv) or 0)"
+    result = run_cells(fake_train, code_cell(notebook, "NEOMESH_SOURCE = "), f"SAMPLE_PROMPT = {prompt!r}",
+                       code_cell(notebook, "sample_prompt="))
+    assert result.returncode == 0, result.stderr[-2000:]
+    argv = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    (setting,) = [a for a in argv if a.startswith("sample_prompt=")]
+    assert parse_override(setting) == ("sample_prompt", prompt)

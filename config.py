@@ -148,6 +148,9 @@ class Config:
     res_dropout: float = _key(0.0, "dropout on each residual branch output", minimum=0.0, maximum=1.0)
     embed_dropout: float = _key(0.0, "dropout on token+position embeddings", minimum=0.0, maximum=1.0)
     attn_dropout: float = _key(0.0, "dropout on attention probabilities", minimum=0.0, maximum=1.0)
+    classifier_dropout: Optional[float] = _key(None, "dropout on a classification head's input (transformers' "
+                                                     "classifier_dropout); null: res_dropout", minimum=0.0,
+                                               maximum=1.0)
     scale_by_depth: bool = _key(True, "scale the init of residual output projections by 1/sqrt(n_layer)")
     scale_by_in: bool = _key(False, "scale the init of MLP projections by 1/sqrt(fan_in)")
     no_weight_tie: bool = _key(False, "use a separate output projection instead of the token embedding")
@@ -323,6 +326,11 @@ class Config:
     def moe(self) -> dict:
         """``moe_params`` with every option filled in from ``MOE_DEFAULTS``."""
         return {**MOE_DEFAULTS, **(self.moe_params or {})}
+
+    @property
+    def head_dropout(self) -> float:
+        """The dropout rate on a classification head's input: ``classifier_dropout``, else ``res_dropout``."""
+        return self.res_dropout if self.classifier_dropout is None else self.classifier_dropout
 
     @property
     def rotary_dim(self) -> int:

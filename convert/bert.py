@@ -51,7 +51,8 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
                 n_token_types=hf.get("type_vocab_size", 2), layer_norm_epsilon=hf.get("layer_norm_eps", 1e-12),
                 activation_function=ACTIVATIONS_FROM_HF[act], res_dropout=hidden_dropout, embed_dropout=hidden_dropout,
                 attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
-                task=task, no_weight_tie=hf.get("tie_word_embeddings", True) is False,
+                classifier_dropout=hf.get("classifier_dropout"), task=task,
+                no_weight_tie=hf.get("tie_word_embeddings", True) is False,
                 num_labels=len(hf.get("id2label") or {0: 0, 1: 1}))
     cfg, _ = from_dict(keys, source=source)
     return cfg
@@ -128,8 +129,8 @@ def config_to_hf(cfg: Config) -> dict:
           "max_position_embeddings": cfg.position_rows + cfg.position_offset,
           "type_vocab_size": max(cfg.n_token_types, 1),
           "layer_norm_eps": cfg.layer_norm_epsilon, "hidden_dropout_prob": cfg.res_dropout,
-          "attention_probs_dropout_prob": cfg.attn_dropout, "initializer_range": 0.02,
-          "position_embedding_type": "absolute", "torch_dtype": "float32",
+          "attention_probs_dropout_prob": cfg.attn_dropout, "classifier_dropout": cfg.classifier_dropout,
+          "initializer_range": 0.02, "position_embedding_type": "absolute", "torch_dtype": "float32",
           "tie_word_embeddings": not (cfg.no_weight_tie and cfg.task == "masked_lm")}
     hf["pad_token_id"] = cfg.position_offset - 1 if cfg.model == "roberta" else 0  # BERT's [PAD]
     if cfg.task in ("sequence_classification", "token_classification"):

@@ -51,6 +51,8 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
                     attn_dropout=hf.get("attn_pdrop", 0.1))
     else:
         raise ConfigError(f"{source}: model_type '{kind}' is not a GPT-Neo or GPT-2 model")
+    # transformers' token classifiers drop their input at classifier_dropout, else 0.1 (GPT-Neo's default)
+    keys["classifier_dropout"] = 0.1 if hf.get("classifier_dropout") is None else hf["classifier_dropout"]
     architecture = (hf.get("architectures") or [""])[0]
     for suffix, task in (("ForSequenceClassification", "sequence_classification"),
                          ("ForTokenClassification", "token_classification")):
@@ -144,7 +146,7 @@ def config_to_hf(cfg: Config) -> dict:
     common = {**labels, "vocab_size": cfg.n_vocab, "activation_function": ACTIVATIONS_TO_HF[cfg.activation_function],
               "layer_norm_epsilon": cfg.layer_norm_epsilon, "initializer_range": 0.02, "use_cache": True,
               "tie_word_embeddings": not cfg.no_weight_tie or cfg.task != "causal_lm",  # a classifier has no lm_head
-              "torch_dtype": "float32"}
+              "classifier_dropout": cfg.head_dropout, "torch_dtype": "float32"}
     if cfg.model == "gpt2":
         return {**common, "model_type": "gpt2", "architectures": ["GPT2" + gpt2_head], "n_positions": cfg.position_rows,
                 "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.intermediate,

@@ -39,7 +39,8 @@ HF_NAMES = {"n_ctx": ("max_position_embeddings", "n_positions"), "n_embd": ("hid
             "n_decoder_layer": ("num_decoder_layers",),
             "res_dropout": ("hidden_dropout_prob", "resid_dropout", "resid_pdrop", "dropout_rate"),
             "embed_dropout": ("hidden_dropout_prob", "embed_dropout", "embd_pdrop", "dropout_rate"),
-            "attn_dropout": ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop", "dropout_rate")}
+            "attn_dropout": ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop", "dropout_rate"),
+            "classifier_dropout": ("classifier_dropout",)}
 
 
 def _config_of(hf: dict, source: str) -> Config:

@@ -41,12 +41,12 @@ class Bert(nnx.Module):
                            untied=cfg.no_weight_tie, logits_multiple=cfg.logits_pad_multiple) \
             if cfg.task == "masked_lm" else None
         self.classifier = ClassificationHead(d, cfg.num_labels, pool="first", pooler=True, bias=True,
-                                             dropout_rate=cfg.res_dropout, rngs=rngs, hidden=cfg.head_hidden,
+                                             dropout_rate=cfg.head_dropout, rngs=rngs, hidden=cfg.head_hidden,
                                              activation=cfg.activation_function) \
             if cfg.task == "sequence_classification" else None
         self.token_classifier = TokenClassificationHead(
             d, cfg.num_labels, hidden=cfg.head_hidden, activation=cfg.activation_function,
-            dropout_rate=cfg.res_dropout, rngs=rngs) if cfg.task == "token_classification" else None
+            dropout_rate=cfg.head_dropout, rngs=rngs) if cfg.task == "token_classification" else None
         self.embed_dropout = cfg.embed_dropout
         self.position_offset = cfg.position_offset
         self.remat, self.scan = cfg.remat_policy, cfg.scan_layers

@@ -66,7 +66,7 @@ class GPTNeo(nnx.Module):
             if cfg.task == "sequence_classification" else None
         self.token_classifier = TokenClassificationHead(
             cfg.n_embd, cfg.num_labels, hidden=cfg.head_hidden, activation=cfg.activation_function,
-            dropout_rate=cfg.res_dropout, rngs=rngs) if cfg.task == "token_classification" else None
+            dropout_rate=cfg.head_dropout, rngs=rngs) if cfg.task == "token_classification" else None
         self.embed_dropout = cfg.embed_dropout
         self.position_offset = cfg.position_offset
         self.remat, self.scan = cfg.remat_policy, cfg.scan_layers

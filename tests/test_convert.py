@@ -369,6 +369,33 @@ def test_import_keeps_the_checkpoints_dropout_and_export_writes_it_back(model_ty
     assert {key: written[key] for key in dropout} == dropout
 
 
+CLASSIFIER_DROPOUT = [  # model_type, architecture, config.json's classifier_dropout, the head's rate transformers uses
+    ("bert", "BertForSequenceClassification", 0.3, 0.3), ("bert", "BertForTokenClassification", None, 0.15),
+    ("gpt_neo", "GPTNeoForTokenClassification", 0.25, 0.25), ("gpt2", "GPT2ForTokenClassification", None, 0.1)]
+
+
+@pytest.mark.parametrize("model_type, architecture, written, rate", CLASSIFIER_DROPOUT)
+def test_an_imported_classifier_drops_its_heads_input_at_classifier_dropout(model_type, architecture, written, rate,
+                                                                            tmp_path):
+    """The heads dropped at res_dropout whatever classifier_dropout said (transformers' BERT heads use it, else
+    hidden_dropout_prob; GPT-2's and GPT-Neo's token heads use it, else 0.1), and export left it out."""
+    import transformers
+    from flax import nnx
+
+    from convert.hf import MAPPINGS, hf_config
+    from models import registry
+
+    shape, dropout, _ = DROPOUT[model_type]
+    transformers.AutoConfig.for_model(model_type, **shape, **dropout, classifier_dropout=written,
+                                      architectures=[architecture]).save_pretrained(str(tmp_path))
+    cfg = hf_config(str(tmp_path))
+    assert cfg.head_dropout == rate
+    model = registry.build(cfg, nnx.Rngs(0))
+    head = model.classifier if architecture == "BertForSequenceClassification" else model.token_classifier
+    assert head.dropout_rate == rate
+    assert MAPPINGS[model_type].config_to_hf(cfg)["classifier_dropout"] == (written if model_type == "bert" else rate)
+
+
 def test_a_dropout_config_json_cannot_hold_names_its_key(tmp_path):
     from config import ConfigError
     from convert.hf import hf_config

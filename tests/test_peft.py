@@ -228,6 +228,34 @@ def test_adapter_file_round_trip_and_merged_export(tmp_path):
     np.testing.assert_allclose(exported, logits, atol=5e-5, rtol=0)
 
 
+def test_an_adapter_file_loaded_into_a_model_of_another_alpha_is_one_line_not_another_update(tmp_path):
+    """Saved from the model, an adapter file records each LoRA's scale (alpha / rank): loaded into a model whose
+    LoRA has the same shapes but another alpha (the factors would compute another update, without a word), or is
+    merged into its kernel, it is a one-line error; into the same setting it gives the saved model's outputs."""
+    from training.peft.lora import lora_modules
+
+    def tuned(alpha):
+        model = build_model(tiny_config(peft={"lora": {"rank": 4, "alpha": alpha}}), nnx.Rngs(0))
+        for _, m in lora_modules(model):
+            m.lora_b[...] = 0.1 * jax.random.normal(jax.random.key(3), m.lora_b.shape)
+        return model
+
+    model = tuned(8.0)
+    file = str(tmp_path / "adapter.safetensors")
+    save_adapter(file, model, {"lora": {}})
+    fresh = build_model(tiny_config(peft={"lora": {"rank": 4, "alpha": 8.0}}), nnx.Rngs(0))  # B still 0
+    assert np.abs(np.asarray(fresh(TOKENS)[0]) - np.asarray(model(TOKENS)[0])).max() > 1e-3
+    assert load_adapter(file, fresh) is fresh
+    np.testing.assert_array_equal(np.asarray(fresh(TOKENS)[0]), np.asarray(model(TOKENS)[0]))
+    other = build_model(tiny_config(peft={"lora": {"rank": 4, "alpha": 16.0}}), nnx.Rngs(0))
+    with pytest.raises(ConfigError) as e:
+        load_adapter(file, other)
+    assert str(e.value) == (f"{file}: blocks/0/attn/q's LoRA was saved with scale alpha/rank 2, the model's is 4; "
+                            "apply_peft with the alpha and rank it was trained with")
+    with pytest.raises(ConfigError, match="blocks/0/attn/q's LoRA is merged into its kernel; load the factors"):
+        load_adapter(file, merge(tuned(8.0)))
+
+
 def test_bitfit_trains_biases_and_the_head_only():
     trains = trainable_filter(from_dict({"peft": {"bitfit": True}})[0].peft_settings)
     assert trains("blocks/0/attn/out/bias") and trains("blocks/1/ln_2/bias") and trains("score/out/kernel")

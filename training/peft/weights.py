@@ -1,8 +1,9 @@
 """Adapter-only weight files and merged export.
 
 ``save_adapter`` writes only the parameters that train under a ``peft`` setting (LoRA factors, prefixes, adapters,
-a task head) to one safetensors file, with the setting in its metadata; ``load_adapter`` puts them back into a
-model's parameters (the base weights come from wherever the base came from). ``merged_params`` folds every LoRA
+a task head) to one safetensors file, with the setting in its metadata (and, saved from the model itself, each LoRA's
+scale alpha / rank); ``load_adapter`` puts them back into a model's parameters (the base weights come from wherever
+the base came from), or into the model itself, checking those scales. ``merged_params`` folds every LoRA
 update into its kernel and drops the factors: the base model's tree, which ``export_merged`` writes as a Hugging
 Face directory through convert/ (GPT-Neo, GPT-2, BERT, T5 alike).
 """
@@ -24,12 +25,20 @@ def _flat(tree: dict) -> dict[str, np.ndarray]:
     return {path_name(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def save_adapter(path: str, params: dict, settings: dict) -> list[str]:
+def save_adapter(path: str, params: dict | nnx.Module, settings: dict) -> list[str]:
     """Writes the parameters that train under ``settings`` (``peft``) to the safetensors file ``path``; returns
-    their names."""
+    their names. Given the model itself rather than its parameters, the file also records each LoRA's scale
+    (alpha / rank), which ``load_adapter`` into a model then checks: the same factors under another alpha compute
+    another update."""
     from safetensors.numpy import save_file
 
+    from training.peft.lora import lora_modules
+
     settings = check_peft(settings)
+    metadata = {"peft": json.dumps(settings)}
+    if isinstance(params, nnx.Module):
+        metadata["lora_scale"] = json.dumps({name: m.scale for name, m in lora_modules(params)})
+        params = nnx.to_pure_dict(nnx.state(params, nnx.Param))
     names = list(_flat(params))
     for part, marks in (("lora", ("/lora_a", "/lora_b")), ("prefix", ("/prefix/",)), ("adapter", ("_adapter/",))):
         if part in settings and not any(mark in name for name in names for mark in marks):
@@ -38,7 +47,7 @@ def save_adapter(path: str, params: dict, settings: dict) -> list[str]:
     trained, _ = split_params(params, trainable_filter(settings))
     tensors = {name: np.ascontiguousarray(v, np.float32) for name, v in _flat(trained).items()}
     try:
-        save_file(tensors, path, metadata={"peft": json.dumps(settings)})
+        save_file(tensors, path, metadata=metadata)
     except Exception as e:  # noqa: BLE001 - safetensors' own error type for a directory or a missing folder
         raise ConfigError(f"{path}: cannot write the adapter file ({str(e).splitlines()[0][:160]})") from None
     return sorted(tensors)
@@ -46,6 +55,11 @@ def save_adapter(path: str, params: dict, settings: dict) -> list[str]:
 
 def read_adapter(path: str) -> tuple[dict[str, np.ndarray], dict | None]:
     """({parameter name: array}, the ``peft`` setting it was saved with) of an adapter file."""
+    tensors, meta = _read(path)
+    return tensors, json.loads(meta["peft"]) if "peft" in meta else None
+
+
+def _read(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     from safetensors import safe_open
 
     try:
@@ -54,13 +68,32 @@ def read_adapter(path: str) -> tuple[dict[str, np.ndarray], dict | None]:
             tensors = {name: f.get_tensor(name) for name in f.keys()}
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for damaged or missing files
         raise ConfigError(f"{path}: not a readable adapter file ({str(e).splitlines()[0][:160]})") from None
-    return tensors, json.loads(meta["peft"]) if "peft" in meta else None
+    return tensors, meta
 
 
-def load_adapter(path: str, params: dict) -> dict:
+def load_adapter(path: str, params: dict | nnx.Module) -> dict | nnx.Module:
     """``params`` with the adapter file's parameters in place of theirs (same sharding and dtype). A name the
-    model lacks, or another shape, is a one-line error naming it."""
-    tensors, _ = read_adapter(path)
+    model lacks, or another shape, is a one-line error naming it. Given the model itself, its parameters are
+    replaced in place and it is returned; a LoRA of another scale than the file records (another alpha: the same
+    shapes, another update), or one already merged into its kernel, is a one-line error naming it."""
+    from training.peft.lora import lora_modules
+
+    tensors, meta = _read(path)
+    if not isinstance(params, nnx.Module):
+        return _replaced(path, tensors, params)
+    saved = json.loads(meta.get("lora_scale", "{}"))
+    for name, m in lora_modules(params):
+        if name in saved and not np.isclose(saved[name], m.scale):
+            raise ConfigError(f"{path}: {name}'s LoRA was saved with scale alpha/rank {saved[name]:g}, the model's "
+                              f"is {m.scale:g}; apply_peft with the alpha and rank it was trained with")
+        if m.merged and f"{name}/lora_a" in tensors:  # the kernel holds the old factors' update
+            raise ConfigError(f"{path}: {name}'s LoRA is merged into its kernel; load the factors before merge (or "
+                              "unmerge first)")
+    nnx.update(params, nnx.State(_replaced(path, tensors, nnx.to_pure_dict(nnx.state(params, nnx.Param)))))
+    return params
+
+
+def _replaced(path: str, tensors: dict[str, np.ndarray], params: dict) -> dict:
     wanted = _flat(jax.tree.map(lambda a: np.zeros((), np.int8), params))
     for name, value in tensors.items():
         if name not in wanted:

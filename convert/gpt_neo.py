@@ -16,6 +16,7 @@ from config import Config, ConfigError, from_dict
 from convert.hf_dir import flatten, getter, strip_prefix
 
 MODEL_TYPES = ("gpt_neo", "gpt2")
+GPT2_END_OF_TEXT = 50256  # transformers' GPT-2 and GPT-Neo configs' default bos/eos id
 HEADS = {"causal_lm": ("LMHeadModel", "ForCausalLM"), "sequence_classification": ("ForSequenceClassification",) * 2,
          "token_classification": ("ForTokenClassification",) * 2}  # task -> GPT-2's and GPT-Neo's class suffix
 ACTIVATIONS_FROM_HF = {"gelu_new": "gelu", "gelu": "gelu_exact", "relu": "relu", "silu": "silu", "swish": "silu",
@@ -147,6 +148,8 @@ def config_to_hf(cfg: Config) -> dict:
               "layer_norm_epsilon": cfg.layer_norm_epsilon, "initializer_range": 0.02, "use_cache": True,
               "tie_word_embeddings": not cfg.no_weight_tie or cfg.task != "causal_lm",  # a classifier has no lm_head
               "classifier_dropout": cfg.head_dropout, "torch_dtype": "float32"}
+    if cfg.n_vocab <= GPT2_END_OF_TEXT:  # transformers' default ids would name no token: none, until a tokenizer's
+        common.update(bos_token_id=None, eos_token_id=None)
     if cfg.model == "gpt2":
         return {**common, "model_type": "gpt2", "architectures": ["GPT2" + gpt2_head], "n_positions": cfg.position_rows,
                 "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.intermediate,

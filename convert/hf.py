@@ -214,8 +214,14 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
         extra.update(fit_to_tokenizer(cfg, hf_config, tensors, tokenizer_dir, mapping))
     elif eos_id is not None:
         hf_config["eos_token_id"] = eos_id
-        hf_config.setdefault("bos_token_id", eos_id)
+        _default_bos(hf_config, eos_id)
     write_hf_dir(hf_dir, hf_config, tensors, tokenizer_dir, extra)
+
+
+def _default_bos(hf_config: dict, eos_id: int) -> None:
+    """A family without a start token of its own starts with end-of-text, as GPT-2's vocabulary does."""
+    if hf_config.get("bos_token_id") is None:
+        hf_config["bos_token_id"] = eos_id
 
 
 def fit_to_tokenizer(cfg: Config, hf_config: dict, tensors: dict, tokenizer_dir: str, mapping) -> dict[str, dict]:
@@ -223,7 +229,7 @@ def fit_to_tokenizer(cfg: Config, hf_config: dict, tensors: dict, tokenizer_dir:
     tokenizer files to write over the copied ones ({} for a tokenizer imported with its tokenizer_config.json)."""
     tokenizer = load_tokenizer(tokenizer_dir)
     hf_config["eos_token_id"] = tokenizer.eos_id
-    hf_config.setdefault("bos_token_id", tokenizer.eos_id)
+    _default_bos(hf_config, tokenizer.eos_id)
     if cfg.model in gpt_neo.MODEL_TYPES and cfg.task == "sequence_classification" and \
             tokenizer.padding_id != tokenizer.eos_id:
         # transformers pools each row's last token that is not pad_token_id; padding with end-of-text, which

@@ -304,6 +304,27 @@ def test_a_bert_without_token_types_exports_a_zero_type_row(tmp_path):
     np.testing.assert_allclose(np.asarray(model(jnp.asarray(tokens))[0]), want, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("model", ["gpt_neo", "gpt2"])
+def test_a_decoder_exported_without_a_tokenizer_names_no_token_outside_its_vocabulary(model, tmp_path):
+    """config.json left bos/eos out, so transformers read its GPT-2 default 50256, past a small vocabulary's end:
+    a warning on load, and generate waiting for a token the model cannot produce."""
+    import transformers
+    from flax import nnx
+
+    from convert.hf import export_params
+    from models import registry
+    from tests.common import tiny_config
+
+    cfg = tiny_config(model=model, attention_types=None if model == "gpt2" else tiny_config().attention_types)
+    export_params(cfg, nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(0)), nnx.Param)), str(tmp_path / "hf"))
+    loaded = transformers.AutoConfig.from_pretrained(str(tmp_path / "hf"))
+    assert (loaded.bos_token_id, loaded.eos_token_id) == (None, None)
+    export_params(cfg, nnx.to_pure_dict(nnx.state(registry.build(cfg, nnx.Rngs(0)), nnx.Param)), str(tmp_path / "hf"),
+                  eos_id=cfg.n_vocab - 1)
+    loaded = transformers.AutoConfig.from_pretrained(str(tmp_path / "hf"))
+    assert (loaded.bos_token_id, loaded.eos_token_id) == (cfg.n_vocab - 1, cfg.n_vocab - 1)
+
+
 @pytest.mark.parametrize("family", ["gpt_neo", "bert"])
 def test_a_model_that_shares_its_block_weights_exports_a_copy_per_layer(family, tmp_path, capsys):
     """share_parameters keeps one set of block weights (in the first block); Hugging Face's families hold them per

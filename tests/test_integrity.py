@@ -106,6 +106,40 @@ def test_metrics_drop_a_torn_line_and_rows_past_the_checkpoint(tmp_path):
     assert notes[-1] == f"note: {path}: dropped damaged line(s) [2] (not whole JSON rows)"
 
 
+def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} as TensorBoard shows them (its purge of a resumed run's steps applied)."""
+    import sys
+    import types
+
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("notf"))  # its TensorFlow stub: no TF import
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_shows_what_metrics_jsonl_holds_after_a_kill_and_a_resume(tmp_path):
+    killed = MetricsWriter(str(tmp_path), start_step=0)
+    for step in range(1, 7):
+        killed.write({"step": step, "kind": "train", "loss": 1.0 / step, "lr": math.nan})
+        if step % 2 == 0:
+            killed.write({"step": step, "kind": "eval", "loss": step / 4})
+    # killed with -9 here (no close), then resumed from the checkpoint of step 4: every row written is on disk
+    # already (tensorboardX's thread wrote its queue every two minutes, so TensorBoard lacked the eval of step 4)
+    assert tensorboard_scalars(tmp_path / "tensorboard")["eval/loss"] == [(2, 0.5), (4, 1.0), (6, 1.5)]
+    resumed = MetricsWriter(str(tmp_path), start_step=4)
+    for step in (5, 6):
+        resumed.write({"step": step, "kind": "train", "loss": 1.0 / step})
+    resumed.close()
+    shown = tensorboard_scalars(tmp_path / "tensorboard")
+    assert set(shown) == {"train/loss", "eval/loss"}  # NaN (null in metrics.jsonl) is left out, as before
+    rows = read_rows(str(tmp_path / "metrics.jsonl"))[0]
+    for tag in shown:  # each step once, with the value metrics.jsonl holds
+        kind, key = tag.split("/")
+        assert shown[tag] == [(r["step"], pytest.approx(r[key])) for r in rows if r["kind"] == kind], tag
+
+
 def test_run_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
     first = RunLock(str(tmp_path))
     assert first.acquire() is None

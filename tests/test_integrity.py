@@ -15,7 +15,7 @@ from config import ConfigError
 from parallel.mesh import make_mesh
 from tests.common import tiny_config
 from training import integrity, saved_state
-from training.checkpoint import first_changed_key, model_changes, training_changes
+from training.checkpoint import check_same_model, first_changed_key, model_changes, training_changes
 from training.metrics import MetricsWriter, read_rows
 from training.optimizer import bad_step_counts, make_optimizer
 from training.run_lock import RunLock
@@ -170,6 +170,19 @@ def test_the_first_key_that_changes_the_state_shape_is_named():
     assert first_changed_key({**cfg.to_dict(), "opt_name": "adafactor"}, cfg, saved_state.state_shapes) == "opt_name"
     resharded = {**cfg.to_dict(), "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}  # restore reshards
     assert first_changed_key(resharded, cfg, saved_state.state_shapes) is None
+
+
+def test_a_resume_with_another_optimizer_says_the_optimizer_state_differs_not_the_model():
+    cfg = tiny_config(model_path="runs/x")
+    where = "the checkpoint at step 6"
+    with pytest.raises(ConfigError, match=r'^opt_name: the checkpoint at step 6 was trained with opt_name="adafactor", '
+                       r"the config has \"adam\"; the optimizer state's shape differs \(the model's parameters fit\) "
+                       r"\(set it back, or --new for a fresh run; --init-from runs/x --model-path NEW_DIR goes on "
+                       r"from its weights with a fresh optimizer state\)$"):
+        check_same_model({**cfg.to_dict(), "opt_name": "adafactor"}, cfg, saved_state.state_shapes, where)
+    with pytest.raises(ConfigError, match=r"^n_embd: .* the model's shape differs \(set it back, or --new for a "
+                                          r"fresh run\)$"):
+        check_same_model({**cfg.to_dict(), "n_embd": 16}, cfg, saved_state.state_shapes, where)
 
 
 def test_a_resume_names_the_model_keys_that_change_without_changing_shapes():

@@ -461,8 +461,24 @@ def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
                  f"starts a new head of {cfg.num_labels} on its weights")
     # a peft change may keep every shape, and change which parameters train and what the checkpoint holds
     differs = "what it trains and saves differs" if key == "peft" else "the model's shape differs"
+    if key != "peft" and _same_params(saved, cfg, key, state_shapes):  # opt_name, gradient_clipping, ...
+        differs = "the optimizer state's shape differs (the model's parameters fit)"
+        ways += (f"; --init-from {shlex.quote(cfg.model_path)} --model-path NEW_DIR goes on from its weights with "
+                 "a fresh optimizer state")
     raise ConfigError(f"{key}: {where} was trained with {key}={json.dumps(saved.get(key))}, the config has "
                       f"{json.dumps(getattr(cfg, key))}; {differs} ({ways})")
+
+
+def _same_params(saved: dict, cfg, key: str, state_shapes) -> bool:
+    """Whether the saved value of ``key`` gives the parameters the same shapes as ``cfg`` (only the optimizer state
+    differs)."""
+    def shapes(c) -> list:
+        return [(p, a.shape, a.dtype) for p, a in jax.tree_util.tree_flatten_with_path(state_shapes(c)["params"])[0]]
+
+    try:
+        return shapes(cfg.replace(**{key: saved[key]})) == shapes(cfg)
+    except ConfigError:
+        return False
 
 
 def input_position_item(data: dict | None) -> dict:

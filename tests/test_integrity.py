@@ -140,6 +140,23 @@ def test_tensorboard_shows_what_metrics_jsonl_holds_after_a_kill_and_a_resume(tm
         assert shown[tag] == [(r["step"], pytest.approx(r[key])) for r in rows if r["kind"] == kind], tag
 
 
+def test_a_checkpoint_without_checksums_is_restored_with_a_note(tmp_path):
+    import shutil
+
+    from training.checkpoint import Checkpoints
+
+    state = {"w": jnp.arange(8, dtype=jnp.float32)}
+    with Checkpoints(str(tmp_path), keep=2) as checkpoints:
+        checkpoints.save(2, state, {"n_embd": 8})
+    shutil.rmtree(tmp_path / "checkpoints" / "2" / "integrity")  # or written before checkpoints held checksums
+    said = []
+    with Checkpoints(str(tmp_path), keep=2) as checkpoints:
+        restored, step = checkpoints.restore_newest_good(jax.eval_shape(lambda: state), lambda c, s: None, said.append)
+    assert step == 2 and np.array_equal(restored["w"], state["w"])
+    assert said == ["note: checkpoint 2 holds no checksums (written by an older NeoMesh, or its integrity/ was "
+                    "deleted): its arrays were only checked for NaN and infinity"]
+
+
 def test_run_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
     first = RunLock(str(tmp_path))
     assert first.acquire() is None

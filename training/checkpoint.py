@@ -344,6 +344,9 @@ class Checkpoints:
                     + (f"; trying step {older[0]}" if older else ""))
                 continue
             self.verified.step = step
+            if not os.path.isdir(os.path.join(self.directory, str(step), INTEGRITY)):  # a damaged array goes unseen
+                say(f"note: checkpoint {step} holds no checksums (written by an older NeoMesh, or its {INTEGRITY}/ "
+                    "was deleted): its arrays were only checked for NaN and infinity")
             return state, step
         raise ConfigError(f"model_path: no usable checkpoint in {self.directory} (every one is damaged; "
                           "--new starts a fresh run)")

@@ -390,8 +390,7 @@ def first_changed_key(saved: dict, cfg, state_shapes) -> str | None:
     from config import KNOWN_KEYS, from_dict
 
     def signature(c) -> list:
-        return [(jax.tree_util.keystr(p), tuple(a.shape), str(a.dtype))
-                for p, a in jax.tree_util.tree_flatten_with_path(state_shapes(c))[0]]
+        return _signature(state_shapes(c))
 
     differing = [k for k in KNOWN_KEYS if k in saved and saved[k] != getattr(cfg, k)]
     if not differing:
@@ -472,14 +471,18 @@ def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
                       f"{json.dumps(getattr(cfg, key))}; {differs} ({ways})")
 
 
+def _signature(tree) -> list:
+    """(path, shape, dtype) of each array of an abstract tree."""
+    return [(jax.tree_util.keystr(p), tuple(a.shape), str(a.dtype))
+            for p, a in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
 def _same_params(saved: dict, cfg, key: str, state_shapes) -> bool:
     """Whether the saved value of ``key`` gives the parameters the same shapes as ``cfg`` (only the optimizer state
     differs)."""
-    def shapes(c) -> list:
-        return [(p, a.shape, a.dtype) for p, a in jax.tree_util.tree_flatten_with_path(state_shapes(c)["params"])[0]]
-
     try:
-        return shapes(cfg.replace(**{key: saved[key]})) == shapes(cfg)
+        return _signature(state_shapes(cfg.replace(**{key: saved[key]}))["params"]) == \
+            _signature(state_shapes(cfg)["params"])
     except ConfigError:
         return False
 

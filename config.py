@@ -442,6 +442,14 @@ AUTO_KEYS = {"auto_layout": ("layout",), "auto_layout_and_mesh_shape": ("mesh_sh
 ALIASES = {"activation_fn": "activation_function", "n_heads": "n_head", "mlm_mask_id": "mlm_mask_token_id",
            "axial_pos_emb_": "axial_pos_emb"}
 
+# Other tools' names (Hugging Face's Trainer, mostly) for NeoMesh keys: an unknown key says which one it is, where
+# the closest spelling would mislead (save_steps -> eval_steps, max_steps -> max_bad_steps).
+FOREIGN_KEYS = {"learning_rate": "lr", "max_steps": "train_steps", "save_steps": "steps_per_checkpoint",
+                "save_every": "steps_per_checkpoint", "checkpoint_every": "steps_per_checkpoint",
+                "save_total_limit": "keep_checkpoints", "logging_steps": "log_every", "max_grad_norm":
+                "gradient_clipping", "adam_beta1": "beta1", "adam_beta2": "beta2", "adam_epsilon": "epsilon",
+                "output_dir": "model_path"}
+
 # GPT-Neo's moe_params were mesh-tensorflow's MoE hyperparameters (moe.py there). Those with a NeoMesh
 # equivalent are renamed; those that only tuned mesh-tensorflow's routing are accepted with a note.
 MOE_FROM_MESH_TF = {"moe_num_experts": "num_experts", "moe_loss_coef": "aux_loss_weight",
@@ -1014,7 +1022,7 @@ def _check_known(key: str, source: str) -> None:
                           "config (JSON) that the config's datasets names (README, Data)")
     if key not in KNOWN_KEYS:
         known = KNOWN_KEYS + tuple(LEGACY_KEYS) + tuple(AUTO_KEYS) + tuple(ALIASES)
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+        close = [FOREIGN_KEYS[key]] if key in FOREIGN_KEYS else difflib.get_close_matches(key, known, n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"{source}: unknown key '{key}'{hint}")
 

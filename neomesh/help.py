@@ -54,10 +54,11 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def config_key_flag(self, flag: str) -> str | None:
         """``--set KEY=VALUE`` for a flag that names a config key (``--train_steps 10``, GPT-Neo's
-        ``--steps_per_checkpoint``), where the command takes ``--set``; else None."""
-        from config import ALIASES, KNOWN_KEYS
+        ``--steps_per_checkpoint``, Hugging Face's ``--save_steps``), where the command takes ``--set``; else None."""
+        from config import ALIASES, FOREIGN_KEYS, KNOWN_KEYS
 
         key = flag.lstrip("-").replace("-", "_")
+        key = FOREIGN_KEYS.get(key, key)  # Hugging Face's --save_steps, --learning_rate, ...
         if "--set" not in self._option_string_actions or key not in (*KNOWN_KEYS, *ALIASES):
             return None
         given = getattr(self, "given", [])

@@ -82,6 +82,8 @@ def test_a_usage_mistake_is_one_line(module_name, monkeypatch, capsys):
     ("train", ["--config", "quickstart", "--train_steps", "10"], "did you mean --set train_steps=10?"),  # a key
     ("train", ["--model", "x", "--steps_per_checkpoint", "500"], "did you mean --set steps_per_checkpoint=500?"),
     ("predict", ["--prompt", "x", "--precision=bfloat16"], "did you mean --set precision=bfloat16?"),
+    ("train", ["--model", "x", "--save_steps", "500"], "did you mean --set steps_per_checkpoint=500?"),  # Hugging
+    ("train", ["--model", "x", "--save_total_limit=2"], "did you mean --set keep_checkpoints=2?"),  # Face's names
 ])
 def test_an_unknown_flag_gets_the_closest_one(module_name, argv, hint, capsys):
     module = importlib.import_module(module_name)

@@ -66,6 +66,8 @@ def test_attention_types_expand():
 
 @pytest.mark.parametrize("raw, expected", [
     ({"n_embed": 64}, "unknown key 'n_embed'; did you mean 'n_embd'?"),
+    ({"save_steps": 500}, "unknown key 'save_steps'; did you mean 'steps_per_checkpoint'?"),  # was 'eval_steps'
+    ({"max_steps": 5}, "unknown key 'max_steps'; did you mean 'train_steps'?"),  # was 'max_bad_steps'
     ({"text_key": "sentence"}, "'text_key' is a dataset config's key, not a model config's: set it in the dataset "
                                "config"),  # it suggested weight_decay
     ({"n_layer": "2"}, 'n_layer: expected int, got "2"'),

@@ -15,7 +15,7 @@ from config import ConfigError
 from parallel.mesh import make_mesh
 from tests.common import tiny_config
 from training import integrity, saved_state
-from training.checkpoint import first_changed_key, model_changes, training_changes
+from training.checkpoint import check_same_model, first_changed_key, model_changes, training_changes
 from training.metrics import MetricsWriter, read_rows
 from training.optimizer import bad_step_counts, make_optimizer
 from training.run_lock import RunLock
@@ -106,6 +106,57 @@ def test_metrics_drop_a_torn_line_and_rows_past_the_checkpoint(tmp_path):
     assert notes[-1] == f"note: {path}: dropped damaged line(s) [2] (not whole JSON rows)"
 
 
+def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} as TensorBoard shows them (its purge of a resumed run's steps applied)."""
+    import sys
+    import types
+
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("notf"))  # its TensorFlow stub: no TF import
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_shows_what_metrics_jsonl_holds_after_a_kill_and_a_resume(tmp_path):
+    killed = MetricsWriter(str(tmp_path), start_step=0)
+    for step in range(1, 7):
+        killed.write({"step": step, "kind": "train", "loss": 1.0 / step, "lr": math.nan})
+        if step % 2 == 0:
+            killed.write({"step": step, "kind": "eval", "loss": step / 4})
+    # killed with -9 here (no close), then resumed from the checkpoint of step 4: every row written is on disk
+    # already (tensorboardX's thread wrote its queue every two minutes, so TensorBoard lacked the eval of step 4)
+    assert tensorboard_scalars(tmp_path / "tensorboard")["eval/loss"] == [(2, 0.5), (4, 1.0), (6, 1.5)]
+    resumed = MetricsWriter(str(tmp_path), start_step=4)
+    for step in (5, 6):
+        resumed.write({"step": step, "kind": "train", "loss": 1.0 / step})
+    resumed.close()
+    shown = tensorboard_scalars(tmp_path / "tensorboard")
+    assert set(shown) == {"train/loss", "eval/loss"}  # NaN (null in metrics.jsonl) is left out, as before
+    rows = read_rows(str(tmp_path / "metrics.jsonl"))[0]
+    for tag in shown:  # each step once, with the value metrics.jsonl holds
+        kind, key = tag.split("/")
+        assert shown[tag] == [(r["step"], pytest.approx(r[key])) for r in rows if r["kind"] == kind], tag
+
+
+def test_a_checkpoint_without_checksums_is_restored_with_a_note(tmp_path):
+    import shutil
+
+    from training.checkpoint import Checkpoints
+
+    state = {"w": jnp.arange(8, dtype=jnp.float32)}
+    with Checkpoints(str(tmp_path), keep=2) as checkpoints:
+        checkpoints.save(2, state, {"n_embd": 8})
+    shutil.rmtree(tmp_path / "checkpoints" / "2" / "integrity")  # or written before checkpoints held checksums
+    said = []
+    with Checkpoints(str(tmp_path), keep=2) as checkpoints:
+        restored, step = checkpoints.restore_newest_good(jax.eval_shape(lambda: state), lambda c, s: None, said.append)
+    assert step == 2 and np.array_equal(restored["w"], state["w"])
+    assert said == ["note: checkpoint 2 holds no checksums (written by an older NeoMesh, or its integrity/ was "
+                    "deleted): its arrays were only checked for NaN and infinity"]
+
+
 def test_run_lock_refuses_a_second_holder_and_takes_over_a_dead_ones(tmp_path):
     first = RunLock(str(tmp_path))
     assert first.acquire() is None
@@ -136,6 +187,19 @@ def test_the_first_key_that_changes_the_state_shape_is_named():
     assert first_changed_key({**cfg.to_dict(), "opt_name": "adafactor"}, cfg, saved_state.state_shapes) == "opt_name"
     resharded = {**cfg.to_dict(), "mesh_shape": "x:4,y:2", "layout": "batch:x,heads:y"}  # restore reshards
     assert first_changed_key(resharded, cfg, saved_state.state_shapes) is None
+
+
+def test_a_resume_with_another_optimizer_says_the_optimizer_state_differs_not_the_model():
+    cfg = tiny_config(model_path="runs/x")
+    where = "the checkpoint at step 6"
+    with pytest.raises(ConfigError, match=r'^opt_name: the checkpoint at step 6 was trained with opt_name="adafactor", '
+                       r"the config has \"adam\"; the optimizer state's shape differs \(the model's parameters fit\) "
+                       r"\(set it back, or --new for a fresh run; --init-from runs/x --model-path NEW_DIR goes on "
+                       r"from its weights with a fresh optimizer state\)$"):
+        check_same_model({**cfg.to_dict(), "opt_name": "adafactor"}, cfg, saved_state.state_shapes, where)
+    with pytest.raises(ConfigError, match=r"^n_embd: .* the model's shape differs \(set it back, or --new for a "
+                                          r"fresh run\)$"):
+        check_same_model({**cfg.to_dict(), "n_embd": 16}, cfg, saved_state.state_shapes, where)
 
 
 def test_a_resume_names_the_model_keys_that_change_without_changing_shapes():

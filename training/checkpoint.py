@@ -344,6 +344,9 @@ class Checkpoints:
                     + (f"; trying step {older[0]}" if older else ""))
                 continue
             self.verified.step = step
+            if not os.path.isdir(os.path.join(self.directory, str(step), INTEGRITY)):  # a damaged array goes unseen
+                say(f"note: checkpoint {step} holds no checksums (written by an older NeoMesh, or its {INTEGRITY}/ "
+                    "was deleted): its arrays were only checked for NaN and infinity")
             return state, step
         raise ConfigError(f"model_path: no usable checkpoint in {self.directory} (every one is damaged; "
                           "--new starts a fresh run)")
@@ -387,8 +390,7 @@ def first_changed_key(saved: dict, cfg, state_shapes) -> str | None:
     from config import KNOWN_KEYS, from_dict
 
     def signature(c) -> list:
-        return [(jax.tree_util.keystr(p), tuple(a.shape), str(a.dtype))
-                for p, a in jax.tree_util.tree_flatten_with_path(state_shapes(c))[0]]
+        return _signature(state_shapes(c))
 
     differing = [k for k in KNOWN_KEYS if k in saved and saved[k] != getattr(cfg, k)]
     if not differing:
@@ -461,8 +463,28 @@ def check_same_model(saved: dict, cfg, state_shapes, where: str) -> None:
                  f"starts a new head of {cfg.num_labels} on its weights")
     # a peft change may keep every shape, and change which parameters train and what the checkpoint holds
     differs = "what it trains and saves differs" if key == "peft" else "the model's shape differs"
+    if key != "peft" and _same_params(saved, cfg, key, state_shapes):  # opt_name, gradient_clipping, ...
+        differs = "the optimizer state's shape differs (the model's parameters fit)"
+        ways += (f"; --init-from {shlex.quote(cfg.model_path)} --model-path NEW_DIR goes on from its weights with "
+                 "a fresh optimizer state")
     raise ConfigError(f"{key}: {where} was trained with {key}={json.dumps(saved.get(key))}, the config has "
                       f"{json.dumps(getattr(cfg, key))}; {differs} ({ways})")
+
+
+def _signature(tree) -> list:
+    """(path, shape, dtype) of each array of an abstract tree."""
+    return [(jax.tree_util.keystr(p), tuple(a.shape), str(a.dtype))
+            for p, a in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _same_params(saved: dict, cfg, key: str, state_shapes) -> bool:
+    """Whether the saved value of ``key`` gives the parameters the same shapes as ``cfg`` (only the optimizer state
+    differs)."""
+    try:
+        return _signature(state_shapes(cfg.replace(**{key: saved[key]}))["params"]) == \
+            _signature(state_shapes(cfg)["params"])
+    except ConfigError:
+        return False
 
 
 def input_position_item(data: dict | None) -> dict:

@@ -3,7 +3,9 @@
 Only process 0 writes. Rows are strict JSON (NaN and Inf are written as null) and each is flushed whole as it is
 written. A resumed run first rewrites the file (atomically) without rows past the step it resumed from, and
 without a torn last line that a killed run may have left, so the file always reads as one uninterrupted run
-with no step twice.
+with no step twice. TensorBoard's event file is written in step with it: each row's event is on disk before the
+row is, and a resumed run's event file starts by hiding (TensorBoard's purge) every event from the step it resumed
+from on, then logs that step's rows again, so TensorBoard shows the same rows, none twice, whenever a run died.
 """
 
 from __future__ import annotations
@@ -46,20 +48,59 @@ def read_rows(path: str) -> tuple[list[dict], list[int]]:
     return rows, bad
 
 
-def _summary_writer_class():
-    """tensorboardX's SummaryWriter (event files without TensorFlow), imported without torch: tensorboardX imports
-    torch whenever it is installed, only to accept torch tensors, which costs every run seconds at start-up."""
+def _tensorboard_classes():
+    """tensorboardX's event protos and record checksum (event files without TensorFlow), imported without torch:
+    tensorboardX imports torch whenever it is installed, only to accept torch tensors, which costs every run seconds
+    at start-up."""
     import sys
 
-    if "torch" in sys.modules or "tensorboardX" in sys.modules:
-        from tensorboardX import SummaryWriter
-        return SummaryWriter
-    sys.modules["torch"] = None  # makes "import torch" raise ImportError, which tensorboardX handles
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
-        del sys.modules["torch"]
-    return SummaryWriter
+    if "torch" not in sys.modules and "tensorboardX" not in sys.modules:
+        sys.modules["torch"] = None  # makes "import torch" raise ImportError, which tensorboardX handles
+        try:
+            import tensorboardX  # noqa: F401
+        finally:
+            del sys.modules["torch"]
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.record_writer import masked_crc32c
+
+    return Event, SessionLog, Summary, masked_crc32c
+
+
+class EventFile:
+    """A TensorBoard event file under ``directory``, written synchronously: tensorboardX's SummaryWriter queues
+    events for a thread that writes them every two minutes, so a run killed with -9 lost rows that metrics.jsonl
+    (flushed row by row) kept, and a resume never wrote them again. ``purge_step``: TensorBoard hides the events of
+    earlier files from that step on."""
+
+    def __init__(self, directory: str, purge_step: int):
+        import socket
+        import time
+
+        self.Event, SessionLog, self.Summary, self.crc = _tensorboard_classes()
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}")
+        self.file = open(self.path, "ab")  # a second file in the same second adds to the first: still in order
+        self.add(self.Event(wall_time=time.time(), step=purge_step, file_version="brain.Event:2"))
+        self.add(self.Event(wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+
+    def add(self, event) -> None:
+        """Writes ``event`` through to the operating system (no fsync: a killed process loses nothing)."""
+        import struct
+
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        self.file.write(header + struct.pack("<I", self.crc(header)) + data + struct.pack("<I", self.crc(data)))
+        self.file.flush()
+
+    def scalars(self, step: int, values: dict) -> None:
+        import time
+
+        summary = self.Summary(value=[self.Summary.Value(tag=tag, simple_value=v) for tag, v in values.items()])
+        self.add(self.Event(wall_time=time.time(), step=step, summary=summary))
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def _ends_with_newline(path: str) -> bool:
@@ -94,11 +135,14 @@ class MetricsWriter:
         if bad or len(kept) < len(rows) or not _ends_with_newline(self.path):
             self._rewrite(kept)
         self.file = self._open("a")
-        SummaryWriter = _summary_writer_class()
-
-        # A big queue: if its writer thread dies (disk full), adding events must not block the run.
-        self.tensorboard = SummaryWriter(os.path.join(model_path, "tensorboard"), purge_step=start_step + 1,
-                                         max_queue=100_000)
+        self.tensorboard = None
+        try:
+            self.tensorboard = EventFile(os.path.join(model_path, "tensorboard"), purge_step=start_step)
+            for row in kept:  # the purge hid the resumed step's rows (of a previous run, or not all written)
+                if row["step"] == start_step:
+                    self._log(row)
+        except OSError as e:
+            raise ConfigError(f"{os.path.join(model_path, 'tensorboard')}: {e.strerror}") from None
 
     def _open(self, mode: str):
         try:
@@ -123,10 +167,11 @@ class MetricsWriter:
         """``row`` has ``step`` and ``kind`` ("train" or "eval") and numbers (None where unknown)."""
         if not self.enabled:
             return
-        from neomesh.errors import raise_background_failure
-
-        raise_background_failure()  # e.g. TensorBoard's writer thread hit a full disk
         row = {key: strict(value) for key, value in row.items()}
+        try:
+            self._log(row)  # first: a row in metrics.jsonl is in TensorBoard too, however the run dies
+        except OSError as e:
+            raise ConfigError(f"{self.tensorboard.path}: {e.strerror}") from None
         try:
             self.file.write(json.dumps(row, allow_nan=False) + "\n")
             self.file.flush()
@@ -134,20 +179,20 @@ class MetricsWriter:
             raise ConfigError(f"{self.path}: {e.strerror}") from None
         if row["kind"] == "eval":
             self.evals[row["step"]] = row
-        for key, value in row.items():
-            if key not in ("step", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.tensorboard.add_scalar(f"{row['kind']}/{key}", value, row["step"])
+
+    def _log(self, row: dict) -> None:
+        """The row's numbers as TensorBoard scalars ``kind/key`` (None, a non-finite number, is left out)."""
+        self.tensorboard.scalars(row["step"], {
+            f"{row['kind']}/{key}": value for key, value in row.items()
+            if key not in ("step", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool)})
 
     def close(self) -> None:
         if not self.enabled or self.file is None:
             return
-        try:
-            self.file.close()
-        except OSError:
-            pass  # already reported by write
-        try:
-            self.tensorboard.close()
-        except OSError:
-            # tensorboardX retries the failed flush at exit (an atexit hook) unless the writer counts as closed.
-            self.tensorboard.file_writer.event_writer._closed = True
-        self.file = None
+        for file in (self.file, self.tensorboard):
+            try:
+                if file is not None:
+                    file.close()
+            except OSError:
+                pass  # already reported by write
+        self.file = self.tensorboard = None

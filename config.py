@@ -234,7 +234,8 @@ class Config:
     train_batch_size: int = _key(32, "global batch in sequences", minimum=1)
     eval_batch_size: int = _key(32, "global eval batch in sequences", minimum=1)
     train_steps: int = _key(10000, "optimizer steps to train for", minimum=1)
-    eval_steps: int = _key(10, "batches per evaluation (0 disables eval)", minimum=0)
+    eval_steps: int = _key(10, "batches per evaluation (0 disables eval; GPT-Neo's meaning: Hugging Face's "
+                               "eval_steps, evaluate every N steps, is eval_every)", minimum=0)
     eval_every: int = _key(0, "evaluate every N steps (0: only at the end)", minimum=0)
     log_every: Optional[int] = _key(
         None, "without a progress bar (output not a terminal, or --no-progress): a log line every N steps; "

@@ -591,9 +591,9 @@ def validated(cfg: Config) -> Config:
             raise ConfigError(f"data_shards: {cfg.data_shards} is more than {key} {getattr(cfg, key)} (every shard "
                               "fills at least one row of each batch)")
     _check_block_options(cfg)
-    _check_task(cfg)
-    _check_encoder_decoder(cfg)
+    _check_encoder_decoder(cfg)  # a task the family cannot train, named before what that task would need
     _check_images(cfg)
+    _check_task(cfg)
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:
         raise ConfigError("mlm_random_token_prob: mlm_same_token_prob + mlm_random_token_prob is above 1")
     return cfg

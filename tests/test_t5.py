@@ -370,6 +370,7 @@ def test_shift_right_restarts_every_segment():
     (dict(attention_types=[[["global", "local"], 1]]), "model t5 has global layers only"),
     (dict(moe_layers=[0]), "moe_layers: \\[0\\] is not available in model t5"),
     (dict(task="causal_lm"), "task: causal_lm does not fit model t5"),
+    (dict(task="masked_lm"), "task: masked_lm does not fit model t5"),  # not "set causal false"
     (dict(n_ctx=32, n_decoder_ctx=4), "n_decoder_ctx: 4 is shorter than the 8 target tokens"),
 ])
 def test_config_errors_name_the_key(change, message):

@@ -213,6 +213,7 @@ def test_python_api_names_images_of_the_wrong_layout(tmp_path):
 @pytest.mark.parametrize("changes, message", [
     ({"patch_size": 3}, "patch_size: 3 does not divide image_size 8"),
     ({"task": "sequence_classification"}, "task: model vit trains task image_classification"),
+    ({"task": "causal_lm"}, "task: model vit trains task image_classification"),  # not "set causal true"
     ({"n_ctx": 10}, "n_ctx: a vit reads 17 tokens"),
     ({"num_channels": 3}, "image_size: digits images are 8x8x1 (height x width x channels), the config reads 8x8x3"),
     ({"datasets": [["embedded", None, None, None]]}, "datasets: 'embedded' is not an image dataset"),

@@ -5,9 +5,10 @@ Hugging Face's ``imagefolder`` read them::
 
 (an image in a class folder's subfolders, at any depth, is of that class, as in ImageFolder).
 
-``datasets`` names the folder itself (``pets``: its ``train`` folder trains and the first of ``validation``,
-``val``, ``valid``, ``dev``, ``test`` evaluates; a folder without a ``train`` folder is the class folders
-themselves, ``eval_fraction`` of each class held out), or a dataset config whose ``path`` (and ``eval_path``) are
+``datasets`` names the folder itself (``pets``: its ``train`` (or ``training``) folder trains and the first of
+``validation``, ``val``, ``valid``, ``dev``, ``test``, ``testing``, ``eval``, ``evaluation`` evaluates, Hugging Face
+datasets' split names; a folder without a train folder is the class folders themselves, ``eval_fraction`` of each
+class held out), or a dataset config whose ``path`` (and ``eval_path``) are
 such folders, with ``eval_fraction``, ``labels`` (the classes in id order) and ``skip_bad_files``.
 
 Class ids follow the sorted class folder names (a run started from a classifier that names the same classes takes
@@ -28,7 +29,9 @@ import numpy as np
 from config import ConfigError
 
 SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-EVAL_FOLDERS = ("validation", "val", "valid", "dev", "test")  # Hugging Face imagefolder's split names
+# Hugging Face datasets' split keywords (data_files.SPLIT_KEYWORDS), validation's before test's
+TRAIN_FOLDERS = ("train", "training")
+EVAL_FOLDERS = ("validation", "val", "valid", "dev", "test", "testing", "eval", "evaluation")
 EVAL_FRACTION = 0.1  # of each class, held out where no eval folder is given
 MODES = {1: "L", 3: "RGB"}  # num_channels -> Pillow mode
 
@@ -45,9 +48,14 @@ def looks_like_one(path: str) -> bool:
     """Whether ``path`` is a folder of class folders (or holds them in ``train``): a subfolder with an image."""
     if not os.path.isdir(path):
         return False
-    root = os.path.join(path, "train") if os.path.isdir(os.path.join(path, "train")) else path
+    root = split_folder(path, TRAIN_FOLDERS) or path
     return any(entry.is_dir() and not entry.name.startswith(".") and next(images_under(entry.path), None)
                for entry in os.scandir(root))
+
+
+def split_folder(path: str, names: tuple[str, ...]) -> str | None:
+    """The first of the split folders ``names`` in ``path``, or None."""
+    return next((os.path.join(path, n) for n in names if os.path.isdir(os.path.join(path, n))), None)
 
 
 def images_under(folder: str):
@@ -67,11 +75,9 @@ def folder_dataset(name: str, dataset: dict | None = None) -> dict:
     "labels", "skip_bad_files", "where"}."""
     if dataset is None:
         dataset = {"path": name, "where": name}
-        if os.path.isdir(os.path.join(name, "train")):  # split folders, as Hugging Face's imagefolder finds them
-            dataset["path"] = os.path.join(name, "train")
-            dataset["eval_path"] = next((os.path.join(name, e) for e in EVAL_FOLDERS
-                                         if os.path.isdir(os.path.join(name, e))), None)
-            dataset["where"] = dataset["path"]
+        train = split_folder(name, TRAIN_FOLDERS)
+        if train:  # split folders, as Hugging Face's imagefolder finds them
+            dataset.update(path=train, eval_path=split_folder(name, EVAL_FOLDERS), where=train)
     where = dataset["where"]
     for key in ("path", "eval_path"):
         value = dataset.get(key)

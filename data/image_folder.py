@@ -140,6 +140,19 @@ def class_files(root: str) -> dict[str, list[str]]:
     return classes
 
 
+def pillow_mode(channels: int) -> str:
+    """The Pillow mode image files are converted to for ``num_channels``; one-line errors for a count neither
+    RGB nor grey and for Pillow not installed."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise ConfigError("image files are decoded with Pillow: pip install pillow (NeoMesh's [images] "
+                          "extra)") from None
+    if channels not in MODES:
+        raise ConfigError(f"num_channels: image files are read as RGB (3) or grey (1), not {channels} channels")
+    return MODES[channels]
+
+
 def decode(path: str, size: int, channels: int) -> np.ndarray:
     """(size, size, channels) uint8: the image at ``path`` converted to RGB or grey and resized bilinearly;
     ValueError (naming why) for a file Pillow cannot read."""
@@ -188,12 +201,6 @@ def decode_all(files: list[str], size: int, channels: int) -> tuple[np.ndarray, 
 def read_images(files: list[str], size: int, channels: int, skip_bad: bool) -> tuple[np.ndarray, list[int]]:
     """(N, size, size, channels) uint8 of the readable ``files`` and their indices; a file that cannot be read is
     an error naming it or, with ``skip_bad``, a warning line and left out."""
-    try:
-        import PIL  # noqa: F401
-    except ImportError:
-        raise ConfigError("an image folder is decoded with Pillow: pip install pillow (NeoMesh's [images] "
-                          "extra)") from None
-
     from data import image_cache
 
     entry = image_cache.entry_for(files, size, channels)  # None with the cache off
@@ -219,8 +226,7 @@ def read_folder(dataset: dict, split: str, names: list[str] | None, size: int, c
     """(uint8 images (N, size, size, channels), int32 labels, label names) of ``split`` of an image folder
     dataset (``folder_dataset``). Label names are ``names`` if given, else the train folder's sorted classes; eval
     classes must be among them."""
-    if channels not in MODES:
-        raise ConfigError(f"num_channels: an image folder is read as RGB (3) or grey (1), not {channels} channels")
+    pillow_mode(channels)
     where = dataset["where"]
     train = class_files(dataset["path"])
     if names is None:

@@ -402,6 +402,7 @@ def test_predict_writes_what_transformers_generates(directories):
 
 
 def test_python_api_generates_and_embeds_like_transformers(directories):
+    from config import ConfigError
     from pretrained import Pretrained
 
     path = directories["t5v1.1-gated-gelu-untied-dkv16"]
@@ -421,6 +422,8 @@ def test_python_api_generates_and_embeds_like_transformers(directories):
     assert steps.shape == (1, 4, model.config.n_vocab)
     np.testing.assert_allclose(steps[:, :1], first, atol=1e-5, rtol=0)
     assert [int(t) for t in steps[0, :3].argmax(-1)] == want[:3]  # greedy: each step's argmax is the next token
+    with pytest.raises(ConfigError, match="^read_images: a t5 model reads text, not images; call the model on texts"):
+        model.read_images(path)
 
 
 def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_inputs(directories, capsys):

@@ -1,6 +1,7 @@
 """ViT: logits and hidden states equal transformers' ViT on random local weights (fp32, several shapes, position
 interpolation), the export round trip, sharded = one device, the digits source, and config errors."""
 
+import os
 import re
 
 import jax
@@ -341,3 +342,55 @@ def test_init_from_a_vit_with_the_default_config_names_the_vit_configs(tmp_path,
     err = capsys.readouterr().err
     assert err == (f"error: --init-from {hf_dir}: a vit model, but the config's model is gpt_neo; name a config of "
                    "the vit family with --config (shipped: vit_digits)\n"), err
+
+
+def test_predict_classifies_image_files_as_transformers_does(tmp_path, capsys):
+    """predict.py --image (files and folders, any size and mode) gives each file the probabilities transformers'
+    image processor and ViTForImageClassification give it; text models, missing files and unreadable ones are one
+    line. Before, predict.py refused every ViT ("does not generate text") and Pretrained took only pixel arrays."""
+    import predict
+    from PIL import Image
+
+    from pretrained import Pretrained
+
+    hf = hf_vit(8, 2, 3, 32, 4, 1, 3)
+    hf.config.id2label = {0: "cat", 1: "dog", 2: "fox"}
+    hf_dir = saved(hf, tmp_path / "hf")
+    transformers.ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.4, 0.5, 0.6],
+                                   image_std=[0.2, 0.3, 0.4]).save_pretrained(hf_dir)
+    rng = np.random.default_rng(0)
+    files = []
+    for name, size, mode in (("a.png", (13, 10), "RGB"), ("b.jpg", (8, 8), "L"), ("more/c.png", (20, 31), "RGBA")):
+        files.append(str(tmp_path / "images" / name))
+        os.makedirs(os.path.dirname(files[-1]), exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode).save(files[-1])
+    processor = transformers.AutoImageProcessor.from_pretrained(hf_dir)
+    pixels = processor([Image.open(f).convert("RGB") for f in files], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        want = torch.softmax(hf(pixel_values=pixels).logits, -1).numpy()
+
+    model = Pretrained.from_pretrained(hf_dir)
+    np.testing.assert_allclose(model.read_images(files)["images"], pixels.numpy().transpose(0, 2, 3, 1), atol=1e-5)
+    capsys.readouterr()
+    assert predict.main(["--hf-model", hf_dir, "--image", str(tmp_path / "images"), "--top-k", "2",
+                         "--output", str(tmp_path / "out.txt")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == (tmp_path / "out.txt").read_text().splitlines() and len(lines) == 3
+    for line, path, p in zip(lines, files, want):
+        shown = re.fullmatch(rf"{re.escape(path)}: (\w+) ([0-9.]+), (\w+) ([0-9.]+)", line).groups()
+        order = np.argsort(-p)[:2]
+        assert [shown[0], shown[2]] == [hf.config.id2label[int(i)] for i in order], line
+        np.testing.assert_allclose([float(shown[1]), float(shown[3])], p[order], atol=1e-4)
+
+    (tmp_path / "bad.png").write_text("not an image")
+    for argv, message in (
+            (["--hf-model", hf_dir, "--image", str(tmp_path / "image")],
+             f"{tmp_path / 'image'}: no such file or folder (did you mean {tmp_path / 'images'}?)"),
+            (["--hf-model", hf_dir, "--image", str(tmp_path / "bad.png")],
+             f"{tmp_path / 'bad.png'}: not a readable image (cannot identify image file"),
+            (["--hf-model", hf_dir, "--image", str(tmp_path / "hf")], f"{tmp_path / 'hf'}: no images (.jpg, "),
+            (["--hf-model", hf_dir, "--prompt", "x"], f"{hf_dir}: a vit model trained for image_classification does "
+                                                      "not generate text; give --image FILE_OR_FOLDER")):
+        assert predict.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err

@@ -354,7 +354,8 @@ def predict(args) -> None:
             ids.append(tokenizer.eos_id)
         if len(ids) > room:
             if not args.truncate_prompt:
-                limit, lower = (f"the encoder's n_ctx {cfg.n_ctx}", "") if seq2seq else \
+                limit, lower = (f"the encoder's n_ctx {cfg.n_ctx}", f", --set n_ctx={len(ids)} (relative "
+                                f"positions read any length)") if seq2seq else \
                     (f"{length_name} with --max-new-tokens {args.max_new_tokens}", ", lower --max-new-tokens")
                 raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; only {room} fit in {limit} (shorten it"
                                   f"{lower} or pass --truncate-prompt)")

@@ -449,6 +449,17 @@ def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_input
     out, err = capsys.readouterr()
     assert f"note: prompt 1: its first 15 of {len(given)} tokens and end-of-text are read (--truncate-prompt)" in err
     assert out == want + "\n"
+    # Without --truncate-prompt the error names the n_ctx that reads it whole, and that reads it as transformers does
+    argv = ["--hf-model", path, "--set", "n_ctx=16", "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "8"]
+    assert predict.main(argv) == 2
+    assert capsys.readouterr().err == (f"error: prompt 1 has {len(given) + 1} tokens; only 16 fit in the encoder's "
+                                       f"n_ctx 16 (shorten it, --set n_ctx={len(given) + 1} (relative positions read "
+                                       "any length) or pass --truncate-prompt)\n")
+    with torch.no_grad():
+        whole = reference(path).generate(torch.tensor([given + [tokenizer.eos_id]]), do_sample=False,
+                                         max_new_tokens=8, use_cache=False)[0, 1:].tolist()
+    assert predict.main(argv + ["--set", f"n_ctx={len(given) + 1}"]) == 0
+    assert capsys.readouterr().out == tokenizer.decode(whole[:whole.index(1)] if 1 in whole else whole) + "\n"
     model = Pretrained.from_pretrained(path, overrides="n_ctx=16")
     assert model.tokenize([prompt])["inputs"][0].tolist() == kept
     assert model.generate(prompt, max_new_tokens=8, temperature=0) == want

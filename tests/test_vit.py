@@ -108,7 +108,7 @@ def test_export_round_trip_loads_in_transformers(tmp_path):
 
 def test_imported_vit_exports_and_predict_and_eval_say_it_reads_images(tmp_path):
     """A Hugging Face ViT directory has no tokenizer: the import writes no tokenizer folder and says what a ViT run
-    is for, the export needs none, and predict.py / eval.py refuse it in one line."""
+    is for (predict.py --image), the export needs none, and predict.py --prompt / eval.py refuse it in one line."""
     from tests.common import run_command
 
     hf = hf_vit(16, 4, 3, 32, 4, 2, 3)
@@ -116,7 +116,8 @@ def test_imported_vit_exports_and_predict_and_eval_say_it_reads_images(tmp_path)
     result = run_command("-m", "convert", "import", saved(hf, tmp_path / "hf"), str(run))
     assert result.returncode == 0, result.stderr[-2000:]
     assert not (run / "tokenizer").exists()
-    assert "predict.py" not in result.stdout and "note" not in result.stdout
+    assert f"classify images with predict.py --model-path {run} --image FILE_OR_FOLDER" in result.stdout
+    assert "generate" not in result.stdout and "note" not in result.stdout
     assert f"--init-from {tmp_path / 'hf'}" in result.stdout and f"convert export {run}" in result.stdout
     (run / "tokenizer").mkdir()  # an earlier import's empty folder: no use to a ViT, not read
     result = run_command("-m", "convert", "export", str(run), str(out))

@@ -121,6 +121,14 @@ def check_options(args) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    generation = {"--max-new-tokens": args.max_new_tokens is not None, "--temperature": args.temperature != 1,
+                  "--top-p": args.top_p != 1, "--repetition-penalty": args.repetition_penalty != 1,
+                  "--num-beams": args.num_beams != 1, "--length-penalty": args.length_penalty != 1,
+                  "--entmax-sampling": args.entmax_sampling is not None, "--num-samples": args.num_samples != 1,
+                  "--stop": bool(args.stop), "--truncate-prompt": args.truncate_prompt}
+    flag = next((flag for flag, given in generation.items() if given), None)
+    if args.image and flag:
+        raise ConfigError(f"{flag} shapes generated text; --image classifies images (--top-k: the classes shown)")
     check_layout_has_mesh(args.mesh_shape, args.layout)
     check_sets_place_nothing(args.set, "predict.py")
     resolve_model_source(args)

@@ -1,7 +1,7 @@
 """Generate text: ``python predict.py --config configs/quickstart.json --prompt "def "``.
 
 The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path; it may have
-been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5 directory (``--hf-model``). Prompts
+been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5/ViT directory (``--hf-model``). Prompts
 (repeated ``--prompt``, one per line of ``--prompt-file``, or a whole file each with ``--prompt-from-file``, as
 GPT-Neo's ``--prompt FILE`` was) run as one left-padded batch; a single prompt streams to stdout as it is
 generated. ``--output FILE`` also writes the generations to FILE, as GPT-Neo's predictions file. Generation is
@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model-path", help="NeoMesh run directory with checkpoints (default: the config's "
                         "model_path)")
-    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5): a "
-                        "directory, or ORG/NAME[@REVISION] from the local Hugging Face cache (nothing is downloaded)")
+    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5; a ViT "
+                        "with --image): a directory, or ORG/NAME[@REVISION] from the local Hugging Face cache "
+                        "(nothing is downloaded)")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "

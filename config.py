@@ -935,7 +935,9 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     if raw.get("mlm_training"):
         family["task"] = "masked_lm"
     raw = {**family, **raw}
-    if model == "vit" and "n_ctx" not in raw:  # the patches and the class token
+    # the patches and the class token; a saved config's n_ctx follows an image_size or patch_size given with --set
+    if model == "vit" and ("n_ctx" not in raw or ({"image_size", "patch_size"} & overridden.keys()
+                                                  and "n_ctx" not in overridden)):
         size, patch = raw.get("image_size", 224), raw.get("patch_size", 16)
         if isinstance(size, int) and isinstance(patch, int) and patch > 0:
             raw["n_ctx"] = (size // patch) ** 2 + 1

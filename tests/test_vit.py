@@ -212,6 +212,17 @@ def test_python_api_names_images_of_the_wrong_layout(tmp_path):
     assert Pretrained.from_pretrained(str(tmp_path), overrides="precision=bfloat16").config.precision == "bfloat16"
 
 
+def test_a_saved_configs_token_count_follows_image_size_given_with_set():
+    """A run's saved config holds n_ctx (17 for 8x8 images in 2x2 patches): --set image_size=16 (predict.py,
+    Pretrained) said "n_ctx: a vit reads 65 tokens ..., not 17; leave n_ctx out", a key the user never gave."""
+    saved = from_dict(dict(model="vit", image_size=8, patch_size=2, num_channels=1, num_labels=10))[0].to_dict()
+    assert saved["n_ctx"] == 17
+    assert from_dict(saved, overrides=("image_size=16",))[0].n_ctx == 65
+    assert from_dict(saved, overrides=("patch_size=4",))[0].n_ctx == 5
+    with pytest.raises(ConfigError, match=re.escape("--set n_ctx=10: n_ctx: a vit reads 65 tokens")):
+        from_dict(saved, overrides=("image_size=16", "n_ctx=10"))
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"patch_size": 3}, "patch_size: 3 does not divide image_size 8"),
     ({"task": "sequence_classification"}, "task: model vit trains task image_classification"),

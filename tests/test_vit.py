@@ -327,7 +327,7 @@ def test_a_vit_classifier_with_other_classes_trains_a_new_head_on_vit_digits(tmp
     refused = run_command(*args)
     assert refused.returncode != 0 and refused.stderr.splitlines() == [
         f"error: --init-from {source}: its classifier has 2 labels, but num_labels is 10; --set init_new_head=true "
-        "keeps its backbone and starts a new head of 10"], refused.stderr
+        "keeps its backbone and starts a new head of 10 (--set num_labels=2 fine-tunes its head)"], refused.stderr
     result = run_command(*args, "--set", "init_new_head=true")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "init_new_head: a new head of 10 labels, initialised fresh: classifier/bias, classifier/kernel" \

@@ -608,9 +608,9 @@ def validated(cfg: Config) -> Config:
             raise ConfigError(f"data_shards: {cfg.data_shards} is more than {key} {getattr(cfg, key)} (every shard "
                               "fills at least one row of each batch)")
     _check_block_options(cfg)
-    _check_task(cfg)
-    _check_encoder_decoder(cfg)
+    _check_encoder_decoder(cfg)  # a task the family cannot train, named before what that task would need
     _check_images(cfg)
+    _check_task(cfg)
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:
         raise ConfigError("mlm_random_token_prob: mlm_same_token_prob + mlm_random_token_prob is above 1")
     return cfg
@@ -950,7 +950,9 @@ def from_dict(raw: dict, source: str = "config", overrides: tuple[str, ...] = ()
     if raw.get("mlm_training"):
         family["task"] = "masked_lm"
     raw = {**family, **raw}
-    if model == "vit" and "n_ctx" not in raw:  # the patches and the class token
+    # the patches and the class token; a saved config's n_ctx follows an image_size or patch_size given with --set
+    if model == "vit" and ("n_ctx" not in raw or ({"image_size", "patch_size"} & overridden.keys()
+                                                  and "n_ctx" not in overridden)):
         size, patch = raw.get("image_size", 224), raw.get("patch_size", 16)
         if isinstance(size, int) and isinstance(patch, int) and patch > 0:
             raw["n_ctx"] = (size // patch) ** 2 + 1

@@ -1,12 +1,13 @@
 """Generate text: ``python predict.py --config configs/quickstart.json --prompt "def "``.
 
 The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path; it may have
-been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5 directory (``--hf-model``). Prompts
+been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5/ViT directory (``--hf-model``). Prompts
 (repeated ``--prompt``, one per line of ``--prompt-file``, or a whole file each with ``--prompt-from-file``, as
 GPT-Neo's ``--prompt FILE`` was) run as one left-padded batch; a single prompt streams to stdout as it is
 generated. ``--output FILE`` also writes the generations to FILE, as GPT-Neo's predictions file. Generation is
 KV-cached and compiled once per shape. A decoder continues its prompt; an encoder-decoder (T5) reads the prompt
-with its encoder and writes its output text.
+with its encoder and writes its output text. An image classifier (ViT) takes ``--image`` files or folders instead
+and prints each file's most likely classes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import sys
 
 DEFAULT_NEW_TOKENS = 64
+DEFAULT_TOP_CLASSES = 5  # classes shown per image, as Hugging Face's image-classification pipeline shows
 DEFAULT_LAYOUT = "batch:x"
 
 
@@ -29,19 +31,24 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model-path", help="NeoMesh run directory with checkpoints (default: the config's "
                         "model_path)")
-    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5): a "
-                        "directory, or ORG/NAME[@REVISION] from the local Hugging Face cache (nothing is downloaded)")
+    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5; a ViT "
+                        "with --image): a directory, or ORG/NAME[@REVISION] from the local Hugging Face cache "
+                        "(nothing is downloaded)")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "
                          "line is a line break; empty lines are skipped)")
     prompts.add_argument("--prompt-from-file", action="append", metavar="FILE",
                          help="a file whose whole text is one prompt (GPT-Neo's --prompt FILE; repeatable)")
+    prompts.add_argument("--image", action="append", metavar="FILE_OR_FOLDER", help="an image classifier (ViT): "
+                         "classify this image file, or every image in this folder (repeatable); prints each file's "
+                         f"--top-k most likely classes (default {DEFAULT_TOP_CLASSES}) and their probabilities")
     p.add_argument("--output", metavar="FILE", help="also write the generations to FILE")
     p.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate per prompt (default: the "
                    f"config's predict_max_steps, else {DEFAULT_NEW_TOKENS})")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="sampling temperature; 0 is greedy")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the k most likely tokens (0: all); "
+                   f"with --image, the classes shown per image (0: {DEFAULT_TOP_CLASSES})")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="keep the smallest set with this "
                    "probability (1: all)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R", help="Hugging Face's penalty "
@@ -115,6 +122,14 @@ def check_options(args) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    generation = {"--max-new-tokens": args.max_new_tokens is not None, "--temperature": args.temperature != 1,
+                  "--top-p": args.top_p != 1, "--repetition-penalty": args.repetition_penalty != 1,
+                  "--num-beams": args.num_beams != 1, "--length-penalty": args.length_penalty != 1,
+                  "--entmax-sampling": args.entmax_sampling is not None, "--num-samples": args.num_samples != 1,
+                  "--stop": bool(args.stop), "--truncate-prompt": args.truncate_prompt}
+    flag = next((flag for flag, given in generation.items() if given), None)
+    if args.image and flag:
+        raise ConfigError(f"{flag} shapes generated text; --image classifies images (--top-k: the classes shown)")
     check_layout_has_mesh(args.mesh_shape, args.layout)
     check_sets_place_nothing(args.set, "predict.py")
     resolve_model_source(args)
@@ -166,10 +181,15 @@ def load_model(args, layout):
 
     path = args.hf_model or args.model_path  # check_options resolved both
     cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run")
-    if cfg.task not in ("causal_lm", "seq2seq") or (cfg.task == "seq2seq" and not cfg.decoder_layers):
+    if args.image:
+        if cfg.reads_text:
+            raise ConfigError(f"--image: {path}: a {cfg.model} model trained for {cfg.task} reads text, not images; "
+                              "give --prompt")
+    elif cfg.task not in ("causal_lm", "seq2seq") or (cfg.task == "seq2seq" and not cfg.decoder_layers):
         what = "an encoder-only t5" if cfg.task == "seq2seq" else f"a {cfg.model} model trained for {cfg.task}"
-        raise ConfigError(f"{path}: {what} does not generate text; Pretrained.from_pretrained (pretrained.py) gives "
-                          "its outputs")
+        how = "give --image FILE_OR_FOLDER to classify images" if not cfg.reads_text else \
+            "Pretrained.from_pretrained (pretrained.py) gives its outputs"
+        raise ConfigError(f"{path}: {what} does not generate text; {how}")
     return cfg, graphdef, params, tokenizer
 
 
@@ -254,9 +274,61 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
-def predict(args) -> None:
+def check_output(path: str | None) -> None:
+    """--output names a file in a folder that is there (checked before the model loads)."""
     import os
 
+    from config import ConfigError
+
+    if path and os.path.isdir(path):
+        raise ConfigError(f"--output {path}: is a directory; name a file")
+    if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise ConfigError(f"--output {path}: no such directory")
+
+
+def write_output(path: str, blocks: list[str], what: str) -> None:
+    """Writes ``blocks`` to --output ``path``, whole or not at all."""
+    import os
+
+    with open(path + ".tmp", "w") as f:
+        f.write("\n".join(blocks) + "\n")
+    os.replace(path + ".tmp", path)
+    print(f"wrote {len(blocks)} {what} to {path}", file=sys.stderr)
+
+
+def classify_images(args) -> None:
+    """--image: each file's --top-k most likely classes and their probabilities, one line a file, in batches of the
+    config's eval_batch_size (the last padded to it, so one shape is compiled)."""
+    import jax
+    import numpy as np
+
+    from data.images import image_files
+    from pretrained import Pretrained, label_names_of, layout_for
+
+    files = image_files(args.image)  # a missing file stops the command before the model loads
+    check_output(args.output)
+    layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
+    model = Pretrained(*load_model(args, layout), layout)
+    cfg = model.config
+    names = label_names_of(args.hf_model or args.model_path, cfg.num_labels) or list(map(str, range(cfg.num_labels)))
+    top = min(args.top_k or DEFAULT_TOP_CLASSES, cfg.num_labels)
+    rows = min(cfg.eval_batch_size, len(files))
+    lines = []
+    for start in range(0, len(files), rows):
+        part = files[start:start + rows]
+        images = model.read_images(part)["images"]
+        images = np.concatenate([images, np.zeros((rows - len(part), *images.shape[1:]), images.dtype)])
+        logits = np.asarray(jax.device_get(model({"images": images})), np.float64)[:len(part)]  # (B, C)
+        probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+        probabilities /= probabilities.sum(-1, keepdims=True)
+        for path, p in zip(part, probabilities):
+            lines.append(f"{path}: " + ", ".join(f"{names[i]} {p[i]:.4f}" for i in np.argsort(-p, kind="stable")[:top]))
+            print(lines[-1], flush=True)
+    if args.output:
+        write_output(args.output, lines, "classification(s)")
+
+
+def predict(args) -> None:
     import jax
     import numpy as np
 
@@ -265,11 +337,10 @@ def predict(args) -> None:
     from models.generate import Sampling, beam_search, sample
     from pretrained import layout_for
 
+    if args.image:
+        return classify_images(args)
     prompts = read_prompts(args)
-    if args.output and os.path.isdir(args.output):
-        raise ConfigError(f"--output {args.output}: is a directory; name a file")
-    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
-        raise ConfigError(f"--output {args.output}: no such directory")
+    check_output(args.output)
     layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     cfg, graphdef, params, tokenizer = load_model(args, layout)
     flag = "--max-new-tokens"
@@ -292,7 +363,8 @@ def predict(args) -> None:
             ids.append(tokenizer.eos_id)
         if len(ids) > room:
             if not args.truncate_prompt:
-                limit, lower = (f"the encoder's n_ctx {cfg.n_ctx}", "") if seq2seq else \
+                limit, lower = (f"the encoder's n_ctx {cfg.n_ctx}", f", --set n_ctx={len(ids)} (relative "
+                                f"positions read any length)") if seq2seq else \
                     (f"{length_name} with --max-new-tokens {args.max_new_tokens}", ", lower --max-new-tokens")
                 raise ConfigError(f"prompt {i + 1} has {len(ids)} tokens; only {room} fit in {limit} (shorten it"
                                   f"{lower} or pass --truncate-prompt)")
@@ -343,10 +415,7 @@ def predict(args) -> None:
             blocks.append(f"{header} ===\n{prompts[prompt_index]}{separator}{printer.text(row)}")
             print(blocks[-1])
     if args.output:
-        with open(args.output + ".tmp", "w") as f:  # whole or not at all
-            f.write("\n".join(blocks) + "\n")
-        os.replace(args.output + ".tmp", args.output)
-        print(f"wrote {len(blocks)} generation(s) to {args.output}", file=sys.stderr)
+        write_output(args.output, blocks, "generation(s)")
 
 
 if __name__ == "__main__":

@@ -245,6 +245,7 @@ class Pretrained:
         logits = model(["def add(a, b):"])                         # (B, T, V); (B, C) for a classifier; (B, 1, V)
                                                                    # for a T5: its first output token's
         model.labels                                               # a classifier's label names in id order
+        vit(vit.read_images(["cat.jpg", "pets/"]))                 # (B, C): image files and folders, as trained
         hidden = model.hidden_states(["def add(a, b):"])           # (B, T, D), padding rows included
         text = model.generate("def ", max_new_tokens=32, temperature=0.8)
 
@@ -367,6 +368,20 @@ class Pretrained:
             token_types[row, :len(ids)] = types or 0
         batch = {"inputs": inputs, "segment_ids": segment_ids}
         return {**batch, "token_types": token_types} if cfg.n_token_types else batch
+
+    def read_images(self, paths: list[str] | str) -> dict:
+        """Image files (or folders of them, their images in sorted order) -> {"images": (B, H, W, C) float32} as
+        the model's training batches held a folder's images (data/images.py): converted to RGB or grey, resized to
+        image_size, scaled and normalised with image_mean and image_std, as Hugging Face's image processors do."""
+        from data.images import image_files, read_image_files
+
+        if self.config.reads_text:
+            raise ConfigError(f"read_images: a {self.config.model} model reads text, not images; call the model on "
+                              "texts, or a batch dict from tokenize")
+        paths = [paths] if isinstance(paths, str) else list(paths)
+        if not paths:
+            raise ConfigError("read_images: paths is empty; pass an image file, a folder or a list of them")
+        return {"images": read_image_files(self.config, image_files(paths))}
 
     def _run(self, graphdef, params, batch: dict, method: str):
         from flax import nnx

@@ -54,6 +54,8 @@ def imported(cfg, source: str, run: str) -> list[str]:
     uses = []
     if cfg.task == "causal_lm" or (cfg.task == "seq2seq" and cfg.decoder_layers):
         uses.append(f"generate with predict.py --model-path {run}")
+    if cfg.task == "image_classification":
+        uses.append(f"classify images with predict.py --model-path {run} --image FILE_OR_FOLDER")
     if cfg.task == "causal_lm":
         uses.append(f"score with eval.py --model-path {run}")
     data = "on data made with its tokenizer " if cfg.reads_text else ""

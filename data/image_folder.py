@@ -5,9 +5,10 @@ Hugging Face's ``imagefolder`` read them::
 
 (an image in a class folder's subfolders, at any depth, is of that class, as in ImageFolder).
 
-``datasets`` names the folder itself (``pets``: its ``train`` folder trains and the first of ``validation``,
-``val``, ``valid``, ``dev``, ``test`` evaluates; a folder without a ``train`` folder is the class folders
-themselves, ``eval_fraction`` of each class held out), or a dataset config whose ``path`` (and ``eval_path``) are
+``datasets`` names the folder itself (``pets``: its ``train`` (or ``training``) folder trains and the first of
+``validation``, ``val``, ``valid``, ``dev``, ``test``, ``testing``, ``eval``, ``evaluation`` evaluates, Hugging Face
+datasets' split names; a folder without a train folder is the class folders themselves, ``eval_fraction`` of each
+class held out), or a dataset config whose ``path`` (and ``eval_path``) are
 such folders, with ``eval_fraction``, ``labels`` (the classes in id order) and ``skip_bad_files``.
 
 Class ids follow the sorted class folder names (a run started from a classifier that names the same classes takes
@@ -28,7 +29,9 @@ import numpy as np
 from config import ConfigError
 
 SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-EVAL_FOLDERS = ("validation", "val", "valid", "dev", "test")  # Hugging Face imagefolder's split names
+# Hugging Face datasets' split keywords (data_files.SPLIT_KEYWORDS), validation's before test's
+TRAIN_FOLDERS = ("train", "training")
+EVAL_FOLDERS = ("validation", "val", "valid", "dev", "test", "testing", "eval", "evaluation")
 EVAL_FRACTION = 0.1  # of each class, held out where no eval folder is given
 MODES = {1: "L", 3: "RGB"}  # num_channels -> Pillow mode
 
@@ -45,9 +48,14 @@ def looks_like_one(path: str) -> bool:
     """Whether ``path`` is a folder of class folders (or holds them in ``train``): a subfolder with an image."""
     if not os.path.isdir(path):
         return False
-    root = os.path.join(path, "train") if os.path.isdir(os.path.join(path, "train")) else path
+    root = split_folder(path, TRAIN_FOLDERS) or path
     return any(entry.is_dir() and not entry.name.startswith(".") and next(images_under(entry.path), None)
                for entry in os.scandir(root))
+
+
+def split_folder(path: str, names: tuple[str, ...]) -> str | None:
+    """The first of the split folders ``names`` in ``path``, or None."""
+    return next((os.path.join(path, n) for n in names if os.path.isdir(os.path.join(path, n))), None)
 
 
 def images_under(folder: str):
@@ -67,11 +75,9 @@ def folder_dataset(name: str, dataset: dict | None = None) -> dict:
     "labels", "skip_bad_files", "where"}."""
     if dataset is None:
         dataset = {"path": name, "where": name}
-        if os.path.isdir(os.path.join(name, "train")):  # split folders, as Hugging Face's imagefolder finds them
-            dataset["path"] = os.path.join(name, "train")
-            dataset["eval_path"] = next((os.path.join(name, e) for e in EVAL_FOLDERS
-                                         if os.path.isdir(os.path.join(name, e))), None)
-            dataset["where"] = dataset["path"]
+        train = split_folder(name, TRAIN_FOLDERS)
+        if train:  # split folders, as Hugging Face's imagefolder finds them
+            dataset.update(path=train, eval_path=split_folder(name, EVAL_FOLDERS), where=train)
     where = dataset["where"]
     for key in ("path", "eval_path"):
         value = dataset.get(key)
@@ -134,6 +140,19 @@ def class_files(root: str) -> dict[str, list[str]]:
     return classes
 
 
+def pillow_mode(channels: int) -> str:
+    """The Pillow mode image files are converted to for ``num_channels``; one-line errors for a count neither
+    RGB nor grey and for Pillow not installed."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise ConfigError("image files are decoded with Pillow: pip install pillow (NeoMesh's [images] "
+                          "extra)") from None
+    if channels not in MODES:
+        raise ConfigError(f"num_channels: image files are read as RGB (3) or grey (1), not {channels} channels")
+    return MODES[channels]
+
+
 def decode(path: str, size: int, channels: int) -> np.ndarray:
     """(size, size, channels) uint8: the image at ``path`` converted to RGB or grey and resized bilinearly;
     ValueError (naming why) for a file Pillow cannot read."""
@@ -182,12 +201,6 @@ def decode_all(files: list[str], size: int, channels: int) -> tuple[np.ndarray, 
 def read_images(files: list[str], size: int, channels: int, skip_bad: bool) -> tuple[np.ndarray, list[int]]:
     """(N, size, size, channels) uint8 of the readable ``files`` and their indices; a file that cannot be read is
     an error naming it or, with ``skip_bad``, a warning line and left out."""
-    try:
-        import PIL  # noqa: F401
-    except ImportError:
-        raise ConfigError("an image folder is decoded with Pillow: pip install pillow (NeoMesh's [images] "
-                          "extra)") from None
-
     from data import image_cache
 
     entry = image_cache.entry_for(files, size, channels)  # None with the cache off
@@ -213,8 +226,7 @@ def read_folder(dataset: dict, split: str, names: list[str] | None, size: int, c
     """(uint8 images (N, size, size, channels), int32 labels, label names) of ``split`` of an image folder
     dataset (``folder_dataset``). Label names are ``names`` if given, else the train folder's sorted classes; eval
     classes must be among them."""
-    if channels not in MODES:
-        raise ConfigError(f"num_channels: an image folder is read as RGB (3) or grey (1), not {channels} channels")
+    pillow_mode(channels)
     where = dataset["where"]
     train = class_files(dataset["path"])
     if names is None:

@@ -41,10 +41,7 @@ class ImageSource(ExampleStream):
                  augment: bool, description: str, names: list[str] | None = None,
                  mean: list[float] | None = None, std: list[float] | None = None):
         self.images, self.labels = images, labels.astype(np.int32)  # (N, H, W, C), (N,)
-        # (x * scale - mean) / std as one multiply-add per pixel; no normalisation: x * scale
-        std = np.asarray(std if std is not None else 1.0, np.float32)
-        self.gain = np.float32(scale) / std
-        self.shift = -np.asarray(mean if mean is not None else 0.0, np.float32) / std
+        self.gain, self.shift = normalisation(scale, mean, std)
         self.shuffle, self.seed, self.augment = shuffle, seed, augment
         self.label_names = names  # saved as the run's labels.json (train.py) where they say more than the ids
         counts = np.bincount(self.labels, minlength=len(names or ()))
@@ -61,6 +58,50 @@ class ImageSource(ExampleStream):
             images = np.stack([shifted(image, np.random.default_rng([self.seed, 1 << 20, int(p)]).integers(-1, 2, 2))
                                for image, p in zip(images, positions)])
         return {"images": images, "labels": self.labels[ids], "weights": weights}
+
+
+def normalisation(scale: float, mean: list[float] | None, std: list[float] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(gain, shift) per channel: stored pixels x become (x * scale - mean) / std as one multiply-add, x * gain +
+    shift; without mean and std, x * scale."""
+    std = np.asarray(std if std is not None else 1.0, np.float32)
+    return np.float32(scale) / std, -np.asarray(mean if mean is not None else 0.0, np.float32) / std
+
+
+def image_files(paths: list[str]) -> list[str]:
+    """The image files named by ``paths``: each a file, or a folder whose images (at any depth, as an image folder's
+    class folders are walked) are taken in sorted order; one-line errors for a missing path and a folder without
+    images."""
+    from data.image_folder import SUFFIXES, images_under
+
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(images_under(path))
+            if not found:
+                raise ConfigError(f"{path}: no images ({', '.join(SUFFIXES)}) in this folder")
+            files += found
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise ConfigError(f"{path}: no such file or folder{meant_folder(path)}")
+    return files
+
+
+def read_image_files(cfg: Config, files: list[str]) -> np.ndarray:
+    """(N, image_size, image_size, num_channels) float32 of image files as training batches hold a folder's
+    images: converted to RGB or grey, resized bilinearly, scaled to [0, 1] and normalised with the config's
+    image_mean and image_std; a file Pillow cannot read is a one-line error naming it."""
+    from data.image_folder import decode, pillow_mode
+
+    pillow_mode(cfg.num_channels)
+    gain, shift = normalisation(1.0 / 255.0, cfg.image_mean, cfg.image_std)
+    images = np.empty((len(files), cfg.image_size, cfg.image_size, cfg.num_channels), np.float32)
+    for i, path in enumerate(files):
+        try:
+            images[i] = decode(path, cfg.image_size, cfg.num_channels) * gain + shift
+        except ValueError as e:
+            raise ConfigError(f"{path}: not a readable image ({e})") from None
+    return images
 
 
 def shifted(image: np.ndarray, shift: np.ndarray) -> np.ndarray:

@@ -196,7 +196,8 @@ def test_init_from_a_classifier_with_other_labels_names_both_counts(tmp_path):
     with pytest.raises(ConfigError) as error:
         init_from.imported_params(cfg.replace(num_labels=8), source)
     assert str(error.value) == (f"--init-from {source}: its classifier has 3 labels, but num_labels is 8; --set "
-                                "init_new_head=true keeps its backbone and starts a new head of 8")
+                                "init_new_head=true keeps its backbone and starts a new head of 8 (--set "
+                                "num_labels=3 fine-tunes its head)")
     assert "classifier" in init_from.imported_params(cfg, source)
     assert init_from.imported_params(cfg.replace(task="masked_lm", num_labels=8), source)  # no classifier: no count
 

@@ -68,7 +68,7 @@ def test_a_classifier_with_other_labels_trains_a_new_head_on_its_backbone(tmp_pa
                           "--init-from", source, *[arg for s in TINY for arg in ("--set", s)])
     assert refused.returncode != 0 and refused.stderr.strip().splitlines() == [
         f"error: --init-from {source}: its classifier has 2 labels, but num_labels is 8; --set init_new_head=true "
-        "keeps its backbone and starts a new head of 8"], refused.stderr
+        "keeps its backbone and starts a new head of 8 (--set num_labels=2 fine-tunes its head)"], refused.stderr
     assert "data train" not in refused.stdout and not (tmp_path / "no").exists()
     imported = str(tmp_path / "imported")
     import_hf(source, imported)

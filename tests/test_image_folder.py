@@ -115,6 +115,20 @@ def test_a_folder_of_class_folders_holds_out_a_fixed_fraction_of_each_class(tmp_
         image_source(cfg.replace(datasets=[["both", None, None, None]]), "train")
 
 
+@pytest.mark.parametrize("train, held", [("training", "eval"), ("train", "evaluation"), ("train", "testing")])
+def test_split_folders_go_by_hugging_face_datasets_split_names(tmp_path, train, held):
+    """An eval folder of another of datasets' split names was passed over: 10% of train held out, without a word."""
+    from data.image_folder import looks_like_one
+
+    write_folder(tmp_path / "pets" / train, 3)
+    write_folder(tmp_path / "pets" / held, 1, seed=1)
+    cfg = vit(tmp_path / "pets", image_size=4)
+    assert looks_like_one(str(tmp_path / "pets"))
+    assert len(image_source(cfg, "train")) == 6
+    evaluation = image_source(cfg, "eval")
+    assert len(evaluation) == 2 and evaluation.description.startswith(f"eval: {tmp_path / 'pets' / held}: 2 images")
+
+
 def test_label_order_from_the_dataset_config_or_the_classifier_the_run_starts_from(pets, tmp_path, monkeypatch):
     use_dataset_configs(monkeypatch, tmp_path / "configs", pets={
         "path": str(pets["root"] / "train"), "eval_path": str(pets["root"] / "validation"), "labels": ["dog", "cat"]})

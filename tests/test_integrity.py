@@ -224,6 +224,12 @@ def test_a_resume_names_the_training_keys_that_change():
              "steps_per_checkpoint": 9, "log_every": 3, "mesh_shape": "x:4,y:2", "eval_steps": 3}
     assert training_changes(saved, cfg) == [f"lr 0.5 -> {json.dumps(cfg.lr)}",
                                             f"train_steps 7 -> {cfg.train_steps}", f"seed 3 -> {cfg.seed}"]
+    # A classifier or seq2seq run going on reads its text with its own tokenizer/, saved from its dataset's at its
+    # first start: not a change the user made (the note said "tokenizer_path null -> .../tokenizer")
+    own = cfg.replace(model_path="runs/x", tokenizer_path=os.path.join("runs/x", "tokenizer"))
+    assert training_changes({**own.to_dict(), "tokenizer_path": None}, own) == []
+    assert training_changes({**own.to_dict(), "tokenizer_path": "other"}, own) == [
+        'tokenizer_path "other" -> "runs/x/tokenizer"']
 
 
 def test_unretrieved_orbax_read_failures_are_not_logged():

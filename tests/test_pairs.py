@@ -250,3 +250,22 @@ def test_fine_tuning_an_imported_hugging_face_t5_reads_pairs_with_its_tokenizer(
     predicted = run_command("predict.py", "--model-path", str(tmp_path / "tuned"), "--prompt", "reverse: a b",
                             "--temperature", "0", "--max-new-tokens", "4")
     assert predicted.returncode == 0 and predicted.stdout.strip(), predicted.stderr[-2000:]
+
+
+def test_init_from_a_t5_without_a_tokenizer_says_whose_tokenizer_reads_the_pairs(tmp_path):
+    """A checkpoint directory without tokenizer files left the pairs to the dataset's tokenizer without a word: where
+    its ids fit the model's vocabulary, fine-tuning went on with ids naming other tokens."""
+    from config import from_dict
+    from training.run_tokenizer import with_tokenizer_of_init_from
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg = from_dict(dict(model="t5", span_corruption=False, n_embd=32, n_head=2, n_layer=1, init_from=str(tmp_path),
+                         datasets=[["reverse_words", None, None, None]]))[0]
+    notes = []
+    assert with_tokenizer_of_init_from(cfg, notes) is cfg
+    assert notes == [f"--init-from {tmp_path}: no tokenizer there (tokenizer.json, vocab.json + merges.txt, vocab.txt "
+                     "or spiece.model), so dataset reverse_words's tokenizer reads the text; put the model's own there "
+                     "to fine-tune on its ids"]
+    (tmp_path / "tokenizer.json").write_text("{}")
+    notes = []
+    assert with_tokenizer_of_init_from(cfg, notes).tokenizer_path == str(tmp_path) and notes == []

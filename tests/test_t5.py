@@ -370,6 +370,7 @@ def test_shift_right_restarts_every_segment():
     (dict(attention_types=[[["global", "local"], 1]]), "model t5 has global layers only"),
     (dict(moe_layers=[0]), "moe_layers: \\[0\\] is not available in model t5"),
     (dict(task="causal_lm"), "task: causal_lm does not fit model t5"),
+    (dict(task="masked_lm"), "task: masked_lm does not fit model t5"),  # not "set causal false"
     (dict(n_ctx=32, n_decoder_ctx=4), "n_decoder_ctx: 4 is shorter than the 8 target tokens"),
 ])
 def test_config_errors_name_the_key(change, message):
@@ -401,6 +402,7 @@ def test_predict_writes_what_transformers_generates(directories):
 
 
 def test_python_api_generates_and_embeds_like_transformers(directories):
+    from config import ConfigError
     from pretrained import Pretrained
 
     path = directories["t5v1.1-gated-gelu-untied-dkv16"]
@@ -420,6 +422,8 @@ def test_python_api_generates_and_embeds_like_transformers(directories):
     assert steps.shape == (1, 4, model.config.n_vocab)
     np.testing.assert_allclose(steps[:, :1], first, atol=1e-5, rtol=0)
     assert [int(t) for t in steps[0, :3].argmax(-1)] == want[:3]  # greedy: each step's argmax is the next token
+    with pytest.raises(ConfigError, match="^read_images: a t5 model reads text, not images; call the model on texts"):
+        model.read_images(path)
 
 
 def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_inputs(directories, capsys):
@@ -445,6 +449,17 @@ def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_input
     out, err = capsys.readouterr()
     assert f"note: prompt 1: its first 15 of {len(given)} tokens and end-of-text are read (--truncate-prompt)" in err
     assert out == want + "\n"
+    # Without --truncate-prompt the error names the n_ctx that reads it whole, and that reads it as transformers does
+    argv = ["--hf-model", path, "--set", "n_ctx=16", "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "8"]
+    assert predict.main(argv) == 2
+    assert capsys.readouterr().err == (f"error: prompt 1 has {len(given) + 1} tokens; only 16 fit in the encoder's "
+                                       f"n_ctx 16 (shorten it, --set n_ctx={len(given) + 1} (relative positions read "
+                                       "any length) or pass --truncate-prompt)\n")
+    with torch.no_grad():
+        whole = reference(path).generate(torch.tensor([given + [tokenizer.eos_id]]), do_sample=False,
+                                         max_new_tokens=8, use_cache=False)[0, 1:].tolist()
+    assert predict.main(argv + ["--set", f"n_ctx={len(given) + 1}"]) == 0
+    assert capsys.readouterr().out == tokenizer.decode(whole[:whole.index(1)] if 1 in whole else whole) + "\n"
     model = Pretrained.from_pretrained(path, overrides="n_ctx=16")
     assert model.tokenize([prompt])["inputs"][0].tolist() == kept
     assert model.generate(prompt, max_new_tokens=8, temperature=0) == want

@@ -1,6 +1,7 @@
 """ViT: logits and hidden states equal transformers' ViT on random local weights (fp32, several shapes, position
 interpolation), the export round trip, sharded = one device, the digits source, and config errors."""
 
+import os
 import re
 
 import jax
@@ -107,7 +108,7 @@ def test_export_round_trip_loads_in_transformers(tmp_path):
 
 def test_imported_vit_exports_and_predict_and_eval_say_it_reads_images(tmp_path):
     """A Hugging Face ViT directory has no tokenizer: the import writes no tokenizer folder and says what a ViT run
-    is for, the export needs none, and predict.py / eval.py refuse it in one line."""
+    is for (predict.py --image), the export needs none, and predict.py --prompt / eval.py refuse it in one line."""
     from tests.common import run_command
 
     hf = hf_vit(16, 4, 3, 32, 4, 2, 3)
@@ -115,7 +116,8 @@ def test_imported_vit_exports_and_predict_and_eval_say_it_reads_images(tmp_path)
     result = run_command("-m", "convert", "import", saved(hf, tmp_path / "hf"), str(run))
     assert result.returncode == 0, result.stderr[-2000:]
     assert not (run / "tokenizer").exists()
-    assert "predict.py" not in result.stdout and "note" not in result.stdout
+    assert f"classify images with predict.py --model-path {run} --image FILE_OR_FOLDER" in result.stdout
+    assert "generate" not in result.stdout and "note" not in result.stdout
     assert f"--init-from {tmp_path / 'hf'}" in result.stdout and f"convert export {run}" in result.stdout
     (run / "tokenizer").mkdir()  # an earlier import's empty folder: no use to a ViT, not read
     result = run_command("-m", "convert", "export", str(run), str(out))
@@ -210,9 +212,21 @@ def test_python_api_names_images_of_the_wrong_layout(tmp_path):
     assert Pretrained.from_pretrained(str(tmp_path), overrides="precision=bfloat16").config.precision == "bfloat16"
 
 
+def test_a_saved_configs_token_count_follows_image_size_given_with_set():
+    """A run's saved config holds n_ctx (17 for 8x8 images in 2x2 patches): --set image_size=16 (predict.py,
+    Pretrained) said "n_ctx: a vit reads 65 tokens ..., not 17; leave n_ctx out", a key the user never gave."""
+    saved = from_dict(dict(model="vit", image_size=8, patch_size=2, num_channels=1, num_labels=10))[0].to_dict()
+    assert saved["n_ctx"] == 17
+    assert from_dict(saved, overrides=("image_size=16",))[0].n_ctx == 65
+    assert from_dict(saved, overrides=("patch_size=4",))[0].n_ctx == 5
+    with pytest.raises(ConfigError, match=re.escape("--set n_ctx=10: n_ctx: a vit reads 65 tokens")):
+        from_dict(saved, overrides=("image_size=16", "n_ctx=10"))
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"patch_size": 3}, "patch_size: 3 does not divide image_size 8"),
     ({"task": "sequence_classification"}, "task: model vit trains task image_classification"),
+    ({"task": "causal_lm"}, "task: model vit trains task image_classification"),  # not "set causal true"
     ({"n_ctx": 10}, "n_ctx: a vit reads 17 tokens"),
     ({"num_channels": 3}, "image_size: digits images are 8x8x1 (height x width x channels), the config reads 8x8x3"),
     ({"datasets": [["embedded", None, None, None]]}, "datasets: 'embedded' is not an image dataset"),
@@ -313,7 +327,7 @@ def test_a_vit_classifier_with_other_classes_trains_a_new_head_on_vit_digits(tmp
     refused = run_command(*args)
     assert refused.returncode != 0 and refused.stderr.splitlines() == [
         f"error: --init-from {source}: its classifier has 2 labels, but num_labels is 10; --set init_new_head=true "
-        "keeps its backbone and starts a new head of 10"], refused.stderr
+        "keeps its backbone and starts a new head of 10 (--set num_labels=2 fine-tunes its head)"], refused.stderr
     result = run_command(*args, "--set", "init_new_head=true")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "init_new_head: a new head of 10 labels, initialised fresh: classifier/bias, classifier/kernel" \
@@ -340,3 +354,57 @@ def test_init_from_a_vit_with_the_default_config_names_the_vit_configs(tmp_path,
     err = capsys.readouterr().err
     assert err == (f"error: --init-from {hf_dir}: a vit model, but the config's model is gpt_neo; name a config of "
                    "the vit family with --config (shipped: vit_digits)\n"), err
+
+
+def test_predict_classifies_image_files_as_transformers_does(tmp_path, capsys):
+    """predict.py --image (files and folders, any size and mode) gives each file the probabilities transformers'
+    image processor and ViTForImageClassification give it; text models, missing files and unreadable ones are one
+    line. Before, predict.py refused every ViT ("does not generate text") and Pretrained took only pixel arrays."""
+    import predict
+    from PIL import Image
+
+    from pretrained import Pretrained
+
+    hf = hf_vit(8, 2, 3, 32, 4, 1, 3)
+    hf.config.id2label = {0: "cat", 1: "dog", 2: "fox"}
+    hf_dir = saved(hf, tmp_path / "hf")
+    transformers.ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.4, 0.5, 0.6],
+                                   image_std=[0.2, 0.3, 0.4]).save_pretrained(hf_dir)
+    rng = np.random.default_rng(0)
+    files = []
+    for name, size, mode in (("a.png", (13, 10), "RGB"), ("b.jpg", (8, 8), "L"), ("more/c.png", (20, 31), "RGBA")):
+        files.append(str(tmp_path / "images" / name))
+        os.makedirs(os.path.dirname(files[-1]), exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode).save(files[-1])
+    processor = transformers.AutoImageProcessor.from_pretrained(hf_dir)
+    pixels = processor([Image.open(f).convert("RGB") for f in files], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        want = torch.softmax(hf(pixel_values=pixels).logits, -1).numpy()
+
+    model = Pretrained.from_pretrained(hf_dir)
+    np.testing.assert_allclose(model.read_images(files)["images"], pixels.numpy().transpose(0, 2, 3, 1), atol=1e-5)
+    capsys.readouterr()
+    assert predict.main(["--hf-model", hf_dir, "--image", str(tmp_path / "images"), "--top-k", "2",
+                         "--output", str(tmp_path / "out.txt")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == (tmp_path / "out.txt").read_text().splitlines() and len(lines) == 3
+    for line, path, p in zip(lines, files, want):
+        shown = re.fullmatch(rf"{re.escape(path)}: (\w+) ([0-9.]+), (\w+) ([0-9.]+)", line).groups()
+        order = np.argsort(-p)[:2]
+        assert [shown[0], shown[2]] == [hf.config.id2label[int(i)] for i in order], line
+        np.testing.assert_allclose([float(shown[1]), float(shown[3])], p[order], atol=1e-4)
+
+    (tmp_path / "bad.png").write_text("not an image")
+    for argv, message in (
+            (["--hf-model", hf_dir, "--image", str(tmp_path / "image")],
+             f"{tmp_path / 'image'}: no such file or folder (did you mean {tmp_path / 'images'}?)"),
+            (["--hf-model", hf_dir, "--image", str(tmp_path / "bad.png")],
+             f"{tmp_path / 'bad.png'}: not a readable image (cannot identify image file"),
+            (["--hf-model", hf_dir, "--image", str(tmp_path / "hf")], f"{tmp_path / 'hf'}: no images (.jpg, "),
+            (["--hf-model", hf_dir, "--prompt", "x"], f"{hf_dir}: a vit model trained for image_classification does "
+                                                      "not generate text; give --image FILE_OR_FOLDER"),
+            (["--hf-model", hf_dir, "--image", str(tmp_path / "images"), "--temperature", "0"],
+             "--temperature shapes generated text; --image classifies images (--top-k: the classes shown)")):
+        assert predict.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err

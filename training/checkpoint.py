@@ -444,8 +444,14 @@ def training_changes(saved: dict, cfg) -> list[str]:
     """``key old -> new`` for each key that is neither a model key nor ``TRAJECTORY_FREE`` whose saved value
     differs from ``cfg``'s: the resumed run trains on with other settings than the checkpoint's run had."""
     from config import KNOWN_KEYS, MODEL_KEYS
+    from neomesh.paths import run_tokenizer_dir
 
     current = cfg.to_dict()
+    own = cfg.model_path and run_tokenizer_dir(cfg.model_path)
+    if saved.get("tokenizer_path") is None and own and cfg.tokenizer_path == own:
+        # A run going on reads its text with the copy of its dataset's tokenizer it saved at its first start
+        # (training/run_tokenizer.py, which notes where they differ): no change of the user's
+        current["tokenizer_path"] = None
     return [f"{key} {json.dumps(saved[key])} -> {json.dumps(current.get(key))}" for key in KNOWN_KEYS
             if key in saved and key not in MODEL_KEYS and key not in TRAJECTORY_FREE
             and json.dumps(saved[key]) != json.dumps(current.get(key))]

@@ -132,7 +132,7 @@ def check_head(cfg: Config, theirs: Config, where: str, headless: bool = False) 
             and not cfg.init_new_head and not headless:
         raise ConfigError(f"{where} {cfg.init_from}: its classifier has {theirs.num_labels} labels, but num_labels "
                           f"is {cfg.num_labels}; --set init_new_head=true keeps its backbone and starts a new head "
-                          f"of {cfg.num_labels}")
+                          f"of {cfg.num_labels} (--set num_labels={theirs.num_labels} fine-tunes its head)")
 
 
 def head_names(cfg: Config) -> list[str]:

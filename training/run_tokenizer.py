@@ -29,6 +29,10 @@ def with_tokenizer_of_init_from(cfg, notes: list):
         return cfg
     own = source_tokenizer(cfg.init_from)
     if not has_tokenizer(own):
+        if own is not None and tokenizes_as_read(cfg):  # the dataset's ids may name other tokens than the model's
+            notes.append(f"--init-from {cfg.init_from}: no tokenizer there (tokenizer.json, vocab.json + merges.txt, "
+                         f"vocab.txt or spiece.model), so dataset {cfg.datasets[0][0]}'s tokenizer reads the text; "
+                         "put the model's own there to fine-tune on its ids")
         return cfg
     if tokenizes_as_read(cfg):
         return cfg.replace(tokenizer_path=own)

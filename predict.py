@@ -1,13 +1,14 @@
 """Generate text: ``python predict.py --config configs/quickstart.json --prompt "def "``.
 
 The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path; it may have
-been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5/ViT directory (``--hf-model``). Prompts
-(repeated ``--prompt``, one per line of ``--prompt-file``, or a whole file each with ``--prompt-from-file``, as
-GPT-Neo's ``--prompt FILE`` was) run as one left-padded batch; a single prompt streams to stdout as it is
-generated. ``--output FILE`` also writes the generations to FILE, as GPT-Neo's predictions file. Generation is
+been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5/ViT or classifier directory
+(``--hf-model``). Prompts (repeated ``--prompt``, one per line of ``--prompt-file``, or a whole file each with
+``--prompt-from-file``, as GPT-Neo's ``--prompt FILE`` was) run as one left-padded batch; a single prompt streams
+to stdout as it is generated. ``--output FILE`` also writes the generations to FILE, as GPT-Neo's predictions file. Generation is
 KV-cached and compiled once per shape. A decoder continues its prompt; an encoder-decoder (T5) reads the prompt
 with its encoder and writes its output text. An image classifier (ViT) takes ``--image`` files or folders instead
-and prints each file's most likely classes.
+and prints each file's most likely classes; a text classifier labels its prompts (a sequence classifier's likeliest
+labels, a token classifier's label of each word).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import argparse
 import sys
 
 DEFAULT_NEW_TOKENS = 64
-DEFAULT_TOP_CLASSES = 5  # classes shown per image, as Hugging Face's image-classification pipeline shows
+TEXT_CLASSIFIERS = ("sequence_classification", "token_classification")  # tasks whose prompts get labels
+DEFAULT_TOP_CLASSES = 5  # classes shown per image or text, as Hugging Face's image-classification pipeline shows
 DEFAULT_LAYOUT = "batch:x"
 
 
@@ -31,9 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model-path", help="NeoMesh run directory with checkpoints (default: the config's "
                         "model_path)")
-    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5; a ViT "
-                        "with --image): a directory, or ORG/NAME[@REVISION] from the local Hugging Face cache "
-                        "(nothing is downloaded)")
+    source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5, a text "
+                        "classifier; a ViT with --image): a directory, or ORG/NAME[@REVISION] from the local Hugging "
+                        "Face cache (nothing is downloaded)")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "
@@ -48,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"config's predict_max_steps, else {DEFAULT_NEW_TOKENS})")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="sampling temperature; 0 is greedy")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the k most likely tokens (0: all); "
-                   f"with --image, the classes shown per image (0: {DEFAULT_TOP_CLASSES})")
+                   f"for a classifier (--image, or a text classifier's prompts), the classes shown (0: "
+                   f"{DEFAULT_TOP_CLASSES})")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="keep the smallest set with this "
                    "probability (1: all)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R", help="Hugging Face's penalty "
@@ -122,17 +125,22 @@ def check_options(args) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
-    generation = {"--max-new-tokens": args.max_new_tokens is not None, "--temperature": args.temperature != 1,
-                  "--top-p": args.top_p != 1, "--repetition-penalty": args.repetition_penalty != 1,
-                  "--num-beams": args.num_beams != 1, "--length-penalty": args.length_penalty != 1,
-                  "--entmax-sampling": args.entmax_sampling is not None, "--num-samples": args.num_samples != 1,
-                  "--stop": bool(args.stop), "--truncate-prompt": args.truncate_prompt}
-    flag = next((flag for flag, given in generation.items() if given), None)
+    flag = generation_flag(args)
     if args.image and flag:
         raise ConfigError(f"{flag} shapes generated text; --image classifies images (--top-k: the classes shown)")
     check_layout_has_mesh(args.mesh_shape, args.layout)
     check_sets_place_nothing(args.set, "predict.py")
     resolve_model_source(args)
+
+
+def generation_flag(args) -> str | None:
+    """The first option given that only shapes generated text (a classifier has no use for it)."""
+    generation = {"--max-new-tokens": args.max_new_tokens is not None, "--temperature": args.temperature != 1,
+                  "--top-p": args.top_p != 1, "--repetition-penalty": args.repetition_penalty != 1,
+                  "--num-beams": args.num_beams != 1, "--length-penalty": args.length_penalty != 1,
+                  "--entmax-sampling": args.entmax_sampling is not None, "--num-samples": args.num_samples != 1,
+                  "--stop": bool(args.stop), "--truncate-prompt": args.truncate_prompt}
+    return next((flag for flag, given in generation.items() if given), None)
 
 
 def check_layout_has_mesh(mesh_shape: str | None, layout: str,
@@ -185,7 +193,8 @@ def load_model(args, layout):
         if cfg.reads_text:
             raise ConfigError(f"--image: {path}: a {cfg.model} model trained for {cfg.task} reads text, not images; "
                               "give --prompt")
-    elif cfg.task not in ("causal_lm", "seq2seq") or (cfg.task == "seq2seq" and not cfg.decoder_layers):
+    elif cfg.task not in ("causal_lm", "seq2seq", *TEXT_CLASSIFIERS) or (cfg.task == "seq2seq" and
+                                                                          not cfg.decoder_layers):
         what = "an encoder-only t5" if cfg.task == "seq2seq" else f"a {cfg.model} model trained for {cfg.task}"
         how = "give --image FILE_OR_FOLDER to classify images" if not cfg.reads_text else \
             "Pretrained.from_pretrained (pretrained.py) gives its outputs"
@@ -296,6 +305,15 @@ def write_output(path: str, blocks: list[str], what: str) -> None:
     print(f"wrote {len(blocks)} {what} to {path}", file=sys.stderr)
 
 
+def top_classes(logits, names: list[str], top: int) -> str:
+    """``name probability, ...`` of the ``top`` likeliest classes of one row of class logits, likeliest first."""
+    import numpy as np
+
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    return ", ".join(f"{names[i]} {p[i]:.4f}" for i in np.argsort(-p, kind="stable")[:top])
+
+
 def classify_images(args) -> None:
     """--image: each file's --top-k most likely classes and their probabilities, one line a file, in batches of the
     config's eval_batch_size (the last padded to it, so one shape is compiled)."""
@@ -319,10 +337,50 @@ def classify_images(args) -> None:
         images = model.read_images(part)["images"]
         images = np.concatenate([images, np.zeros((rows - len(part), *images.shape[1:]), images.dtype)])
         logits = np.asarray(jax.device_get(model({"images": images})), np.float64)[:len(part)]  # (B, C)
-        probabilities = np.exp(logits - logits.max(-1, keepdims=True))
-        probabilities /= probabilities.sum(-1, keepdims=True)
-        for path, p in zip(part, probabilities):
-            lines.append(f"{path}: " + ", ".join(f"{names[i]} {p[i]:.4f}" for i in np.argsort(-p, kind="stable")[:top]))
+        for path, row in zip(part, logits):
+            lines.append(f"{path}: {top_classes(row, names, top)}")
+            print(lines[-1], flush=True)
+    if args.output:
+        write_output(args.output, lines, "classification(s)")
+
+
+def classify_texts(args, prompts: list[str], model) -> None:
+    """A text classifier's prompts: a sequence classifier's --top-k likeliest labels and their probabilities, one
+    line a prompt; a token classifier's label of each word (of its first token, as training scored it), as
+    ``word/LABEL``. In batches of the config's eval_batch_size, n_ctx wide (one shape is compiled)."""
+    import jax
+    import numpy as np
+
+    from config import ConfigError
+    from data.token_labels import word_pieces
+    from pretrained import label_names_of
+
+    flag = generation_flag(args)
+    cfg = model.config
+    if flag:
+        raise ConfigError(f"{flag} shapes generated text; a {cfg.model} model trained for {cfg.task} labels its "
+                          "prompts (--top-k: the classes shown)")
+    names = label_names_of(args.hf_model or args.model_path, cfg.num_labels) or list(map(str, range(cfg.num_labels)))
+    top = min(args.top_k or DEFAULT_TOP_CLASSES, cfg.num_labels)
+    rows = min(cfg.eval_batch_size, len(prompts))
+    lines = []
+    for start in range(0, len(prompts), rows):
+        part = prompts[start:start + rows]
+        batch = {key: np.pad(value, ((0, rows - len(part)), (0, cfg.n_ctx - value.shape[1])))
+                 for key, value in model.tokenize(part).items()}
+        logits = np.asarray(jax.device_get(model(batch)), np.float64)[:len(part)]  # (B, C) or (B, T, C)
+        for i, (text, row) in enumerate(zip(part, logits), start + 1):
+            if cfg.task == "sequence_classification":
+                lines.append(f"prompt {i}: {top_classes(row, names, top)}")
+            else:
+                words = text.split()
+                pieces = [len(ids) for ids in word_pieces(model.tokenizer, words)]
+                firsts = 1 + np.cumsum([0, *pieces])[:-1]  # each word's first token, after [CLS]
+                kept = [(word, names[int(row[t].argmax())]) for word, t in zip(words, firsts) if t < cfg.n_ctx - 1]
+                if len(kept) < len(words):
+                    print(f"note: prompt {i}: its first {len(kept)} of {len(words)} words fit n_ctx {cfg.n_ctx}; "
+                          "the rest are not labelled", file=sys.stderr)
+                lines.append(f"prompt {i}: " + " ".join(f"{word}/{label}" for word, label in kept))
             print(lines[-1], flush=True)
     if args.output:
         write_output(args.output, lines, "classification(s)")
@@ -343,6 +401,10 @@ def predict(args) -> None:
     check_output(args.output)
     layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     cfg, graphdef, params, tokenizer = load_model(args, layout)
+    if cfg.task in TEXT_CLASSIFIERS:
+        from pretrained import Pretrained
+
+        return classify_texts(args, prompts, Pretrained(cfg, graphdef, params, tokenizer, layout))
     flag = "--max-new-tokens"
     if args.max_new_tokens is None:
         args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS

@@ -94,3 +94,45 @@ def test_a_classifier_with_other_labels_trains_a_new_head_on_its_backbone(tmp_pa
 
     model = Pretrained.from_pretrained(str(tmp_path / "from_run"))
     assert model.labels == names and model(["Fail if the two objects are unequal."]).shape == (1, 8)
+
+
+@pytest.mark.parametrize("head", ["sequence_classification", "token_classification"])
+def test_predict_labels_a_text_classifiers_prompts(head, tmp_path, capsys):
+    """predict.py refused every text classifier ("does not generate text"): a sequence classifier's prompts now get
+    their likeliest labels with transformers' probabilities, a token classifier's words the label transformers
+    gives each word's first token; generation options are one line."""
+    import numpy as np
+    import torch
+
+    import predict
+    from data.token_labels import framed
+    from data.tokenizer import load_tokenizer
+    from pretrained import Pretrained
+
+    hf = hf_fixtures.encoder(head=head)
+    hf.config.id2label = {0: "red", 1: "green", 2: "blue"}
+    hf_dir = hf_fixtures.save(hf, tmp_path / "hf")
+    texts = ["the cat sat on the mat", "a b", "numbers 12345 and words"]
+    assert predict.main(["--hf-model", hf_dir, *[a for t in texts for a in ("--prompt", t)], "--top-k", "2",
+                         "--output", str(tmp_path / "out.txt")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == (tmp_path / "out.txt").read_text().splitlines() and len(lines) == 3
+    if head == "sequence_classification":
+        p = torch.softmax(torch.from_numpy(np.array(Pretrained.from_pretrained(hf_dir)(texts), np.float32)), -1)
+        for i, (line, row) in enumerate(zip(lines, p.numpy()), 1):
+            order = np.argsort(-row)[:2]
+            assert line == f"prompt {i}: " + ", ".join(f"{hf.config.id2label[int(j)]} {row[j]:.4f}" for j in order)
+    else:
+        tokenizer = load_tokenizer(hf_dir)
+        for i, (line, text) in enumerate(zip(lines, texts), 1):
+            words, firsts, ids = text.split(), [], []
+            for n, word in enumerate(words):  # each word alone, after a space but the first: as training read it
+                firsts.append(1 + len(ids))
+                ids += tokenizer.encode(word if n == 0 else " " + word) or [tokenizer.padding_id]
+            with torch.no_grad():
+                logits = hf(torch.tensor([framed(tokenizer, ids, 40)])).logits[0].numpy()
+            assert line == f"prompt {i}: " + " ".join(f"{w}/{hf.config.id2label[int(logits[t].argmax())]}"
+                                                       for w, t in zip(words, firsts))
+    assert predict.main(["--hf-model", hf_dir, "--prompt", "x", "--temperature", "0"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --temperature shapes generated text; a bert model trained for "
+                                               f"{head} labels its prompts (--top-k: the classes shown)")

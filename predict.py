@@ -1,14 +1,14 @@
 """Generate text: ``python predict.py --config configs/quickstart.json --prompt "def "``.
 
-The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path; it may have
-been trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5/ViT or classifier directory
-(``--hf-model``). Prompts (repeated ``--prompt``, one per line of ``--prompt-file``, or a whole file each with
+The model comes from a NeoMesh run directory (``--model-path``, default the config's model_path; it may have been
+trained on any mesh) or straight from a Hugging Face GPT-Neo/GPT-2/T5/ViT or classifier directory (``--hf-model``).
+Prompts (repeated ``--prompt``, one per line of ``--prompt-file``, or a whole file each with
 ``--prompt-from-file``, as GPT-Neo's ``--prompt FILE`` was) run as one left-padded batch; a single prompt streams
-to stdout as it is generated. ``--output FILE`` also writes the generations to FILE, as GPT-Neo's predictions
-file. Generation is KV-cached and compiled once per shape. A decoder continues its prompt; an encoder-decoder (T5) reads the prompt
-with its encoder and writes its output text. An image classifier (ViT) takes ``--image`` files or folders instead
-and prints each file's most likely classes; a text classifier labels its prompts (a sequence classifier's likeliest
-labels, a token classifier's label of each word).
+to stdout as it is generated. ``--output FILE`` also writes the generations to FILE, as GPT-Neo's predictions file.
+Generation is KV-cached and compiled once per shape. A decoder continues its prompt; an encoder-decoder (T5) reads
+the prompt with its encoder and writes its output text. An image classifier (ViT) takes ``--image`` files or
+folders instead and prints each file's most likely classes; a text classifier labels its prompts (a sequence
+classifier's likeliest labels, a token classifier's label of each word).
 """
 
 from __future__ import annotations

@@ -281,6 +281,10 @@ class Config:
         1, "the input stream is this many interleaved shards, each filling its block of rows of every batch; a "
         "process reads only the shards its rows need, so a multiple of the process count splits the reading. "
         "Fixed by the config, not the process count: batches are the same on any number of processes", minimum=1)
+    data_start_step: int = _key(
+        0, "the step that trains on the input stream's first batch (step N reads batch N - data_start_step): a run "
+        "converted at GPT-Neo's global step (convert.gpt_neo_mtf --keep-step) reads its data from the start there "
+        "instead of skipping that many batches", minimum=0)
     tokenizer_path: Optional[str] = _key(
         None, "tokenizer for text datasets (tfds:NAME): a tokenizer.json, a GPT-2 vocab.json+merges.txt directory, "
         "or 'bytes'; default: the first dataset config's")

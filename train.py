@@ -436,7 +436,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                     f"{'; '.join(retrained[latest])} (this run goes on with the config's values)")
             if saved_part(cfg, abstract) is not abstract:  # the checkpoint holds the trained parts: add the base
                 state = state.replace(params=base_params(cfg, make_model, params, abstract, shardings, state.params))
-            position = None if args.eval else restore_input_position(train_data, checkpoints, latest,
+            position = None if args.eval else restore_input_position(train_data, checkpoints, latest, cfg,
                                                                       train_sharding, train_shapes)
             if position:
                 say(position)
@@ -571,7 +571,8 @@ def run_training(args, cfg, notes, signals, run) -> int:
                 return number
 
             for step in range(start, stop):
-                state, out = train_step(state, global_batch(train_data, step, train_shapes, train_sharding))
+                batch = global_batch(train_data, step - cfg.data_start_step, train_shapes, train_sharding)
+                state, out = train_step(state, batch)
                 # copies: the next step donates (deletes) this state's buffers before they are fetched
                 pending.append((step + 1, out, [jnp.copy(c) for c in bad_step_counts(state.opt_state)]))
                 run["trained"] = True
@@ -699,14 +700,15 @@ def peft_base_note(cfg) -> str | None:
             "model give --init-from DIR or ORG/NAME")
 
 
-def restore_input_position(source, checkpoints, step: int, shardings: dict, shapes: dict) -> str | None:
-    """Puts the train source at ``step`` from the input position saved with the checkpoint (no re-reading) for
-    this process's rows of the batch; returns the line to print (None when the source needs no position)."""
+def restore_input_position(source, checkpoints, step: int, cfg, shardings: dict, shapes: dict) -> str | None:
+    """Puts the train source at checkpoint ``step``'s batch (``step - data_start_step``) from the input position
+    saved with the checkpoint (no re-reading) for this process's rows of the batch; returns the line to print (None
+    when the source needs no position)."""
     from parallel.distributed import process_rows
 
     field = next(iter(shardings))  # every field is split over batch the same way
     rows = process_rows(shardings[field], shapes[field])
-    return source.restore(step, shapes[field][0], rows, checkpoints.restore_input(step))
+    return source.restore(step - cfg.data_start_step, shapes[field][0], rows, checkpoints.restore_input(step))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ shards (GPT-Neo saved with ``sharded=True``; TensorFlow reads the shards as one 
 with fresh optimizer state, config.json, and ``tokenizer/`` when ``--tokenizer`` names one (GPT-Neo's releases
 use GPT-2's: a local folder with vocab.json + merges.txt). The run starts at step 0 (fine-tuning); with
 ``--keep-step`` it continues at the checkpoint's global step, as GPT-Neo's Colab fine-tuned (train_steps = that
-step + N). A MODEL_PATH that already holds a run's checkpoints is refused.
+step + N), reading its data from the first batch (``data_start_step``). A MODEL_PATH that already holds a run's
+checkpoints is refused.
 
 What the checkpoint holds, from GPT-Neo's models/gpt2/gpt2.py and models/layers.py on mesh-tensorflow: every
 variable whole, whatever the layout (mesh-tensorflow saves each variable's master copy; its per-device slices
@@ -181,6 +182,7 @@ def convert(checkpoint: str, model_path: str, config_path: str | None = None, to
     _, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg), layout,
                                              cfg.seed, params=params)
     step = (global_step or 0) if keep_step else 0
+    cfg = cfg.replace(data_start_step=step)  # the run's data starts at its first batch, not skipped to the step
     state = state.replace(step=jax.device_put(np.int32(step), shardings.step))
     checkpoints = Checkpoints(model_path, cfg.keep_checkpoints)
     checkpoints.save(step, state, cfg.to_dict())

@@ -27,13 +27,27 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 # Other tools' flags a newcomer brings along, and NeoMesh's flag for the same thing (where the command has it).
 FOREIGN_FLAGS = {"--model_name_or_path": ("--init-from", "--hf-model"), "--output_dir": ("--model-path",)}
 
+# GPT-Neo's main.py flags that have no NeoMesh flag of the same name, and what a migrating user does instead.
+GPT_NEO_FLAGS = {
+    "--tpu": "JAX finds the TPU itself; run train.py on the TPU VM (on a pod, on every host with --distributed)",
+    "--gpu_ids": "JAX uses every GPU it sees; choose them with CUDA_VISIBLE_DEVICES",
+    "--predict": "python predict.py --model-path DIR --prompt-from-file FILE samples a run",
+    "--prompt": "python predict.py --model-path DIR --prompt-from-file FILE (or --prompt TEXT) samples a run",
+    "--entmax_sampling": "python predict.py --model-path DIR --entmax-sampling ... samples a run from entmax",
+    "--sacred_id": "NeoMesh has no Sacred; each run writes metrics.jsonl and TensorBoard events in its model_path",
+    "--export": "python -m convert export RUN_DIR HF_DIR writes a run as a Hugging Face model",
+    "--auto_layout": "--set layout=auto",
+    "--auto_layout_and_mesh_shape": "--set mesh_shape=auto layout=auto",
+}
+
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser with a usage mistake as one line, ``error: PROG: MESSAGE; did you mean --X? (PROG --help
     lists the options)``, instead of the usage block and a second line: an unknown flag gets the command's closest
     one, in either spelling (``--model_path`` -> ``--model-path``), or its counterpart of another tool's
-    (Hugging Face's ``--model_name_or_path`` -> ``--init-from``), also where argparse would first say that a
-    required option is missing (``--promt x``: ``--prompt`` is). Subcommands' parsers are of this class too."""
+    (Hugging Face's ``--model_name_or_path`` -> ``--init-from``; GPT-Neo's ``--predict`` -> predict.py), also where
+    argparse would first say that a required option is missing (``--promt x``: ``--prompt`` is). Subcommands'
+    parsers are of this class too."""
 
     def parse_known_args(self, args=None, namespace=None):
         self.given = list(sys.argv[1:] if args is None else args)
@@ -47,7 +61,9 @@ class ArgumentParser(argparse.ArgumentParser):
             message = f"unrecognized arguments: {' '.join(unknown)}"
         if message.startswith("unrecognized arguments: "):
             flag = next((a.split("=", 1)[0] for a in message.split(": ", 1)[1].split() if a.startswith("-")), None)
-            if flag:
+            if flag in GPT_NEO_FLAGS:
+                hint = f"; GPT-Neo's {flag}: {GPT_NEO_FLAGS[flag]}"
+            elif flag:
                 close = self.closest_option(flag) or self.config_key_flag(flag)
                 hint = f"; did you mean {close}?" if close else ""
         self.exit(2, f"error: {self.prog}: {message}{hint} ({self.prog} --help lists the options)\n")

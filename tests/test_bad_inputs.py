@@ -257,6 +257,31 @@ def test_a_hugging_face_model_directory_as_model_path_is_named_and_left_as_it_is
     assert not [name for name in os.listdir(files) if name.startswith("hf_model_as_run-")]  # nor moved
 
 
+def test_a_gpt_neo_checkpoint_directory_as_model_path_names_the_converter(tmp_path, capsys):
+    """GPT-Neo's model_path held its mesh-tensorflow checkpoints: train.py there started a fresh model at step 0
+    beside them (GPT-Neo resumed from them), and predict.py called the folder a Hugging Face model's."""
+    import eval as eval_cli
+
+    model = tmp_path / "GPT3_XL"
+    model.mkdir()
+    for name in ("checkpoint", "config.json", "graph.pbtxt", "model.ckpt-1000.index", "model.ckpt-362000.index",
+                 "model.ckpt-362000.data-00000-of-00001"):
+        (model / name).write_text("{}")
+    before = sorted(os.listdir(model))
+    message = (f"error: model_path: {model} holds GPT-Neo's mesh-tensorflow checkpoint model.ckpt-362000, which "
+               f"NeoMesh does not read in place; python -m convert.gpt_neo_mtf {model} NEW_DIR [--keep-step] "
+               "converts it to a run that --model-path NEW_DIR trains, samples and evaluates\n")
+    for main, argv in ((train.main, T("--model-path", str(model))), (predict.main, ["--model-path", str(model),
+                        "--prompt", "x"]), (eval_cli.main, ["--model-path", str(model)])):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == message
+    for extra in ([], ["--eval"]):  # no --config: the run there to go on with
+        with pytest.raises(SystemExit) as e:
+            train.main(["--model-path", str(model), *extra])
+        assert e.value.code == 2 and capsys.readouterr().err == message
+    assert sorted(os.listdir(model)) == before  # nothing written there
+
+
 def test_a_url_as_model_path_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
     """--model-path gs://bucket/run (GPT-Neo's configs' model_path) made a local folder gs:/bucket/run, wrote its
     lock and metrics there, then stopped in a traceback from tensorboardX's GCS writer."""

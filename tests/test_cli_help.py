@@ -84,6 +84,16 @@ def test_a_usage_mistake_is_one_line(module_name, monkeypatch, capsys):
     ("predict", ["--prompt", "x", "--precision=bfloat16"], "did you mean --set precision=bfloat16?"),
     ("train", ["--model", "x", "--save_steps", "500"], "did you mean --set steps_per_checkpoint=500?"),  # Hugging
     ("train", ["--model", "x", "--save_total_limit=2"], "did you mean --set keep_checkpoints=2?"),  # Face's names
+    # GPT-Neo's main.py flags that train.py does not take (each was a bare "unrecognized arguments")
+    ("train", ["--model", "x", "--tpu", "colab"], "GPT-Neo's --tpu: JAX finds the TPU itself; run train.py on the"),
+    ("train", ["--model", "x", "--predict", "--prompt", "p.txt"], "GPT-Neo's --predict: python predict.py "
+     "--model-path DIR --prompt-from-file FILE samples a run"),
+    ("train", ["--model", "x", "--sacred_id", "3"], "GPT-Neo's --sacred_id: NeoMesh has no Sacred; each run writes"),
+    ("train", ["--model", "x", "--entmax_sampling"], "GPT-Neo's --entmax_sampling: python predict.py --model-path "
+     "DIR --entmax-sampling"),
+    ("train", ["--model", "x", "--gpu_ids", "device:GPU:0"], "choose them with CUDA_VISIBLE_DEVICES"),
+    ("train", ["--model", "x", "--auto_layout_and_mesh_shape"], "--set mesh_shape=auto layout=auto"),
+    ("train", ["--model", "x", "--export"], "GPT-Neo's --export: python -m convert export RUN_DIR HF_DIR"),
 ])
 def test_an_unknown_flag_gets_the_closest_one(module_name, argv, hint, capsys):
     module = importlib.import_module(module_name)

@@ -5,6 +5,7 @@ bfloat16 run), converted, and the run's logits compared with that model's."""
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -103,6 +104,7 @@ def test_release_checkpoint_converts_with_logit_parity(tmp_path, reference):
     with torch.no_grad():
         theirs = reference(torch.tensor(tokens)).logits.numpy()
     assert (cfg.n_layer, cfg.attention_layers[:2], cfg.local_attention_radius) == (N_LAYER, ("global", "local"), 8)
+    assert cfg.data_start_step == STEP  # the new data is read from its first batch, not skipped STEP batches in
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
     assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == [str(STEP)]
@@ -174,3 +176,30 @@ def test_run_directory_with_checkpoints_is_refused(tmp_path, reference, capsys):
         one_line_error(capsys, [ckpt, str(tmp_path / "run")])
     assert (tmp_path / "run" / "config.json").read_text() == '{"n_layer": 1}'
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["6"]
+
+
+def test_a_run_kept_at_gpt_neos_step_reads_its_data_from_the_first_batch():
+    """--keep-step's run resumes at GPT-Neo's global step with no input position saved: it replayed (skipped) that
+    many batches of the new data first (362,000 of them for the 1.3B release: the run never reached a step). Step N
+    reads batch N - data_start_step, and a saved position is looked up under the checkpoint's own step."""
+    import train
+
+    class Source:
+        def restore(self, step, batch_size, rows, saved):
+            self.restored = (step, batch_size, saved)
+            return "input: ..."
+
+    class Checkpoints:
+        def restore_input(self, step):
+            return f"position saved with checkpoint {step}"
+
+    from config import load_config
+    from parallel.layout import Layout
+    from parallel.mesh import make_mesh
+
+    cfg, _ = load_config("quickstart", (f"data_start_step={STEP}",))
+    layout = Layout.from_config(make_mesh("x:1", jax.devices()[:1]), "batch:x")
+    sharding = {"tokens": layout.sharding(("batch", "sequence"))}
+    source = Source()
+    train.restore_input_position(source, Checkpoints(), STEP + 2, cfg, sharding, {"tokens": (4, 9)})
+    assert source.restored == (2, 4, f"position saved with checkpoint {STEP + 2}")

@@ -29,7 +29,7 @@ from config import ConfigError
 from training import integrity
 from training.input_checkpoint import ITEM as INPUT_ITEM
 from training.input_checkpoint import InputStateHandler, InputStateRestore, InputStateSave
-from training.run_dir import missing_run_directory
+from training.run_dir import gpt_neo_checkpoint_problem, missing_run_directory
 
 INTEGRITY = "integrity"  # the checkpoint item holding the checksums (training/integrity.py)
 
@@ -122,6 +122,9 @@ class Checkpoints:
             missing = missing_run_directory(model_path)  # predict.py or export before train.py, or a typo
             if missing:
                 raise ConfigError(missing)
+            gpt_neo = gpt_neo_checkpoint_problem(model_path)
+            if gpt_neo:
+                raise ConfigError(gpt_neo)
             if "://" not in model_path and os.path.isfile(os.path.join(model_path, "config.json")):
                 raise ConfigError(f"model_path: {model_path} is a Hugging Face model directory (config.json, no "
                                   "checkpoints/): predict.py and eval.py read it with --hf-model; python -m convert "

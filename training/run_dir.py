@@ -6,6 +6,7 @@ against the run there."""
 from __future__ import annotations
 
 import os
+import re
 
 
 def missing_run_directory(model_path: str) -> str | None:
@@ -20,16 +21,39 @@ def missing_run_directory(model_path: str) -> str | None:
     return None
 
 
+def gpt_neo_checkpoint_problem(model_path: str) -> str | None:
+    """Why a local ``model_path`` holding GPT-Neo's mesh-tensorflow checkpoint (``model.ckpt-STEP.index``, no
+    checkpoints/) is no run, in one line naming the converter; None otherwise. GPT-Neo's ``model_path`` held its
+    checkpoints so: training there would start a fresh model at step 0 beside weights it never reads."""
+    import glob
+
+    if "://" in model_path or has_checkpoint(model_path):
+        return None
+    steps = [re.fullmatch(r"model\.ckpt-(\d+)\.index", os.path.basename(path))
+             for path in glob.glob(os.path.join(glob.escape(model_path), "model.ckpt-*.index"))]
+    steps = [int(match.group(1)) for match in steps if match]
+    if not steps:
+        return None
+    name = f"model.ckpt-{max(steps)}"
+    return (f"model_path: {model_path} holds GPT-Neo's mesh-tensorflow checkpoint {name}, which NeoMesh does not "
+            f"read in place; python -m convert.gpt_neo_mtf {model_path} NEW_DIR [--keep-step] converts it to a run "
+            "that --model-path NEW_DIR trains, samples and evaluates")
+
+
 def model_directory_problem(model_path: str) -> str | None:
     """Why ``model_path`` cannot be a run to write, in one line, where it is a URL (``gs://``: the run's lock,
-    metrics.jsonl and tokenizer are written with the file system's calls, which made a local folder ``gs:``) or a
-    Hugging Face model directory (config.json and weights, no checkpoints/): train.py would start a fresh model
-    there, beside weights it never reads (``--init-from`` reads them). None otherwise."""
+    metrics.jsonl and tokenizer are written with the file system's calls, which made a local folder ``gs:``), a
+    GPT-Neo mesh-tensorflow checkpoint directory or a Hugging Face model directory (config.json and weights, no
+    checkpoints/): train.py would start a fresh model there, beside weights it never reads (``--init-from`` reads
+    a Hugging Face model's, the converter GPT-Neo's). None otherwise."""
     from convert.hf_dir import has_weights
 
     if "://" in model_path:
         return (f"model_path: {model_path}: a run is written to a local or mounted directory, not a URL; mount the "
                 "bucket (gcsfuse on a TPU VM) and name a folder in it")
+    gpt_neo = gpt_neo_checkpoint_problem(model_path)
+    if gpt_neo:
+        return gpt_neo
     if has_checkpoint(model_path) or \
             not os.path.isfile(os.path.join(model_path, "config.json")) or not has_weights(model_path):
         return None  # not a model (a config.json of one's own is no model without weights)

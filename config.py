@@ -258,7 +258,8 @@ class Config:
                                     "see per-layer parameters, a run may resume with it flipped; not with "
                                     "moe_layers")
     tokens_per_mb_per_replica: Optional[int] = _key(
-        None, "tokens per microbatch per data-parallel replica: gradient accumulation", minimum=1)
+        None, "tokens per microbatch per data-parallel replica: gradient accumulation (a replica's share of the "
+        "batch that fits in one is one microbatch)", minimum=1)
     accumulate_unreduced: bool = _key(
         False, "with gradient accumulation: each device sums its microbatches' gradients and the batch axes reduce "
         "them once per step, not after every microbatch (PyTorch DDP's no_sync); parameters the layout splits "

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.axes import axes, splits, target_platform
+from models.axes import axes, constrain, splits, target_platform
 
 # GPT-Neo's `linear` layer init (mesh-tensorflow); also BERT's and GPT-2's initializer_range.
 BASE_STDDEV = 0.02
@@ -143,6 +143,16 @@ class Embed(nnx.Embed):
         super().__init__(*args, **kwargs)
         self.dtype = None  # follow the table: promote_dtype then keeps the inputs' common dtype
         self.logits_multiple = logits_pad_multiple(logits_multiple)
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        """(...) ids -> (..., D) rows. The rows come out placed like the table's columns, so the table is first
+        placed like the residual stream on the model dimension (``activation_embd``): with ``embd`` split and the
+        residual stream whole (``activation_embd:none``) it is gathered whole for the lookup, as FSDP gathers
+        every weight, where XLA's partitioner would look the rows up split and then replicate them whole to split
+        them over the batch ("Involuntary full rematerialization")."""
+        names = tuple("activation_embd" if n == "embd" else n for n in self.embedding.get_metadata()["logical_axes"])
+        table = constrain(self.embedding[...], names)  # (V, D)
+        return jnp.take(table, inputs, axis=0)  # flax's lookup, on the placed table
 
     def attend(self, query: jax.Array) -> jax.Array:
         table = self.embedding[...]  # (V, D)

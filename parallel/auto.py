@@ -71,7 +71,7 @@ def _experts_rule(job: Job, axes: dict[str, int], data_axes: list[str]) -> tuple
     ways = math.prod(axes[a] for a in data_axes)
     if job.experts and data_axes and job.experts % ways == 0:
         over = "+".join(data_axes)
-        return f",experts:{over}", f"; experts over {over} ({job.experts // ways} per device)"
+        return f"experts:{over}", f"; experts over {over} ({job.experts // ways} per device)"
     return "", ""
 
 
@@ -125,7 +125,10 @@ def choose(job: Job, mesh: dict[str, int] | None = None) -> Choice:
     fits_whole = job.state_bytes <= budget
     if job.batch % data_ways:
         raise ConfigError(f"layout: auto: train_batch_size {job.batch} does not split over {data} ({data_ways} ways)")
-    rules = [f"batch:{data}"]
+    # experts right after batch: named after embd (FSDP's rule) they would lose the data axis to it, and every
+    # device would hold a slice of every expert instead of whole experts of its own
+    experts, experts_reason = _experts_rule(job, mesh, data_axes)
+    rules = [f"batch:{data}"] + ([experts] if experts else [])
     fsdp = "+".join(_fsdp_axes(job, mesh, data_axes)) if not fits_whole else data
     fsdp_ways = math.prod(mesh[a] for a in fsdp.split("+")) if fsdp else 1
     tensor_ways = mesh[tensor_axis] if tensor_axis else 1
@@ -161,8 +164,7 @@ def choose(job: Job, mesh: dict[str, int] | None = None) -> Choice:
             rules += [f"heads:{tensor_axis}", f"intermediate_expanded:{tensor_axis}", "activation_embd:none"]
             reason += (f"; tensor parallel over {tensor_axis} ({mesh[tensor_axis]}): batch {job.batch} does not "
                        f"split over all {job.devices} devices")
-    experts, experts_reason = _experts_rule(job, mesh, data_axes)
-    return Choice(_shape(mesh), ",".join(rules) + experts, reason + experts_reason)
+    return Choice(_shape(mesh), ",".join(rules), reason + experts_reason)
 
 
 def _shape(mesh: dict[str, int]) -> str:

@@ -47,10 +47,13 @@ def batch_shardings(layout: Layout, objective, shapes: dict, key: str = "train_b
 
 def microbatch_count(cfg, layout: Layout) -> int:
     """GPT-Neo's ``tokens_per_mb_per_replica``: how many microbatches each replica's share of the batch is cut
-    into for gradient accumulation (1 when unset)."""
+    into for gradient accumulation (1 when unset, or when the share fits in one microbatch: a layout over more
+    data-parallel devices leaves each replica fewer rows, and mesh-tensorflow then ran one microbatch too)."""
     if cfg.tokens_per_mb_per_replica is None:
         return 1
     per_replica = cfg.train_batch_size // layout.axis_size("batch")
+    if cfg.tokens_per_mb_per_replica >= per_replica * cfg.n_ctx:
+        return 1
     rows = cfg.tokens_per_mb_per_replica / cfg.n_ctx
     if rows != int(rows) or per_replica % int(rows):
         raise ConfigError(f"tokens_per_mb_per_replica: {cfg.tokens_per_mb_per_replica} tokens is not a whole "

@@ -89,6 +89,20 @@ def test_choice_is_a_usable_layout(case):
     assert layout.axis_size("batch") * layout.axis_size("heads") >= devices  # every device has work
 
 
+@pytest.mark.parametrize("devices, batch", [(8, 16), (16, 8)])  # FSDP alone; FSDP with tensor parallelism
+def test_an_automatic_fsdp_layout_keeps_experts_whole_on_their_devices(devices, batch):
+    """With FSDP the experts rule came after embd's, so the expert weights split embd over the data axis and
+    every device held a slice of every expert, while the reason said 'experts over data (1 per device)'."""
+    cfg, job = config_and_job("moe")
+    job = dataclasses.replace(job, devices=devices, memory=job.state_bytes, batch=batch)  # whole: FSDP
+    choice = choose(job)
+    assert "FSDP" in choice.reason and "experts over data (1 per device)" in choice.reason
+    layout = Layout.from_config(abstract_mesh(choice.mesh_shape, devices), choice.layout)
+    expert_weights = layout.spec(("experts", "embd", "intermediate_expanded"))
+    assert expert_weights[:2] == ("data", None)  # whole experts, one per device
+    assert layout.spec(("embd", "intermediate_expanded"))[0] == "data"  # dense weights: FSDP
+
+
 def test_a_model_too_big_for_the_devices_is_a_one_line_error():
     _, job = config_and_job("gpt_neo_13B")
     with pytest.raises(ConfigError, match=r"training state \(206 GB.*per device even split over all 4 devices"):

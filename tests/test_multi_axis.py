@@ -112,3 +112,29 @@ def test_multi_axis_losses_match_one_device(reference, mesh_shape, text):
     cfg, batches, single = reference
     assert single[-1] < single[0] - 0.1
     np.testing.assert_allclose(train_losses(cfg, batches, mesh_shape, text), single, rtol=0, atol=1e-5)
+
+
+def test_an_embedding_lookup_reaches_a_residual_stream_kept_whole_without_replicating_it(capfd):
+    """With embd split (FSDP over y) and the residual stream whole on it (activation_embd:none), XLA looked the rows
+    up split over y and then, to split them over the batch (x+y), replicated them whole ("Involuntary full
+    rematerialization", logged at every compile of the documented data x FSDP x tensor layout); the table is now
+    gathered whole for the lookup, as FSDP gathers every weight."""
+    from flax import nnx
+
+    from models.axes import HIDDEN, axes, constrain
+    from models.layers import Embed
+    from parallel.mesh import make_mesh
+
+    lay = Layout.from_config(make_mesh("x:2,y:2,z:2"), MULTI_AXIS_LAYOUTS[0][1])
+    graphdef, state = nnx.split(Embed(128, 64, embedding_metadata=axes("vocab", "embd"), rngs=nnx.Rngs(0)))
+    placed = jax.tree.map(lambda _: lay.sharding(("vocab", "embd")), state)
+
+    def look_up(state, tokens):  # (B, T) -> (B, T, D)
+        with lay.active():
+            return constrain(nnx.merge(graphdef, state)(tokens), HIDDEN)
+
+    tokens = np.arange(8 * 32).reshape(8, 32) % 128
+    rows = jax.jit(look_up, in_shardings=(placed, lay.sharding(("batch", "sequence"))))(
+        jax.device_put(state, placed), tokens)
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(state["embedding"][...])[tokens])
+    assert "Involuntary full rematerialization" not in capfd.readouterr().err

@@ -126,6 +126,10 @@ def test_microbatches_from_tokens_per_mb_per_replica():
     # 32 sequences over 8 replicas = 4 each; 64 tokens per microbatch = 2 sequences -> 2 microbatches.
     assert microbatch_count(tiny_config(train_batch_size=32, tokens_per_mb_per_replica=64), layout) == 2
     assert microbatch_count(tiny_config(train_batch_size=32), layout) == 1
+    # A replica's share that fits in one microbatch is one, as in mesh-tensorflow: GPT-Neo's 4096 tokens (2
+    # sequences of 2048) on a mesh that leaves each replica 1 sequence was an error that they do not divide it.
+    assert microbatch_count(tiny_config(train_batch_size=8, tokens_per_mb_per_replica=64), layout) == 1
+    assert microbatch_count(tiny_config(train_batch_size=8, tokens_per_mb_per_replica=1000), layout) == 1
     from config import ConfigError
     with pytest.raises(ConfigError, match="tokens_per_mb_per_replica: 48 tokens"):
         microbatch_count(tiny_config(train_batch_size=32, tokens_per_mb_per_replica=48), layout)

@@ -253,8 +253,8 @@ def test_a_single_prompt_decoded_as_two_rows_gives_the_same_tokens(model):
 
     def decode(s, twin, on_tokens=None):
         program = dataclasses.replace(generate_module._program(s), twin_row=twin)
-        return np.asarray(generate_module._sample(graphdef, program, on_tokens, params, prompts, pad,
-                                                  generate_module._knobs(s), key))
+        return np.asarray(generate_module._run(graphdef, program, params, prompts, pad, generate_module._knobs(s),
+                                               key, on_tokens))
 
     greedy = Sampling(max_new_tokens=10, temperature=0)
     first = decode(greedy, False)
@@ -270,13 +270,57 @@ def test_a_single_prompt_decoded_as_two_rows_gives_the_same_tokens(model):
 
 
 class StopAt:
-    """A host callback that ends every row after step ``step`` (hashable: the compiled loop is kept per callback)."""
+    """A host callback that ends every row after step ``step``."""
 
     def __init__(self, step: int):
         self.step = step
 
     def __call__(self, tokens, step):
         return np.full(tokens.shape, int(step) >= self.step)
+
+
+def test_a_loop_with_a_host_callback_is_found_in_the_persistent_compilation_cache(tmp_path):
+    """jax writes no program that calls back to the host into its persistent compilation cache: the loop that
+    streamed a single prompt or watched for --stop strings was compiled again by every predict.py run. With a
+    callback the steps run from the host now: a second process (here: in-memory caches cleared) compiles nothing,
+    and the tokens are the device loop's."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    cfg = tiny_config(n_layer=2)
+    graphdef, state = nnx.split(GPTNeo(cfg, rngs=nnx.Rngs(0)))
+    params = nnx.to_pure_dict(state)
+    prompts = jnp.asarray(np.random.default_rng(0).integers(1, cfg.n_vocab, (1, 5)), jnp.int32)
+    pad, key = jnp.zeros((1,), jnp.int32), jax.random.key(2)
+    settings = Sampling(max_new_tokens=9, temperature=0.9, top_p=0.95)
+    events = []
+
+    def listen(event, **_):
+        events.append(event)
+
+    options = {"jax_compilation_cache_dir": str(tmp_path), "jax_persistent_cache_min_compile_time_secs": 0.0,
+               "jax_persistent_cache_min_entry_size_bytes": 0}
+    before = {name: getattr(jax.config, name) for name in options}
+    jax.monitoring.register_event_listener(listen)
+    try:
+        for name, value in options.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+        runs = []
+        for _ in range(2):
+            jax.clear_caches()
+            events.clear()
+            runs.append(np.asarray(sample(graphdef, params, prompts, pad, settings, key, StopAt(6))))
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+    requests = events.count("/jax/compilation_cache/compile_requests_use_cache")
+    assert requests and events.count("/jax/compilation_cache/cache_hits") == requests
+    np.testing.assert_array_equal(runs[1], runs[0])
+    device_loop = np.asarray(sample(graphdef, params, prompts, pad, settings, key))
+    np.testing.assert_array_equal(runs[0][:, :7], device_loop[:, :7])  # StopAt(6) ends the row after step 6
+    assert (runs[0][:, 7:] == 0).all()
 
 
 def test_new_values_of_the_sampling_knobs_reuse_the_compiled_loop():

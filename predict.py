@@ -273,10 +273,10 @@ def predict(args) -> None:
     layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     cfg, graphdef, params, tokenizer = load_model(args, layout)
     flag = "--max-new-tokens"
-    if args.max_new_tokens is None:
+    if args.max_new_tokens is None:  # no flag given: name where the number came from
         args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS
-        if cfg.predict_max_steps:  # no flag given: name where the number came from
-            flag = "predict_max_steps (the config's default --max-new-tokens)"
+        flag = "predict_max_steps (the config's default --max-new-tokens)" if cfg.predict_max_steps else \
+            "the default --max-new-tokens"
 
     seq2seq = cfg.task == "seq2seq"
     length = cfg.generation_positions

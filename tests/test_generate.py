@@ -535,11 +535,14 @@ def test_predict_refuses_numbers_that_are_not_finite(flag, value):
 
 
 def test_a_configs_predict_max_steps_too_long_for_n_ctx_is_named(neo_dir):
-    """Without --max-new-tokens the error named that flag, which the command never gave."""
+    """Without --max-new-tokens the error named that flag, which the command never gave, as if it had."""
     result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", "x", "--set", "predict_max_steps=64")
     assert result.returncode == 2 and result.stderr.strip() == (
         "error: predict_max_steps (the config's default --max-new-tokens) 64: leaves no room for a prompt in the "
         "model's n_ctx 64 (at most 63)"), result.stderr[-2000:]
+    result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", "x")  # predict.py's own default
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: the default --max-new-tokens 64: leaves no room for a prompt in the model's n_ctx 64 (at most 63)")
 
 
 def test_predict_truncates_long_prompts_and_stops_at_stop_strings(neo_dir):

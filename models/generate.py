@@ -368,7 +368,8 @@ def params_dtype(params) -> jnp.dtype:
 
 
 def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str | list[int], max_new_tokens: int,
-             positions: int, *, temperature: float = 0.8, seed: int = 0, entmax: bool = False) -> str:
+             positions: int, *, temperature: float = 0.8, seed: int = 0, entmax: bool = False, top_k: int = 0,
+             top_p: float = 1.0, repetition_penalty: float = 1.0) -> str:
     """The text that follows ``prompt`` (sampled, from entmax with ``entmax``; at most until eos or the ``positions``
     the prompt and new tokens share, ``Config.generation_positions``, are full). ``prompt``: a decoder's text, whose
     end it continues, or an encoder-decoder's input ids as its encoder reads them (cut as training cut its inputs,
@@ -379,7 +380,8 @@ def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str | list[int],
     else:
         ids = list(prompt)
     out = sample(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
-                 Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id, entmax=entmax),
+                 Sampling(max_new_tokens=new, temperature=temperature, top_k=top_k, top_p=top_p,
+                          repetition_penalty=repetition_penalty, eos_id=tokenizer.eos_id, entmax=entmax),
                  jax.random.key(seed))
     tokens = [int(t) for t in jax.device_get(out)[0]]
     tokens = tokens[:tokens.index(tokenizer.eos_id)] if tokenizer.eos_id in tokens else tokens

@@ -576,6 +576,13 @@ def test_python_api_runs_and_generates_like_transformers(neo_dir):
     greedy = hf_generate(reference, ids, do_sample=False, max_new_tokens=12)
     assert model.generate(PROMPT, max_new_tokens=12, temperature=0) == tokenizer.decode(
         [t for t in greedy if t != 0])
+    # predict.py's sampling options (generate took temperature and seed alone): top_k 1 is greedy at any temperature
+    assert model.generate(PROMPT, max_new_tokens=12, temperature=1.5, top_k=1, top_p=0.5) == tokenizer.decode(
+        [t for t in greedy if t != 0])
+    penalised = hf_generate(reference, ids, do_sample=False, max_new_tokens=12, repetition_penalty=1.8)
+    assert penalised != greedy
+    assert model.generate(PROMPT, max_new_tokens=12, temperature=0, repetition_penalty=1.8) == tokenizer.decode(
+        [t for t in penalised if t != 0])
 
 
 def test_python_api_computes_with_its_one_module_as_changed_in_place(neo_dir):
@@ -624,6 +631,9 @@ def test_python_api_names_bad_arguments_in_one_line(neo_dir, tmp_path, monkeypat
     for kwargs, culprit in ((dict(max_new_tokens=0), "max_new_tokens 0 must be"),
                             (dict(max_new_tokens=-1), "max_new_tokens -1 must be"),
                             (dict(temperature=-1), "temperature -1 must be"),
+                            (dict(top_k=-1), "top_k -1 must be an integer >= 0"),
+                            (dict(top_p=0), r"top_p 0 must be in \(0, 1\]"), (dict(top_p=1.5), "top_p 1.5 must be"),
+                            (dict(repetition_penalty=0.0), "repetition_penalty 0.0 must be a number > 0"),
                             (dict(prompt=["a", "b"]), "prompt must be one string, not a list")):
         with pytest.raises(ConfigError, match=culprit):
             model.generate(**{"prompt": PROMPT, **kwargs})

@@ -34,9 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "
-                         "line is a line break; empty lines are skipped)")
+                         "line is a line break; empty lines are skipped; - reads standard input)")
     prompts.add_argument("--prompt-from-file", action="append", metavar="FILE",
-                         help="a file whose whole text is one prompt (GPT-Neo's --prompt FILE; repeatable)")
+                         help="a file whose whole text is one prompt (GPT-Neo's --prompt FILE; repeatable; - reads "
+                         "standard input)")
     p.add_argument("--output", metavar="FILE", help="also write the generations to FILE")
     p.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate per prompt (default: the "
                    f"config's predict_max_steps, else {DEFAULT_NEW_TOKENS})")
@@ -235,12 +236,15 @@ def read_prompts(args) -> list[str]:
     texts = []
     for path in files:
         try:
+            if path == "-":  # standard input, as Unix tools read it: prompts piped in
+                texts.append(sys.stdin.buffer.read().decode("utf-8-sig"))
+                continue
             with open(path, encoding="utf-8-sig") as f:  # a BOM would be the first prompt's first token
                 texts.append(f.read())
         except OSError as e:
             raise ConfigError(f"{path}: {e.strerror}") from None
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+            raise ConfigError(f"{'standard input' if path == '-' else path}: not UTF-8 text (byte {e.start})") from None
     if args.prompt_from_file:
         empty = [path for path, text in zip(files, texts) if not text.strip()]
         if empty:

@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import json
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -693,3 +694,22 @@ def test_a_prompt_file_line_of_spaces_is_a_prompt_as_the_same_prompt_flag_is(tmp
     path.write_text("def f \n\n    \n\t\nclass A\n\n")
     assert predict.read_prompts(predict.parse_args(["--prompt-file", str(path)])) == ["def f ", "    ", "\t", "class A"]
     assert predict.read_prompts(predict.parse_args(["--prompt", "    "])) == ["    "]
+
+
+def test_a_prompt_file_of_dash_reads_standard_input(monkeypatch):
+    """``--prompt-file -`` was "-: No such file or directory": prompts piped in, as Unix tools read them."""
+    import io
+
+    import predict
+    from config import ConfigError
+
+    def piped(data: bytes):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+    piped("\ufeffdef f\n\nclass A\n".encode())
+    assert predict.read_prompts(predict.parse_args(["--prompt-file", "-"])) == ["def f", "class A"]
+    piped(b"import os\n\nx = 1\n")
+    assert predict.read_prompts(predict.parse_args(["--prompt-from-file", "-"])) == ["import os\n\nx = 1\n"]
+    piped(b"\xff\xfe")
+    with pytest.raises(ConfigError, match=r"^standard input: not UTF-8 text \(byte 0\)$"):
+        predict.read_prompts(predict.parse_args(["--prompt-file", "-"]))

@@ -39,9 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "
-                         "line is a line break; empty lines are skipped)")
+                         "line is a line break; empty lines are skipped; - reads standard input)")
     prompts.add_argument("--prompt-from-file", action="append", metavar="FILE",
-                         help="a file whose whole text is one prompt (GPT-Neo's --prompt FILE; repeatable)")
+                         help="a file whose whole text is one prompt (GPT-Neo's --prompt FILE; repeatable; - reads "
+                         "standard input)")
     prompts.add_argument("--image", action="append", metavar="FILE_OR_FOLDER", help="an image classifier (ViT): "
                          "classify this image file, or every image in this folder (repeatable); prints each file's "
                          f"--top-k most likely classes (default {DEFAULT_TOP_CLASSES}) and their probabilities")
@@ -264,12 +265,15 @@ def read_prompts(args) -> list[str]:
     texts = []
     for path in files:
         try:
+            if path == "-":  # standard input, as Unix tools read it: prompts piped in
+                texts.append(sys.stdin.buffer.read().decode("utf-8-sig"))
+                continue
             with open(path, encoding="utf-8-sig") as f:  # a BOM would be the first prompt's first token
                 texts.append(f.read())
         except OSError as e:
             raise ConfigError(f"{path}: {e.strerror}") from None
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+            raise ConfigError(f"{'standard input' if path == '-' else path}: not UTF-8 text (byte {e.start})") from None
     if args.prompt_from_file:
         empty = [path for path, text in zip(files, texts) if not text.strip()]
         if empty:
@@ -406,10 +410,10 @@ def predict(args) -> None:
 
         return classify_texts(args, prompts, Pretrained(cfg, graphdef, params, tokenizer, layout))
     flag = "--max-new-tokens"
-    if args.max_new_tokens is None:
+    if args.max_new_tokens is None:  # no flag given: name where the number came from
         args.max_new_tokens = cfg.predict_max_steps or DEFAULT_NEW_TOKENS
-        if cfg.predict_max_steps:  # no flag given: name where the number came from
-            flag = "predict_max_steps (the config's default --max-new-tokens)"
+        flag = "predict_max_steps (the config's default --max-new-tokens)" if cfg.predict_max_steps else \
+            "the default --max-new-tokens"
 
     seq2seq = cfg.task == "seq2seq"
     length = cfg.generation_positions

@@ -428,9 +428,12 @@ class Pretrained:
                               f"{cfg.patch_size} (e.g. (B, {cfg.image_size}, {cfg.image_size}, {cfg.num_channels}))")
         return {"inputs": batch[key]}
 
-    def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
+    def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0,
+                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0) -> str:
         """The text a decoder writes after ``prompt``, or an encoder-decoder (T5) writes for it (until end-of-text
-        or ``max_new_tokens``); sampled from entmax for a model trained with ``entmax_loss``."""
+        or ``max_new_tokens``); sampled from entmax for a model trained with ``entmax_loss``. ``top_k``, ``top_p``
+        and ``repetition_penalty`` are predict.py's (0, 1 and 1: off)."""
+        import math
         from numbers import Integral, Real
 
         from models.generate import complete
@@ -438,10 +441,22 @@ class Pretrained:
         if not isinstance(prompt, str):
             raise ConfigError(f"generate: prompt must be one string, not a {type(prompt).__name__} (call generate "
                               "once per prompt)")
-        if not isinstance(max_new_tokens, Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise ConfigError(f"generate: max_new_tokens {max_new_tokens!r} must be an integer of at least 1")
-        if not isinstance(temperature, Real) or isinstance(temperature, bool) or not temperature >= 0:
-            raise ConfigError(f"generate: temperature {temperature!r} must be a number >= 0 (0 is greedy)")
+        def integer(value):
+            return isinstance(value, Integral) and not isinstance(value, bool)
+
+        def number(value):
+            return isinstance(value, Real) and not isinstance(value, bool)
+
+        for name, value, ok, rule in (
+                ("max_new_tokens", max_new_tokens, integer(max_new_tokens) and max_new_tokens >= 1,
+                 "an integer of at least 1"),
+                ("temperature", temperature, number(temperature) and temperature >= 0, "a number >= 0 (0 is greedy)"),
+                ("top_k", top_k, integer(top_k) and top_k >= 0, "an integer >= 0 (0 keeps every token)"),
+                ("top_p", top_p, number(top_p) and 0 < top_p <= 1, "in (0, 1] (1 keeps every token)"),
+                ("repetition_penalty", repetition_penalty,
+                 number(repetition_penalty) and 0 < repetition_penalty < math.inf, "a number > 0 (1 is off)")):
+            if not ok:
+                raise ConfigError(f"generate: {name} {value!r} must be {rule}")
         if self.config.task not in ("causal_lm", "seq2seq") or not self.config.decoder_layers:
             raise ConfigError(f"generate: a {self.config.model} model trained for {self.config.task} does not "
                               "generate text")
@@ -452,4 +467,5 @@ class Pretrained:
             prompt = ended(self.tokenizer.encode(prompt), positions, self.tokenizer.eos_id)[0]
         with self.layout.active():
             return complete(*self._split(), self.tokenizer, prompt, max_new_tokens, positions,
-                            temperature=temperature, seed=seed, entmax=self.config.entmax_loss)
+                            temperature=temperature, seed=seed, entmax=self.config.entmax_loss, top_k=top_k,
+                            top_p=top_p, repetition_penalty=repetition_penalty)

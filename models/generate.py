@@ -19,7 +19,8 @@ its entmax loss): tokens outside entmax's support are never drawn. Beam search k
 alive hypotheses and a pool of finished ones scored by ``sum log p / length ** length_penalty`` (length: the new
 tokens), as transformers' ``generate`` does with its defaults (``early_stopping=False``): a row stops when its best
 alive beam, scored at its present length, cannot beat the worst of a full pool. An optional host callback sees
-each new token (streaming, stop strings) and can end a row.
+each new token (streaming, stop strings) and can end a row; with one, the loop runs on the host, a compiled step per
+token, as jax keeps no program that calls back to the host in its persistent compilation cache.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
-from jax.experimental import io_callback
 
 from models import axes, entmax
 
@@ -149,20 +150,31 @@ def seen_tokens(tokens: jax.Array, real: jax.Array, vocab: int) -> jax.Array:
     return jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], tokens].max(real)
 
 
-def _host_check(callback, tokens, step):
-    """Runs ``callback(tokens, step) -> stop flags`` on the host, in order, from inside the loop."""
-    return io_callback(callback, jax.ShapeDtypeStruct(tokens.shape, jnp.bool_), tokens, step,
-                                        ordered=True)
-
-
 def sample(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s: Sampling, key: jax.Array,
            on_tokens: Callable | None = None) -> jax.Array:
     """(B, P) left-padded prompts -> (B, max_new_tokens) new tokens; rows that ended (eos, or the callback said
     stop) are filled with eos (or 0) after their last token. ``on_tokens(tokens (B,), step) -> (B,) bool`` runs on
-    the host after every step when given. Compiled once per (model, program structure, shapes, callback)."""
+    the host after every step when given. Compiled once per (model, program structure, shapes)."""
     program = _sampling_program(s, len(prompts), jax.tree.leaves(params)[0])
-    return _sample(graphdef, program, on_tokens, params, jnp.asarray(prompts, jnp.int32),
-                   jnp.asarray(pad, jnp.int32), _knobs(s), key)
+    return _run(graphdef, program, params, jnp.asarray(prompts, jnp.int32), jnp.asarray(pad, jnp.int32), _knobs(s),
+                key, on_tokens)
+
+
+def _run(graphdef, program: _Program, params, prompts, pad, knobs: _Knobs, key, on_tokens) -> jax.Array:
+    """The loop on the device, or, with a host callback, one compiled step per token driven from here: jax keeps
+    no program with a host callback in its persistent compilation cache, so a loop that called back (every
+    streamed prompt, every --stop) was compiled again by each predict.py run."""
+    if on_tokens is None:
+        return _sample(graphdef, program, params, prompts, pad, knobs, key)
+    carry = _prefill(graphdef, program, params, prompts, pad, knobs)
+    step, stop = _stepper(graphdef, program), jnp.zeros((prompts.shape[0],), bool)
+    for i in range(program.max_new_tokens):
+        carry, token = step(params, knobs, key, carry, stop)
+        token, done = jax.device_get((token, carry[4]))
+        stop = np.asarray(on_tokens(token, i), bool)
+        if (done | stop).all():
+            break
+    return carry[-1]
 
 
 def lower_sample(graphdef: nnx.GraphDef, params, prompts, pad, s: Sampling, key) -> jax.stages.Lowered:
@@ -170,8 +182,7 @@ def lower_sample(graphdef: nnx.GraphDef, params, prompts, pad, s: Sampling, key)
     device to compile for): ``.compile()`` gives its plan without running it."""
     # The knobs are traced: only their shapes enter the program, placed where the key is (a topology's device).
     knobs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=key.sharding), _knobs(s))
-    return _sample.lower(graphdef, _sampling_program(s, prompts.shape[0], key), None, params, prompts, pad, knobs,
-                         key)
+    return _sample.lower(graphdef, _sampling_program(s, prompts.shape[0], key), params, prompts, pad, knobs, key)
 
 
 def compiled_sample(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s: Sampling, key: jax.Array,
@@ -208,36 +219,62 @@ def model_rows(batch: int, platform: str) -> int:
 LOOP_OPTIONS = {"xla_gpu_enable_while_loop_double_buffering": False}
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), compiler_options=LOOP_OPTIONS)
-def _sample(graphdef, program: _Program, on_tokens, params, prompts, pad, knobs: _Knobs, key):
+def _begin(graphdef, program: _Program, params, prompts, pad, knobs: _Knobs):
+    """The loop's first carry: (step, next token's logits (B, V), cache, seen (B, V), done (B,), out (B, N))."""
     b, n = prompts.shape[0], program.max_new_tokens
-    fill = knobs.eos_id
     model = nnx.merge(graphdef, nnx.State(params))
-    twin = (lambda x: jnp.concatenate([x, x])) if program.twin_row else (lambda x: x)  # the model's rows
-    logits, cache, seen = model.prefill(twin(prompts), twin(pad), n, params_dtype(params))  # (B, V)
-    logits, seen = logits[:b], seen[:b]
-    out = jnp.full((b, n), fill, jnp.int32)
+    logits, cache, seen = model.prefill(_twin(program, prompts), _twin(program, pad), n, params_dtype(params))
+    out = jnp.full((b, n), knobs.eos_id, jnp.int32)  # a loop that ends early leaves the fill
+    return jnp.zeros((), jnp.int32), logits[:b], cache, seen[:b], jnp.zeros((b,), bool), out
+
+
+def _advance(graphdef, program: _Program, params, knobs: _Knobs, key, carry):
+    """One step of the loop: each row's next token chosen (the fill once it is done), written and fed to the model;
+    (the next carry, the tokens (B,))."""
+    i, last_logits, cache, seen, done, out = carry
+    b, fill = out.shape[0], knobs.eos_id
+    model = nnx.merge(graphdef, nnx.State(params))  # per trace level: layers that sow (MoE) mutate it
+    token = _choose(last_logits.astype(jnp.float32), seen, program, knobs, jax.random.fold_in(key, i))
+    token = jnp.where(done, fill, token).astype(jnp.int32)
+    out = out.at[:, i].set(token)
+    seen = seen.at[jnp.arange(b), token].set(True)
+    if program.stops_at_eos:
+        done = done | (token == knobs.eos_id)
+    logits, cache = model.decode_step(_twin(program, token), cache)
+    return (i + 1, logits[:b], cache, seen, done, out), token
+
+
+def _twin(program: _Program, x: jax.Array) -> jax.Array:
+    """``x``'s rows as the model runs them (``model_rows``)."""
+    return jnp.concatenate([x, x]) if program.twin_row else x
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=LOOP_OPTIONS)
+def _sample(graphdef, program: _Program, params, prompts, pad, knobs: _Knobs, key):
+    n = program.max_new_tokens
 
     def cond(carry):
         i, _, _, _, done, _ = carry
         return (i < n) & ~jnp.all(done)
 
-    def body(carry):
-        i, last_logits, cache, seen, done, out = carry
-        model = nnx.merge(graphdef, nnx.State(params))  # per trace level: layers that sow (MoE) mutate it
-        token = _choose(last_logits.astype(jnp.float32), seen, program, knobs, jax.random.fold_in(key, i))
-        token = jnp.where(done, fill, token).astype(jnp.int32)
-        out = out.at[:, i].set(token)
-        seen = seen.at[jnp.arange(b), token].set(True)
-        if program.stops_at_eos:
-            done = done | (token == knobs.eos_id)
-        if on_tokens is not None:
-            done = done | _host_check(on_tokens, token, i)
-        logits, cache = model.decode_step(twin(token), cache)
-        return i + 1, logits[:b], cache, seen, done, out
+    carry = _begin(graphdef, program, params, prompts, pad, knobs)
+    return jax.lax.while_loop(cond, lambda c: _advance(graphdef, program, params, knobs, key, c)[0], carry)[-1]
 
-    carry = (jnp.zeros((), jnp.int32), logits, cache, seen, jnp.zeros((b,), bool), out)
-    return jax.lax.while_loop(cond, body, carry)[-1]
+
+_prefill = functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=LOOP_OPTIONS)(_begin)
+
+
+@functools.lru_cache(maxsize=8)
+def _stepper(graphdef, program: _Program) -> Callable:
+    """``_advance`` for one model and program, jitted, after ending the rows the host callback stopped. Bound here
+    rather than taking the model as a static argument: jax hashes those at every call, which for a model's graph
+    took ten times as long as the step itself (quickstart model, CPU)."""
+
+    def step(params, knobs: _Knobs, key, carry, stop):
+        i, logits, cache, seen, done, out = carry
+        return _advance(graphdef, program, params, knobs, key, (i, logits, cache, seen, done | stop, out))
+
+    return jax.jit(step, donate_argnums=(3,), compiler_options=LOOP_OPTIONS)
 
 
 def beam_search(graphdef: nnx.GraphDef, params, prompts: jax.Array, pad: jax.Array, s: Sampling) -> jax.Array:
@@ -331,7 +368,8 @@ def params_dtype(params) -> jnp.dtype:
 
 
 def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str | list[int], max_new_tokens: int,
-             positions: int, *, temperature: float = 0.8, seed: int = 0, entmax: bool = False) -> str:
+             positions: int, *, temperature: float = 0.8, seed: int = 0, entmax: bool = False, top_k: int = 0,
+             top_p: float = 1.0, repetition_penalty: float = 1.0) -> str:
     """The text that follows ``prompt`` (sampled, from entmax with ``entmax``; at most until eos or the ``positions``
     the prompt and new tokens share, ``Config.generation_positions``, are full). ``prompt``: a decoder's text, whose
     end it continues, or an encoder-decoder's input ids as its encoder reads them (cut as training cut its inputs,
@@ -342,7 +380,8 @@ def complete(graphdef: nnx.GraphDef, params, tokenizer, prompt: str | list[int],
     else:
         ids = list(prompt)
     out = sample(graphdef, params, jnp.asarray([ids], jnp.int32), jnp.zeros((1,), jnp.int32),
-                 Sampling(max_new_tokens=new, temperature=temperature, eos_id=tokenizer.eos_id, entmax=entmax),
+                 Sampling(max_new_tokens=new, temperature=temperature, top_k=top_k, top_p=top_p,
+                          repetition_penalty=repetition_penalty, eos_id=tokenizer.eos_id, entmax=entmax),
                  jax.random.key(seed))
     tokens = [int(t) for t in jax.device_get(out)[0]]
     tokens = tokens[:tokens.index(tokenizer.eos_id)] if tokenizer.eos_id in tokens else tokens

@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import json
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -253,8 +254,8 @@ def test_a_single_prompt_decoded_as_two_rows_gives_the_same_tokens(model):
 
     def decode(s, twin, on_tokens=None):
         program = dataclasses.replace(generate_module._program(s), twin_row=twin)
-        return np.asarray(generate_module._sample(graphdef, program, on_tokens, params, prompts, pad,
-                                                  generate_module._knobs(s), key))
+        return np.asarray(generate_module._run(graphdef, program, params, prompts, pad, generate_module._knobs(s),
+                                               key, on_tokens))
 
     greedy = Sampling(max_new_tokens=10, temperature=0)
     first = decode(greedy, False)
@@ -270,13 +271,57 @@ def test_a_single_prompt_decoded_as_two_rows_gives_the_same_tokens(model):
 
 
 class StopAt:
-    """A host callback that ends every row after step ``step`` (hashable: the compiled loop is kept per callback)."""
+    """A host callback that ends every row after step ``step``."""
 
     def __init__(self, step: int):
         self.step = step
 
     def __call__(self, tokens, step):
         return np.full(tokens.shape, int(step) >= self.step)
+
+
+def test_a_loop_with_a_host_callback_is_found_in_the_persistent_compilation_cache(tmp_path):
+    """jax writes no program that calls back to the host into its persistent compilation cache: the loop that
+    streamed a single prompt or watched for --stop strings was compiled again by every predict.py run. With a
+    callback the steps run from the host now: a second process (here: in-memory caches cleared) compiles nothing,
+    and the tokens are the device loop's."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    cfg = tiny_config(n_layer=2)
+    graphdef, state = nnx.split(GPTNeo(cfg, rngs=nnx.Rngs(0)))
+    params = nnx.to_pure_dict(state)
+    prompts = jnp.asarray(np.random.default_rng(0).integers(1, cfg.n_vocab, (1, 5)), jnp.int32)
+    pad, key = jnp.zeros((1,), jnp.int32), jax.random.key(2)
+    settings = Sampling(max_new_tokens=9, temperature=0.9, top_p=0.95)
+    events = []
+
+    def listen(event, **_):
+        events.append(event)
+
+    options = {"jax_compilation_cache_dir": str(tmp_path), "jax_persistent_cache_min_compile_time_secs": 0.0,
+               "jax_persistent_cache_min_entry_size_bytes": 0}
+    before = {name: getattr(jax.config, name) for name in options}
+    jax.monitoring.register_event_listener(listen)
+    try:
+        for name, value in options.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+        runs = []
+        for _ in range(2):
+            jax.clear_caches()
+            events.clear()
+            runs.append(np.asarray(sample(graphdef, params, prompts, pad, settings, key, StopAt(6))))
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+    requests = events.count("/jax/compilation_cache/compile_requests_use_cache")
+    assert requests and events.count("/jax/compilation_cache/cache_hits") == requests
+    np.testing.assert_array_equal(runs[1], runs[0])
+    device_loop = np.asarray(sample(graphdef, params, prompts, pad, settings, key))
+    np.testing.assert_array_equal(runs[0][:, :7], device_loop[:, :7])  # StopAt(6) ends the row after step 6
+    assert (runs[0][:, 7:] == 0).all()
 
 
 def test_new_values_of_the_sampling_knobs_reuse_the_compiled_loop():
@@ -491,11 +536,14 @@ def test_predict_refuses_numbers_that_are_not_finite(flag, value):
 
 
 def test_a_configs_predict_max_steps_too_long_for_n_ctx_is_named(neo_dir):
-    """Without --max-new-tokens the error named that flag, which the command never gave."""
+    """Without --max-new-tokens the error named that flag, which the command never gave, as if it had."""
     result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", "x", "--set", "predict_max_steps=64")
     assert result.returncode == 2 and result.stderr.strip() == (
         "error: predict_max_steps (the config's default --max-new-tokens) 64: leaves no room for a prompt in the "
         "model's n_ctx 64 (at most 63)"), result.stderr[-2000:]
+    result = run_command("predict.py", "--hf-model", neo_dir, "--prompt", "x")  # predict.py's own default
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: the default --max-new-tokens 64: leaves no room for a prompt in the model's n_ctx 64 (at most 63)")
 
 
 def test_predict_truncates_long_prompts_and_stops_at_stop_strings(neo_dir):
@@ -529,6 +577,13 @@ def test_python_api_runs_and_generates_like_transformers(neo_dir):
     greedy = hf_generate(reference, ids, do_sample=False, max_new_tokens=12)
     assert model.generate(PROMPT, max_new_tokens=12, temperature=0) == tokenizer.decode(
         [t for t in greedy if t != 0])
+    # predict.py's sampling options (generate took temperature and seed alone): top_k 1 is greedy at any temperature
+    assert model.generate(PROMPT, max_new_tokens=12, temperature=1.5, top_k=1, top_p=0.5) == tokenizer.decode(
+        [t for t in greedy if t != 0])
+    penalised = hf_generate(reference, ids, do_sample=False, max_new_tokens=12, repetition_penalty=1.8)
+    assert penalised != greedy
+    assert model.generate(PROMPT, max_new_tokens=12, temperature=0, repetition_penalty=1.8) == tokenizer.decode(
+        [t for t in penalised if t != 0])
 
 
 def test_python_api_computes_with_its_one_module_as_changed_in_place(neo_dir):
@@ -577,6 +632,9 @@ def test_python_api_names_bad_arguments_in_one_line(neo_dir, tmp_path, monkeypat
     for kwargs, culprit in ((dict(max_new_tokens=0), "max_new_tokens 0 must be"),
                             (dict(max_new_tokens=-1), "max_new_tokens -1 must be"),
                             (dict(temperature=-1), "temperature -1 must be"),
+                            (dict(top_k=-1), "top_k -1 must be an integer >= 0"),
+                            (dict(top_p=0), r"top_p 0 must be in \(0, 1\]"), (dict(top_p=1.5), "top_p 1.5 must be"),
+                            (dict(repetition_penalty=0.0), "repetition_penalty 0.0 must be a number > 0"),
                             (dict(prompt=["a", "b"]), "prompt must be one string, not a list")):
         with pytest.raises(ConfigError, match=culprit):
             model.generate(**{"prompt": PROMPT, **kwargs})
@@ -636,3 +694,22 @@ def test_a_prompt_file_line_of_spaces_is_a_prompt_as_the_same_prompt_flag_is(tmp
     path.write_text("def f \n\n    \n\t\nclass A\n\n")
     assert predict.read_prompts(predict.parse_args(["--prompt-file", str(path)])) == ["def f ", "    ", "\t", "class A"]
     assert predict.read_prompts(predict.parse_args(["--prompt", "    "])) == ["    "]
+
+
+def test_a_prompt_file_of_dash_reads_standard_input(monkeypatch):
+    """``--prompt-file -`` was "-: No such file or directory": prompts piped in, as Unix tools read them."""
+    import io
+
+    import predict
+    from config import ConfigError
+
+    def piped(data: bytes):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+    piped("\ufeffdef f\n\nclass A\n".encode())
+    assert predict.read_prompts(predict.parse_args(["--prompt-file", "-"])) == ["def f", "class A"]
+    piped(b"import os\n\nx = 1\n")
+    assert predict.read_prompts(predict.parse_args(["--prompt-from-file", "-"])) == ["import os\n\nx = 1\n"]
+    piped(b"\xff\xfe")
+    with pytest.raises(ConfigError, match=r"^standard input: not UTF-8 text \(byte 0\)$"):
+        predict.read_prompts(predict.parse_args(["--prompt-file", "-"]))

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from config import Config, ConfigError
+from config import REGRESSION, Config, ConfigError
 from data.tokenizer import Tokenizer, load_tokenizer
 
 # Text features of TFDS classification datasets (GLUE, SuperGLUE, IMDB, ...), tried in this order.
@@ -59,8 +59,9 @@ def not_jsonl(path: str) -> str:
     """The end of the error for a file that is not jsonl by name (a CSV file given as ``path``), else ""."""
     if path.endswith((".jsonl", ".jsonl.zst")):
         return ""
-    return ("; these files are read as jsonl (.jsonl or .jsonl.zst), one JSON object per line, not CSV (pandas "
-            "converts one: pd.read_csv(FILE).to_json(OUT, orient='records', lines=True))")
+    kind, sep = ("TSV", ", sep='\\t'") if path.endswith((".tsv", ".tsv.gz")) else ("CSV", "")
+    return (f"; these files are read as jsonl (.jsonl or .jsonl.zst), one JSON object per line, not {kind} (pandas "
+            f"converts one: pd.read_csv(FILE{sep}).to_json(OUT, orient='records', lines=True))")
 
 
 def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[tuple[dict, str]]:
@@ -86,6 +87,13 @@ def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[
             raise ConfigError(f"{path}: no {noun} (an empty file, matched by {where})")
 
 
+def check_not_empty(label, place: str, key: str) -> None:
+    """An empty or all-space label is an error naming its line: it would otherwise become a class of its own."""
+    if isinstance(label, str) and not label.strip():
+        raise ConfigError(f"{place}: '{key}' is the empty label {json.dumps(label)} (label_key); give every example "
+                          "one of the labels")
+
+
 def read_jsonl(pattern: str, where: str, keys: tuple[str, str, str]) -> Examples:
     """The examples of the jsonl files ``pattern`` matches (sorted), in file order."""
     text_key, pair_key, label_key = keys
@@ -99,6 +107,7 @@ def read_jsonl(pattern: str, where: str, keys: tuple[str, str, str]) -> Examples
         for key, value in ((text_key, row[text_key]), (pair_key, pair)):
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{place}: '{key}' is not a string")
+        check_not_empty(row[label_key], place, label_key)
         examples.add(row[text_key], pair, row[label_key], place)
     return examples
 
@@ -212,7 +221,8 @@ def label_ids(examples: Examples, names: list[str] | None, num_labels: int) -> n
                 raise ConfigError(f"{place}: label {label} is outside 0..{num_labels - 1} (num_labels {num_labels})")
             ids[i] = label
         else:
-            raise ConfigError(f"{place}: label {json.dumps(label)} is neither an integer nor a string")
+            regression = REGRESSION if isinstance(label, float) else ""
+            raise ConfigError(f"{place}: label {json.dumps(label)} is neither an integer nor a string{regression}")
     return ids
 
 

@@ -211,6 +211,11 @@ def test_tfds_glue_like_dataset_by_name(tiny_glue):
      '{path}: line 2: label 1 is not a string, as other train labels are ("pos"); give every label as a string or '
      "every one as an id (or list the names in the dataset config's labels)"),
     ([{"text": ["a"], "label": 1}], {}, "{path}: line 1: 'text' is not a string"),
+    ([{"text": "a", "label": "pos"}, {"text": "b", "label": " "}], {},  # was "num_labels: 3, but ... ( , pos)"
+     '{path}: line 2: \'label\' is the empty label " " (label_key); give every example one of the labels'),
+    ([{"text": "a", "label": 0.5}], {},  # Hugging Face's regression labels
+     "{path}: line 1: label 0.5 is neither an integer nor a string; Hugging Face's num_labels 1 is regression (one "
+     "float per text), which NeoMesh's classifiers do not train: they need 2 or more labels"),
     ([], {}, "{path}: no examples (an empty file, matched by {where} path)"),
 ])
 def test_bad_labelled_data_is_a_one_line_error(tmp_path, monkeypatch, rows, changes, message):
@@ -230,6 +235,10 @@ def test_bad_lines_and_eval_labels_name_their_file(reviews, tmp_path):
     reviews(path=str(tmp_path / "reviews.csv"))
     with pytest.raises(ConfigError, match=r"reviews.csv: line 1 is not a JSON object; these files are read as jsonl "
                                           r"\(.jsonl or .jsonl.zst\), one JSON object per line, not CSV"):
+        make_source(classify(), "train")
+    (tmp_path / "reviews.tsv").write_text("text\tlabel\ngreat\tpos\n")  # a TSV's pandas call reads tabs
+    reviews(path=str(tmp_path / "reviews.tsv"))
+    with pytest.raises(ConfigError, match=r"not TSV \(pandas converts one: pd.read_csv\(FILE, sep='\\t'\)"):
         make_source(classify(), "train")
     reviews(eval_path=write_jsonl(tmp_path / "new.jsonl", [{"text": "x", "label": "surprise"}]))
     with pytest.raises(ConfigError) as e:

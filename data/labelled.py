@@ -6,7 +6,8 @@ A dataset config names jsonl files (``path`` for train, ``eval_path`` for eval; 
     {"text": "The cat sat.", "text_pair": "A cat was sitting.", "label": "equivalent"}
 
 The key names are the dataset config's ``text_key``, ``text_pair_key`` and ``label_key`` (defaults ``text``,
-``text_pair``, ``label``). Labels are integers, or strings mapped to integers through the dataset config's
+``text_pair``, ``label``; a file without ``text`` is read by the TFDS names below, GLUE's ``sentence1`` and
+``sentence2`` first). Labels are integers, or strings mapped to integers through the dataset config's
 ``labels`` list (else through the sorted set of the train file's labels); there must be ``num_labels`` of them.
 ``tfds:NAME[/CONFIG]`` reads a TFDS dataset prepared in a local data dir instead (``tfds:glue/mrpc``): its text
 features are found by name (sentence1/sentence2, question1/question2, premise/hypothesis, question/sentence,
@@ -94,11 +95,25 @@ def check_not_empty(label, place: str, key: str) -> None:
                           "one of the labels")
 
 
-def read_jsonl(pattern: str, where: str, keys: tuple[str, str, str]) -> Examples:
+def text_keys(row: dict, text_key: str | None, pair_key: str | None) -> tuple[str, str]:
+    """The (text, second text) keys of a jsonl file whose first object is ``row``, where the dataset config leaves
+    them out: ``text``/``text_pair``, else the first of the TFDS feature names the row holds (GLUE's
+    ``sentence1``/``sentence2``, as transformers' run_glue finds them); a ``text_key`` given alone takes its
+    partner there (``sentence1`` -> ``sentence2``), so a pair's second text is not dropped without a word."""
+    if text_key is None and "text" not in row:
+        text_key = next((a for a, b in TFDS_TEXT_KEYS if a in row and (b is None or b in row)), None)
+    text_key = text_key or "text"
+    partner = next((b for a, b in TFDS_TEXT_KEYS if a == text_key and b in row), None)
+    return text_key, pair_key or partner or "text_pair"
+
+
+def read_jsonl(pattern: str, where: str, keys: tuple[str | None, str | None, str]) -> Examples:
     """The examples of the jsonl files ``pattern`` matches (sorted), in file order."""
     text_key, pair_key, label_key = keys
     examples = Examples()
     for row, place in jsonl_objects(pattern, where):
+        if not examples.places:  # the first line names the text fields a dataset config leaves out
+            text_key, pair_key = text_keys(row, *keys[:2])
         for key, name in ((text_key, "text_key"), (label_key, "label_key")):
             if key not in row:
                 raise ConfigError(f"{place} has no '{key}' field ({name}; it has "
@@ -334,8 +349,7 @@ def _read(dataset: dict, split: str) -> tuple[Examples, list[str] | None]:
     if dataset["path"].startswith("tfds:"):
         tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")
         return read_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, keys)
-    jsonl_keys = (keys[0] or "text", keys[1] or "text_pair", keys[2])
-    return read_jsonl(*split_files(dataset, split), jsonl_keys), None
+    return read_jsonl(*split_files(dataset, split), keys), None
 
 
 def labelled_source(cfg: Config, split: str) -> LabelledSource:

@@ -320,3 +320,17 @@ def test_a_trained_classifier_reads_texts_as_its_training_data_held_them(reviews
     logits = np.asarray(model(texts, pairs))
     assert logits.shape == (3, 3)
     np.testing.assert_allclose(logits, np.asarray(model(full)), atol=1e-5)
+
+
+@pytest.mark.parametrize("keys", [{}, {"text_key": "sentence1"}])
+def test_glue_style_jsonl_reads_both_sentences(tmp_path, monkeypatch, keys):
+    """jsonl with GLUE's sentence1/sentence2 (as transformers' run_glue reads them) was an error without text_key,
+    and with text_key alone its second sentences were dropped without a word: both texts are read now."""
+    rows = [{"sentence1": "a cat", "sentence2": "the dog", "label": 1},
+            {"sentence1": "b", "sentence2": "c", "label": 0}]
+    path = write_jsonl(tmp_path / "glue.jsonl", rows)
+    use_dataset_configs(monkeypatch, tmp_path / "dc", glue={"path": path, "tokenizer_path": "bytes", **keys})
+    batch = make_source(classify("glue", num_labels=2), "train").batch(0, 2)
+    firsts = [row[:int(seg.sum())].tolist() for row, seg in zip(batch["inputs"], batch["segment_ids"])]
+    want = {tuple([EOS, *a.encode(), EOS, *b.encode(), EOS]) for a, b in (("a cat", "the dog"), ("b", "c"))}
+    assert set(map(tuple, firsts)) == want

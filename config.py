@@ -542,6 +542,11 @@ def _type_name(annotation: str) -> str:
     return annotation.replace("Optional[", "").rstrip("]") + (" or null" if "Optional" in annotation else "")
 
 
+# Why num_labels 1 (or a float label) is refused: transformers reads it as regression, which NeoMesh does not train.
+REGRESSION = ("; Hugging Face's num_labels 1 is regression (one float per text), which NeoMesh's classifiers do "
+              "not train: they need 2 or more labels")
+
+
 def validated(cfg: Config) -> Config:
     """Checks every key's type and range and the relations between keys; raises ``ConfigError``."""
     for key in ("activation_function", "moe_activation"):
@@ -567,7 +572,8 @@ def validated(cfg: Config) -> Config:
         if meta["choices"] and value not in meta["choices"]:
             raise ConfigError(f"{f.name}: {json.dumps(value)} is not one of {_choices_hint(value, meta['choices'])}")
         if meta["min"] is not None and value < meta["min"]:
-            raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
+            raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}"
+                              + (REGRESSION if f.name == "num_labels" and value == 1 else ""))
         if meta["max"] is not None and value > meta["max"]:
             raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")
     if cfg.mesh_shape == "auto" and cfg.layout != "auto":

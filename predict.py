@@ -8,7 +8,8 @@ to stdout as it is generated. ``--output FILE`` also writes the generations to F
 Generation is KV-cached and compiled once per shape. A decoder continues its prompt; an encoder-decoder (T5) reads
 the prompt with its encoder and writes its output text. An image classifier (ViT) takes ``--image`` files or
 folders instead and prints each file's most likely classes; a text classifier labels its prompts (a sequence
-classifier's likeliest labels, a token classifier's label of each word).
+classifier's likeliest labels, with ``--pair`` second texts for a sentence-pair one; a token classifier's label of
+each word); a masked LM (BERT, RoBERTa) prints the likeliest tokens at each mask of its prompts (fill-mask).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 
 DEFAULT_NEW_TOKENS = 64
 TEXT_CLASSIFIERS = ("sequence_classification", "token_classification")  # tasks whose prompts get labels
+FILL_MASK = "masked_lm"  # a masked LM fills its prompts' [MASK] tokens, as Hugging Face's fill-mask pipeline does
 DEFAULT_TOP_CLASSES = 5  # classes shown per image or text, as Hugging Face's image-classification pipeline shows
 DEFAULT_LAYOUT = "batch:x"
 
@@ -46,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     prompts.add_argument("--image", action="append", metavar="FILE_OR_FOLDER", help="an image classifier (ViT): "
                          "classify this image file, or every image in this folder (repeatable); prints each file's "
                          f"--top-k most likely classes (default {DEFAULT_TOP_CLASSES}) and their probabilities")
+    p.add_argument("--pair", action="append", metavar="TEXT", help="a sentence-pair classifier (MRPC, NLI): the "
+                   "second text of each prompt, in order (repeatable: one per prompt)")
     p.add_argument("--output", metavar="FILE", help="also write the generations to FILE")
     p.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate per prompt (default: the "
                    f"config's predict_max_steps, else {DEFAULT_NEW_TOKENS})")
@@ -194,7 +198,7 @@ def load_model(args, layout):
         if cfg.reads_text:
             raise ConfigError(f"--image: {path}: a {cfg.model} model trained for {cfg.task} reads text, not images; "
                               "give --prompt")
-    elif cfg.task not in ("causal_lm", "seq2seq", *TEXT_CLASSIFIERS) or (cfg.task == "seq2seq" and
+    elif cfg.task not in ("causal_lm", "seq2seq", FILL_MASK, *TEXT_CLASSIFIERS) or (cfg.task == "seq2seq" and
                                                                           not cfg.decoder_layers):
         what = "an encoder-only t5" if cfg.task == "seq2seq" else f"a {cfg.model} model trained for {cfg.task}"
         how = "give --image FILE_OR_FOLDER to classify images" if not cfg.reads_text else \
@@ -351,7 +355,8 @@ def classify_images(args) -> None:
 def classify_texts(args, prompts: list[str], model) -> None:
     """A text classifier's prompts: a sequence classifier's --top-k likeliest labels and their probabilities, one
     line a prompt; a token classifier's label of each word (of its first token, as training scored it), as
-    ``word/LABEL``. In batches of the config's eval_batch_size, n_ctx wide (one shape is compiled)."""
+    ``word/LABEL``; a masked LM's --top-k likeliest tokens at each [MASK] (fill-mask). In batches of the config's
+    eval_batch_size, n_ctx wide (one shape is compiled)."""
     import jax
     import numpy as np
 
@@ -362,20 +367,43 @@ def classify_texts(args, prompts: list[str], model) -> None:
     flag = generation_flag(args)
     cfg = model.config
     if flag:
-        raise ConfigError(f"{flag} shapes generated text; a {cfg.model} model trained for {cfg.task} labels its "
-                          "prompts (--top-k: the classes shown)")
-    names = label_names_of(args.hf_model or args.model_path, cfg.num_labels) or list(map(str, range(cfg.num_labels)))
-    top = min(args.top_k or DEFAULT_TOP_CLASSES, cfg.num_labels)
+        what = "fills its prompts' masks (--top-k: the tokens shown)" if cfg.task == FILL_MASK else \
+            "labels its prompts (--top-k: the classes shown)"
+        raise ConfigError(f"{flag} shapes generated text; a {cfg.model} model trained for {cfg.task} {what}")
+    if cfg.task == FILL_MASK:  # the classes are the vocabulary's tokens, quoted (a token's spaces are part of it)
+        from data.source import with_mask_token
+
+        mask_id = with_mask_token(cfg, model.tokenizer).mlm_mask_token_id
+        names = [repr(model.tokenizer.decode([i])) for i in range(cfg.n_vocab)]
+    else:
+        names = label_names_of(args.hf_model or args.model_path, cfg.num_labels) or \
+            list(map(str, range(cfg.num_labels)))
+    top = min(args.top_k or DEFAULT_TOP_CLASSES, len(names))
     rows = min(cfg.eval_batch_size, len(prompts))
+    pairs = args.pair or [None] * len(prompts)
+    if len(pairs) != len(prompts):
+        raise ConfigError(f"--pair: {len(pairs)} second texts for {len(prompts)} prompts; give one per prompt")
     lines = []
     for start in range(0, len(prompts), rows):
-        part = prompts[start:start + rows]
+        part, pair_part = prompts[start:start + rows], pairs[start:start + rows]
+        if cfg.task in ("sequence_classification", FILL_MASK):  # cut as training cut its examples; say so
+            for i, (ids, _) in enumerate(model.tokenizer.encode_pairs(part, pair_part), start + 1):
+                if len(ids) > cfg.n_ctx:
+                    print(f"note: prompt {i}: {len(ids)} tokens, cut to n_ctx {cfg.n_ctx} (the longer text first); "
+                          "the rest is not read", file=sys.stderr)
         batch = {key: np.pad(value, ((0, rows - len(part)), (0, cfg.n_ctx - value.shape[1])))
-                 for key, value in model.tokenize(part).items()}
+                 for key, value in model.tokenize(part, pair_part).items()}
         logits = np.asarray(jax.device_get(model(batch)), np.float64)[:len(part)]  # (B, C) or (B, T, C)
         for i, (text, row) in enumerate(zip(part, logits), start + 1):
             if cfg.task == "sequence_classification":
                 lines.append(f"prompt {i}: {top_classes(row, names, top)}")
+            elif cfg.task == FILL_MASK:
+                masks = np.flatnonzero(batch["inputs"][i - 1 - start] == mask_id)
+                if not len(masks):
+                    raise ConfigError(f"prompt {i}: no {model.tokenizer.decode([mask_id])} token (id {mask_id}) in "
+                                      f"its first n_ctx {cfg.n_ctx} tokens; a masked LM fills the masks of a prompt")
+                lines.append(f"prompt {i}: " + "; ".join(f"mask {k}: {top_classes(row[t], names, top)}"
+                                                         for k, t in enumerate(masks, 1)))
             else:
                 words = text.split()
                 pieces = [len(ids) for ids in word_pieces(model.tokenizer, words)]
@@ -387,7 +415,7 @@ def classify_texts(args, prompts: list[str], model) -> None:
                 lines.append(f"prompt {i}: " + " ".join(f"{word}/{label}" for word, label in kept))
             print(lines[-1], flush=True)
     if args.output:
-        write_output(args.output, lines, "classification(s)")
+        write_output(args.output, lines, "classification(s)" if cfg.task != FILL_MASK else "fill-mask line(s)")
 
 
 def predict(args) -> None:
@@ -405,7 +433,10 @@ def predict(args) -> None:
     check_output(args.output)
     layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     cfg, graphdef, params, tokenizer = load_model(args, layout)
-    if cfg.task in TEXT_CLASSIFIERS:
+    if args.pair and cfg.task != "sequence_classification":
+        raise ConfigError(f"--pair: a {cfg.model} model trained for {cfg.task} reads single texts; a second text is "
+                          "for a sequence classifier")
+    if cfg.task in (FILL_MASK, *TEXT_CLASSIFIERS):
         from pretrained import Pretrained
 
         return classify_texts(args, prompts, Pretrained(cfg, graphdef, params, tokenizer, layout))

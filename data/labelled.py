@@ -6,7 +6,8 @@ A dataset config names jsonl files (``path`` for train, ``eval_path`` for eval; 
     {"text": "The cat sat.", "text_pair": "A cat was sitting.", "label": "equivalent"}
 
 The key names are the dataset config's ``text_key``, ``text_pair_key`` and ``label_key`` (defaults ``text``,
-``text_pair``, ``label``). Labels are integers, or strings mapped to integers through the dataset config's
+``text_pair``, ``label``; a file without ``text`` is read by the TFDS names below, GLUE's ``sentence1`` and
+``sentence2`` first). Labels are integers, or strings mapped to integers through the dataset config's
 ``labels`` list (else through the sorted set of the train file's labels); there must be ``num_labels`` of them.
 ``tfds:NAME[/CONFIG]`` reads a TFDS dataset prepared in a local data dir instead (``tfds:glue/mrpc``): its text
 features are found by name (sentence1/sentence2, question1/question2, premise/hypothesis, question/sentence,
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from config import Config, ConfigError
+from config import REGRESSION, Config, ConfigError
 from data.tokenizer import Tokenizer, load_tokenizer
 
 # Text features of TFDS classification datasets (GLUE, SuperGLUE, IMDB, ...), tried in this order.
@@ -59,8 +60,9 @@ def not_jsonl(path: str) -> str:
     """The end of the error for a file that is not jsonl by name (a CSV file given as ``path``), else ""."""
     if path.endswith((".jsonl", ".jsonl.zst")):
         return ""
-    return ("; these files are read as jsonl (.jsonl or .jsonl.zst), one JSON object per line, not CSV (pandas "
-            "converts one: pd.read_csv(FILE).to_json(OUT, orient='records', lines=True))")
+    kind, sep = ("TSV", ", sep='\\t'") if path.endswith((".tsv", ".tsv.gz")) else ("CSV", "")
+    return (f"; these files are read as jsonl (.jsonl or .jsonl.zst), one JSON object per line, not {kind} (pandas "
+            f"converts one: pd.read_csv(FILE{sep}).to_json(OUT, orient='records', lines=True))")
 
 
 def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[tuple[dict, str]]:
@@ -86,11 +88,32 @@ def jsonl_objects(pattern: str, where: str, noun: str = "examples") -> Iterator[
             raise ConfigError(f"{path}: no {noun} (an empty file, matched by {where})")
 
 
-def read_jsonl(pattern: str, where: str, keys: tuple[str, str, str]) -> Examples:
+def check_not_empty(label, place: str, key: str) -> None:
+    """An empty or all-space label is an error naming its line: it would otherwise become a class of its own."""
+    if isinstance(label, str) and not label.strip():
+        raise ConfigError(f"{place}: '{key}' is the empty label {json.dumps(label)} (label_key); give every example "
+                          "one of the labels")
+
+
+def text_keys(row: dict, text_key: str | None, pair_key: str | None) -> tuple[str, str]:
+    """The (text, second text) keys of a jsonl file whose first object is ``row``, where the dataset config leaves
+    them out: ``text``/``text_pair``, else the first of the TFDS feature names the row holds (GLUE's
+    ``sentence1``/``sentence2``, as transformers' run_glue finds them); a ``text_key`` given alone takes its
+    partner there (``sentence1`` -> ``sentence2``), so a pair's second text is not dropped without a word."""
+    if text_key is None and "text" not in row:
+        text_key = next((a for a, b in TFDS_TEXT_KEYS if a in row and (b is None or b in row)), None)
+    text_key = text_key or "text"
+    partner = next((b for a, b in TFDS_TEXT_KEYS if a == text_key and b in row), None)
+    return text_key, pair_key or partner or "text_pair"
+
+
+def read_jsonl(pattern: str, where: str, keys: tuple[str | None, str | None, str]) -> Examples:
     """The examples of the jsonl files ``pattern`` matches (sorted), in file order."""
     text_key, pair_key, label_key = keys
     examples = Examples()
     for row, place in jsonl_objects(pattern, where):
+        if not examples.places:  # the first line names the text fields a dataset config leaves out
+            text_key, pair_key = text_keys(row, *keys[:2])
         for key, name in ((text_key, "text_key"), (label_key, "label_key")):
             if key not in row:
                 raise ConfigError(f"{place} has no '{key}' field ({name}; it has "
@@ -99,6 +122,7 @@ def read_jsonl(pattern: str, where: str, keys: tuple[str, str, str]) -> Examples
         for key, value in ((text_key, row[text_key]), (pair_key, pair)):
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{place}: '{key}' is not a string")
+        check_not_empty(row[label_key], place, label_key)
         examples.add(row[text_key], pair, row[label_key], place)
     return examples
 
@@ -212,7 +236,8 @@ def label_ids(examples: Examples, names: list[str] | None, num_labels: int) -> n
                 raise ConfigError(f"{place}: label {label} is outside 0..{num_labels - 1} (num_labels {num_labels})")
             ids[i] = label
         else:
-            raise ConfigError(f"{place}: label {json.dumps(label)} is neither an integer nor a string")
+            regression = REGRESSION if isinstance(label, float) else ""
+            raise ConfigError(f"{place}: label {json.dumps(label)} is neither an integer nor a string{regression}")
     return ids
 
 
@@ -324,8 +349,7 @@ def _read(dataset: dict, split: str) -> tuple[Examples, list[str] | None]:
     if dataset["path"].startswith("tfds:"):
         tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")
         return read_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, keys)
-    jsonl_keys = (keys[0] or "text", keys[1] or "text_pair", keys[2])
-    return read_jsonl(*split_files(dataset, split), jsonl_keys), None
+    return read_jsonl(*split_files(dataset, split), keys), None
 
 
 def labelled_source(cfg: Config, split: str) -> LabelledSource:

@@ -23,8 +23,8 @@ import json
 import numpy as np
 
 from config import Config, ConfigError
-from data.labelled import (ExampleStream, _dataset, in_head_order, jsonl_objects, labels_mismatch, mixed_labels,
-                           split_files)
+from data.labelled import (ExampleStream, _dataset, check_not_empty, in_head_order, jsonl_objects, labels_mismatch,
+                           mixed_labels, split_files)
 from data.tokenizer import Tokenizer, load_tokenizer
 
 IGNORED = -1  # the label of tokens that are not scored: a word's later pieces, special tokens, padding
@@ -45,6 +45,8 @@ def read_sentences(pattern: str, where: str, keys: tuple[str, str]) -> tuple[lis
         if not isinstance(tags, list) or len(tags) != len(words):
             raise ConfigError(f"{place}: '{labels_key}' is not a list of one label per word (label_key; "
                               f"{len(words)} words)")
+        for tag in tags:
+            check_not_empty(tag, place, labels_key)
         sentences.append(words)
         labels.append(tags)
         places.append(place)

@@ -136,3 +136,59 @@ def test_predict_labels_a_text_classifiers_prompts(head, tmp_path, capsys):
     assert predict.main(["--hf-model", hf_dir, "--prompt", "x", "--temperature", "0"]) == 2
     assert capsys.readouterr().err.strip() == (f"error: --temperature shapes generated text; a bert model trained for "
                                                f"{head} labels its prompts (--top-k: the classes shown)")
+
+
+def test_predict_fills_a_masked_lms_masks(tmp_path, capsys):
+    """predict.py refused a masked LM ("does not generate text"): each [MASK] of a prompt now gets its likeliest
+    tokens with transformers' probabilities (Hugging Face's fill-mask pipeline); a prompt without one is one line."""
+    import numpy as np
+    import torch
+
+    import predict
+    from pretrained import Pretrained
+
+    tok = hf_fixtures.tokenizer()
+    tok.add_special_tokens(["<mask>"])
+    hf = hf_fixtures.encoder(kind="roberta", vocab=hf_fixtures.VOCAB + 1)
+    hf.save_pretrained(str(tmp_path / "hf"))
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
+    hf_dir, mask = str(tmp_path / "hf"), hf_fixtures.VOCAB
+    texts = ["the <mask> sat", "import <mask> as<mask>"]
+    assert predict.main(["--hf-model", hf_dir, *[a for t in texts for a in ("--prompt", t)], "--top-k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    batch = Pretrained.from_pretrained(hf_dir).tokenize(texts)
+    with torch.no_grad():
+        p = torch.softmax(hf(torch.tensor(batch["inputs"]), attention_mask=torch.tensor(batch["segment_ids"])).logits,
+                          -1).numpy()
+    for i, (line, ids, row) in enumerate(zip(lines, batch["inputs"], p), 1):
+        fills = [", ".join(f"{tok.decode([int(j)])!r} {row[t, j]:.4f}" for j in np.argsort(-row[t])[:2])
+                 for t in np.flatnonzero(ids == mask)]
+        assert line == f"prompt {i}: " + "; ".join(f"mask {k}: {fill}" for k, fill in enumerate(fills, 1))
+    assert lines[1].count("mask ") == 2
+    assert predict.main(["--hf-model", hf_dir, "--prompt", "no mask"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: prompt 1: no <mask> token (id 320) in its first n_ctx 40 "
+                                               "tokens; a masked LM fills the masks of a prompt")
+
+
+def test_predict_takes_sentence_pairs_and_notes_a_cut_prompt(tmp_path, capsys):
+    """A sentence-pair classifier read only single prompts in predict.py, and a prompt past n_ctx was cut without a
+    word: --pair gives each prompt its second text (as Pretrained(texts, pairs) reads them), and a cut is noted."""
+    import numpy as np
+
+    import predict
+    from pretrained import Pretrained
+
+    hf = hf_fixtures.encoder(head="sequence_classification")
+    hf.config.id2label = {0: "red", 1: "green", 2: "blue"}
+    hf_dir = hf_fixtures.save(hf, tmp_path / "hf")
+    texts, pairs = ["the cat sat", "a b " * 30], ["on the mat", "c"]
+    assert predict.main(["--hf-model", hf_dir, *[a for t, q in zip(texts, pairs) for a in ("--prompt", t, "--pair", q)],
+                         "--top-k", "1"]) == 0
+    out = capsys.readouterr()
+    logits = np.asarray(Pretrained.from_pretrained(hf_dir)(texts, pairs), np.float64)
+    assert out.out.splitlines() == [f"prompt {i}: {predict.top_classes(row, ['red', 'green', 'blue'], 1)}"
+                                    for i, row in enumerate(logits, 1)]
+    assert "note: prompt 2: " in out.err and "cut to n_ctx 40 (the longer text first)" in out.err
+    assert "prompt 1" not in out.err
+    assert predict.main(["--hf-model", hf_dir, "--prompt", "x", "--pair", "y", "--pair", "z"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --pair: 2 second texts for 1 prompts; give one per prompt"

@@ -211,6 +211,11 @@ def test_tfds_glue_like_dataset_by_name(tiny_glue):
      '{path}: line 2: label 1 is not a string, as other train labels are ("pos"); give every label as a string or '
      "every one as an id (or list the names in the dataset config's labels)"),
     ([{"text": ["a"], "label": 1}], {}, "{path}: line 1: 'text' is not a string"),
+    ([{"text": "a", "label": "pos"}, {"text": "b", "label": " "}], {},  # was "num_labels: 3, but ... ( , pos)"
+     '{path}: line 2: \'label\' is the empty label " " (label_key); give every example one of the labels'),
+    ([{"text": "a", "label": 0.5}], {},  # Hugging Face's regression labels
+     "{path}: line 1: label 0.5 is neither an integer nor a string; Hugging Face's num_labels 1 is regression (one "
+     "float per text), which NeoMesh's classifiers do not train: they need 2 or more labels"),
     ([], {}, "{path}: no examples (an empty file, matched by {where} path)"),
 ])
 def test_bad_labelled_data_is_a_one_line_error(tmp_path, monkeypatch, rows, changes, message):
@@ -230,6 +235,10 @@ def test_bad_lines_and_eval_labels_name_their_file(reviews, tmp_path):
     reviews(path=str(tmp_path / "reviews.csv"))
     with pytest.raises(ConfigError, match=r"reviews.csv: line 1 is not a JSON object; these files are read as jsonl "
                                           r"\(.jsonl or .jsonl.zst\), one JSON object per line, not CSV"):
+        make_source(classify(), "train")
+    (tmp_path / "reviews.tsv").write_text("text\tlabel\ngreat\tpos\n")  # a TSV's pandas call reads tabs
+    reviews(path=str(tmp_path / "reviews.tsv"))
+    with pytest.raises(ConfigError, match=r"not TSV \(pandas converts one: pd.read_csv\(FILE, sep='\\t'\)"):
         make_source(classify(), "train")
     reviews(eval_path=write_jsonl(tmp_path / "new.jsonl", [{"text": "x", "label": "surprise"}]))
     with pytest.raises(ConfigError) as e:
@@ -311,3 +320,17 @@ def test_a_trained_classifier_reads_texts_as_its_training_data_held_them(reviews
     logits = np.asarray(model(texts, pairs))
     assert logits.shape == (3, 3)
     np.testing.assert_allclose(logits, np.asarray(model(full)), atol=1e-5)
+
+
+@pytest.mark.parametrize("keys", [{}, {"text_key": "sentence1"}])
+def test_glue_style_jsonl_reads_both_sentences(tmp_path, monkeypatch, keys):
+    """jsonl with GLUE's sentence1/sentence2 (as transformers' run_glue reads them) was an error without text_key,
+    and with text_key alone its second sentences were dropped without a word: both texts are read now."""
+    rows = [{"sentence1": "a cat", "sentence2": "the dog", "label": 1},
+            {"sentence1": "b", "sentence2": "c", "label": 0}]
+    path = write_jsonl(tmp_path / "glue.jsonl", rows)
+    use_dataset_configs(monkeypatch, tmp_path / "dc", glue={"path": path, "tokenizer_path": "bytes", **keys})
+    batch = make_source(classify("glue", num_labels=2), "train").batch(0, 2)
+    firsts = [row[:int(seg.sum())].tolist() for row, seg in zip(batch["inputs"], batch["segment_ids"])]
+    want = {tuple([EOS, *a.encode(), EOS, *b.encode(), EOS]) for a, b in (("a cat", "the dog"), ("b", "c"))}
+    assert set(map(tuple, firsts)) == want

@@ -49,6 +49,7 @@ def test_labels_sit_on_each_word_first_token_and_batches_resume_by_step(tmp_path
     ({"tokens": "a b", "labels": ["X"]}, "'tokens' is not a list of words (text_key)"),
     ({"tokens": ["a"], "labels": ["Z"]}, 'label "Z" is not one of X, Y'),
     ({"tokens": ["a"], "tags": ["X"]}, "has no 'labels' field (label_key; it has 'tokens', 'tags')"),
+    ({"tokens": ["a", "b"], "labels": ["X", ""]}, "'labels' is the empty label \"\" (label_key)"),
 ])
 def test_bad_lines_name_the_file_and_line(tmp_path, row, message):
     path = write(tmp_path / "bad.jsonl", [{"tokens": ["a"], "labels": ["X"]}, row])

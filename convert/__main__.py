@@ -56,6 +56,10 @@ def imported(cfg, source: str, run: str) -> list[str]:
         uses.append(f"generate with predict.py --model-path {run}")
     if cfg.task == "image_classification":
         uses.append(f"classify images with predict.py --model-path {run} --image FILE_OR_FOLDER")
+    if cfg.task in ("sequence_classification", "token_classification"):
+        uses.append(f"label texts with predict.py --model-path {run} --prompt TEXT")
+    if cfg.task == "masked_lm":
+        uses.append(f"fill masks with predict.py --model-path {run} --prompt TEXT_WITH_A_MASK")
     if cfg.task == "causal_lm":
         uses.append(f"score with eval.py --model-path {run}")
     data = "on data made with its tokenizer " if cfg.reads_text else ""

@@ -17,8 +17,11 @@ from tests.common import run_command
     (dict(model="gpt_neo"), ["generate with predict.py", "score with eval.py", "on data made with its tokenizer"], []),
     (dict(model="t5"), ["generate with predict.py"], ["eval.py"]),
     (dict(model="t5", n_decoder_layer=0), ["fine-tune on data made with its tokenizer"], ["predict.py", "eval.py"]),
-    (dict(model="bert"), ["fine-tune on data made with its tokenizer"], ["predict.py", "eval.py"]),
-    (dict(model="vit"), ["fine-tune with train.py"], ["predict.py", "eval.py", "tokenizer"]),
+    (dict(model="bert"), ["fill masks with predict.py", "fine-tune on data made with its tokenizer"],
+     ["eval.py", "label texts"]),
+    (dict(model="bert", task="sequence_classification"), ["label texts with predict.py"], ["eval.py", "fill masks"]),
+    (dict(model="vit"), ["classify images with predict.py", "fine-tune with train.py"],
+     ["label texts", "eval.py", "tokenizer"]),
 ])
 def test_import_says_what_the_family_is_for(keys, says, not_said, tmp_path):
     (tmp_path / "tokenizer").mkdir()

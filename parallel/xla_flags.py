@@ -110,6 +110,9 @@ def apply_defaults(environ=os.environ, compilation_cache: bool = True) -> None:
     if not os.access(directory, os.W_OK):
         return
     environ["JAX_COMPILATION_CACHE_DIR"] = directory
+    # every program, not only those compiling for over a second (jax's default): a run's start is many small
+    # programs (parameter inits, checkpoint checksums, the first decode steps), each compiled anew by every run
+    environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     if importlib.util.find_spec("filelock"):  # jax bounds the cache only with it (a requirement; a bare jax lacks it)
         environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))
     if environ is os.environ and "jax" in sys.modules:  # a notebook: jax read its environment at import already
@@ -117,3 +120,5 @@ def apply_defaults(environ=os.environ, compilation_cache: bool = True) -> None:
 
         jax.config.update("jax_compilation_cache_dir", environ["JAX_COMPILATION_CACHE_DIR"])
         jax.config.update("jax_compilation_cache_max_size", int(environ.get("JAX_COMPILATION_CACHE_MAX_SIZE", -1)))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                          float(environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))

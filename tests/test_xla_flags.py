@@ -55,6 +55,10 @@ def test_the_compilation_cache_defaults_to_the_users_cache_directory_unless_chos
     assert environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "neomesh" / "jax")
     assert os.path.isdir(tmp_path / "neomesh" / "jax")
     assert environ["JAX_COMPILATION_CACHE_MAX_SIZE"] == str(CACHE_MAX_BYTES)
+    assert environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"  # jax's 1 s kept a run's small programs out
+    environ = {"XDG_CACHE_HOME": str(tmp_path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}
+    apply_defaults(environ)
+    assert environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0.5"
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no XDG_CACHE_HOME: ~/.cache
     environ = {}
     apply_defaults(environ)
@@ -77,20 +81,25 @@ def test_with_jax_already_imported_the_cache_goes_through_jax_config(tmp_path):
     config directly."""
     import jax
 
-    before = jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size,
+              jax.config.jax_persistent_cache_min_compile_time_secs)
     saved = dict(os.environ)
-    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE", "NEOMESH_COMPILATION_CACHE"):
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE", "NEOMESH_COMPILATION_CACHE",
+                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
         os.environ.pop(name, None)
     os.environ["XDG_CACHE_HOME"] = str(tmp_path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)  # jax's default
     try:
         apply_defaults()
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "neomesh" / "jax")
         assert jax.config.jax_compilation_cache_max_size == CACHE_MAX_BYTES
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
     finally:  # this process's environment and jax config as they were (the suite's own cache)
         os.environ.clear()
         os.environ.update(saved)
         jax.config.update("jax_compilation_cache_dir", before[0])
         jax.config.update("jax_compilation_cache_max_size", before[1])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[2])
 
 
 def test_flags_this_xla_does_not_know_are_found_before_they_end_a_process():

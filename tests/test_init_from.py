@@ -89,3 +89,21 @@ def test_a_base_fingerprint_tells_another_model_and_names_what_changed(tmp_path)
     assert then["step"] == 2 and list(then["files"]) == [os.path.join("params", "data")]
     (run / "checkpoints" / "4").mkdir()
     assert changes(then, fingerprint(str(run))) == ["its newest checkpoint was step 2, now 4"]
+
+
+def test_init_from_a_sibling_family_names_set_model(tmp_path):
+    """A RoBERTa checkpoint given to configs/bert_classify.json was told only to name a roberta config, and none
+    ships: bert and roberta (as gpt_neo and gpt2) are one module, so --set model=roberta is the short way."""
+    import pytest
+
+    from config import ConfigError
+    from tests import hf_fixtures
+    from training.init_from import with_architecture_of
+
+    source = hf_fixtures.save(hf_fixtures.encoder(kind="roberta", head="sequence_classification"), tmp_path / "hf")
+    cfg = from_dict(dict(model="bert", task="sequence_classification", num_labels=3, init_from=source))[0]
+    with pytest.raises(ConfigError, match=rf"^--init-from {source}: a roberta model, but the config's model is bert; "
+                                          r"--set model=roberta keeps this config's task and data, or name a config "
+                                          r"of the roberta family with --config$"):
+        with_architecture_of(cfg, "--init-from", [])
+    assert with_architecture_of(cfg.replace(model="roberta"), "--init-from", []).model == "roberta"

@@ -203,9 +203,14 @@ def with_architecture_of(cfg: Config, where: str, notes: list[str]) -> Config:
         # table stays whole, the config's n_ctx is the length trained on.
         theirs = theirs.replace(n_ctx=cfg.n_ctx, n_positions=theirs.position_rows)
     if theirs.model != cfg.model:
+        from models.registry import FAMILIES
+
         shipped = shipped_configs_of(theirs.model)
+        # gpt2/gpt_neo and bert/roberta share a module: the config's task and data go on with --set model=
+        same_module = FAMILIES[theirs.model][0] == FAMILIES[cfg.model][0]
         raise ConfigError(f"{where} {cfg.init_from}: a {theirs.model} model, but the config's model is {cfg.model}; "
-                          f"name a config of the {theirs.model} family with --config" +
+                          + (f"--set model={theirs.model} keeps this config's task and data, or " if same_module
+                             else "") + f"name a config of the {theirs.model} family with --config" +
                           (f" (shipped: {', '.join(shipped)})" if shipped else ""))
     check_head(cfg, theirs, where, may_lack_head(cfg.init_from, theirs))  # imported_params checks the weights
     keys = ARCHITECTURE + (RUN_ARCHITECTURE if is_run(cfg.init_from) else ())

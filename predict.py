@@ -505,7 +505,7 @@ def predict(args) -> None:
             ids = list(ids)
             if tokenizer.eos_id in ids:
                 ids = ids[:ids.index(tokenizer.eos_id)]
-            printer.ids[row] = ids
+            printer.ids[row] = [i for i in ids if i != tokenizer.padding_id]  # as the streamed rows: never text
             prompt_index, sample_index = divmod(row, args.num_samples)
             header = f"=== prompt {prompt_index + 1}" + (
                 f", sample {sample_index + 1}" if args.num_samples > 1 else "")

@@ -465,7 +465,7 @@ def test_a_long_prompt_keeps_its_start_and_end_of_text_as_training_cut_its_input
     assert model.generate(prompt, max_new_tokens=8, temperature=0) == want
 
 
-def test_generated_padding_is_not_text(directories, monkeypatch):
+def test_generated_padding_is_not_text(directories, monkeypatch, capsys):
     """A T5's <pad> (a random model writes some) is left out of predict.py's and Pretrained.generate's text, as
     transformers' decode(skip_special_tokens=True) leaves it out; the text still ends at </s>."""
     import models.generate
@@ -484,6 +484,12 @@ def test_generated_padding_is_not_text(directories, monkeypatch):
     assert printer.text(0) == tokenizer.decode([a, b]) and "<pad>" not in tokenizer.decode([a, b])
     monkeypatch.setattr(models.generate, "sample", lambda *args, **kwargs: np.array([written]))
     assert Pretrained.from_pretrained(path).generate("x", max_new_tokens=6) == tokenizer.decode([a, b])
+    # two prompts: one batch, printed when it is done (the path that printed the <pad>s)
+    monkeypatch.setattr(models.generate, "sample", lambda *args, **kwargs: np.array([written, written[::-1]]))
+    capsys.readouterr()
+    assert predict.main(["--hf-model", path, "--prompt", "x", "--prompt", "y", "--max-new-tokens", "6"]) == 0
+    assert capsys.readouterr().out == (f"=== prompt 1 ===\nx\n=== output ===\n{tokenizer.decode([a, b])}\n"
+                                       f"=== prompt 2 ===\ny\n=== output ===\n{tokenizer.decode([a])}\n")
 
 
 @pytest.mark.e2e

@@ -304,6 +304,26 @@ def two_inputs(q, k):
     return q
 
 
+def test_a_custom_attention_of_the_wrong_shape_or_layers_is_one_line_naming_it():
+    model = registry.build(tiny_config(), nnx.Rngs(0))
+    with pytest.raises(ConfigError, match=r"^attention_fn: layers \[5\]: no softmax self-attention layer there "
+                                          r"\(this model's are blocks 0, 1\)"):  # block 0 was hooked, 5 ignored
+        set_attention_fn(model, alibi_attention, layers=[0, 5])
+    assert model.blocks[0].attn.attention_fn is None
+
+    def one_feature(q, k, v, **options):  # (B, T, N, 1) broadcast through the output projection, silently
+        return alibi_attention(q, k, v, **options)[..., :1]
+
+    def with_weights(q, k, v, **options):  # Hugging Face's attention functions return (output, weights)
+        return alibi_attention(q, k, v, **options), None
+
+    for fn, got in ((one_feature, r"shape \(2, 32, 4, 1\)"), (with_weights, "a tuple")):
+        set_attention_fn(model, fn)
+        with pytest.raises(ConfigError, match=rf"^attention_fn: {fn.__name__} returned {got}, not the "
+                                              r"\(B, T, N, H\) = \(2, 32, 4, 16\) array"):
+            model(TOKENS)
+
+
 def test_a_part_the_model_already_holds_is_refused_not_replaced():
     """apply_peft on a loaded peft model (Pretrained.from_pretrained of a prefix-tuned run, say) naming a part it
     already has: a second prefix or adapter silently replaced the trained one; LoRA again said 'q' matches no

@@ -269,6 +269,17 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array
         q, k, v, *extras.values())
 
 
+def check_attention_output(fn, out, shape: tuple) -> None:
+    """A custom attention function's result must be what softmax_attention gives, a (B, T, N, H) array: another
+    shape would fail deep in the output projection, or (a size-1 dimension) broadcast there without a word."""
+    got = getattr(out, "shape", None)
+    if got is None or tuple(got) != tuple(shape):
+        name = getattr(fn, "__name__", repr(fn))
+        what = f"shape {tuple(got)}" if got is not None else f"a {type(out).__name__}"
+        raise ConfigError(f"attention_fn: {name} returned {what}, not the (B, T, N, H) = {tuple(shape)} array "
+                          "softmax_attention returns")
+
+
 class Attention(nnx.Module):
     """Multi-head attention of one ``AttentionSpec``: q/k/v projections (einsum, ``DNH`` kernels), optional rotary
     and memory slots, the attention kind, and the output projection."""
@@ -392,11 +403,14 @@ class Attention(nnx.Module):
         attend = self.attention_fn or softmax_attention  # called with q, k, v and CALL_KEYWORDS
         # Named by kind, so that a profile tells global layers' attention kernels from local ones'.
         with jax.named_scope("cross_attention" if cross else f"{s.kind}_attention"):
-            return attend(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
-                          window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
-                          mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,
-                          kernel=self.kernel if mask is None else self.decode_kernel if decoding else "xla",
-                          bias=bias)
+            a = attend(q, k.astype(q.dtype), v.astype(q.dtype), causal=s.causal and not cross,
+                       window=None if cross else s.window, scale=s.scale, segment_ids=segment_ids,
+                       mask=mask, dropout_rate=s.dropout, dropout_key=dropout_key,
+                       kernel=self.kernel if mask is None else self.decode_kernel if decoding else "xla",
+                       bias=bias)
+        if self.attention_fn is not None:
+            check_attention_output(self.attention_fn, a, q.shape)
+        return a  # (B, T, N, H)
 
     def _linear(self, q, k, v, segment_ids, cache):
         real = None if segment_ids is None else segment_ids != 0

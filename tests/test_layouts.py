@@ -98,3 +98,24 @@ def test_a_mesh_axis_no_rule_names_warns_once(capsys):
     Layout.from_config(abstract_mesh("x:4,y:2", 8), "batch:x,sequence:y")
     Layout.from_config(abstract_mesh("x:4,y:2", 8), "batch:x+y,heads:none")
     assert capsys.readouterr().err == ""
+
+
+def test_a_part_whose_logical_axis_is_no_dimension_name_is_one_line_naming_it():
+    """A part swapped into a block with MaxText's 'embed' for 'embd' was left whole on every device, silently."""
+    from flax import nnx
+
+    from config import ConfigError
+    from models.axes import axes
+    from tests.common import tiny_config
+
+    def swapped(rngs):
+        model = build_model(tiny_config(), rngs)
+        kernel = jax.numpy.zeros((64, 256))  # (D, F)
+        model.blocks[0].mlp.c_fc.kernel = nnx.Param(kernel, **axes("embed", "intermediate_expanded"))
+        return model
+
+    layout = Layout.from_config(abstract_mesh("x:4,y:2", 8), "batch:x,embd:y")
+    _, abstract, logical = abstract_model(swapped)
+    with pytest.raises(ConfigError, match=r"^parameter blocks/0/mlp/c_fc/kernel: logical axis 'embed' is no "
+                                          r"dimension name; did you mean 'embd'\?"):
+        param_shardings(layout, abstract, logical)

@@ -228,6 +228,21 @@ def test_adapter_file_round_trip_and_merged_export(tmp_path):
     np.testing.assert_allclose(exported, logits, atol=5e-5, rtol=0)
 
 
+
+def test_a_model_with_a_custom_attention_does_not_export_without_it():
+    """The exported Hugging Face directory computed with its family's own attention: ALiBi was dropped without a
+    word (logits off by 1e-2 on a tiny GPT-2)."""
+    model = registry.build(tiny_config(model="gpt2"), nnx.Rngs(0))
+    set_attention_fn(model, alibi_attention, layers=[1])
+    graphdef, state = nnx.split(model)
+    with pytest.raises(ConfigError, match=r"^merge: blocks/1/attn computes with a custom attention function "
+                                          r"\(alibi_attention\), which base weights cannot hold; "
+                                          r"set_attention_fn\(model, None\) first"):
+        merged_params(graphdef, nnx.to_pure_dict(state))
+    set_attention_fn(model, None)
+    graphdef, state = nnx.split(model)
+    assert merged_params(graphdef, nnx.to_pure_dict(state))
+
 def test_an_adapter_file_loaded_into_a_model_of_another_alpha_is_one_line_not_another_update(tmp_path):
     """Saved from the model, an adapter file records each LoRA's scale (alpha / rank): loaded into a model whose
     LoRA has the same shapes but another alpha (the factors would compute another update, without a word), or is
@@ -302,6 +317,26 @@ def test_attention_hook_on_chosen_layers_of_a_model():
 
 def two_inputs(q, k):
     return q
+
+
+def test_a_custom_attention_of_the_wrong_shape_or_layers_is_one_line_naming_it():
+    model = registry.build(tiny_config(), nnx.Rngs(0))
+    with pytest.raises(ConfigError, match=r"^attention_fn: layers \[5\]: no softmax self-attention layer there "
+                                          r"\(this model's are blocks 0, 1\)"):  # block 0 was hooked, 5 ignored
+        set_attention_fn(model, alibi_attention, layers=[0, 5])
+    assert model.blocks[0].attn.attention_fn is None
+
+    def one_feature(q, k, v, **options):  # (B, T, N, 1) broadcast through the output projection, silently
+        return alibi_attention(q, k, v, **options)[..., :1]
+
+    def with_weights(q, k, v, **options):  # Hugging Face's attention functions return (output, weights)
+        return alibi_attention(q, k, v, **options), None
+
+    for fn, got in ((one_feature, r"shape \(2, 32, 4, 1\)"), (with_weights, "a tuple")):
+        set_attention_fn(model, fn)
+        with pytest.raises(ConfigError, match=rf"^attention_fn: {fn.__name__} returned {got}, not the "
+                                              r"\(B, T, N, H\) = \(2, 32, 4, 16\) array"):
+            model(TOKENS)
 
 
 def test_a_part_the_model_already_holds_is_refused_not_replaced():

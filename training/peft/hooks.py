@@ -27,11 +27,16 @@ def set_attention_fn(model: nnx.Module, fn: Callable | None, layers: Sequence[in
             raise ConfigError(f"attention_fn: {fn!r:.60} is not a function (give one with softmax_attention's "
                               "signature, e.g. training.peft.hooks.alibi_attention, or None for the built-in)")
         _check_signature(fn)
-    chosen = []
-    for path, module in nnx.iter_graph(model):
-        if isinstance(module, Attention) and (not path or path[-1] == "attn") and module.spec.kind != "linear":
-            if layers is None or (len(path) >= 2 and path[-2] in layers):
-                chosen.append(("/".join(map(str, path)), module))
+    candidates = [(path, module) for path, module in nnx.iter_graph(model)
+                  if isinstance(module, Attention) and (not path or path[-1] == "attn")
+                  and module.spec.kind != "linear"]
+    numbers = sorted({path[-2] for path, _ in candidates if len(path) >= 2})
+    missing = [n for n in layers or () if n not in numbers]
+    if missing:  # a layer number that chose nothing would leave the rest hooked without a word
+        raise ConfigError(f"attention_fn: layers {missing}: no softmax self-attention layer there (this model's are "
+                          f"blocks {', '.join(map(str, numbers)) or 'none'})")
+    chosen = [("/".join(map(str, path)), module) for path, module in candidates
+              if layers is None or (len(path) >= 2 and path[-2] in layers)]
     if not chosen:
         raise ConfigError(f"attention_fn: no softmax self-attention layer{'' if layers is None else f' in {layers}'}")
     for _, module in chosen:

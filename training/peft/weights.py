@@ -113,8 +113,9 @@ def _replaced(path: str, tensors: dict[str, np.ndarray], params: dict) -> dict:
 
 
 def merged_params(graphdef: nnx.GraphDef, params: dict) -> dict:
-    """The base model's parameters: every LoRA update added into its kernel, the factors dropped. Prefixes and
-    adapters change the computation itself, not a weight, so a model with them cannot merge (one-line error)."""
+    """The base model's parameters: every LoRA update added into its kernel, the factors dropped. Prefixes,
+    adapters and a custom attention function change the computation itself, not a weight, so a model with them
+    cannot merge (one-line error)."""
     from training.peft.lora import merge
 
     extra = [n for n in _flat(params) if "/prefix/" in n or "_adapter/" in n]
@@ -122,6 +123,12 @@ def merged_params(graphdef: nnx.GraphDef, params: dict) -> dict:
         raise ConfigError(f"merge: {extra[0]} belongs to a prefix or an adapter, which cannot be folded into the "
                           "base weights; only LoRA merges")
     model = merge(nnx.merge(graphdef, nnx.State(params)))
+    hooked = [(path, m.attention_fn) for path, m in nnx.iter_graph(model) if getattr(m, "attention_fn", None)]
+    if hooked:  # the base model's family computes with its own attention: the export would drop it silently
+        path, fn = hooked[0]
+        raise ConfigError(f"merge: {'/'.join(map(str, path))} computes with a custom attention function "
+                          f"({getattr(fn, '__name__', repr(fn))}), which base weights cannot hold; "
+                          "set_attention_fn(model, None) first to export without it")
     merged = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     return split_params(merged, lambda name: name.rsplit("/", 1)[-1] not in ("lora_a", "lora_b"))[0]
 

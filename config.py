@@ -12,6 +12,7 @@ import difflib
 import json
 import math
 import os
+import re
 import types
 import typing
 from typing import Any, Optional
@@ -174,6 +175,13 @@ class Config:
                                      "with the mask as a bias, bf16/fp16: one call per layer and token; as fast "
                                      "as 'xla' on an H200, whose plan is the shorter since the heads-first KV "
                                      "cache)", choices=("xla", "cudnn"))
+    attention_fn: Optional[str] = _key(
+        None, "a custom attention function as 'module:function', with models.attention.softmax_attention's "
+        "signature, computing every softmax self-attention layer (or those of attention_fn_layers), e.g. "
+        "'training.peft.hooks:alibi_attention' (ALiBi); null: the built-in. The module is imported when the model "
+        "is built (train.py, predict.py, eval.py, Pretrained): it must be importable there")
+    attention_fn_layers: Optional[list] = _key(None, "the block numbers attention_fn computes in; null: every "
+                                                     "softmax self-attention layer")
     share_parameters: bool = _key(False, "GPT-Neo's share_parameters: every layer uses one set of block weights "
                                          "(the first layer with each weight owns it; global and local layers "
                                          "share q/k/v/out, MoE layers one expert set, dense layers one MLP)")
@@ -497,8 +505,8 @@ MODEL_KEYS = ("model", "task", "num_labels", "head_hidden", "n_ctx", "n_position
               "norm_position", "layer_norm_epsilon", "rezero", "macaron", "axial_pos_emb", "attention_scale",
               "dense_bias", "image_size", "patch_size", "num_channels", "interpolate_positions", "n_token_types",
               "position_offset", "no_weight_tie", "qkv_bias", "num_mem_kv", "moe_layers", "moe_params", "rotary_emb",
-              "rotary_emb_fraction", "rotary_style", "share_parameters", "moe_activation", "entmax_loss", "causal",
-              "mlm_training", "peft")
+              "rotary_emb_fraction", "rotary_style", "attention_fn", "attention_fn_layers", "share_parameters",
+              "moe_activation", "entmax_loss", "causal", "mlm_training", "peft")
 # The value a model key is compared by, where several spellings give one model (attention_types null or every
 # layer listed as global; d_ff null or 4*n_embd; norm scalenorm or scalenorm true; moe_params' defaults).
 MODEL_VALUE = {"attention_types": "attention_layers", "norm": "norm_kind", "scalenorm": "norm_kind",
@@ -598,6 +606,15 @@ def validated(cfg: Config) -> Config:
     if cfg.rotary_emb and cfg.rotary_dim == 0:
         raise ConfigError(f"rotary_emb_fraction: {cfg.rotary_emb_fraction} of head_dim {cfg.head_dim} rotates no "
                           f"pair of dimensions; use at least {2 / cfg.head_dim:.3g}")
+    if cfg.attention_fn is not None and not re.fullmatch(r"[\w.]+:\w+", cfg.attention_fn):
+        raise ConfigError(f"attention_fn: {json.dumps(cfg.attention_fn)} is not 'module:function' (e.g. "
+                          "'training.peft.hooks:alibi_attention')")
+    for layer in cfg.attention_fn_layers or ():
+        if not (isinstance(layer, int) and not isinstance(layer, bool) and 0 <= layer < cfg.n_layer):
+            raise ConfigError(f"attention_fn_layers: {json.dumps(layer)} is not a block number (0 to "
+                              f"{cfg.n_layer - 1})")
+    if cfg.attention_fn_layers is not None and cfg.attention_fn is None:
+        raise ConfigError("attention_fn_layers: chooses the layers of attention_fn, which is null")
     if cfg.lr_decay_end is not None and cfg.lr_decay_end < cfg.warmup_steps:
         raise ConfigError(f"lr_decay_end: {cfg.lr_decay_end} is before the end of warmup_steps {cfg.warmup_steps}")
     _check_datasets(cfg.datasets)

@@ -198,6 +198,9 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
         raise ConfigError(f"export: activation_function {cfg.activation_function!r} has no Hugging Face equivalent")
     if cfg.head_hidden:
         raise ConfigError("export: head_hidden: Hugging Face's classifiers are one linear layer, this head is an MLP")
+    if cfg.attention_fn:
+        raise ConfigError(f"export: attention_fn {cfg.attention_fn}: Hugging Face's {cfg.model} computes with its "
+                          "built-in attention, which these weights were not trained with")
     hf_config = mapping.config_to_hf(cfg)
     if labels and "id2label" in hf_config:
         hf_config.update(label_names.to_hf(labels))

@@ -324,8 +324,15 @@ class Attention(nnx.Module):
         s = self.spec
         if s.kind == "linear":
             return LinearCache.empty(batch, s.n_head, s.head_dim)
-        return LayerCache.empty(batch, length if s.window is None else min(s.window, length), s.n_head,
+        return LayerCache.empty(batch, length if self._ring_window is None else min(s.window, length), s.n_head,
                                 s.head_dim, dtype, pad)
+
+    @property
+    def _ring_window(self) -> int | None:
+        """The window of a local layer's ring cache; None: a cache of every position. A custom attention function
+        gets a local layer's keys in position order, as a global layer's (ALiBi's distances read them so), not a
+        ring's slot order."""
+        return self.spec.window if self.attention_fn is None else None
 
     def cross_cache(self, context: jax.Array, context_segment_ids: jax.Array) -> CrossCache:
         """The keys and values of an encoder output (B, S, D) with its (B, S) segment ids, for decoding: computed
@@ -370,7 +377,7 @@ class Attention(nnx.Module):
             mask = None
             if cache is not None:
                 query_index = cache.end + jnp.arange(q.shape[1])
-                (k, v, key_segments, key_index), cache = cache.extend(k, v, s.window)
+                (k, v, key_segments, key_index), cache = cache.extend(k, v, self._ring_window)
                 mask = visible(query_index, key_index, s.causal, s.window)[None] & same_segment(segment_ids,
                                                                                                key_segments)
             a = self._softmax(q, k, v, mask, segment_ids, dropout_key, bias=bias, decoding=cache is not None)

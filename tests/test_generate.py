@@ -72,11 +72,19 @@ EVERY_KIND = dict(n_layer=5, attention_types=[[["global", "local", "linear", "no
                   moe_params={"num_experts": 4, "top_k": 2, "capacity_factor": 8.0})
 
 
-@pytest.mark.parametrize("changes", [dict(n_layer=4, attention_types=[[["global", "local"], 2]],
-                                          local_attention_radius=4), EVERY_KIND], ids=["global-local", "every-kind"])
+GLOBAL_LOCAL = dict(n_layer=4, attention_types=[[["global", "local"], 2]], local_attention_radius=4)
+
+
+@pytest.mark.parametrize("changes", [GLOBAL_LOCAL, EVERY_KIND,
+                                     dict(GLOBAL_LOCAL, attention_fn="training.peft.hooks:alibi_attention")],
+                         ids=["global-local", "every-kind", "alibi"])
 def test_cached_decoding_equals_full_recomputation(changes):
+    """Also with a custom attention function that reads distances (ALiBi): a hooked local layer caches keys in
+    position order, not as a ring (whose slot order gave ALiBi wrong distances: logits off by 0.05)."""
+    from training.peft import build_model
+
     cfg = tiny_config(**changes)
-    graphdef, params = nnx.split(GPTNeo(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(build_model(cfg, nnx.Rngs(0)))
     call = jax.jit(lambda params, tokens, cache: nnx.merge(graphdef, params)(tokens, cache=cache))
     rng = np.random.default_rng(0)
     lengths, new = [5, 9], 12  # both prompts longer than the window for part of the run; row 0 left-padded by 4

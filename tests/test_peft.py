@@ -315,6 +315,34 @@ def test_attention_hook_on_chosen_layers_of_a_model():
     set_attention_fn(model, lambda q, k, v, **options: v)  # what it does not use, it takes as **options
 
 
+def test_a_configs_attention_fn_builds_the_model_set_attention_fn_makes_and_does_not_export(tmp_path):
+    """A custom attention was reachable only from Python (set_attention_fn), so train.py could not train with one:
+    the config's attention_fn names it, every entry point's build_model puts it in (scanned layers too), and the
+    export a Hugging Face family would compute without it is refused."""
+    from convert.hf import export_params
+
+    for layers, scan in ((None, False), ([1], False), ([1], True)):
+        cfg = tiny_config(attention_fn="training.peft.hooks:alibi_attention", attention_fn_layers=layers,
+                          scan_layers=scan)
+        by_hand = registry.build(cfg, nnx.Rngs(0))
+        set_attention_fn(by_hand, alibi_attention, layers)
+        np.testing.assert_allclose(build_model(cfg, nnx.Rngs(0))(TOKENS)[0], by_hand(TOKENS)[0], atol=1e-6, rtol=0)
+    with pytest.raises(ConfigError, match=r"^export: attention_fn training\.peft\.hooks:alibi_attention: Hugging "
+                                          r"Face's gpt_neo computes with its built-in attention"):
+        export_params(cfg, params_of(by_hand), str(tmp_path / "hf"))
+    for changes, message in (
+            (dict(attention_fn="alibi"), r"attention_fn: \"alibi\" is not 'module:function'"),
+            (dict(attention_fn="a.b:c", attention_fn_layers=[2]), r"attention_fn_layers: 2 is not a block number "
+                                                                  r"\(0 to 1\)"),
+            (dict(attention_fn_layers=[0]), "attention_fn_layers: chooses the layers of attention_fn, which is null")):
+        with pytest.raises(ConfigError, match="^" + message):
+            tiny_config(**changes)
+    for name, message in (("no_such_module:f", r"cannot import no_such_module \(No module named"),
+                          ("training.peft.hooks:alibi", "training.peft.hooks has no alibi$")):
+        with pytest.raises(ConfigError, match=rf"^attention_fn: {name}: {message}"):
+            build_model(tiny_config(attention_fn=name), nnx.Rngs(0))
+
+
 def two_inputs(q, k):
     return q
 

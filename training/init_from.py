@@ -16,7 +16,7 @@ from config import MODEL_VALUE, Config, ConfigError, shipped_configs_of
 # its weights too (ARCHITECTURE are those a config.json holds).
 RUN_ARCHITECTURE = ("norm", "scalenorm", "rezero", "macaron", "axial_pos_emb", "dense_bias", "num_mem_kv",
                     "moe_layers", "moe_params", "moe_activation", "rotary_emb", "rotary_emb_fraction", "rotary_style",
-                    "share_parameters")
+                    "attention_fn", "attention_fn_layers", "share_parameters")
 CLASSIFIERS = ("sequence_classification", "token_classification", "image_classification")
 
 

@@ -19,13 +19,17 @@ from models import registry
 from models.attention import Attention
 from models.block import Block
 from training.peft.adapter import Adapter
+from training.peft.hooks import attention_fn_named, set_attention_fn
 from training.peft.lora import LoraEinsum, factor_einsums
 from training.peft.prefix import Prefix
 
 
 def build_model(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
-    """The model of ``cfg`` with the parts its ``peft`` key names (what every entry point builds)."""
+    """The model of ``cfg`` with the parts its ``peft`` key names and the attention function its ``attention_fn``
+    names (what every entry point builds)."""
     model = registry.build(cfg, rngs)
+    if cfg.attention_fn is not None:
+        set_attention_fn(model, attention_fn_named(cfg.attention_fn), cfg.attention_fn_layers)
     return apply_peft(model, cfg.peft, rngs) if cfg.peft is not None else model
 
 

@@ -3,7 +3,9 @@ whole model or in chosen layers (the ``attention_fn`` seam of models/attention.p
 
 ``alibi_attention`` is the worked example: ALiBi (Press et al.), a per-head linear distance penalty
 ``-slope_h * (i - j)`` added to the logits, slopes ``2^(-8h/N)`` for heads h = 1..N. It holds for calls over a whole
-sequence (training, evaluation, scoring); a decoding cache's keys are buffer slots, not positions.
+sequence (training, evaluation, scoring) and for cached decoding: a hooked layer's cache holds its keys in position
+order (a local layer's too, instead of a ring), and a row's left padding shifts its distances by a constant, which
+the softmax ignores.
 """
 
 from __future__ import annotations
@@ -42,6 +44,20 @@ def set_attention_fn(model: nnx.Module, fn: Callable | None, layers: Sequence[in
     for _, module in chosen:
         module.attention_fn = fn
     return [name for name, _ in chosen]
+
+
+def attention_fn_named(name: str) -> Callable:
+    """The function a config's ``attention_fn`` names, ``'module:function'``, imported."""
+    import importlib
+
+    module, function = name.split(":")
+    try:
+        found = getattr(importlib.import_module(module), function, None)
+    except ImportError as e:  # the module, or one it imports
+        raise ConfigError(f"attention_fn: {name}: cannot import {module} ({e})") from None
+    if found is None:
+        raise ConfigError(f"attention_fn: {name}: {module} has no {function}")
+    return found
 
 
 def _check_signature(fn: Callable) -> None:

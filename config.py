@@ -896,12 +896,10 @@ def _check_datasets(datasets: list) -> None:
 def _check_dataset_entry(entry: list) -> None:
     """Sampling mode, stitch and weight as the input pipeline checks them (data/source.make_source), here at load:
     a dry run, which reads no data, finds the mistake too."""
-    from data.pipeline import check_mode
+    from data.pipeline import check_mode, check_weight
 
     check_mode(entry, entry[0])
-    weight = entry[3]
-    if weight is not None and (not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0):
-        raise ConfigError(f"datasets: {entry[0]}: weight {weight!r} must be a positive number or null")
+    check_weight(entry, entry[0])
 
 
 def parse_override(text: str) -> tuple[str, Any]:

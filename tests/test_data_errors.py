@@ -401,3 +401,11 @@ def test_a_mistyped_dataset_config_name_suggests_the_closest(records):
     with pytest.raises(ConfigError, match=r"^datasets: no dataset config .*/bda.json; did you mean 'bad'\? \(known: "
                                           r"bad; or tfds:NAME"):
         make_source(config([["bda", None, None, None]]), "train")
+
+
+@pytest.mark.parametrize("key, value, shown", [("mlm_mask_token_id", 300, "300"), ("mlm_cls_token_id", -1, "-1"),
+                                               ("mlm_random_token_ids", [5, 257], "257")])
+def test_mlm_ids_outside_the_vocabulary_are_refused(key, value, shown):
+    """An id past n_vocab reached the embedding as a clamped row, silently."""
+    with pytest.raises(ConfigError, match=rf"^{key}: {shown} is not a token id in \[0, n_vocab=257\)$"):
+        config([["bad", None, None, None]], n_vocab=257, mlm_training=True, causal=False, **{key: value})

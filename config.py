@@ -641,7 +641,18 @@ def validated(cfg: Config) -> Config:
     _check_task(cfg)
     if cfg.mlm_same_token_prob + cfg.mlm_random_token_prob > 1:
         raise ConfigError("mlm_random_token_prob: mlm_same_token_prob + mlm_random_token_prob is above 1")
+    _check_mlm_ids(cfg)
     return cfg
+
+
+def _check_mlm_ids(cfg: Config) -> None:
+    """The ids the MLM stage writes into inputs are embedding rows: one past n_vocab was read as a clamped row,
+    silently (JAX's out-of-range gather), not refused."""
+    ids = [(key, getattr(cfg, key)) for key in ("mlm_mask_token_id", "mlm_cls_token_id")]
+    ids += [("mlm_random_token_ids", i) for i in cfg.mlm_random_token_ids or []]
+    for key, value in ids:
+        if value is not None and not (isinstance(value, int) and 0 <= value < cfg.n_vocab):
+            raise ConfigError(f"{key}: {value!r} is not a token id in [0, n_vocab={cfg.n_vocab})")
 
 
 def _choices_hint(value, choices: tuple) -> str:
@@ -913,12 +924,10 @@ def _check_datasets(datasets: list) -> None:
 def _check_dataset_entry(entry: list) -> None:
     """Sampling mode, stitch and weight as the input pipeline checks them (data/source.make_source), here at load:
     a dry run, which reads no data, finds the mistake too."""
-    from data.pipeline import check_mode
+    from data.pipeline import check_mode, check_weight
 
     check_mode(entry, entry[0])
-    weight = entry[3]
-    if weight is not None and (not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0):
-        raise ConfigError(f"datasets: {entry[0]}: weight {weight!r} must be a positive number or null")
+    check_weight(entry, entry[0])
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -24,9 +24,10 @@ The functions the stages map are plain TensorFlow (no Python ``if``/``for`` over
 
 from __future__ import annotations
 
+import math
 import os
 
-from config import ConfigError
+from config import ConfigError, closest
 
 MODES = ("chunks", "documents_fixed", "documents_random")
 READ_CYCLE = 4  # files read in parallel (GPT-Neo's cycle_length)
@@ -49,6 +50,16 @@ def check_mode(entry: list, where: str) -> tuple[str, int]:
     if stitch is not None and (not isinstance(stitch, int) or isinstance(stitch, bool) or stitch < 1):
         raise ConfigError(f"datasets: {where}: stitch {stitch!r} must be a positive integer or null")
     return mode, stitch or 1
+
+
+def check_weight(entry: list, where: str) -> float:
+    """A datasets entry's mixing weight (null: 1): a positive finite number. JSON's ``NaN`` and ``Infinity`` parse as
+    numbers, and sample_from_datasets silently drew no window at all from a dataset of either weight."""
+    weight = 1.0 if entry[3] is None else entry[3]
+    if (not isinstance(weight, (int, float)) or isinstance(weight, bool) or not math.isfinite(weight)
+            or weight <= 0):
+        raise ConfigError(f"datasets: {where}: weight {weight!r} must be a positive number or null")
+    return float(weight)
 
 
 def tfrecord_documents(tf, files: list[str], *, n_vocab: int, shuffle: bool, seed: int, shuffle_buffer: int,
@@ -104,15 +115,32 @@ def open_tfds(name: str, data_dir: str | None, split: str, text_key: str):
             raise FileNotFoundError(f"not prepared in {builder.data_dir}")
     except Exception as e:  # tfds raises many types; all mean "not here"
         where = data_dir or f"{os.path.expanduser(tfds.core.constants.DATA_DIR)}, TFDS's default"
+        close = closest(name, prepared_tfds(data_dir or os.path.expanduser(tfds.core.constants.DATA_DIR)))
         raise ConfigError(f"datasets: tfds:{name}: not found in {where} ({str(e).splitlines()[0][:200]}); "
                           "nothing is downloaded: prepare it there first"
-                          + ("" if data_dir else ", or set tfds_data_dir to where it is")) from None
+                          + ("" if data_dir else ", or set tfds_data_dir to where it is")
+                          + (f"; did you mean 'tfds:{close}'?" if close else "")) from None
     if split not in splits:
         raise ConfigError(f"datasets: tfds:{name} has no split {split!r} (splits: {', '.join(splits)})")
     if text_key not in builder.info.features:
         raise ConfigError(f"datasets: tfds:{name} has no {text_key!r} feature "
                           f"(features: {', '.join(builder.info.features)})")
     return builder
+
+
+def prepared_tfds(data_dir: str) -> list[str]:
+    """The names (``NAME`` and ``NAME/CONFIG``) of the TFDS datasets in ``data_dir``'s folders
+    (``NAME/[CONFIG/]VERSION/``), for naming the closest to a mistyped one."""
+    def folders(path):
+        return sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))) if os.path.isdir(path) \
+            else []
+
+    names = []
+    for name in folders(data_dir):
+        if name != "downloads":
+            names.append(name)
+            names += [f"{name}/{sub}" for sub in folders(os.path.join(data_dir, name)) if not sub[:1].isdigit()]
+    return names
 
 
 def pack(tf, docs, n_ctx: int):

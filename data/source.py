@@ -33,7 +33,7 @@ import os
 
 import numpy as np
 
-from config import DATASET_KEYS, Config, ConfigError, json_names
+from config import DATASET_KEYS, Config, ConfigError, closest, json_names
 from data import corpus
 from data.shards import shard_files, shard_seed
 from data.tf_source import TFDataSource
@@ -62,9 +62,10 @@ def load_dataset_config(name: str) -> dict:
         if os.path.isdir(name) or name.endswith(SUFFIXES):
             raise ConfigError(f"datasets: {name} is not a dataset config; to train on text, give it as --data {name}")
     if not os.path.exists(path):
-        known = ", ".join(json_names(DATASET_CONFIG_DIR))
-        raise ConfigError(f"datasets: no dataset config {path} (known: {known}; or tfds:NAME, or the "
-                          "path of a dataset config .json)")
+        names = json_names(DATASET_CONFIG_DIR)
+        close = None if by_path else closest(name, names)
+        raise ConfigError(f"datasets: no dataset config {path}" + (f"; did you mean '{close}'?" if close else "")
+                          + f" (known: {', '.join(names)}; or tfds:NAME, or the path of a dataset config .json)")
     where = name if by_path else f"configs/dataset_configs/{name}.json"
     base = os.path.dirname(os.path.abspath(path)) if by_path else paths.work_root()
     try:
@@ -221,8 +222,12 @@ def check_one_tokenizer(datasets: list[dict], tokenizers: list[Tokenizer]) -> No
     id to different tokens). A one-line error naming the first dataset whose tokenizer differs from the first's."""
     sizes = {t.vocab_size for t in tokenizers}
     if len(sizes) > 1:
-        raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes {sorted(sizes)}; "
-                          "mixed datasets must share one tokenizer")
+        k = next(k for k, t in enumerate(tokenizers) if t.vocab_size != tokenizers[0].vocab_size)
+        first, other = datasets[0], datasets[k]
+        raise ConfigError(f"datasets: the mixed datasets use tokenizers of different sizes: {first['where']} reads "
+                          f"with {first['tokenizer_path']} ({tokenizers[0].vocab_size} tokens), {other['where']} with "
+                          f"{other['tokenizer_path']} ({tokenizers[k].vocab_size}); mixed datasets must share one "
+                          "tokenizer")
     hashes = [tokenizer_hash(t) for t in tokenizers] if len(tokenizers) > 1 else []
     other = next((k for k, h in enumerate(hashes) if None not in (h, hashes[0]) and h != hashes[0]), None)
     if other is not None:
@@ -252,7 +257,7 @@ def check_not_examples(dataset: dict, task: str) -> None:
 
 def make_source(cfg: Config, split: str):
     """The token source for ``split`` ("train" or "eval") from the config's ``datasets``."""
-    from data.pipeline import check_mode
+    from data.pipeline import check_mode, check_weight
 
     if cfg.task == "token_classification":
         from data.token_labels import token_label_source
@@ -292,8 +297,9 @@ def make_source(cfg: Config, split: str):
         entries.append(entry)
     if not datasets:
         raise NoEvalSet(f"datasets: no eval set ('eval_path' is empty in {', '.join(without_eval)})")
-    if any(d["path"] == "embedded" for d in datasets):
-        return _embedded_source(cfg, datasets[0], split)
+    embedded = next((d for d in datasets if d["path"] == "embedded"), None)
+    if embedded:
+        return _embedded_source(cfg, embedded, split)
     # Text datasets (TFDS) take the tokenizer of the first dataset config when none is set.
     # Errors name the key that gave the path: a dataset config's, else the config's own tokenizer_path.
     first = next((d for d in datasets if "tokenizer_path" in d), None)
@@ -329,9 +335,7 @@ def make_source(cfg: Config, split: str):
     for k, (entry, dataset, tokenizer) in enumerate(zip(entries, datasets, tokenizers)):
         where = dataset["where"]
         mode, stitch = check_mode(entry, where)
-        weight = 1.0 if entry[3] is None else entry[3]
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
-            raise ConfigError(f"datasets: {where}: weight {weight!r} must be a positive number or null")
+        weight = check_weight(entry, where)
         seed = cfg.seed * 1000 + 10 * k  # every entry and every stage draws its own stream
         buffer = dataset.get("shuffle_buffer") or SHUFFLE_BUFFER  # null: the default
         if dataset["path"].startswith("tfds:"):  # tokenized once into TFRecords, then read like any files
@@ -359,7 +363,7 @@ def make_source(cfg: Config, split: str):
                               f"({split}); a shard reads an even part of them")
         token_bytes.append((sum(i["tokens"] for i in indexes.values()), sum(i["bytes"] for i in indexes.values()))
                            if full else None)
-        weights.append(float(weight))
+        weights.append(weight)
 
     def build_shard(shard: int, block: int, start: int):
         """Shard ``shard``'s stream of ``block``-row blocks of global batches ``start``, ``start + 1``, ..."""

@@ -367,3 +367,45 @@ def test_a_dataset_configs_count_or_id_that_is_no_such_integer_is_one_line(tmp_p
     with pytest.raises(ConfigError, match=rf"bad.json: {key} {json.dumps(value)} must be an integer of at least "
                                           r"[01] \(or null\)$"):
         load_dataset_config(str(tmp_path / "bad.json"))
+
+
+def test_mixing_a_bytes_dataset_with_a_bpe_one_names_both(tmp_path, monkeypatch):
+    """The error gave the two sizes alone, not which dataset read with which tokenizer."""
+    one, _ = two_bpes_of_one_size(tmp_path)
+    use_dataset_configs(monkeypatch, tmp_path / "dc", bpe={"path": str(tmp_path / "a_*.tfrecords"),
+                                                           "tokenizer_path": one},
+                        raw={"path": str(tmp_path / "b_*.tfrecords"), "tokenizer_path": "bytes"})
+    with pytest.raises(ConfigError) as e:
+        make_source(config([["bpe", None, None, None], ["raw", None, None, None]]), "train")
+    assert str(e.value) == (f"datasets: the mixed datasets use tokenizers of different sizes: "
+                            f"configs/dataset_configs/bpe.json reads with {one} (270 tokens), "
+                            "configs/dataset_configs/raw.json with bytes (257); mixed datasets must share one "
+                            "tokenizer")
+
+
+def test_the_embedded_corpus_in_a_mixture_is_named_not_the_first_dataset(records, tmp_path, monkeypatch):
+    """Mixed after a TFRecord dataset, the error called the first dataset 'the in-memory embedded corpus'."""
+    use_dataset_configs(monkeypatch, tmp_path / "dc", embedded={"path": "embedded", "tokenizer_path": "bytes"})
+    with pytest.raises(ConfigError, match=r"^datasets: configs/dataset_configs/embedded.json \(the in-memory"):
+        make_source(config([["bad", None, None, None], ["embedded", None, None, None]]), "train")
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf")])
+def test_a_weight_that_is_not_finite_is_refused(records, weight):
+    """JSON's NaN and Infinity passed the check, and the mixture silently drew nothing from that dataset."""
+    with pytest.raises(ConfigError, match=f"datasets: bad: weight {weight} must be a positive number or null"):
+        config([["bad", None, None, weight], ["bad", None, None, 1]])
+
+
+def test_a_mistyped_dataset_config_name_suggests_the_closest(records):
+    with pytest.raises(ConfigError, match=r"^datasets: no dataset config .*/bda.json; did you mean 'bad'\? \(known: "
+                                          r"bad; or tfds:NAME"):
+        make_source(config([["bda", None, None, None]]), "train")
+
+
+@pytest.mark.parametrize("key, value, shown", [("mlm_mask_token_id", 300, "300"), ("mlm_cls_token_id", -1, "-1"),
+                                               ("mlm_random_token_ids", [5, 257], "257")])
+def test_mlm_ids_outside_the_vocabulary_are_refused(key, value, shown):
+    """An id past n_vocab reached the embedding as a clamped row, silently."""
+    with pytest.raises(ConfigError, match=rf"^{key}: {shown} is not a token id in \[0, n_vocab=257\)$"):
+        config([["bad", None, None, None]], n_vocab=257, mlm_training=True, causal=False, **{key: value})

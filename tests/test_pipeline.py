@@ -165,6 +165,17 @@ def test_a_missing_tfds_dataset_names_the_directory_searched(tmp_path, monkeypat
         make_source(config([["tfds:no_such_dataset", None, None, None]], 32, n_vocab=257), "train")
 
 
+def test_a_mistyped_tfds_name_suggests_the_closest_prepared_one(tmp_path):
+    for folder in ("neomesh_tiny_text/1.0.0", "glue/mrpc/2.0.0", "downloads/extracted"):
+        (tmp_path / folder).mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"prepare it there first; did you mean 'tfds:neomesh_tiny_text'\?$"):
+        make_source(config([["tfds:neomesh_tiny_txt", None, None, None]], 32, n_vocab=257,
+                           tfds_data_dir=str(tmp_path)), "train")
+    with pytest.raises(ConfigError, match=r"did you mean 'tfds:glue/mrpc'\?$"):
+        make_source(config([["tfds:glue/mrcp", None, None, None]], 32, n_vocab=257, tfds_data_dir=str(tmp_path)),
+                    "train")
+
+
 def test_mlm_stage_masks_with_the_configured_probabilities():
     from data.mlm import mlm_stage
 

@@ -361,7 +361,6 @@ def classify_texts(args, prompts: list[str], model) -> None:
     import numpy as np
 
     from config import ConfigError
-    from data.token_labels import word_pieces
     from pretrained import label_names_of
 
     flag = generation_flag(args)
@@ -370,6 +369,9 @@ def classify_texts(args, prompts: list[str], model) -> None:
         what = "fills its prompts' masks (--top-k: the tokens shown)" if cfg.task == FILL_MASK else \
             "labels its prompts (--top-k: the classes shown)"
         raise ConfigError(f"{flag} shapes generated text; a {cfg.model} model trained for {cfg.task} {what}")
+    pairs = args.pair or [None] * len(prompts)
+    if len(pairs) != len(prompts):
+        raise ConfigError(f"--pair: {len(pairs)} second texts for {len(prompts)} prompts; give one per prompt")
     if cfg.task == FILL_MASK:  # the classes are the vocabulary's tokens, quoted (a token's spaces are part of it)
         from data.source import with_mask_token
 
@@ -379,10 +381,10 @@ def classify_texts(args, prompts: list[str], model) -> None:
         names = label_names_of(args.hf_model or args.model_path, cfg.num_labels) or \
             list(map(str, range(cfg.num_labels)))
     top = min(args.top_k or DEFAULT_TOP_CLASSES, len(names))
+    describe = {"sequence_classification": lambda row, ids, text, i: top_classes(row, names, top),
+                "token_classification": lambda row, ids, text, i: word_labels(row, text, names, model, i),
+                FILL_MASK: lambda row, ids, text, i: filled_masks(row, ids, mask_id, names, top, model, i)}[cfg.task]
     rows = min(cfg.eval_batch_size, len(prompts))
-    pairs = args.pair or [None] * len(prompts)
-    if len(pairs) != len(prompts):
-        raise ConfigError(f"--pair: {len(pairs)} second texts for {len(prompts)} prompts; give one per prompt")
     lines = []
     for start in range(0, len(prompts), rows):
         part, pair_part = prompts[start:start + rows], pairs[start:start + rows]
@@ -394,28 +396,42 @@ def classify_texts(args, prompts: list[str], model) -> None:
         batch = {key: np.pad(value, ((0, rows - len(part)), (0, cfg.n_ctx - value.shape[1])))
                  for key, value in model.tokenize(part, pair_part).items()}
         logits = np.asarray(jax.device_get(model(batch)), np.float64)[:len(part)]  # (B, C) or (B, T, C)
-        for i, (text, row) in enumerate(zip(part, logits), start + 1):
-            if cfg.task == "sequence_classification":
-                lines.append(f"prompt {i}: {top_classes(row, names, top)}")
-            elif cfg.task == FILL_MASK:
-                masks = np.flatnonzero(batch["inputs"][i - 1 - start] == mask_id)
-                if not len(masks):
-                    raise ConfigError(f"prompt {i}: no {model.tokenizer.decode([mask_id])} token (id {mask_id}) in "
-                                      f"its first n_ctx {cfg.n_ctx} tokens; a masked LM fills the masks of a prompt")
-                lines.append(f"prompt {i}: " + "; ".join(f"mask {k}: {top_classes(row[t], names, top)}"
-                                                         for k, t in enumerate(masks, 1)))
-            else:
-                words = text.split()
-                pieces = [len(ids) for ids in word_pieces(model.tokenizer, words)]
-                firsts = 1 + np.cumsum([0, *pieces])[:-1]  # each word's first token, after [CLS]
-                kept = [(word, names[int(row[t].argmax())]) for word, t in zip(words, firsts) if t < cfg.n_ctx - 1]
-                if len(kept) < len(words):
-                    print(f"note: prompt {i}: its first {len(kept)} of {len(words)} words fit n_ctx {cfg.n_ctx}; "
-                          "the rest are not labelled", file=sys.stderr)
-                lines.append(f"prompt {i}: " + " ".join(f"{word}/{label}" for word, label in kept))
+        for i, (text, row, ids) in enumerate(zip(part, logits, batch["inputs"]), start + 1):
+            lines.append(f"prompt {i}: {describe(row, ids, text, i)}")
             print(lines[-1], flush=True)
     if args.output:
         write_output(args.output, lines, "classification(s)" if cfg.task != FILL_MASK else "fill-mask line(s)")
+
+
+def word_labels(logits, text: str, names: list[str], model, prompt: int) -> str:
+    """``word/LABEL ...``: each word's label from its first token's (T, C) logits, as training placed the words
+    (data/token_labels.py); a note names the words n_ctx leaves out."""
+    import numpy as np
+
+    from data.token_labels import word_pieces
+
+    n_ctx, words = model.config.n_ctx, text.split()
+    pieces = [len(ids) for ids in word_pieces(model.tokenizer, words)]
+    firsts = 1 + np.cumsum([0, *pieces])[:-1]  # each word's first token, after [CLS]
+    kept = [(word, names[int(logits[t].argmax())]) for word, t in zip(words, firsts) if t < n_ctx - 1]
+    if len(kept) < len(words):
+        print(f"note: prompt {prompt}: its first {len(kept)} of {len(words)} words fit n_ctx {n_ctx}; the rest are "
+              "not labelled", file=sys.stderr)
+    return " ".join(f"{word}/{label}" for word, label in kept)
+
+
+def filled_masks(logits, ids, mask_id: int, names: list[str], top: int, model, prompt: int) -> str:
+    """``mask 1: 'tok' p, ...; mask 2: ...``: the ``top`` likeliest tokens at each ``mask_id`` of one row's (T, V)
+    logits."""
+    import numpy as np
+
+    from config import ConfigError
+
+    masks = np.flatnonzero(ids == mask_id)
+    if not len(masks):
+        raise ConfigError(f"prompt {prompt}: no {model.tokenizer.decode([mask_id])} token (id {mask_id}) in its first "
+                          f"n_ctx {model.config.n_ctx} tokens; a masked LM fills the masks of a prompt")
+    return "; ".join(f"mask {k}: {top_classes(logits[t], names, top)}" for k, t in enumerate(masks, 1))
 
 
 def predict(args) -> None:

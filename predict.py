@@ -133,6 +133,9 @@ def check_options(args) -> None:
     flag = generation_flag(args)
     if args.image and flag:
         raise ConfigError(f"{flag} shapes generated text; --image classifies images (--top-k: the classes shown)")
+    if args.image and args.pair:
+        raise ConfigError("--pair gives a sentence-pair classifier's prompts their second texts; --image classifies "
+                          "images")
     check_layout_has_mesh(args.mesh_shape, args.layout)
     check_sets_place_nothing(args.set, "predict.py")
     resolve_model_source(args)

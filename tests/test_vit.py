@@ -404,7 +404,9 @@ def test_predict_classifies_image_files_as_transformers_does(tmp_path, capsys):
             (["--hf-model", hf_dir, "--prompt", "x"], f"{hf_dir}: a vit model trained for image_classification does "
                                                       "not generate text; give --image FILE_OR_FOLDER"),
             (["--hf-model", hf_dir, "--image", str(tmp_path / "images"), "--temperature", "0"],
-             "--temperature shapes generated text; --image classifies images (--top-k: the classes shown)")):
+             "--temperature shapes generated text; --image classifies images (--top-k: the classes shown)"),
+            (["--hf-model", hf_dir, "--image", str(tmp_path / "images"), "--pair", "x"],  # it was ignored
+             "--pair gives a sentence-pair classifier's prompts their second texts; --image classifies images")):
         assert predict.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {message}") and err.count("\n") == 1, err

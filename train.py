@@ -445,9 +445,11 @@ def run_training(args, cfg, notes, signals, run) -> int:
                               f"and moved to {os.path.join(cfg.model_path, 'damaged_checkpoints')}); --new starts a "
                               "fresh run, moving this directory aside")
         elif (trained_to := _trained_without_checkpoints(cfg)) is not None:
+            why = "is a file, not a folder" if os.path.isfile(checkpoints.directory) else \
+                "holds no checkpoint (deleted? on a disk not mounted?)"
             raise ConfigError(f"model_path: {cfg.model_path}/metrics.jsonl has rows up to step {trained_to}, but "
-                              f"{checkpoints.directory} holds no checkpoint (deleted? on a disk not mounted?); "
-                              "starting over would drop them: --new starts a fresh run, moving this directory aside")
+                              f"{checkpoints.directory} {why}; starting over would drop them: --new starts a fresh "
+                              "run, moving this directory aside")
         elif args.resume or args.eval:
             raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
                               f"{checkpoints.directory}")

@@ -358,6 +358,11 @@ def test_a_run_whose_checkpoints_are_gone_does_not_start_over_unasked(reference,
     assert len(err) == 1 and err[0].startswith(f"error: model_path: {path}/metrics.jsonl has rows up to step 6, "
                                                f"but {path}/checkpoints holds no checkpoint") and "--new" in err[0]
     assert (path / "metrics.jsonl").read_text() == before
+    shutil.rmtree(path / "checkpoints", ignore_errors=True)
+    (path / "checkpoints").write_text("")  # a file where the folder was: said so, not "deleted?"
+    assert train.main(arguments(path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"but {path}/checkpoints is a file, not a folder;" in err[0], err
 
 
 def test_a_finished_run_whose_checkpoints_are_gone_does_not_start_over_unasked(tmp_path, capsys):

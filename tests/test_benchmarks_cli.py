@@ -179,3 +179,24 @@ def test_the_static_cache_runs_at_the_batch_sizes_it_names():
                                                      prompt_tokens=4, repeats=1))
 
     assert sizes("all") == [1, 16] and sizes("1") == [1] and sizes("16,1") == [16, 1]
+
+
+def test_train_step_benchmark_keeps_its_table_when_the_flax_peer_fails(tmp_path, monkeypatch, capsys):
+    """A Flax peer that fails (a 4.x that does not import, out of memory) is a row, as a failing PyTorch peer is:
+    the run used to end in an error after NeoMesh's row, without its table or the shapes after it."""
+    from benchmarks import train_step
+
+    (tmp_path / "transformers").mkdir()
+    (tmp_path / "transformers" / "__init__.py").write_text("raise ImportError('a broken install')\n")
+    monkeypatch.setattr(train_step, "neomesh", lambda cfg, tokens: {"seconds": 0.5, "compile": 1.0, "peak": None})
+    train_step.main(["--no-peer", "--seq", "8", "--batch", "1", "--steps", "1", "--layers", "2", "--vocab", "64",
+                     "--hf-flax", str(tmp_path)])
+    table = capsys.readouterr().out.split("| shape |", 1)[1]
+    assert "| cpu (2x256) | NeoMesh (JAX) | 16 |" in table
+    assert "| cpu (2x256) | transformers 4.x (Flax) | failed: ImportError: a broken install |" in table
+
+
+def test_train_step_benchmark_refuses_an_hf_flax_directory_without_a_transformers_package(tmp_path, capsys):
+    (tmp_path / "transformers").mkdir()  # a folder of that name, no package in it
+    line = one_line_error("benchmarks.train_step", ["--hf-flax", str(tmp_path)], capsys)
+    assert line.startswith(f"error: --hf-flax: {tmp_path} holds no transformers; pip install --no-deps --target")

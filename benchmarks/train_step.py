@@ -237,6 +237,11 @@ def check(args) -> None:
     at_least_one(args, "seq", "batch", "steps")
     if args.layers is not None and (args.layers < 2 or args.layers % 2):
         raise ConfigError(f"--layers: {args.layers} is not a positive even depth (GPT-Neo's global/local pairs)")
+    given = {"--profile": args.profile, "--torch-compile": args.torch_compile, "--hf-flax": args.hf_flax}
+    for flag in (flag for flag, value in given.items() if value and args.compile_only):
+        raise ConfigError(f"{flag}: not with --compile-only, which runs nothing (NeoMesh alone, compiled)")
+    if args.torch_compile and args.no_peer:
+        raise ConfigError("--torch-compile: not with --no-peer, which leaves out the PyTorch model it compiles")
     for name in args.shape.split(","):
         if name not in SHAPES:
             raise ConfigError(f"--shape: unknown shape {name!r} (known: {', '.join(SHAPES)})")

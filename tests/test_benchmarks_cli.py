@@ -84,6 +84,11 @@ def test_train_step_benchmark_mistakes(module_name, argv, message, capsys):
     (["--set", "n_ctx=64"], "error: --set n_ctx=64: n_ctx is set by --seq"),
     (["--set", "n_embd=64"], "error: --set n_embd=64: n_embd is set by --shape cpu"),
     (["--set", "mesh_shape=x:2"], "error: --set mesh_shape=x:2: mesh_shape is fixed by this benchmark"),
+    # flags --compile-only or --no-peer would have ignored without a word
+    (["--compile-only", "--profile", "trace"], "error: --profile: not with --compile-only, which runs nothing"),
+    (["--compile-only", "--torch-compile"], "error: --torch-compile: not with --compile-only"),
+    (["--compile-only", "--hf-flax", "/tmp"], "error: --hf-flax: not with --compile-only"),
+    (["--no-peer", "--torch-compile"], "error: --torch-compile: not with --no-peer, which leaves out the PyTorch"),
 ])
 def test_train_step_benchmark_mistakes_exit_2(argv, message, capsys):
     assert message in one_line_error("benchmarks.train_step", argv, capsys)

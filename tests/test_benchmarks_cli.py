@@ -205,3 +205,14 @@ def test_train_step_benchmark_refuses_an_hf_flax_directory_without_a_transformer
     (tmp_path / "transformers").mkdir()  # a folder of that name, no package in it
     line = one_line_error("benchmarks.train_step", ["--hf-flax", str(tmp_path)], capsys)
     assert line.startswith(f"error: --hf-flax: {tmp_path} holds no transformers; pip install --no-deps --target")
+
+
+def test_generate_benchmark_table_names_the_keys_set(capsys):
+    """Two runs that differ in a ``--set`` key (decode_kernel=cudnn against the default, as gpu.sh's variants time)
+    printed the same title; the key set now follows the model's shape."""
+    from benchmarks import generate
+
+    generate.main(["--config", "configs/quickstart.json", "--compile-only", "--batch-sizes", "1", "--new-tokens", "2",
+                   "--prompt-tokens", "4", "--set", "decode_kernel=xla"])
+    assert "4 layers x 192, decode_kernel=xla, float32, prompt 4 + 2 new tokens, greedy; compiled for cpu" in \
+        capsys.readouterr().out

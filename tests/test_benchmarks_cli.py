@@ -64,6 +64,9 @@ def test_a_zoo_train_step_benchmark_without_torch_says_what_to_install(module_na
     ("benchmarks.peft_memory", ["--layers", "0"], "--layers: 0 is below the minimum 1"),
     ("benchmarks.peft_memory", ["--width", "128", "--heads", "3"], "--heads: --width 128 is not divisible by 3"),
     ("benchmarks.peft_memory", ["--batch", "-2"], "--batch: -2 is below the minimum 1"),
+    # the config's own key (n_vocab, peft.lora.rank) is not on this command line: the flag is
+    ("benchmarks.peft_memory", ["--vocab", "1"], "error: --vocab: 1 is below the minimum 2"),
+    ("benchmarks.peft_memory", ["--width", "4", "--heads", "4"], "error: --width: 4 is below the minimum 8, the LoRA"),
 ])
 def test_train_step_benchmark_mistakes(module_name, argv, message, capsys):
     assert message in one_line_error(module_name, argv, capsys)

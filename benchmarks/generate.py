@@ -73,7 +73,7 @@ def main(argv=None) -> None:
     if args.profile:  # XLA:CPU traces its ops only with this flag, read when jax starts
         from benchmarks.xla_profile import trace_cpu_ops
 
-        trace_cpu_ops()
+        trace_cpu_ops(args.profile)
     static_batch_sizes(args)  # the flags' mistakes (--batch-sizes, --static-cache) before jax starts
     if args.compile_only:
         return compile_plan(args)

@@ -305,7 +305,7 @@ def main(argv=None) -> None:
     if args.profile:  # XLA:CPU traces its ops only with this flag, read when jax starts
         from benchmarks.xla_profile import trace_cpu_ops
 
-        trace_cpu_ops()
+        trace_cpu_ops(args.profile)
     check(args)
     import jax
     import numpy as np

@@ -219,3 +219,14 @@ def test_generate_benchmark_table_names_the_keys_set(capsys):
                    "--prompt-tokens", "4", "--set", "decode_kernel=xla"])
     assert "4 layers x 192, decode_kernel=xla, float32, prompt 4 + 2 new tokens, greedy; compiled for cpu" in \
         capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module_name, argv", [
+    ("benchmarks.train_step", ["--no-peer"]),
+    ("benchmarks.generate", QUICKSTART),
+])
+def test_a_profile_directory_that_is_a_file_is_refused_before_timing(module_name, argv, tmp_path, capsys):
+    """The trace's writer failed with a traceback after every step was timed."""
+    (tmp_path / "trace").write_text("")
+    line = one_line_error(module_name, argv + ["--profile", str(tmp_path / "trace")], capsys)
+    assert line == f"error: --profile: {tmp_path / 'trace'} is a file, not a directory for the trace"

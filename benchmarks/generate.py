@@ -75,6 +75,9 @@ def main(argv=None) -> None:
 
         trace_cpu_ops(args.profile)
     static_batch_sizes(args)  # the flags' mistakes (--batch-sizes, --static-cache) before jax starts
+    if args.static_cache and (args.neomesh_only or args.compile_only):
+        raise ConfigError(f"--static-cache: transformers' cache, not with --"
+                          f"{'neomesh-only' if args.neomesh_only else 'compile-only'}, which times NeoMesh alone")
     if args.compile_only:
         return compile_plan(args)
 

@@ -142,6 +142,7 @@ QUICKSTART = ["--neomesh-only", "--config", "configs/quickstart.json"]
     (["--compile-only", "--prompt-tokens", "127", "--new-tokens", "2"], "is more than the 128 positions"),
     (["--static-cache", "16", "--batch-sizes", "1,8"], "--static-cache: '16' is not one of --batch-sizes 1,8"),
     (["--compile-only", "--profile", "trace"], "--profile: not with --compile-only, which runs nothing to profile"),
+    (["--static-cache"], "error: --static-cache: transformers' cache, not with --neomesh-only, which times NeoMesh"),
 ])
 def test_generate_benchmark_mistakes(argv, message, capsys):
     assert message in one_line_error("benchmarks.generate", QUICKSTART + argv, capsys)

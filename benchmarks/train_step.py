@@ -16,7 +16,8 @@ measured, so a run cut off by a time limit keeps what it measured.
 On a GPU the peers share the device with NeoMesh in this process: PyTorch runs first and hands its memory back
 (``torch.cuda.empty_cache``), and jax allocates as it needs (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set)
 instead of taking 90% of the memory at start. A peer that fails (out of memory, a compile error) is a row saying
-so; NeoMesh's rows are measured all the same.
+so; NeoMesh's rows are measured all the same. Without torch and transformers (``pip install -r
+requirements-test.txt``) a note says so and NeoMesh runs alone.
 
 Hugging Face's Flax GPT-Neo left transformers with version 5: ``--hf-flax DIR`` adds it as a third peer from a
 transformers 4.x installed in DIR (``benchmarks/hf_flax_peer.py`` says how), timed in a process of its own after
@@ -307,6 +308,15 @@ def main(argv=None) -> None:
 
         trace_cpu_ops(args.profile)
     check(args)
+    if not (args.no_peer or args.compile_only):
+        from benchmarks import zoo_step
+        from config import ConfigError
+
+        try:
+            zoo_step.require_pytorch_peer()
+        except ConfigError as e:  # as generate.py: NeoMesh's rows all the same
+            print(f"note: {e}; timing NeoMesh alone", flush=True)
+            args.no_peer = True
     import jax
     import numpy as np
 

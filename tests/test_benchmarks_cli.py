@@ -231,3 +231,17 @@ def test_a_profile_directory_that_is_a_file_is_refused_before_timing(module_name
     (tmp_path / "trace").write_text("")
     line = one_line_error(module_name, argv + ["--profile", str(tmp_path / "trace")], capsys)
     assert line == f"error: --profile: {tmp_path / 'trace'} is a file, not a directory for the trace"
+
+
+def test_train_step_benchmark_without_torch_says_so_and_times_neomesh(monkeypatch, capsys):
+    """Without torch the PyTorch peer was a row of ModuleNotFoundError; now one note with the install line, as
+    generate.py has, and NeoMesh's rows."""
+    from benchmarks import train_step
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # an import of torch fails as where it is not installed
+    monkeypatch.setattr(train_step, "neomesh", lambda cfg, tokens: {"seconds": 0.5, "compile": 1.0, "peak": None})
+    train_step.main(["--seq", "8", "--batch", "1", "--steps", "1", "--layers", "2", "--vocab", "64"])
+    out = capsys.readouterr().out
+    assert "note: the PyTorch peer needs the test requirements (torch is missing): pip install -r " \
+           "requirements-test.txt; timing NeoMesh alone" in out
+    assert "PyTorch," not in out.split("| shape |", 1)[1] and "| cpu (2x256) | NeoMesh (JAX) | 16 |" in out

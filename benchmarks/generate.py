@@ -73,8 +73,11 @@ def main(argv=None) -> None:
     if args.profile:  # XLA:CPU traces its ops only with this flag, read when jax starts
         from benchmarks.xla_profile import trace_cpu_ops
 
-        trace_cpu_ops()
+        trace_cpu_ops(args.profile)
     static_batch_sizes(args)  # the flags' mistakes (--batch-sizes, --static-cache) before jax starts
+    if args.static_cache and (args.neomesh_only or args.compile_only):
+        raise ConfigError(f"--static-cache: transformers' cache, not with --"
+                          f"{'neomesh-only' if args.neomesh_only else 'compile-only'}, which times NeoMesh alone")
     if args.compile_only:
         return compile_plan(args)
 
@@ -165,8 +168,7 @@ def main(argv=None) -> None:
     jax_device = jax.devices()[0]
     theirs = "" if torch is None else (f", PyTorch on {device}" + (f" with {torch.get_num_threads()} threads"
                                                                    if device == "cpu" else ""))
-    print(f"\n{args.config}: {cfg.n_layer} layers x {cfg.n_embd}, {args.precision}, prompt {args.prompt_tokens} + "
-          f"{args.new_tokens} new tokens, greedy; JAX on {jax_device.platform} ({jax_device.device_kind}){theirs}; "
+    print(f"\n{title(args, cfg)}; JAX on {jax_device.platform} ({jax_device.device_kind}){theirs}; "
           f"load {os.getloadavg()[0]:.1f}")
     print("| implementation | batch | tokens/s | ms/token |")
     print("|---|---|---|---|")
@@ -197,6 +199,12 @@ def profile_generation(args, graphdef, params, prompts: dict, settings, row: tup
     traced = sum(millis for _, _, millis in rows) / args.new_tokens
     print(f"batch {batch}: the traced ops add up to {traced:.3f} ms per new token (prefill included) against "
           f"{row[3]:.3f} ms per new token timed; on a GPU the difference is time between kernels")
+
+
+def title(args, cfg) -> str:
+    """What a table measured: the model, its ``--set`` keys (decode_kernel=cudnn, say) and the decoding."""
+    return (f"{args.config}: {cfg.n_layer} layers x {cfg.n_embd}{''.join(f', {given}' for given in args.set)}, "
+            f"{args.precision}, prompt {args.prompt_tokens} + {args.new_tokens} new tokens, greedy")
 
 
 def table_row(name, batch, tokens_per_second, ms, failed) -> str:
@@ -316,8 +324,7 @@ def compile_plan(args) -> None:
     if args.hlo:
         with open(args.hlo, "w") as f:
             f.write(text)
-    print(f"\n{args.config}: {cfg.n_layer} layers x {cfg.n_embd}, {args.precision}, prompt {args.prompt_tokens} + "
-          f"{args.new_tokens} new tokens, greedy; compiled for {where}; weights {human_bytes(weights)}")
+    print(f"\n{title(args, cfg)}; compiled for {where}; weights {human_bytes(weights)}")
     # Only a GPU launches each top-level operation of the loop as a kernel of its own; XLA:TPU's count is mostly
     # scalar and asynchronous-copy instructions, XLA:CPU's runs as threaded loops: no launch cost to compare.
     on_gpu = devices[0].platform == "gpu"

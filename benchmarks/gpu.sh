@@ -35,6 +35,11 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1  # a run cut off at its budget still shows what it printed
 python=${PYTHON:-python3}  # GPU images often have no plain "python"
 parts=("$@")
+if [[ " $* " == *" -h "* || " $* " == *" --help "* ]]; then  # the comment above, as the usage
+    echo "usage: bash benchmarks/gpu.sh [PART ...]"
+    sed -n '2,/^set -uo/p' benchmarks/gpu.sh | sed '$d; s/^# \{0,1\}//'
+    exit 0
+fi
 ((${#parts[@]})) || parts=(attention train decode scale)
 for part in "${parts[@]}"; do
     [[ " goals attention train decode scale profile variants " == *" $part "* ]] || {

@@ -17,10 +17,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+LORA_RANK = 8
 SETTINGS = {
     "full fine-tuning": None,
-    "LoRA r=8 on q,v": {"lora": {"targets": ["q", "v"], "rank": 8}},
-    "LoRA r=8 on q,k,v,out,c_fc,c_proj": {"lora": {"targets": ["q", "k", "v", "out", "c_fc", "c_proj"], "rank": 8}},
+    f"LoRA r={LORA_RANK} on q,v": {"lora": {"targets": ["q", "v"], "rank": LORA_RANK}},
+    f"LoRA r={LORA_RANK} on q,k,v,out,c_fc,c_proj": {"lora": {"targets": ["q", "k", "v", "out", "c_fc", "c_proj"],
+                                                          "rank": LORA_RANK}},
     "prefix tuning, 16 slots": {"prefix": {"length": 16}},
     "adapters, size 32": {"adapter": {"size": 32}},
     "BitFit (biases)": {"bitfit": True},
@@ -72,9 +74,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=4, help="sequences per step")
     args = p.parse_args(argv)
     from benchmarks.flags import at_least_one, heads_divide_width
+    from config import ConfigError
 
     at_least_one(args, "layers", "width", "heads", "vocab", "seq", "batch")
     heads_divide_width(args)
+    if args.vocab < 2:
+        raise ConfigError(f"--vocab: {args.vocab} is below the minimum 2 (n_vocab)")
+    if args.width < LORA_RANK:
+        raise ConfigError(f"--width: {args.width} is below the minimum {LORA_RANK}, the LoRA rank the table times")
     mib = lambda b: "n/a" if b is None else f"{b / 2 ** 20:,.1f}"  # noqa: E731
     rows = [(name, measure(args, peft)) for name, peft in SETTINGS.items()]
     full = rows[0][1]["opt_bytes"]

@@ -16,7 +16,8 @@ measured, so a run cut off by a time limit keeps what it measured.
 On a GPU the peers share the device with NeoMesh in this process: PyTorch runs first and hands its memory back
 (``torch.cuda.empty_cache``), and jax allocates as it needs (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set)
 instead of taking 90% of the memory at start. A peer that fails (out of memory, a compile error) is a row saying
-so; NeoMesh's rows are measured all the same.
+so; NeoMesh's rows are measured all the same. Without torch and transformers (``pip install -r
+requirements-test.txt``) a note says so and NeoMesh runs alone.
 
 Hugging Face's Flax GPT-Neo left transformers with version 5: ``--hf-flax DIR`` adds it as a third peer from a
 transformers 4.x installed in DIR (``benchmarks/hf_flax_peer.py`` says how), timed in a process of its own after
@@ -221,10 +222,8 @@ def hf_flax(cfg, tokens, path: str) -> dict:
     done = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                         "hf_flax_peer.py")],
                           input=json.dumps(request), capture_output=True, text=True, env=env)
-    if done.returncode:
-        from config import ConfigError
-        raise ConfigError(f"--hf-flax {path}: the Flax GPT-Neo peer failed: "
-                          f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    if done.returncode:  # out of memory, a 4.x that does not import: a row, as a failing PyTorch peer's
+        return {"failed": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}, no output"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -239,10 +238,15 @@ def check(args) -> None:
     at_least_one(args, "seq", "batch", "steps")
     if args.layers is not None and (args.layers < 2 or args.layers % 2):
         raise ConfigError(f"--layers: {args.layers} is not a positive even depth (GPT-Neo's global/local pairs)")
+    given = {"--profile": args.profile, "--torch-compile": args.torch_compile, "--hf-flax": args.hf_flax}
+    for flag in (flag for flag, value in given.items() if value and args.compile_only):
+        raise ConfigError(f"{flag}: not with --compile-only, which runs nothing (NeoMesh alone, compiled)")
+    if args.torch_compile and args.no_peer:
+        raise ConfigError("--torch-compile: not with --no-peer, which leaves out the PyTorch model it compiles")
     for name in args.shape.split(","):
         if name not in SHAPES:
             raise ConfigError(f"--shape: unknown shape {name!r} (known: {', '.join(SHAPES)})")
-    if args.hf_flax and not os.path.isdir(os.path.join(args.hf_flax, "transformers")):
+    if args.hf_flax and not os.path.isfile(os.path.join(args.hf_flax, "transformers", "__init__.py")):
         from benchmarks.hf_flax_peer import INSTALL
         raise ConfigError(f"--hf-flax: {args.hf_flax} holds no transformers; {INSTALL.replace('DIR', args.hf_flax)}")
     for name in args.shape.split(","):
@@ -288,7 +292,8 @@ def main(argv=None) -> None:
     p.add_argument("--profile", metavar="DIR", help="after timing, trace two NeoMesh steps with jax.profiler "
                    "into DIR and print the XLA ops that took longest (benchmarks/xla_profile.py)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per implementation (median reported)")
-    p.add_argument("--no-peer", action="store_true", help="NeoMesh alone")
+    p.add_argument("--no-peer", action="store_true", help="without the PyTorch peer: NeoMesh alone, or with "
+                   "--hf-flax's")
     p.add_argument("--torch-compile", action="store_true", help="torch.compile the PyTorch model")
     p.add_argument("--hf-flax", metavar="DIR", help="also time Hugging Face's Flax GPT-Neo from a transformers 4.x "
                    "installed in DIR (see benchmarks/hf_flax_peer.py)")
@@ -301,8 +306,17 @@ def main(argv=None) -> None:
     if args.profile:  # XLA:CPU traces its ops only with this flag, read when jax starts
         from benchmarks.xla_profile import trace_cpu_ops
 
-        trace_cpu_ops()
+        trace_cpu_ops(args.profile)
     check(args)
+    if not (args.no_peer or args.compile_only):
+        from benchmarks import zoo_step
+        from config import ConfigError
+
+        try:
+            zoo_step.require_pytorch_peer()
+        except ConfigError as e:  # as generate.py: NeoMesh's rows all the same
+            print(f"note: {e}; timing NeoMesh alone", flush=True)
+            args.no_peer = True
     import jax
     import numpy as np
 
@@ -343,7 +357,7 @@ def main(argv=None) -> None:
         add("NeoMesh (JAX)", neomesh(cfg, tokens))
         if args.hf_flax and not args.compile_only:
             theirs = hf_flax(cfg, tokens, args.hf_flax)
-            add(f"transformers {theirs['version']} (Flax)", theirs)
+            add(f"transformers {theirs.get('version', '4.x')} (Flax)", theirs)
     load = os.getloadavg()[0]
     pad = logits_pad_multiple(args.logits_pad)
     options = "".join(f", {name}={value}" for name, value in step_options(device.platform).items())

@@ -31,10 +31,15 @@ LIBRARY_KERNELS = (("cuBLAS", re.compile(r"^(nvjet|sm\d+_xmma|cutlass|cublas)", 
                    ("cuDNN", re.compile(r"cudnn", re.I)), ("copy", re.compile(r"^(memset|memcpy)", re.I)))
 
 
-def trace_cpu_ops() -> None:
-    """Adds CPU_FLAG to ``XLA_FLAGS`` before jax starts, where this XLA knows it (it quits on a flag it does not
-    know); inert on accelerators."""
+def trace_cpu_ops(directory: str) -> None:
+    """Refuses a ``--profile`` ``directory`` that is a file (``ConfigError``: the trace's writer would fail after
+    the timing), then adds CPU_FLAG to ``XLA_FLAGS`` before jax starts, where this XLA knows it (it quits on a flag
+    it does not know); inert on accelerators."""
+    from config import ConfigError
     from parallel.xla_flags import known_flags
+
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ConfigError(f"--profile: {directory} is a file, not a directory for the trace")
 
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *known_flags([CPU_FLAG])]).strip()
 

@@ -64,6 +64,9 @@ def test_a_zoo_train_step_benchmark_without_torch_says_what_to_install(module_na
     ("benchmarks.peft_memory", ["--layers", "0"], "--layers: 0 is below the minimum 1"),
     ("benchmarks.peft_memory", ["--width", "128", "--heads", "3"], "--heads: --width 128 is not divisible by 3"),
     ("benchmarks.peft_memory", ["--batch", "-2"], "--batch: -2 is below the minimum 1"),
+    # the config's own key (n_vocab, peft.lora.rank) is not on this command line: the flag is
+    ("benchmarks.peft_memory", ["--vocab", "1"], "error: --vocab: 1 is below the minimum 2"),
+    ("benchmarks.peft_memory", ["--width", "4", "--heads", "4"], "error: --width: 4 is below the minimum 8, the LoRA"),
 ])
 def test_train_step_benchmark_mistakes(module_name, argv, message, capsys):
     assert message in one_line_error(module_name, argv, capsys)
@@ -84,6 +87,11 @@ def test_train_step_benchmark_mistakes(module_name, argv, message, capsys):
     (["--set", "n_ctx=64"], "error: --set n_ctx=64: n_ctx is set by --seq"),
     (["--set", "n_embd=64"], "error: --set n_embd=64: n_embd is set by --shape cpu"),
     (["--set", "mesh_shape=x:2"], "error: --set mesh_shape=x:2: mesh_shape is fixed by this benchmark"),
+    # flags --compile-only or --no-peer would have ignored without a word
+    (["--compile-only", "--profile", "trace"], "error: --profile: not with --compile-only, which runs nothing"),
+    (["--compile-only", "--torch-compile"], "error: --torch-compile: not with --compile-only"),
+    (["--compile-only", "--hf-flax", "/tmp"], "error: --hf-flax: not with --compile-only"),
+    (["--no-peer", "--torch-compile"], "error: --torch-compile: not with --no-peer, which leaves out the PyTorch"),
 ])
 def test_train_step_benchmark_mistakes_exit_2(argv, message, capsys):
     assert message in one_line_error("benchmarks.train_step", argv, capsys)
@@ -134,6 +142,7 @@ QUICKSTART = ["--neomesh-only", "--config", "configs/quickstart.json"]
     (["--compile-only", "--prompt-tokens", "127", "--new-tokens", "2"], "is more than the 128 positions"),
     (["--static-cache", "16", "--batch-sizes", "1,8"], "--static-cache: '16' is not one of --batch-sizes 1,8"),
     (["--compile-only", "--profile", "trace"], "--profile: not with --compile-only, which runs nothing to profile"),
+    (["--static-cache"], "error: --static-cache: transformers' cache, not with --neomesh-only, which times NeoMesh"),
 ])
 def test_generate_benchmark_mistakes(argv, message, capsys):
     assert message in one_line_error("benchmarks.generate", QUICKSTART + argv, capsys)
@@ -179,3 +188,60 @@ def test_the_static_cache_runs_at_the_batch_sizes_it_names():
                                                      prompt_tokens=4, repeats=1))
 
     assert sizes("all") == [1, 16] and sizes("1") == [1] and sizes("16,1") == [16, 1]
+
+
+def test_train_step_benchmark_keeps_its_table_when_the_flax_peer_fails(tmp_path, monkeypatch, capsys):
+    """A Flax peer that fails (a 4.x that does not import, out of memory) is a row, as a failing PyTorch peer is:
+    the run used to end in an error after NeoMesh's row, without its table or the shapes after it."""
+    from benchmarks import train_step
+
+    (tmp_path / "transformers").mkdir()
+    (tmp_path / "transformers" / "__init__.py").write_text("raise ImportError('a broken install')\n")
+    monkeypatch.setattr(train_step, "neomesh", lambda cfg, tokens: {"seconds": 0.5, "compile": 1.0, "peak": None})
+    train_step.main(["--no-peer", "--seq", "8", "--batch", "1", "--steps", "1", "--layers", "2", "--vocab", "64",
+                     "--hf-flax", str(tmp_path)])
+    table = capsys.readouterr().out.split("| shape |", 1)[1]
+    assert "| cpu (2x256) | NeoMesh (JAX) | 16 |" in table
+    assert "| cpu (2x256) | transformers 4.x (Flax) | failed: ImportError: a broken install |" in table
+
+
+def test_train_step_benchmark_refuses_an_hf_flax_directory_without_a_transformers_package(tmp_path, capsys):
+    (tmp_path / "transformers").mkdir()  # a folder of that name, no package in it
+    line = one_line_error("benchmarks.train_step", ["--hf-flax", str(tmp_path)], capsys)
+    assert line.startswith(f"error: --hf-flax: {tmp_path} holds no transformers; pip install --no-deps --target")
+
+
+def test_generate_benchmark_table_names_the_keys_set(capsys):
+    """Two runs that differ in a ``--set`` key (decode_kernel=cudnn against the default, as gpu.sh's variants time)
+    printed the same title; the key set now follows the model's shape."""
+    from benchmarks import generate
+
+    generate.main(["--config", "configs/quickstart.json", "--compile-only", "--batch-sizes", "1", "--new-tokens", "2",
+                   "--prompt-tokens", "4", "--set", "decode_kernel=xla"])
+    assert "4 layers x 192, decode_kernel=xla, float32, prompt 4 + 2 new tokens, greedy; compiled for cpu" in \
+        capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module_name, argv", [
+    ("benchmarks.train_step", ["--no-peer"]),
+    ("benchmarks.generate", QUICKSTART),
+])
+def test_a_profile_directory_that_is_a_file_is_refused_before_timing(module_name, argv, tmp_path, capsys):
+    """The trace's writer failed with a traceback after every step was timed."""
+    (tmp_path / "trace").write_text("")
+    line = one_line_error(module_name, argv + ["--profile", str(tmp_path / "trace")], capsys)
+    assert line == f"error: --profile: {tmp_path / 'trace'} is a file, not a directory for the trace"
+
+
+def test_train_step_benchmark_without_torch_says_so_and_times_neomesh(monkeypatch, capsys):
+    """Without torch the PyTorch peer was a row of ModuleNotFoundError; now one note with the install line, as
+    generate.py has, and NeoMesh's rows."""
+    from benchmarks import train_step
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # an import of torch fails as where it is not installed
+    monkeypatch.setattr(train_step, "neomesh", lambda cfg, tokens: {"seconds": 0.5, "compile": 1.0, "peak": None})
+    train_step.main(["--seq", "8", "--batch", "1", "--steps", "1", "--layers", "2", "--vocab", "64"])
+    out = capsys.readouterr().out
+    assert "note: the PyTorch peer needs the test requirements (torch is missing): pip install -r " \
+           "requirements-test.txt; timing NeoMesh alone" in out
+    assert "PyTorch," not in out.split("| shape |", 1)[1] and "| cpu (2x256) | NeoMesh (JAX) | 16 |" in out

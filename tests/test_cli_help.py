@@ -289,3 +289,13 @@ def test_the_gpu_table_script_says_in_one_line_that_it_needs_a_gpu():
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (f"error: benchmarks/gpu.sh fills the GPU table and needs a GPU; jax here runs on: "
                              f"{jax.default_backend()}\n")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_the_gpu_table_script_prints_its_usage_without_a_gpu(flag):
+    """``--help`` was refused as an unknown part; it prints the script's parts and budgets, on any machine."""
+    result = subprocess.run(["bash", "benchmarks/gpu.sh", flag], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("usage: bash benchmarks/gpu.sh [PART ...]\nThe GPU table in one command")
+    assert "bash benchmarks/gpu.sh decode scale" in result.stdout and "goals:" in result.stdout
+    assert "set -uo" not in result.stdout and "\n#" not in result.stdout

@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from neomesh.classifier_output import DEFAULT_TOP_CLASSES, FILL_MASK, TEXT_CLASSIFIERS
+
 DEFAULT_NEW_TOKENS = 64
-TEXT_CLASSIFIERS = ("sequence_classification", "token_classification")  # tasks whose prompts get labels
-FILL_MASK = "masked_lm"  # a masked LM fills its prompts' [MASK] tokens, as Hugging Face's fill-mask pipeline does
-DEFAULT_TOP_CLASSES = 5  # classes shown per image or text, as Hugging Face's image-classification pipeline shows
 DEFAULT_LAYOUT = "batch:x"
 
 
@@ -316,58 +315,29 @@ def write_output(path: str, blocks: list[str], what: str) -> None:
     print(f"wrote {len(blocks)} {what} to {path}", file=sys.stderr)
 
 
-def top_classes(logits, names: list[str], top: int) -> str:
-    """``name probability, ...`` of the ``top`` likeliest classes of one row of class logits, likeliest first."""
-    import numpy as np
-
-    p = np.exp(logits - logits.max())
-    p /= p.sum()
-    return ", ".join(f"{names[i]} {p[i]:.4f}" for i in np.argsort(-p, kind="stable")[:top])
-
-
 def classify_images(args) -> None:
-    """--image: each file's --top-k most likely classes and their probabilities, one line a file, in batches of the
-    config's eval_batch_size (the last padded to it, so one shape is compiled)."""
-    import jax
-    import numpy as np
-
+    """--image: each file's --top-k most likely classes and their probabilities, one line a file."""
     from data.images import image_files
-    from pretrained import Pretrained, label_names_of, layout_for
+    from neomesh.classifier_output import class_names, image_lines
+    from pretrained import Pretrained, layout_for
 
     files = image_files(args.image)  # a missing file stops the command before the model loads
     check_output(args.output)
     layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     model = Pretrained(*load_model(args, layout), layout)
-    cfg = model.config
-    names = label_names_of(args.hf_model or args.model_path, cfg.num_labels) or list(map(str, range(cfg.num_labels)))
-    top = min(args.top_k or DEFAULT_TOP_CLASSES, cfg.num_labels)
-    rows = min(cfg.eval_batch_size, len(files))
-    lines = []
-    for start in range(0, len(files), rows):
-        part = files[start:start + rows]
-        images = model.read_images(part)["images"]
-        images = np.concatenate([images, np.zeros((rows - len(part), *images.shape[1:]), images.dtype)])
-        logits = np.asarray(jax.device_get(model({"images": images})), np.float64)[:len(part)]  # (B, C)
-        for path, row in zip(part, logits):
-            lines.append(f"{path}: {top_classes(row, names, top)}")
-            print(lines[-1], flush=True)
+    names = class_names(model, args.hf_model or args.model_path)
+    lines = image_lines(model, files, names, min(args.top_k or DEFAULT_TOP_CLASSES, len(names)))
     if args.output:
         write_output(args.output, lines, "classification(s)")
 
 
 def classify_texts(args, prompts: list[str], model) -> None:
-    """A text classifier's prompts: a sequence classifier's --top-k likeliest labels and their probabilities, one
-    line a prompt; a token classifier's label of each word (of its first token, as training scored it), as
-    ``word/LABEL``; a masked LM's --top-k likeliest tokens at each [MASK] (fill-mask). In batches of the config's
-    eval_batch_size, n_ctx wide (one shape is compiled)."""
-    import jax
-    import numpy as np
-
+    """A text classifier's or masked LM's prompts, labelled (neomesh/classifier_output.py)."""
     from config import ConfigError
-    from pretrained import label_names_of
+    from neomesh.classifier_output import class_names, text_lines
 
-    flag = generation_flag(args)
     cfg = model.config
+    flag = generation_flag(args)
     if flag:
         what = "fills its prompts' masks (--top-k: the tokens shown)" if cfg.task == FILL_MASK else \
             "labels its prompts (--top-k: the classes shown)"
@@ -375,66 +345,10 @@ def classify_texts(args, prompts: list[str], model) -> None:
     pairs = args.pair or [None] * len(prompts)
     if len(pairs) != len(prompts):
         raise ConfigError(f"--pair: {len(pairs)} second texts for {len(prompts)} prompts; give one per prompt")
-    if cfg.task == FILL_MASK:  # the classes are the vocabulary's tokens, quoted (a token's spaces are part of it)
-        from data.source import with_mask_token
-
-        mask_id = with_mask_token(cfg, model.tokenizer).mlm_mask_token_id
-        names = [repr(model.tokenizer.decode([i])) for i in range(cfg.n_vocab)]
-    else:
-        names = label_names_of(args.hf_model or args.model_path, cfg.num_labels) or \
-            list(map(str, range(cfg.num_labels)))
-    top = min(args.top_k or DEFAULT_TOP_CLASSES, len(names))
-    describe = {"sequence_classification": lambda row, ids, text, i: top_classes(row, names, top),
-                "token_classification": lambda row, ids, text, i: word_labels(row, text, names, model, i),
-                FILL_MASK: lambda row, ids, text, i: filled_masks(row, ids, mask_id, names, top, model, i)}[cfg.task]
-    rows = min(cfg.eval_batch_size, len(prompts))
-    lines = []
-    for start in range(0, len(prompts), rows):
-        part, pair_part = prompts[start:start + rows], pairs[start:start + rows]
-        if cfg.task in ("sequence_classification", FILL_MASK):  # cut as training cut its examples; say so
-            for i, (ids, _) in enumerate(model.tokenizer.encode_pairs(part, pair_part), start + 1):
-                if len(ids) > cfg.n_ctx:
-                    print(f"note: prompt {i}: {len(ids)} tokens, cut to n_ctx {cfg.n_ctx} (the longer text first); "
-                          "the rest is not read", file=sys.stderr)
-        batch = {key: np.pad(value, ((0, rows - len(part)), (0, cfg.n_ctx - value.shape[1])))
-                 for key, value in model.tokenize(part, pair_part).items()}
-        logits = np.asarray(jax.device_get(model(batch)), np.float64)[:len(part)]  # (B, C) or (B, T, C)
-        for i, (text, row, ids) in enumerate(zip(part, logits, batch["inputs"]), start + 1):
-            lines.append(f"prompt {i}: {describe(row, ids, text, i)}")
-            print(lines[-1], flush=True)
+    names = class_names(model, args.hf_model or args.model_path)
+    lines = text_lines(model, prompts, pairs, names, min(args.top_k or DEFAULT_TOP_CLASSES, len(names)))
     if args.output:
         write_output(args.output, lines, "classification(s)" if cfg.task != FILL_MASK else "fill-mask line(s)")
-
-
-def word_labels(logits, text: str, names: list[str], model, prompt: int) -> str:
-    """``word/LABEL ...``: each word's label from its first token's (T, C) logits, as training placed the words
-    (data/token_labels.py); a note names the words n_ctx leaves out."""
-    import numpy as np
-
-    from data.token_labels import word_pieces
-
-    n_ctx, words = model.config.n_ctx, text.split()
-    pieces = [len(ids) for ids in word_pieces(model.tokenizer, words)]
-    firsts = 1 + np.cumsum([0, *pieces])[:-1]  # each word's first token, after [CLS]
-    kept = [(word, names[int(logits[t].argmax())]) for word, t in zip(words, firsts) if t < n_ctx - 1]
-    if len(kept) < len(words):
-        print(f"note: prompt {prompt}: its first {len(kept)} of {len(words)} words fit n_ctx {n_ctx}; the rest are "
-              "not labelled", file=sys.stderr)
-    return " ".join(f"{word}/{label}" for word, label in kept)
-
-
-def filled_masks(logits, ids, mask_id: int, names: list[str], top: int, model, prompt: int) -> str:
-    """``mask 1: 'tok' p, ...; mask 2: ...``: the ``top`` likeliest tokens at each ``mask_id`` of one row's (T, V)
-    logits."""
-    import numpy as np
-
-    from config import ConfigError
-
-    masks = np.flatnonzero(ids == mask_id)
-    if not len(masks):
-        raise ConfigError(f"prompt {prompt}: no {model.tokenizer.decode([mask_id])} token (id {mask_id}) in its first "
-                          f"n_ctx {model.config.n_ctx} tokens; a masked LM fills the masks of a prompt")
-    return "; ".join(f"mask {k}: {top_classes(logits[t], names, top)}" for k, t in enumerate(masks, 1))
 
 
 def predict(args) -> None:

@@ -176,6 +176,7 @@ def test_predict_takes_sentence_pairs_and_notes_a_cut_prompt(tmp_path, capsys):
     import numpy as np
 
     import predict
+    from neomesh.classifier_output import top_classes
     from pretrained import Pretrained
 
     hf = hf_fixtures.encoder(head="sequence_classification")
@@ -186,7 +187,7 @@ def test_predict_takes_sentence_pairs_and_notes_a_cut_prompt(tmp_path, capsys):
                          "--top-k", "1"]) == 0
     out = capsys.readouterr()
     logits = np.asarray(Pretrained.from_pretrained(hf_dir)(texts, pairs), np.float64)
-    assert out.out.splitlines() == [f"prompt {i}: {predict.top_classes(row, ['red', 'green', 'blue'], 1)}"
+    assert out.out.splitlines() == [f"prompt {i}: {top_classes(row, ['red', 'green', 'blue'], 1)}"
                                     for i, row in enumerate(logits, 1)]
     assert "note: prompt 2: " in out.err and "cut to n_ctx 40 (the longer text first)" in out.err
     assert "prompt 1" not in out.err

@@ -37,6 +37,11 @@ TFDS_TEXT_KEYS = (("sentence1", "sentence2"), ("question1", "question2"), ("prem
                   ("question", "sentence"), ("text", "text_pair"), ("sentence", None), ("text", None))
 
 
+def text_fields(names) -> tuple[str, str | None] | None:
+    """The first (text, second text) of TFDS_TEXT_KEYS that ``names`` (a row's keys, a dataset's features) hold."""
+    return next(((a, b) for a, b in TFDS_TEXT_KEYS if a in names and (b is None or b in names)), None)
+
+
 class Examples:
     """Texts, second texts (None where absent) and raw labels, each with where it was read (for errors)."""
 
@@ -101,7 +106,7 @@ def text_keys(row: dict, text_key: str | None, pair_key: str | None) -> tuple[st
     ``sentence1``/``sentence2``, as transformers' run_glue finds them); a ``text_key`` given alone takes its
     partner there (``sentence1`` -> ``sentence2``), so a pair's second text is not dropped without a word."""
     if text_key is None and "text" not in row:
-        text_key = next((a for a, b in TFDS_TEXT_KEYS if a in row and (b is None or b in row)), None)
+        text_key = (text_fields(row) or (None,))[0]
     text_key = text_key or "text"
     partner = next((b for a, b in TFDS_TEXT_KEYS if a == text_key and b in row), None)
     return text_key, pair_key or partner or "text_pair"
@@ -141,7 +146,7 @@ def read_tfds(name: str, data_dir: str | None, split: str, keys: tuple[str | Non
     if not isinstance(features[label_key], tfds.features.ClassLabel):
         raise ConfigError(f"{where}: feature '{label_key}' is not a class label (label_key)")
     if text_key is None:
-        found = next(((a, b) for a, b in TFDS_TEXT_KEYS if a in features and (b is None or b in features)), None)
+        found = text_fields(features)
         if found is None:
             raise ConfigError(f"{where}: no text feature among {', '.join(sorted(features))}; set text_key (and "
                               "text_pair_key) in a dataset config")

@@ -7,13 +7,14 @@ shape is compiled."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 TEXT_CLASSIFIERS = ("sequence_classification", "token_classification")  # tasks whose prompts get labels
 FILL_MASK = "masked_lm"  # a masked LM fills its prompts' [MASK] tokens, as Hugging Face's fill-mask pipeline does
 DEFAULT_TOP_CLASSES = 5  # classes shown per image or text, as Hugging Face's image-classification pipeline shows
 
 
-def top_classes(logits, names: list[str], top: int) -> str:
+def top_classes(logits, names: Sequence[str], top: int) -> str:
     """``name probability, ...`` of the ``top`` likeliest classes of one row of class logits, likeliest first."""
     import numpy as np
 
@@ -22,15 +23,29 @@ def top_classes(logits, names: list[str], top: int) -> str:
     return ", ".join(f"{names[i]} {p[i]:.4f}" for i in np.argsort(-p, kind="stable")[:top])
 
 
-def class_names(model, path: str) -> list[str]:
+def class_names(model, path: str) -> Sequence[str]:
     """What the model's classes are called: a masked LM's vocabulary tokens (quoted: a token's spaces are part of
     it), a classifier's label names (its run's labels.json or its Hugging Face id2label), else their numbers."""
     from pretrained import label_names_of
 
     cfg = model.config
     if cfg.task == FILL_MASK:
-        return [repr(model.tokenizer.decode([i])) for i in range(cfg.n_vocab)]
+        return TokenNames(model.tokenizer, cfg.n_vocab)
     return label_names_of(path, cfg.num_labels) or list(map(str, range(cfg.num_labels)))
+
+
+class TokenNames(Sequence):
+    """A vocabulary's tokens as class names, each decoded when it is shown (a few per mask, not every token of a
+    50,000-token vocabulary for each command)."""
+
+    def __init__(self, tokenizer, n_vocab: int):
+        self.tokenizer, self.n_vocab = tokenizer, n_vocab
+
+    def __len__(self) -> int:
+        return self.n_vocab
+
+    def __getitem__(self, i) -> str:
+        return repr(self.tokenizer.decode([int(i)]))
 
 
 def image_lines(model, files: list[str], names: list[str], top: int) -> list[str]:
@@ -102,7 +117,7 @@ def word_labels(logits, text: str, names: list[str], model, prompt: int) -> str:
     return " ".join(f"{word}/{label}" for word, label in kept)
 
 
-def filled_masks(logits, ids, mask_id: int, names: list[str], top: int, model, prompt: int) -> str:
+def filled_masks(logits, ids, mask_id: int, names: Sequence[str], top: int, model, prompt: int) -> str:
     """``mask 1: 'tok' p, ...; mask 2: ...``: the ``top`` likeliest tokens at each ``mask_id`` of one row's (T, V)
     logits."""
     import numpy as np

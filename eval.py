@@ -38,9 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "device)")
     p.add_argument("--layout", default=DEFAULT_LAYOUT, help="layout with --mesh-shape")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
-    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="override a key of the model's config, a run's or a Hugging Face model's (repeatable, and "
-                   "several may follow one --set; keys that keep its parameters' shapes, such as precision=bfloat16)")
+    p.add_set_option()
     return p
 
 

@@ -78,9 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh-shape", metavar="SHAPE", help="run sharded on this mesh, e.g. x:4,y:2 (default: one "
                    "device)")
     p.add_argument("--layout", default=DEFAULT_LAYOUT, help="layout with --mesh-shape")
-    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="override a key of the model's config, a run's or a Hugging Face model's (repeatable, and "
-                   "several may follow one --set; keys that keep its parameters' shapes, such as precision=bfloat16)")
+    p.add_set_option()
     return p
 
 

@@ -52,9 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "state and schedule): fine-tuning; a directory, or ORG/NAME from the local Hugging Face cache")
     p.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and stop after step N (a time-sliced "
                    "job); the next run resumes there exactly")
-    p.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="override a config key; VALUE is JSON, or a plain string (repeatable, and several may "
-                   "follow one --set)")
+    p.add_set_option("override a config key; VALUE is JSON, or a plain string")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default")
     p.add_argument("--check-dataset", action="store_true", help="decode the first train batch, print token id "
                    "range, counts and its first text, and exit")

@@ -49,6 +49,12 @@ class ArgumentParser(argparse.ArgumentParser):
     argparse would first say that a required option is missing (``--promt x``: ``--prompt`` is). Subcommands'
     parsers are of this class too."""
 
+    def add_set_option(self, what: str = "override a key of the model's config, a run's or a Hugging Face model's; "
+                       "keys that keep its parameters' shapes, such as precision=bfloat16") -> None:
+        """``--set KEY=VALUE ...``: config keys ``what`` says, repeatable, several after one ``--set``."""
+        self.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                          help=f"{what} (repeatable, and several may follow one --set)")
+
     def parse_known_args(self, args=None, namespace=None):
         self.given = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)

@@ -16,6 +16,8 @@ from typing import Callable, Iterator, Sequence
 
 import jax
 
+from config import ConfigError, closest
+
 DIMENSIONS = {
     "batch": "B", "sequence": "T", "embd": "D", "heads": "N", "features_per_head": "H",
     "intermediate_expanded": "F", "vocab": "V", "experts": "E", "memory_length": "S",
@@ -33,6 +35,21 @@ HEADS = ("batch", "sequence", "heads", "features_per_head")  # (B, T, N, H): que
 # The rank of a low-rank update (LoRA, training/peft/lora.py). No layout may name it, so it is never split: each
 # factor is split like the weight it adapts along that weight's dimensions, and the rank dimension stays whole.
 LORA_RANK = "lora_rank"
+
+NAMES = (*DIMENSIONS, *ACTIVATION_DIMENSIONS, LORA_RANK)  # every name a parameter or an activation may carry
+
+
+def unknown_name_hint(name: str, names: Sequence[str] = NAMES) -> str:
+    """The hint after an unknown dimension name: the closest known one, or all of them."""
+    close = closest(name, list(names))
+    return f"; did you mean '{close}'?" if close else f" (valid: {', '.join(names)})"
+
+
+def check_names(what: str, names: Sequence[str | None]) -> None:
+    """A name no layout rule can match would leave its dimension whole on every device, silently: one line."""
+    for name in names:
+        if name is not None and name not in NAMES:
+            raise ConfigError(f"{what}: logical axis '{name}' is no dimension name{unknown_name_hint(name)}")
 
 Placer = Callable[[Sequence[str | None], Sequence[str]], jax.sharding.Sharding]
 _active = threading.local()
@@ -125,7 +142,11 @@ def constrain(x: jax.Array, names: Sequence[str | None], prefer: Sequence[str] =
 
     ``prefer`` names dimensions that take a contested mesh axis ahead of the layout order. Expert parallelism uses
     it: with ``batch:x,experts:x`` the expert computation runs on (batch, experts, ...) buffers split over experts,
-    so moving from tokens split by batch to buffers split by experts is one all-to-all over x."""
+    so moving from tokens split by batch to buffers split by experts is one all-to-all over x. The names are
+    checked on one device too, where a typo would otherwise pass every test and leave a pod's activation whole."""
+    check_names("constrain", names)
+    if len(names) != x.ndim:
+        raise ValueError(f"constrain: {len(names)} dimension names {tuple(names)} for an array of shape {x.shape}")
     placer = getattr(_active, "placer", None)
     if placer is None:
         return x

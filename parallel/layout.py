@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import re
 import sys
@@ -38,18 +37,12 @@ import flax.linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from config import ConfigError
-from models.axes import ACTIVATION_DIMENSIONS, DIMENSIONS, LORA_RANK, placing
+from models.axes import ACTIVATION_DIMENSIONS, DIMENSIONS, check_names, placing, unknown_name_hint
 from parallel.mesh import AXIS_NAME, mesh_axes
 
 NOT_SPLIT = "none"  # layout value: keep the dimension whole
 
 Rule = tuple[str, tuple[str, ...]]  # (dimension name, mesh axes it is split over; () for none)
-
-
-def closest(name: str, names: Sequence[str]) -> str:
-    """The hint after an unknown dimension name: the closest known one, or all of them."""
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else f" (valid: {', '.join(names)})"
 
 
 def layout_rules(text: str) -> tuple[Rule, ...]:
@@ -64,7 +57,7 @@ def layout_rules(text: str) -> tuple[Rule, ...]:
             hint = "; did you mean 'auto'?" if part.lower() == "auto" != part else ""
             raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x' or 'batch:x+z'){hint}")
         if name not in names:
-            raise ConfigError(f"layout: unknown dimension '{name}'{closest(name, names)}")
+            raise ConfigError(f"layout: unknown dimension '{name}'{unknown_name_hint(name, names)}")
         axes = () if value == NOT_SPLIT else tuple(a.strip() for a in value.split("+"))
         if not all(axes) and value != NOT_SPLIT:
             raise ConfigError(f"layout: '{part}' is not dimension:mesh_axis (e.g. 'batch:x' or 'batch:x+z')")
@@ -189,10 +182,7 @@ class Layout:
         """The sharding of one tensor; a clear error if a split dimension does not divide its mesh axis."""
         if len(names) != len(shape):
             raise ValueError(f"{what}: {len(names)} logical axes {names} for shape {tuple(shape)}")
-        known = (*DIMENSIONS, *ACTIVATION_DIMENSIONS, LORA_RANK)
-        for name in names:  # a name no rule can match would leave the dimension whole on every device, silently
-            if name is not None and name not in known:
-                raise ConfigError(f"{what}: logical axis '{name}' is no dimension name{closest(name, known)}")
+        check_names(what, names)
         spec = self.spec(names)
         for size, name, entry in zip(shape, names, spec):
             axes, split = spec_axes(entry), ways(self.mesh, entry)

@@ -119,3 +119,19 @@ def test_a_part_whose_logical_axis_is_no_dimension_name_is_one_line_naming_it():
     with pytest.raises(ConfigError, match=r"^parameter blocks/0/mlp/c_fc/kernel: logical axis 'embed' is no "
                                           r"dimension name; did you mean 'embd'\?"):
         param_shardings(layout, abstract, logical)
+
+
+def test_an_activation_constrained_by_a_name_that_is_no_dimension_is_one_line_on_one_device_too():
+    """``constrain(x, ("batch", "sequence", "embed"))`` in a custom part was a no-op on one device and left the
+    activation whole on a mesh, silently; a name for each dimension is checked too."""
+    from config import ConfigError
+    from models.axes import constrain
+
+    x = jax.numpy.zeros((2, 3, 4))
+    assert constrain(x, HIDDEN) is x  # one device: a no-op
+    with pytest.raises(ConfigError, match=r"^constrain: logical axis 'embed' is no dimension name; did you mean "
+                                          r"'embd'\?$"):
+        constrain(x, ("batch", "sequence", "embed"))
+    with pytest.raises(ValueError, match=r"^constrain: 2 dimension names \('batch', 'sequence'\) for an array of "
+                                         r"shape \(2, 3, 4\)$"):
+        constrain(x, ("batch", "sequence"))

@@ -269,15 +269,19 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: jax.Array
         q, k, v, *extras.values())
 
 
-def check_attention_output(fn, out, shape: tuple) -> None:
-    """A custom attention function's result must be what softmax_attention gives, a (B, T, N, H) array: another
-    shape would fail deep in the output projection, or (a size-1 dimension) broadcast there without a word."""
-    got = getattr(out, "shape", None)
-    if got is None or tuple(got) != tuple(shape):
+def checked_attention_output(fn, out, like: jax.Array) -> jax.Array:
+    """A custom attention function's result as softmax_attention gives it: a (B, T, N, H) array of ``like``'s
+    shape, in its dtype. Another shape would fail deep in the output projection, or (a size-1 dimension) broadcast
+    there without a word; a float32 result under bfloat16 compute (softmax in float32 for stability) would carry
+    float32 through the projection and the residual stream: it is cast back, as softmax_attention casts its own."""
+    got, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if got is None or tuple(got) != tuple(like.shape) or not jnp.issubdtype(dtype, jnp.floating):
         name = getattr(fn, "__name__", repr(fn))
-        what = f"shape {tuple(got)}" if got is not None else f"a {type(out).__name__}"
-        raise ConfigError(f"attention_fn: {name} returned {what}, not the (B, T, N, H) = {tuple(shape)} array "
-                          "softmax_attention returns")
+        what = (f"a {type(out).__name__}" if got is None else f"shape {tuple(got)}" if tuple(got) != like.shape
+                else f"an array of {dtype}")
+        raise ConfigError(f"attention_fn: {name} returned {what}, not the (B, T, N, H) = {tuple(like.shape)} "
+                          "float array softmax_attention returns")
+    return out.astype(like.dtype)
 
 
 class Attention(nnx.Module):
@@ -416,7 +420,7 @@ class Attention(nnx.Module):
                        kernel=self.kernel if mask is None else self.decode_kernel if decoding else "xla",
                        bias=bias)
         if self.attention_fn is not None:
-            check_attention_output(self.attention_fn, a, q.shape)
+            a = checked_attention_output(self.attention_fn, a, q)
         return a  # (B, T, N, H)
 
     def _linear(self, q, k, v, segment_ids, cache):

@@ -360,11 +360,23 @@ def test_a_custom_attention_of_the_wrong_shape_or_layers_is_one_line_naming_it()
     def with_weights(q, k, v, **options):  # Hugging Face's attention functions return (output, weights)
         return alibi_attention(q, k, v, **options), None
 
-    for fn, got in ((one_feature, r"shape \(2, 32, 4, 1\)"), (with_weights, "a tuple")):
+    def rounded(q, k, v, **options):  # an integer array passed on into the output projection
+        return jnp.round(alibi_attention(q, k, v, **options)).astype(jnp.int32)
+
+    for fn, got in ((one_feature, r"shape \(2, 32, 4, 1\)"), (with_weights, "a tuple"), (rounded, "an array of int32")):
         set_attention_fn(model, fn)
         with pytest.raises(ConfigError, match=rf"^attention_fn: {fn.__name__} returned {got}, not the "
-                                              r"\(B, T, N, H\) = \(2, 32, 4, 16\) array"):
+                                              r"\(B, T, N, H\) = \(2, 32, 4, 16\) float array"):
             model(TOKENS)
+
+
+def test_a_custom_attention_computed_in_float32_is_cast_back_to_the_compute_dtype():
+    """Softmax in float32 for stability under bfloat16 compute carried float32 on through the output projection and
+    the residual stream; the result is cast back, as softmax_attention casts its own."""
+    from models.attention import checked_attention_output
+
+    q = jnp.zeros((2, 8, 4, 16), jnp.bfloat16)
+    assert checked_attention_output(alibi_attention, q.astype(jnp.float32), q).dtype == jnp.bfloat16
 
 
 def test_a_part_the_model_already_holds_is_refused_not_replaced():

@@ -10,8 +10,8 @@ import scipy.stats
 from config import ConfigError
 from data.source import make_source
 from tests.common import tiny_config, train_metrics
-from tests.data_common import config, prepare_tiny_glue, prepare_tiny_stsb, use_dataset_configs
-from tests.test_labelled import write_jsonl
+from tests.data_common import prepare_tiny_glue, prepare_tiny_stsb, use_dataset_configs
+from tests.test_labelled import classify, write_jsonl
 from training.correlations import pearson, spearman
 from training.objectives import objective_for, report
 
@@ -21,8 +21,7 @@ EVAL = [{"text": "two men", "text_pair": "two people", "label": 3.8}, {"text": "
 
 
 def regression_data(num_labels=1, datasets="scores", **changes):
-    return config([[datasets, None, None, None]], 16, n_vocab=257, task="sequence_classification",
-                  num_labels=num_labels, **changes)
+    return classify(datasets, num_labels, **changes)
 
 
 @pytest.fixture
@@ -159,3 +158,13 @@ def test_regression_trains_sharded_as_on_one_device_and_accumulates_exactly():
             np.testing.assert_allclose([m[key] for m in run], [m[key] for m in single], rtol=0, atol=1e-5)
     assert single[-1]["loss"] < single[0]["loss"]
     assert "score" not in single[0] and "label" not in single[0]  # per-row values stay out of the train row
+
+
+def test_check_dataset_shows_a_regressions_scores(scores, capsys):
+    """--check-dataset indexed label names by a float label (a TypeError): it prints the score instead."""
+    from data.check import check_dataset
+
+    check_dataset(regression_data(train_batch_size=2, eval_batch_size=2), batch_size=2)
+    out = capsys.readouterr().out
+    assert "labels are scores: mean 2.088, min 0.25, max 4.6" in out and "labels (2,) float32" in out
+    assert "first example (label " in out

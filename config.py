@@ -80,8 +80,9 @@ class Config:
     model: str = _key("gpt_neo", "model family: " + ", ".join(registry.FAMILIES), choices=tuple(registry.FAMILIES))
     task: str = _key("causal_lm", "what is trained: " + ", ".join(TASKS) + "; default: the family's "
                      "(masked_lm when mlm_training)", choices=TASKS)
-    num_labels: int = _key(2, "classes of sequence_classification / token_classification / image_classification",
-                           minimum=2)
+    num_labels: int = _key(2, "classes of sequence_classification / token_classification / image_classification; "
+                           "1: sequence_classification is regression (one float per text, MSE loss), as in Hugging "
+                           "Face", minimum=1)
     head_hidden: list = _key([], "hidden widths of an MLP classification head (SwissArmyTransformer's MLPHeadMixin, "
                                  "activation_function between layers); []: a linear head")
 
@@ -357,6 +358,11 @@ class Config:
         return None if self.peft is None else check_peft(self.peft)
 
     @property
+    def regression(self) -> bool:
+        """A sequence classifier of one label scores each text with one float (Hugging Face's num_labels 1)."""
+        return self.task == "sequence_classification" and self.num_labels == 1
+
+    @property
     def reads_text(self) -> bool:
         """Whether the model's inputs are token ids, so a tokenizer goes with it (ViT reads images)."""
         return self.task != "image_classification"
@@ -550,9 +556,6 @@ def _type_name(annotation: str) -> str:
     return annotation.replace("Optional[", "").rstrip("]") + (" or null" if "Optional" in annotation else "")
 
 
-# Why num_labels 1 (or a float label) is refused: transformers reads it as regression, which NeoMesh does not train.
-REGRESSION = ("; Hugging Face's num_labels 1 is regression (one float per text), which NeoMesh's classifiers do "
-              "not train: they need 2 or more labels")
 
 
 def validated(cfg: Config) -> Config:
@@ -580,8 +583,7 @@ def validated(cfg: Config) -> Config:
         if meta["choices"] and value not in meta["choices"]:
             raise ConfigError(f"{f.name}: {json.dumps(value)} is not one of {_choices_hint(value, meta['choices'])}")
         if meta["min"] is not None and value < meta["min"]:
-            raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}"
-                              + (REGRESSION if f.name == "num_labels" and value == 1 else ""))
+            raise ConfigError(f"{f.name}: {value} is below the minimum {meta['min']}")
         if meta["max"] is not None and value > meta["max"]:
             raise ConfigError(f"{f.name}: {value} is above the maximum {meta['max']}")
     if cfg.mesh_shape == "auto" and cfg.layout != "auto":
@@ -694,6 +696,9 @@ def _check_task(cfg: Config) -> None:
     if cfg.entmax_loss and cfg.z_loss:
         raise ConfigError(f"z_loss: {cfg.z_loss} penalises the softmax normaliser, which entmax_loss does not use "
                           "(GPT-Neo ignored it there); set z_loss 0")
+    if cfg.num_labels == 1 and cfg.task in ("token_classification", "image_classification"):
+        raise ConfigError(f"num_labels: 1 is regression (Hugging Face's num_labels 1), which NeoMesh trains for task "
+                          f"sequence_classification only; task {cfg.task} needs 2 or more labels")
     if cfg.mlm_training and cfg.task != "masked_lm":
         raise ConfigError(f"mlm_training: true trains masked_lm, but task is {json.dumps(cfg.task)}")
     if cfg.task == "masked_lm":

@@ -48,7 +48,11 @@ def _config_of(hf: dict, source: str) -> Config:
     is one line naming the file (the families' mappings index and compute with the values)."""
     mapping = _mapping(hf.get("model_type"), source)
     try:
-        return mapping.config_from_hf(hf, source)
+        cfg = mapping.config_from_hf(hf, source)
+        if hf.get("problem_type") == "regression" and not cfg.regression:  # transformers: MSE over every output
+            raise ConfigError(f"{source}: problem_type regression with num_labels {cfg.num_labels} ({cfg.task}); "
+                              "NeoMesh's regression is a sequence classifier's one score (num_labels 1)")
+        return cfg
     except ConfigError as e:  # a NeoMesh key's check: named as the file's key it was read from
         key, sep, why = str(e).partition(": ")
         theirs = next((name for name in HF_NAMES.get(key, ()) if name in hf), None)
@@ -202,6 +206,8 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
         raise ConfigError(f"export: attention_fn {cfg.attention_fn}: Hugging Face's {cfg.model} computes with its "
                           "built-in attention, which these weights were not trained with")
     hf_config = mapping.config_to_hf(cfg)
+    if cfg.regression:  # what transformers infers from num_labels 1, said outright for every reader of the config
+        hf_config["problem_type"] = "regression"
     if labels and "id2label" in hf_config:
         hf_config.update(label_names.to_hf(labels))
     params = jax.tree.map(np.asarray, params)

@@ -74,6 +74,9 @@ def _check_labelled(source, batch: dict, cfg: Config) -> None:
           f"{source.tokenizer.vocab_size}); {real.sum(1).mean():.1f} real tokens per example of {inputs.shape[1]}")
     text = source.tokenizer.decode(inputs[0][real[0]])
     labels = batch["labels"][0]
+    if labels.ndim == 0 and source.label_names is None:  # a regression's score
+        print(f"first example (label {float(labels):.4g}):\n{text}")
+        return
     if labels.ndim == 0:
         label = int(labels)
         print(f"first example (label {label}: {source.label_names[label]}):\n{text}")

@@ -9,9 +9,11 @@ The key names are the dataset config's ``text_key``, ``text_pair_key`` and ``lab
 ``text_pair``, ``label``; a file without ``text`` is read by the TFDS names below, GLUE's ``sentence1`` and
 ``sentence2`` first). Labels are integers, or strings mapped to integers through the dataset config's
 ``labels`` list (else through the sorted set of the train file's labels); there must be ``num_labels`` of them.
+With ``num_labels`` 1 (Hugging Face's regression) a label is a number, the text's score (``"label": 3.8``).
 ``tfds:NAME[/CONFIG]`` reads a TFDS dataset prepared in a local data dir instead (``tfds:glue/mrpc``): its text
 features are found by name (sentence1/sentence2, question1/question2, premise/hypothesis, question/sentence,
-sentence, text) unless the dataset config names them, its labels are its ClassLabel feature.
+sentence, text) unless the dataset config names them, its labels are its ClassLabel feature (a regression's: a
+scalar number feature, as ``tfds:glue/stsb``'s float ``label``).
 
 Every example is tokenized once (``encode_pair``: the tokenizer's own [CLS]/[SEP] template), cut to n_ctx tokens
 (the longer text first) and right-padded with the padding id. Batch ``step`` is a pure function of (config,
@@ -29,7 +31,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from config import REGRESSION, Config, ConfigError
+from config import Config, ConfigError
 from data.tokenizer import Tokenizer, load_tokenizer
 
 # Text features of TFDS classification datasets (GLUE, SuperGLUE, IMDB, ...), tried in this order.
@@ -132,9 +134,10 @@ def read_jsonl(pattern: str, where: str, keys: tuple[str | None, str | None, str
     return examples
 
 
-def read_tfds(name: str, data_dir: str | None, split: str, keys: tuple[str | None, str | None, str]
-              ) -> tuple[Examples, list[str]]:
-    """The examples of a prepared TFDS split, in order, and the names of its ClassLabel feature."""
+def read_tfds(name: str, data_dir: str | None, split: str, keys: tuple[str | None, str | None, str],
+              regression: bool = False) -> tuple[Examples, list[str] | None]:
+    """The examples of a prepared TFDS split, in order, and the names of its ClassLabel feature (None for a
+    ``regression``'s scalar number label)."""
     from data.pipeline import open_tfds
     from data.tf_import import tensorflow_datasets
 
@@ -143,8 +146,14 @@ def read_tfds(name: str, data_dir: str | None, split: str, keys: tuple[str | Non
     builder = open_tfds(name, data_dir, split, label_key)
     features = builder.info.features
     where = f"tfds:{name}"
-    if not isinstance(features[label_key], tfds.features.ClassLabel):
-        raise ConfigError(f"{where}: feature '{label_key}' is not a class label (label_key)")
+    label = features[label_key]
+    number = isinstance(label, tfds.features.Tensor) and label.shape == () and np.issubdtype(label.np_dtype, np.number)
+    if regression and (not number or isinstance(label, tfds.features.ClassLabel)):  # a class id is no score
+        raise ConfigError(f"{where}: feature '{label_key}' is not a number (label_key), as num_labels 1's "
+                          "regression reads, such as tfds:glue/stsb's label")
+    if not regression and not isinstance(label, tfds.features.ClassLabel):
+        raise ConfigError(f"{where}: feature '{label_key}' is not a class label (label_key)"
+                          + ("; a number is a regression's score (num_labels 1)" if number else ""))
     if text_key is None:
         found = text_fields(features)
         if found is None:
@@ -157,10 +166,10 @@ def read_tfds(name: str, data_dir: str | None, split: str, keys: tuple[str | Non
     examples = Examples()
     for i, row in enumerate(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))):
         pair = row[pair_key].decode("utf-8") if pair_key is not None else None
-        examples.add(row[text_key].decode("utf-8"), pair, int(row[label_key]), f"{where} {split}: example {i}")
+        examples.add(row[text_key].decode("utf-8"), pair, row[label_key].item(), f"{where} {split}: example {i}")
     if not len(examples):
         raise ConfigError(f"{where}: split {split!r} has no examples")
-    return examples, list(features[label_key].names)
+    return examples, None if regression else list(label.names)
 
 
 def mixed_labels(label, names: list[str]) -> str:
@@ -241,9 +250,21 @@ def label_ids(examples: Examples, names: list[str] | None, num_labels: int) -> n
                 raise ConfigError(f"{place}: label {label} is outside 0..{num_labels - 1} (num_labels {num_labels})")
             ids[i] = label
         else:
-            regression = REGRESSION if isinstance(label, float) else ""
+            regression = "; a number is a regression's score, for num_labels 1" if isinstance(label, float) else ""
             raise ConfigError(f"{place}: label {json.dumps(label)} is neither an integer nor a string{regression}")
     return ids
+
+
+def scores(examples: Examples) -> np.ndarray:
+    """(N,) float32 regression labels (num_labels 1): numbers, integers included; anything else is an error
+    naming its line."""
+    out = np.empty(len(examples), np.float32)
+    for i, (label, place) in enumerate(zip(examples.labels, examples.places)):
+        if isinstance(label, bool) or not isinstance(label, (int, float)) or not np.isfinite(label):
+            raise ConfigError(f"{place}: label {json.dumps(label)} is not a number; num_labels 1 is regression (a "
+                              "score per text, as Hugging Face's num_labels 1), so every label is one")
+        out[i] = label
+    return out
 
 
 class ExampleStream:
@@ -300,16 +321,23 @@ class LabelledSource(ExampleStream):
         self.labels = labels
         self.tokenizer, self.shuffle, self.seed = tokenizer, shuffle, seed
         self.bytes_per_token = None  # per-example losses have no bits per byte
-        self.label_names = names or [str(i) for i in range(int(labels.max()) + 1)]
-        counts = np.bincount(labels, minlength=len(self.label_names))
         cut = int((self.lengths == n_ctx).sum())
-        self.description = (f"{description}: {len(labels):,} examples ({cut:,} cut to n_ctx {n_ctx}); per label: "
-                            + ", ".join(f"{name} {count}" for name, count in zip(self.label_names, counts)))
+        self.description = f"{description}: {len(labels):,} examples ({cut:,} cut to n_ctx {n_ctx}); "
+        if labels.dtype.kind == "f":  # a regression's scores: no names, no classes to count
+            self.label_names = None
+            self.description += (f"labels are scores: mean {labels.mean():.4g}, min {labels.min():.4g}, max "
+                                 f"{labels.max():.4g}")
+        else:
+            self.label_names = names or [str(i) for i in range(int(labels.max()) + 1)]
+            counts = np.bincount(labels, minlength=len(self.label_names))
+            self.description += "per label: " + ", ".join(f"{name} {count}"
+                                                         for name, count in zip(self.label_names, counts))
         self._order: tuple[int, np.ndarray] | None = None
 
     def batch(self, step: int, batch_size: int, rows: slice | None = None) -> dict:
         """Rows ``rows`` (default all) of global batch ``step``: {"inputs", "segment_ids" (1 real token,
-        0 padding), "token_types": (rows, n_ctx) int32, "labels": (rows,) int32, "weights": (rows,) float32}."""
+        0 padding), "token_types": (rows, n_ctx) int32, "labels": (rows,) int32 (a regression's float32),
+        "weights": (rows,) float32}."""
         ids, weights = self.example_ids(step, batch_size, rows)
         positions = np.arange(self.inputs.shape[1])
         return {"inputs": self.inputs[ids], "segment_ids": (positions < self.lengths[ids, None]).astype(np.int32),
@@ -348,12 +376,12 @@ def split_files(dataset: dict, split: str) -> tuple[str, str]:
     return pattern, f"{dataset['where']} {key}"
 
 
-def _read(dataset: dict, split: str) -> tuple[Examples, list[str] | None]:
+def _read(dataset: dict, split: str, regression: bool = False) -> tuple[Examples, list[str] | None]:
     """The examples of ``split`` and, for TFDS, its label names."""
     keys = (dataset.get("text_key"), dataset.get("text_pair_key"), dataset.get("label_key", "label"))
     if dataset["path"].startswith("tfds:"):
         tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")
-        return read_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, keys)
+        return read_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, keys, regression)
     return read_jsonl(*split_files(dataset, split), keys), None
 
 
@@ -364,7 +392,13 @@ def labelled_source(cfg: Config, split: str) -> LabelledSource:
     where = dataset["where"]
     tokenizer = load_tokenizer(dataset.get("tokenizer_path", "bytes"))
     check_tokenizer(tokenizer, dataset, cfg)
-    examples, tfds_names = _read(dataset, split)
+    examples, tfds_names = _read(dataset, split, cfg.regression)
+    if cfg.regression:
+        if dataset.get("labels") is not None:
+            raise ConfigError(f"{where}: labels names classes, and num_labels 1 is regression (a score per text); "
+                              "leave labels out, or set num_labels to their number")
+        return LabelledSource(examples, scores(examples), tokenizer, cfg.n_ctx, shuffle=split == "train",
+                              seed=cfg.seed, description=f"{split}: {where}")
     if tfds_names is not None:
         names = label_names({**dataset, "labels": dataset.get("labels", tfds_names)}, None, cfg.num_labels)
     else:

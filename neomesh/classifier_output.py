@@ -1,8 +1,8 @@
 """What predict.py prints for a model that labels rather than generates: an image classifier's likeliest classes
-per file, a sequence classifier's per prompt, a token classifier's label per word, a masked LM's likeliest tokens
-per [MASK] (Hugging Face's image-classification, text-classification, token-classification and fill-mask
-pipelines). Batches are the config's eval_batch_size rows (the last padded to it) and, for text, n_ctx wide, so one
-shape is compiled."""
+per file, a sequence classifier's per prompt (a regression's score: Hugging Face's num_labels 1), a token
+classifier's label per word, a masked LM's likeliest tokens per [MASK] (Hugging Face's image-classification,
+text-classification, token-classification and fill-mask pipelines). Batches are the config's eval_batch_size rows
+(the last padded to it) and, for text, n_ctx wide, so one shape is compiled."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def image_lines(model, files: list[str], names: list[str], top: int) -> list[str
 
 
 def text_lines(model, prompts: list[str], pairs: list[str | None], names: list[str], top: int) -> list[str]:
-    """``prompt N: ...`` for each prompt (and second text): a sequence classifier's likeliest labels, a token
+    """``prompt N: ...`` for each prompt (and second text): a sequence classifier's likeliest labels (a
+    regression's ``score 3.8125``: its one logit, as transformers' pipeline gives it), a token
     classifier's ``word/LABEL``s, a masked LM's likeliest tokens at each mask; printed as each batch is done, with a
     note where n_ctx cuts a prompt."""
     import jax
@@ -79,7 +80,8 @@ def text_lines(model, prompts: list[str], pairs: list[str | None], names: list[s
         from data.source import with_mask_token
 
         mask_id = with_mask_token(cfg, model.tokenizer).mlm_mask_token_id
-    describe = {"sequence_classification": lambda row, ids, text, i: top_classes(row, names, top),
+    describe = {"sequence_classification": lambda row, ids, text, i: f"score {row[0]:.4f}" if cfg.regression
+                else top_classes(row, names, top),
                 "token_classification": lambda row, ids, text, i: word_labels(row, text, names, model, i),
                 FILL_MASK: lambda row, ids, text, i: filled_masks(row, ids, mask_id, names, top, model, i)}[cfg.task]
     rows = min(cfg.eval_batch_size, len(prompts))

@@ -11,6 +11,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -62,10 +63,11 @@ def microbatch_count(cfg, layout: Layout) -> int:
 
 
 def objective_sums(graphdef: nnx.GraphDef, objective, params: Params, batch: Batch, compute_dtype,
-                   dropout_key: jax.Array | None = None) -> tuple[dict, jax.Array, dict]:
+                   dropout_key: jax.Array | None = None, keep_rows: bool = False) -> tuple[dict, jax.Array, dict]:
     """One forward pass -> ({"loss": sum of weighted losses, "weight": sum of weights, metric: weighted sum},
     sown penalty, sown metrics). Compute runs in ``compute_dtype`` on a cast copy of the float32 master
-    parameters, so gradients land on the masters."""
+    parameters, so gradients land on the masters. The objective's ``rows`` metrics are not summed: with
+    ``keep_rows`` they come as (B,) values, with the rows' weights as "row_weights"."""
     params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
     # Stacks stored stacked (scan_layers) run from the stored arrays; the per-layer slices the model is merged
     # from go unused there (XLA drops them).
@@ -75,7 +77,9 @@ def objective_sums(graphdef: nnx.GraphDef, objective, params: Params, batch: Bat
     weights = objective.weights(batch)
     penalty, aux = aux_losses.collect(sown)
     sums = {"loss": jnp.sum(losses * weights), "weight": jnp.sum(weights)}
-    sums.update({name: jnp.sum(values * weights) for name, values in metrics.items()})
+    sums.update({name: jnp.sum(values * weights) for name, values in metrics.items() if name not in objective.rows})
+    if keep_rows and objective.rows:
+        sums.update({name: metrics[name] for name in objective.rows}, row_weights=weights)
     return sums, penalty, aux
 
 
@@ -165,19 +169,21 @@ def make_train_step(graphdef: nnx.GraphDef, objective, tx: optax.GradientTransfo
 def make_eval_step(graphdef: nnx.GraphDef, objective, layout: Layout, param_shardings: Params,
                    data_shardings: dict, *, precision: str = "float32") -> Callable[[Params, Batch], dict]:
     """``(params, batch) -> {"loss": sum, "weight": sum, metric: sum}``: sums, so batches of any count average
-    exactly (see ``mean_of``)."""
+    exactly (see ``mean_of``); and the objective's per-row metrics, which ``mean_of`` joins."""
     compute_dtype = COMPUTE_DTYPES[precision]
 
     def eval_step(params: Params, batch: Batch):
         with layout.active():
-            return objective_sums(graphdef, objective, params, batch, compute_dtype)[0]
+            return objective_sums(graphdef, objective, params, batch, compute_dtype, keep_rows=True)[0]
 
     return jax.jit(eval_step, in_shardings=(param_shardings, data_shardings), out_shardings=replicated(layout.mesh),
                    compiler_options=step_options(layout.platform))
 
 
 def mean_of(sums: list[dict]) -> dict:
-    """Eval sums of several batches -> {"loss": mean, metric: mean} (weighted by each batch's weight)."""
+    """Eval sums of several batches -> {"loss": mean, metric: mean} (weighted by each batch's weight); per-row
+    metrics ((B,) arrays) are joined into one (N,) numpy array each, batch after batch."""
     weight = sum(float(s["weight"]) for s in sums)
     weight = weight if weight > 0 else 1.0
-    return {name: sum(float(s[name]) for s in sums) / weight for name in sums[0] if name != "weight"}
+    return {name: np.concatenate([np.asarray(s[name]) for s in sums]) if np.ndim(sums[0][name])
+            else sum(float(s[name]) for s in sums) / weight for name in sums[0] if name != "weight"}

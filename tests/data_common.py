@@ -90,6 +90,14 @@ def prepare_tiny_glue(data_dir: str, pairs: list[tuple[str, str, int]]) -> None:
     builder(config="mrpc", data_dir=data_dir).download_and_prepare()
 
 
+def prepare_tiny_stsb(data_dir: str, pairs: list[tuple[str, str, float]]) -> None:
+    """``neomesh_tiny_glue/stsb``, shaped like GLUE/STS-B (sentence1, sentence2, a float32 score ``label``, idx),
+    train: pairs[:8] and validation: the rest."""
+    builder = _tiny_glue_builder()
+    builder.PAIRS = pairs
+    builder(config="stsb", data_dir=data_dir).download_and_prepare()
+
+
 @functools.cache
 def _tiny_glue_builder():
     """The builder class, defined once: TFDS registers a dataset name when its class is defined."""
@@ -99,13 +107,14 @@ def _tiny_glue_builder():
 
     class NeomeshTinyGlue(tfds.core.GeneratorBasedBuilder):
         VERSION = tfds.core.Version("1.0.0")
-        BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="mrpc")]
+        BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="mrpc"), tfds.core.BuilderConfig(name="stsb")]
         PAIRS: list = []
 
         def _info(self):
+            label = tfds.features.Scalar(dtype=np.float32) if self.builder_config.name == "stsb" else \
+                tfds.features.ClassLabel(names=["not_equivalent", "equivalent"])
             return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
-                "sentence1": tfds.features.Text(), "sentence2": tfds.features.Text(),
-                "label": tfds.features.ClassLabel(names=["not_equivalent", "equivalent"]),
+                "sentence1": tfds.features.Text(), "sentence2": tfds.features.Text(), "label": label,
                 "idx": tfds.features.Scalar(dtype=np.int32)}), disable_shuffling=True)
 
         def _split_generators(self, dl_manager):

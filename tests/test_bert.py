@@ -320,6 +320,51 @@ def test_a_classifiers_label_names_survive_import_and_export(tmp_path):
     assert reloaded.id2label == {0: "negative", 1: "neutral", 2: "positive"} and reloaded.label2id["positive"] == 2
 
 
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_a_regression_imports_and_exports_with_transformers_scores(kind, tmp_path):
+    """Hugging Face's num_labels 1 (STS-B) is a regression: imported, its one logit per text is transformers' score;
+    exported, it is written as a regression (problem_type) with the same tensors, and loads in transformers."""
+    import json
+
+    from convert.hf import export_hf, import_hf
+
+    reference = hf_fixtures.encoder(kind=kind, head="sequence_classification", num_labels=1)
+    source = saved(reference, tmp_path / "in")
+    cfg, params = load_hf(source)
+    assert cfg.task == "sequence_classification" and cfg.num_labels == 1 and cfg.regression
+    tokens, mask = padded_batch(hf_fixtures.VOCAB, seed=3)
+    with torch.no_grad():
+        want = reference(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    got = ours(cfg, params, tokens, mask)
+    assert got.shape == want.shape == (3, 1) and np.std(want) > 0
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    import_hf(source, str(tmp_path / "run"))
+    export_hf(str(tmp_path / "run"), str(tmp_path / "out"))
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["problem_type"] == "regression" and len(written["id2label"]) == 1
+    original, exported = load_file(f"{source}/model.safetensors"), load_file(str(tmp_path / "out/model.safetensors"))
+    for name in exported:
+        assert np.array_equal(original[name], exported[name]), name
+    back = hf_fixtures.ENCODERS[kind, "sequence_classification"].from_pretrained(str(tmp_path / "out"),
+                                                                         attn_implementation="eager").eval()
+    assert back.config.problem_type == "regression" and back.num_labels == 1
+    with torch.no_grad():
+        again = back(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_allclose(again, want, atol=1e-6, rtol=0)  # the same tensors; RoBERTa's sums may round apart
+
+
+def test_problem_type_regression_of_several_outputs_is_one_line(tmp_path):
+    """transformers' multi-output regression (problem_type regression, num_labels 3) was loaded as a 3-class
+    softmax classifier; NeoMesh's regression is one score."""
+    reference = hf_fixtures.encoder(head="sequence_classification", num_labels=3)
+    reference.config.problem_type = "regression"
+    source = saved(reference, tmp_path)
+    with pytest.raises(ConfigError) as e:
+        load_hf(source)
+    assert str(e.value) == (f"{source}/config.json: problem_type regression with num_labels 3 "
+                            "(sequence_classification); NeoMesh's regression is a sequence classifier's one score "
+                            "(num_labels 1)")
+
 
 def roberta_tokenizer(path, specials):
     """A byte-level BPE of the test vocabulary whose special tokens take the first ids, in ``specials``' order."""

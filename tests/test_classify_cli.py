@@ -193,3 +193,57 @@ def test_predict_takes_sentence_pairs_and_notes_a_cut_prompt(tmp_path, capsys):
     assert "prompt 1" not in out.err
     assert predict.main(["--hf-model", hf_dir, "--prompt", "x", "--pair", "y", "--pair", "z"]) == 2
     assert capsys.readouterr().err.strip() == "error: --pair: 2 second texts for 1 prompts; give one per prompt"
+
+
+def test_predict_prints_a_regressions_score_for_each_text_and_pair(tmp_path, capsys):
+    """A num_labels 1 classifier (STS-B) was given softmax "probabilities" of its one class (always 1.0000): each
+    prompt, with its --pair, now gets its score, transformers' logit."""
+    import torch
+
+    import predict
+    from data.tokenizer import load_tokenizer
+
+    hf = hf_fixtures.encoder(head="sequence_classification", num_labels=1)
+    hf_dir = hf_fixtures.save(hf, tmp_path / "hf")
+    texts, pairs = ["the cat sat", "numbers 12345"], ["on the mat", "and words"]
+    assert predict.main(["--hf-model", hf_dir, *[a for t, q in zip(texts, pairs) for a in ("--prompt", t, "--pair", q)]
+                         ]) == 0
+    tokenizer = load_tokenizer(hf_dir)
+    for i, (line, text, pair) in enumerate(zip(capsys.readouterr().out.splitlines(), texts, pairs), 1):
+        ids, types = tokenizer.encode_pairs([text], [pair], 40)[0]
+        with torch.no_grad():
+            score = hf(torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0, 0].item()
+        assert line == f"prompt {i}: score {score:.4f}"
+    assert predict.main(["--hf-model", hf_dir, "--prompt", "x", "--top-k", "2"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --top-k: this sequence classifier is a regression (num_labels "
+                                               "1): it gives each prompt one score, no classes to show")
+
+
+@pytest.mark.e2e
+def test_a_regression_fine_tunes_on_stsb_and_reports_correlations(tmp_path):
+    """A Hugging Face BERT regression (num_labels 1) fine-tuned on a GLUE/STS-B-shaped TFDS dataset: eval rows carry
+    mse, pearson and spearmanr; the run gives scores through Pretrained and exports as a regression."""
+    from tests.data_common import prepare_tiny_stsb
+
+    prepare_tiny_stsb(str(tmp_path / "tfds"), [(f"sentence {i} about {'cats' if i % 2 else 'dogs'}", f"reply {i}",
+                                                 (i * 7 % 11) / 2) for i in range(14)])
+    source = hf_fixtures.save(hf_fixtures.encoder("bert", head="sequence_classification", num_labels=1, n_embd=32,
+                                                  n_head=2, n_layer=1, n_ctx=32, vocab=257, d_ff=64), tmp_path / "hf")
+    run = tmp_path / "stsb"
+    sets = TINY + ['datasets=[["tfds:neomesh_tiny_glue/stsb", null, null, null]]', f"tfds_data_dir={tmp_path / 'tfds'}",
+                   "tokenizer_path=bytes", "num_labels=1", "n_vocab=257"]
+    result = run_command("train.py", "--config", "configs/bert_classify.json", "--model-path", str(run),
+                         "--no-progress", "--init-from", source, *[arg for s in sets for arg in ("--set", s)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "labels are scores: mean" in result.stdout and "warning" not in result.stdout  # its head came along
+    (evaluation,) = metrics_rows(run, "eval")
+    assert set(evaluation) >= {"loss", "mse", "pearson", "spearmanr"} and "accuracy" not in evaluation
+    assert evaluation["mse"] == evaluation["loss"] > 0 and -1 <= evaluation["spearmanr"] <= 1
+    assert not (run / "labels.json").exists()
+    from pretrained import Pretrained
+
+    model = Pretrained.from_pretrained(str(run))
+    assert model.labels is None and model(["sentence 3 about cats"], ["reply 3"]).shape == (1, 1)
+    exported = run_command("-m", "convert", "export", str(run), str(tmp_path / "hf_out"))
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads((tmp_path / "hf_out" / "config.json").read_text())["problem_type"] == "regression"

@@ -72,8 +72,10 @@ def test_attention_types_expand():
                                "config"),  # it suggested weight_decay
     ({"n_layer": "2"}, 'n_layer: expected int, got "2"'),
     ({"lr": -1.0}, "lr: -1.0 is below the minimum 0.0"),
-    ({"num_labels": 1}, "num_labels: 1 is below the minimum 2; Hugging Face's num_labels 1 is regression (one float "
-                        "per text), which NeoMesh's classifiers do not train: they need 2 or more labels"),
+    ({"num_labels": 0}, "num_labels: 0 is below the minimum 1"),
+    ({"model": "bert", "task": "token_classification", "num_labels": 1},  # regression is a sequence's score
+     "num_labels: 1 is regression (Hugging Face's num_labels 1), which NeoMesh trains for task sequence_classification "
+     "only; task token_classification needs 2 or more labels"),
     ({"precision": "fp16"}, 'precision: "fp16" is not one of float32, bfloat16'),
     ({"n_head": 5}, "n_embd: 64 is not divisible by n_head 5"),
     ({"attention_types": [[["global", "local"], 3]]}, "attention_types: expands to 6 layers but n_layer is 2; set "

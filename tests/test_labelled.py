@@ -214,8 +214,8 @@ def test_tfds_glue_like_dataset_by_name(tiny_glue):
     ([{"text": "a", "label": "pos"}, {"text": "b", "label": " "}], {},  # was "num_labels: 3, but ... ( , pos)"
      '{path}: line 2: \'label\' is the empty label " " (label_key); give every example one of the labels'),
     ([{"text": "a", "label": 0.5}], {},  # Hugging Face's regression labels
-     "{path}: line 1: label 0.5 is neither an integer nor a string; Hugging Face's num_labels 1 is regression (one "
-     "float per text), which NeoMesh's classifiers do not train: they need 2 or more labels"),
+     "{path}: line 1: label 0.5 is neither an integer nor a string; a number is a regression's score, for "
+     "num_labels 1"),
     ([], {}, "{path}: no examples (an empty file, matched by {where} path)"),
 ])
 def test_bad_labelled_data_is_a_one_line_error(tmp_path, monkeypatch, rows, changes, message):

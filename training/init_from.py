@@ -130,7 +130,8 @@ def check_head(cfg: Config, theirs: Config, where: str, headless: bool = False) 
     ask for a new head; ``headless``: ``theirs`` has no classifier, whatever its config's label count."""
     if theirs.task == cfg.task and cfg.task in CLASSIFIERS and theirs.num_labels != cfg.num_labels \
             and not cfg.init_new_head and not headless:
-        raise ConfigError(f"{where} {cfg.init_from}: its classifier has {theirs.num_labels} labels, but num_labels "
+        has = "one output (a regression)" if theirs.regression else f"{theirs.num_labels} labels"
+        raise ConfigError(f"{where} {cfg.init_from}: its classifier has {has}, but num_labels "
                           f"is {cfg.num_labels}; --set init_new_head=true keeps its backbone and starts a new head "
                           f"of {cfg.num_labels} (--set num_labels={theirs.num_labels} fine-tunes its head)")
 

@@ -18,7 +18,7 @@ Batches (all int32 unless noted), by task:
     sequence_classification  {"inputs": (B, T), "segment_ids": (B, T) (0 = padding), "labels": (B,), "weights": (B,)
                              float (0: a row that does not count, such as the filler of a last, partial evaluation
                              batch; a batch without it counts every row)}, and "token_types" (B, T) for models
-                             with token type embeddings
+                             with token type embeddings; with num_labels 1 (regression) "labels" are float32 scores
     image_classification     {"images": (B, H, W, C) float32, "labels": (B,), "weights": (B,) float (as above)}
     token_classification     {"inputs", "segment_ids", "labels": (B, T)}: a label per token, -1 where none counts
                              (padding, a word's later sub-tokens), and "token_types" (B, T) as above
@@ -54,6 +54,8 @@ class Objective:
     weights: Callable  # batch -> per-target weights (float32), shaped like the losses
     per_token: bool  # the loss is nats per token: report perplexity (and bits per byte)
     loss_chunk: int = 0  # positions per chunk of a causal LM's loss (0: whole; objective_for decides)
+    # Metrics an evaluation keeps row by row instead of summing: a correlation needs every prediction.
+    rows: tuple[str, ...] = ()
 
     def __call__(self, model, batch: dict, dropout_key: jax.Array | None = None) -> Output:
         return self.compute(model, batch, dropout_key)
@@ -154,9 +156,14 @@ def _example_weights(batch: dict) -> jax.Array:
     return jnp.ones(batch["labels"].shape, jnp.float32)
 
 
-def _sequence_classification(model, batch: dict, dropout_key) -> Output:
+def _sequence_logits(model, batch: dict, dropout_key) -> jax.Array:
     kwargs = {"token_types": batch["token_types"]} if "token_types" in batch else {}
     logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)  # (B, C)
+    return logits
+
+
+def _sequence_classification(model, batch: dict, dropout_key) -> Output:
+    logits = _sequence_logits(model, batch, dropout_key)  # (B, C)
     labels = batch["labels"]
     predicted = jnp.argmax(logits, -1)
     metrics = {"accuracy": (predicted == labels).astype(jnp.float32)}
@@ -165,6 +172,14 @@ def _sequence_classification(model, batch: dict, dropout_key) -> Output:
                        false_positive=((predicted == 1) & (labels == 0)).astype(jnp.float32),
                        false_negative=((predicted == 0) & (labels == 1)).astype(jnp.float32))
     return cross_entropy(logits, labels), metrics
+
+
+def _sequence_regression(model, batch: dict, dropout_key) -> Output:
+    """num_labels 1 (Hugging Face's regression): the head's one logit is the score, its loss the squared error
+    (transformers' MSELoss); the scores and labels go to the eval row's correlations."""
+    scores = _sequence_logits(model, batch, dropout_key)[:, 0].astype(jnp.float32)  # (B,)
+    labels = batch["labels"].astype(jnp.float32)
+    return (scores - labels) ** 2, {"score": scores, "label": labels}
 
 
 def _image_classification(model, batch: dict, dropout_key) -> Output:
@@ -244,6 +259,8 @@ def objective_for(cfg: Config, layout=None, memory: float | None = None) -> Obje
         raise ConfigError("task: seq2seq trains a decoder, and this t5 has none (n_decoder_layer 0, an encoder "
                           "alone: it gives hidden states through pretrained.Pretrained)")
     objective = OBJECTIVES[cfg.task]
+    if cfg.regression:
+        objective = dataclasses.replace(objective, compute=_sequence_regression, rows=("score", "label"))
     chunk = loss_chunk(cfg, layout, memory) if cfg.task == "causal_lm" else 0
     if cfg.task in ("causal_lm", "masked_lm") and (cfg.z_loss or cfg.entmax_loss or chunk):
         token_loss = TokenLoss(z_loss=cfg.z_loss, entmax=cfg.entmax_loss, chunk=chunk)
@@ -282,8 +299,16 @@ def loss_chunk(cfg: Config, layout=None, memory: float | None = None) -> int:
 
 def report(objective: Objective, means: dict, bytes_per_token: float | None = None) -> dict:
     """Mean loss and metrics over an evaluation -> the reported row: adds perplexity (and bits per byte when the
-    data knows its bytes per token) for per-token losses, F1 where true/false positive rates are present."""
+    data knows its bytes per token) for per-token losses, F1 where true/false positive rates are present, and for
+    a regression its mean squared error and the Pearson and Spearman correlations of its scores with the labels
+    (run_glue's STS-B row: pearson, spearmanr) over the rows that count."""
     out = dict(means)
+    if objective.rows:
+        from training.correlations import pearson, spearman
+
+        counted = out.pop("row_weights") > 0
+        scores, labels = (out.pop(name)[counted] for name in objective.rows)
+        out.update(mse=out["loss"], pearson=pearson(scores, labels), spearmanr=spearman(scores, labels))
     tp, fp, fn = (out.pop(k, None) for k in ("true_positive", "false_positive", "false_negative"))
     if tp is not None:
         out["f1"] = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn > 0 else 0.0

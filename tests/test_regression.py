@@ -12,7 +12,6 @@ from data.source import make_source
 from tests.common import tiny_config, train_metrics
 from tests.data_common import prepare_tiny_glue, prepare_tiny_stsb, use_dataset_configs
 from tests.test_labelled import classify, write_jsonl
-from training.correlations import pearson, spearman
 from training.objectives import objective_for, report
 
 TRAIN = [{"text": "a cat sits", "text_pair": "a cat is sitting", "label": 4.6}, {"text": "a dog", "label": 0.25},
@@ -31,15 +30,6 @@ def scores(tmp_path, monkeypatch):
     use_dataset_configs(monkeypatch, tmp_path / "dc", scores=body)
     return lambda rows=None, **more: use_dataset_configs(monkeypatch, tmp_path / "dc", scores={
         **body, **({"path": write_jsonl(tmp_path / "bad.jsonl", rows)} if rows else {}), **more})
-
-
-def test_correlations_match_scipy_with_ties():
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=50), rng.normal(size=50)
-    x[::5], y[3:9] = 1.0, 2.0  # ties: the average of the ranks they span, as scipy gives them
-    assert pearson(x, y + 0.5 * x) == pytest.approx(scipy.stats.pearsonr(x, y + 0.5 * x)[0], abs=1e-12)
-    assert spearman(x, y - x) == pytest.approx(scipy.stats.spearmanr(x, y - x)[0], abs=1e-12)
-    assert np.isnan(pearson(np.ones(4), np.arange(4.0)))  # a constant has no correlation
 
 
 def test_jsonl_scores_are_float_labels_integers_included(scores):

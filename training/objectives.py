@@ -32,10 +32,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from config import Config, ConfigError
 from models.aux_losses import sow_aux_losses
@@ -304,11 +306,14 @@ def report(objective: Objective, means: dict, bytes_per_token: float | None = No
     (run_glue's STS-B row: pearson, spearmanr) over the rows that count."""
     out = dict(means)
     if objective.rows:
-        from training.correlations import pearson, spearman
+        import scipy.stats  # jax's own dependency
 
         counted = out.pop("row_weights") > 0
-        scores, labels = (out.pop(name)[counted] for name in objective.rows)
-        out.update(mse=out["loss"], pearson=pearson(scores, labels), spearmanr=spearman(scores, labels))
+        scores, labels = (out.pop(name)[counted].astype(np.float64) for name in objective.rows)
+        with warnings.catch_warnings():  # constant scores (an untrained head's) have no correlation: NaN, as scipy says
+            warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
+            out.update(mse=out["loss"], pearson=float(scipy.stats.pearsonr(scores, labels)[0]),
+                       spearmanr=float(scipy.stats.spearmanr(scores, labels)[0]))
     tp, fp, fn = (out.pop(k, None) for k in ("true_positive", "false_positive", "false_negative"))
     if tp is not None:
         out["f1"] = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn > 0 else 0.0

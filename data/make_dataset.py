@@ -538,7 +538,7 @@ def main(argv=None) -> int:
     p.add_argument("--min-frequency", type=int, default=2, metavar="N", help="BPE: pairs seen fewer times are "
                    "not merged")
     p.add_argument("--eval-fraction", type=float, default=EVAL_FRACTION, metavar="F",
-                   help="share of the documents held out for eval (0: none)")
+                   help="share of the documents held out for eval, each chosen by a hash of its text (0: none)")
     p.add_argument("--n-ctx", type=int, metavar="N", help="context length; records hold n_ctx + 1 tokens (default: "
                    "2048, or --config's n_ctx)")
     p.add_argument("--workers", type=int, default=0, metavar="N", help="processes writing TFRecords (0: one per "

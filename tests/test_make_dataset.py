@@ -601,6 +601,9 @@ def test_a_run_going_on_prepares_new_text_with_its_own_tokenizer(tmp_path, work_
     assert f"first use: preparing {work_root}/data_cache/more-" in out and "training a" not in out
     prepared, = glob.glob(str(work_root / "data_cache" / "more-*"))
     assert tokenizer_hash(load_tokenizer(os.path.join(prepared, "tokenizer.json"))) == own
+    held = {folder: set(re.findall(r"doc\d+", load_tokenizer(os.path.join(folder, "tokenizer.json")).decode(
+        sum(records(os.path.join(folder, "eval_*.tfrecords")), [])))) for folder in (first, prepared)}
+    assert held[prepared] <= held[first]  # the run going on finds none of the text it trained on in eval
     assert train.main(["--data", str(texts), "--model-path", str(run), "--check-dataset"] + sets) == 0
     assert f"data: reusing {first} (prepared" in capsys.readouterr().out
     assert train.main(["--data", str(more), "--model-path", str(run), "--new", "--check-dataset"] + sets) == 0

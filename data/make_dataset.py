@@ -13,9 +13,10 @@ config's ``datasets``. ``--config`` prepares the text for that config as ``train
 special tokens (BERT's ``[MASK]``, T5's sentinels) are trained into the BPE (or looked up in ``--tokenizer``), and
 the vocabulary size and context default to its ``n_vocab`` and ``n_ctx``.
 
-Eval split: every (1/fraction)-th document is held out (exactly floor(N * fraction) of N documents, spread
-evenly through the input order). A corpus with fewer documents than that (one book in one .txt file) gives
-instead the last fraction of each document, cut at a line break, to eval.
+Eval split (data/eval_split.py): a document is held out when a hash of its text falls below the fraction, so
+adding, removing or renaming files moves no other document between train and eval; at least one document is
+held out of two or more. A single document (one book in one .txt file) gives its last fraction, cut at a line
+break, to eval.
 
 The output folder defaults to ``data_cache/NAME-HASH``, HASH covering the input files' contents and the settings,
 so running the command again on the same files reuses it at once, and changed files get a new folder. It is
@@ -28,7 +29,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import math
 import os
 import shlex
 import sys
@@ -38,6 +38,7 @@ from typing import Callable, Iterator, Sequence
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from config import ConfigError  # noqa: E402  (after the path: run from anywhere)
+from data.eval_split import SCHEME as EVAL_SPLIT  # noqa: E402
 from neomesh.units import human_bytes  # noqa: E402
 
 FORMAT = "neomesh-text-dataset/1"
@@ -58,48 +59,34 @@ def dataset_name(inputs: list[str]) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "text"
 
 
-def held_out(k: int, fraction: float) -> bool:
-    """Whether document ``k`` (0-based, in input order) is an eval document: floor((k+1)f) > floor(kf)."""
-    return math.floor((k + 1) * fraction) > math.floor(k * fraction)
-
-
-def split_text(text: str, fraction: float) -> tuple[str, str]:
-    """(train, eval) parts of one document: its last ``fraction``, cut after a line break when there is one."""
-    cut = int(len(text) * (1 - fraction))
-    line_end = text.rfind("\n", 0, cut)
-    if line_end > 0:
-        cut = line_end + 1
-    return text[:cut], text[cut:]
-
-
-def documents(entries: list[tuple[str, int]], split: str, by_document: bool, fraction: float) -> Iterator[str]:
-    """The ``split`` ("train" or "eval") texts of input files ``[(path, index of its first document), ...]``."""
+def documents(files: list[str], which: str, split) -> Iterator[str]:
+    """The ``which`` ("train" or "eval") texts of input ``files`` under ``split`` (an ``EvalSplit``)."""
     from data.text_files import read_documents
 
-    for path, first in entries:
-        for j, text in enumerate(read_documents(path, keep_blank=False)):
-            if fraction <= 0:
-                part = text if split == "train" else ""
-            elif by_document:
-                part = text if held_out(first + j, fraction) == (split == "eval") else ""
-            else:
-                part = split_text(text, fraction)[split == "eval"]
+    for path in files:
+        for text in read_documents(path, keep_blank=False):
+            part = split.parts(text)[which == "eval"]
             if part:
                 yield part
 
 
-def count_documents(files: list[str], skip_bad_files: bool, say: Callable[[str], None]) -> tuple[
+def count_documents(files: list[str], skip_bad_files: bool, say: Callable[[str], None], draws) -> tuple[
         list[tuple[str, int]], list[dict]]:
     """``([(file, its documents), ...], [{"file", "error"} of each bad file skipped])``: every file is read through
     once, before any work, so a bad one (unreadable, not UTF-8, binary, corrupt .zst) stops the command at once,
     naming it, or with ``skip_bad_files`` is left out with a warning line; and the documents are counted as they
-    will be read (an empty .txt file holds none)."""
+    will be read (an empty .txt file holds none), each one's draw added to ``draws`` (data/eval_split.py)."""
+    from data.eval_split import Draws
     from data.text_files import SKIP_HINT, BadFile, read_documents
 
     counts, skipped = [], []
     for path in files:
         try:
-            counts.append((path, sum(1 for _ in read_documents(path, keep_blank=False))))
+            own = Draws(draws.fraction)  # merged once the whole file read without error
+            for text in read_documents(path, keep_blank=False):
+                own.add(text)
+            counts.append((path, own.count))
+            draws.merge(own)
         except BadFile as e:
             if not skip_bad_files:
                 raise BadFile(f"{e}; {SKIP_HINT}") from None
@@ -140,50 +127,30 @@ def content_key(files: list[str], settings: dict) -> str:
 
 
 def _write_shard(job) -> dict:
-    entries, split, by_document, fraction, out_path, tokenizer_path, chunk_size = job
+    files, which, split, out_path, tokenizer_path, chunk_size = job
     from data.create_tfrecords import write_file
     from data.tokenizer import load_tokenizer
 
-    counts = write_file(documents(entries, split, by_document, fraction), load_tokenizer(tokenizer_path), out_path,
-                        "chunks", chunk_size)
+    counts = write_file(documents(files, which, split), load_tokenizer(tokenizer_path), out_path, "chunks",
+                        chunk_size)
     if counts["records"] == 0:  # an empty TFRecord file is an error for the reader: leave none
         os.remove(out_path)
     return counts
 
 
-def plan_split(counts: list[tuple[str, int]], eval_fraction: float) -> tuple[list[tuple[str, int, int]], bool,
-                                                                            str]:
-    """``([(file, index of its first document, documents up to its end), ...], split by whole documents?,
-    a description of the eval split)`` of ``[(file, its documents), ...]``. Counting documents first lets every
-    file be split on its own (in parallel) while the held-out documents stay spread evenly through the whole
-    input."""
-    entries, total = [], 0
-    for path, count in counts:
-        first = total
-        total += count
-        entries.append((path, first, total))
-    by_document = math.floor(total * eval_fraction) >= 1
-    if eval_fraction == 0:
-        held = "none (--eval-fraction 0)"
-    elif by_document:
-        held = f"{math.floor(total * eval_fraction):,} of the documents, spread through the input"
-    else:
-        held = f"the last {eval_fraction:.0%} of each document (fewer than {math.ceil(1 / eval_fraction)} documents)"
-    return entries, by_document, held
-
-
-def write_splits(directory: str, entries: list[tuple[str, int]], by_document: bool, eval_fraction: float, tok,
-                 tokenizer_file: str, chunk_size: int, processes: int, say) -> tuple[dict, dict]:
-    """Writes ``train_*`` / ``eval_*`` TFRecords (consecutive input files grouped into at most MAX_SHARDS files
-    per split) and their indexes; returns (the dataset config, token/document/byte totals per split)."""
+def write_splits(directory: str, files: list[str], split, tok, tokenizer_file: str, chunk_size: int,
+                 processes: int, say) -> tuple[dict, dict]:
+    """Writes ``train_*`` / ``eval_*`` TFRecords of ``files`` divided by ``split`` (an ``EvalSplit``; consecutive
+    input files grouped into at most MAX_SHARDS files per split) and their indexes; returns (the dataset config,
+    token/document/byte totals per split)."""
     from data.create_tfrecords import write_index
 
-    count = min(len(entries), MAX_SHARDS)
-    shards = [entries[len(entries) * i // count:len(entries) * (i + 1) // count] for i in range(count)]
-    splits = ("train", "eval") if eval_fraction > 0 else ("train",)
+    count = min(len(files), MAX_SHARDS)
+    shards = [files[len(files) * i // count:len(files) * (i + 1) // count] for i in range(count)]
+    splits = ("train", "eval") if split.fraction > 0 else ("train",)
     tokenizer_path = os.path.join(directory, tokenizer_file) if tokenizer_file != "bytes" else "bytes"
-    jobs = [(shard, split, by_document, eval_fraction, os.path.join(directory, f"{split}_{i:05d}.tfrecords"),
-             tokenizer_path, chunk_size) for split in splits for i, shard in enumerate(shards)]
+    jobs = [(shard, which, split, os.path.join(directory, f"{which}_{i:05d}.tfrecords"), tokenizer_path,
+             chunk_size) for which in splits for i, shard in enumerate(shards)]
     processes = min(processes, len(jobs))
     say(f"data: writing TFRecords ({processes} process{'es' if processes > 1 else ''})")
     if processes > 1:
@@ -195,12 +162,12 @@ def write_splits(directory: str, entries: list[tuple[str, int]], by_document: bo
     dataset = {"path": "train_*.tfrecords", "tokenizer_path": tokenizer_file, "n_vocab": tok.vocab_size,
                "eos_id": tok.eos_id}
     totals = {}
-    for split in splits:
-        kept = [c for (_, s, *_), c in zip(jobs, written) if s == split and c["records"]]
-        totals[split] = {k: sum(c[k] for c in kept) for k in ("documents", "tokens", "bytes")}
+    for which in splits:
+        kept = [c for (_, s, *_), c in zip(jobs, written) if s == which and c["records"]]
+        totals[which] = {k: sum(c[k] for c in kept) for k in ("documents", "tokens", "bytes")}
         if kept:
-            write_index(os.path.join(directory, f"{split}.index"), kept, tok, tokenizer_file, "chunks", chunk_size)
-            if split == "eval":
+            write_index(os.path.join(directory, f"{which}.index"), kept, tok, tokenizer_file, "chunks", chunk_size)
+            if which == "eval":
                 dataset["eval_path"] = "eval_*.tfrecords"
     return dataset, totals
 
@@ -217,6 +184,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     flags that gave those values (train.py's are ``--data`` and the config's ``n_vocab`` and ``tokenizer_path``).
     A file that cannot be read or decoded is an error naming it, or with ``skip_bad_files`` is left out (a warning
     line each, counted in the summary); every file bad is an error still."""
+    from data.eval_split import Draws
     from data.prepare import build_once
     from data.text_files import expand_inputs
     from data.tokenizer import ByteTokenizer, check_bpe_size, load_tokenizer
@@ -242,7 +210,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
     trained = {"vocab_size": vocab_size, "min_frequency": min_frequency}
     if special_tokens:  # only then: the folders of earlier datasets keep their names
         trained["special_tokens"] = list(special_tokens)
-    settings = {"eval_fraction": eval_fraction, "chunk_size": n_ctx + 1,
+    settings = {"eval_fraction": eval_fraction, "eval_split": EVAL_SPLIT, "chunk_size": n_ctx + 1,
                 "tokenizer": ("bytes" if not hasattr(reused, "tok") else reused.tok.to_str()) if reused else trained}
     size = sum(os.path.getsize(f) for f in files if f != "embedded")
     if not size and "embedded" not in files:
@@ -268,27 +236,26 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
 
     def build(directory: str) -> None:
         os.makedirs(directory)
-        counts, skipped = count_documents(files, skip_bad_files, say)
+        draws = Draws(eval_fraction)
+        counts, skipped = count_documents(files, skip_bad_files, say, draws)
         if not counts:
             raise ConfigError(f"{input_flag} {' '.join(inputs)}: every file is bad ({len(skipped)} skipped); the "
                               f"first: {skipped[0]['error']}")
-        entries, by_document, held = plan_split(counts, eval_fraction)
-        if not entries[-1][2]:
+        if not draws.count:
             raise ConfigError(f"{input_flag} {' '.join(inputs)}: no text to train on" +
                               (f" ({len(skipped)} bad file{'s' * (len(skipped) != 1)} skipped)" if skipped else ""))
         textless = sum(1 for _, n in counts if not n)
         notes = [f"{len(skipped)} bad, skipped" if skipped else "", f"{textless} with no text" if textless else ""]
         notes = "; ".join(n for n in notes if n)
         used = sum(os.path.getsize(path) for path, _ in counts if path != "embedded")
-        say(f"data: {len(files)} files{f' ({notes})' if notes else ''}, {entries[-1][2]:,} documents, "
-            f"{human_bytes(used)}; eval: {held}")
-        entries = [(path, first) for path, first, _ in entries]
+        say(f"data: {len(files)} files{f' ({notes})' if notes else ''}, {draws.count:,} documents, "
+            f"{human_bytes(used)}; eval: {draws.described()}")
+        read, split = [path for path, _ in counts], draws.split()[0]
         tok = reused
         if tok is None:
             from data.tokenizer import train_bpe
             say(f"data: training a {vocab_size:,}-token byte-level BPE on the train documents")
-            tok = train_bpe(documents(entries, "train", by_document, eval_fraction), vocab_size, min_frequency,
-                            special_tokens)
+            tok = train_bpe(documents(read, "train", split), vocab_size, min_frequency, special_tokens)
             if tok.vocab_size < vocab_size:
                 from data.tokenizer import short_of
                 say(f"data: note: {short_of(tok.vocab_size, vocab_size, vocab_flag, min_frequency)}")
@@ -297,8 +264,7 @@ def make_dataset(inputs: list[str], output_dir: str | None = None, vocab_size: i
             tok.save(os.path.join(directory, tokenizer_file))
         # Start-up (a process imports TensorFlow) costs seconds: small inputs are written by this process alone.
         processes = workers or (os.cpu_count() or 1 if size > SMALL_INPUT else 1)
-        dataset, totals = write_splits(directory, entries, by_document, eval_fraction, tok, tokenizer_file,
-                                       n_ctx + 1, processes, say)
+        dataset, totals = write_splits(directory, read, split, tok, tokenizer_file, n_ctx + 1, processes, say)
         if not totals["train"]["tokens"]:
             raise ConfigError(f"{input_flag} {' '.join(inputs)}: no text to train on")
         with open(os.path.join(directory, "dataset.json"), "w") as f:
@@ -572,7 +538,7 @@ def main(argv=None) -> int:
     p.add_argument("--min-frequency", type=int, default=2, metavar="N", help="BPE: pairs seen fewer times are "
                    "not merged")
     p.add_argument("--eval-fraction", type=float, default=EVAL_FRACTION, metavar="F",
-                   help="share of the documents held out for eval (0: none)")
+                   help="share of the documents held out for eval, each chosen by a hash of its text (0: none)")
     p.add_argument("--n-ctx", type=int, metavar="N", help="context length; records hold n_ctx + 1 tokens (default: "
                    "2048, or --config's n_ctx)")
     p.add_argument("--workers", type=int, default=0, metavar="N", help="processes writing TFRecords (0: one per "

@@ -12,7 +12,9 @@ import pytest
 
 import neomesh.paths
 from config import ConfigError
-from data.make_dataset import config_for_data, dataset_name, held_out, make_dataset, split_text
+from data.eval_split import SCHEME, Draws, split_text
+from data.make_dataset import FORMAT, config_for_data, content_key, dataset_name, make_dataset
+from data.text_files import expand_inputs
 from tests.common import ROOT, metrics_rows, run_command, tiny_config
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -46,14 +48,6 @@ def records(pattern):
     return out
 
 
-def test_held_out_documents_are_exactly_the_fraction_spread_evenly():
-    for n in (1, 19, 20, 101, 1000):
-        chosen = [k for k in range(n) if held_out(k, 0.05)]
-        assert len(chosen) == n // 20
-        assert chosen == [20 * j + 19 for j in range(n // 20)]
-    assert sum(held_out(k, 0.3) for k in range(10)) == 3
-
-
 def test_one_document_splits_at_a_line_break():
     text = "".join(f"line {i}\n" for i in range(100))
     train, held = split_text(text, 0.1)
@@ -80,12 +74,13 @@ def test_folder_to_dataset_split_by_document_and_cached_by_content(tmp_path, wor
     tokenizer = load_tokenizer(os.path.join(folder, "tokenizer.json"))
     eval_text = tokenizer.decode(sum(records(os.path.join(folder, "eval_*.tfrecords")), []))
     train_text = tokenizer.decode(sum(records(os.path.join(folder, "train_*.tfrecords")), []))
-    assert re.findall(r"doc\d+", eval_text) == ["doc19", "doc39"]  # documents 19 and 39 of 40 are held out
-    assert sorted(re.findall(r"doc\d+", train_text)) == sorted(f"doc{i}" for i in range(40) if i not in (19, 39))
+    held = eval_markers(texts)  # none of these 40 hashes below 5%: the one of lowest hash is held out
+    assert sorted(re.findall(r"doc\d+", eval_text)) == held and len(held) == 1
+    assert sorted(re.findall(r"doc\d+", train_text)) == sorted(f"doc{i}" for i in range(40) if f"doc{i}" not in held)
     assert all(len(r) <= 33 for r in records(os.path.join(folder, "train_*.tfrecords")))  # n_ctx + 1 per record
     with open(os.path.join(folder, "DONE")) as f:
         totals = json.load(f)["totals"]
-    assert totals["train"]["documents"] == 38 and totals["eval"]["documents"] == 2
+    assert totals["train"]["documents"] == 39 and totals["eval"]["documents"] == 1
     out = capsys.readouterr().out
     assert "first use: preparing" in out and "training a 300-token byte-level BPE" in out
 
@@ -95,6 +90,47 @@ def test_folder_to_dataset_split_by_document_and_cached_by_content(tmp_path, wor
     assert os.path.getmtime(os.path.join(folder, "DONE")) == built and "reusing" in capsys.readouterr().out
     (texts / "000.txt").write_text("changed\n")
     assert make_dataset([str(texts)], vocab_size=300, n_ctx=32, workers=1) != folder
+
+
+def eval_markers(folder, fraction=0.05):
+    """The ``doc<i>`` markers of the documents of ``folder`` that the hash of their text holds out."""
+    split = Draws(fraction)
+    paths = expand_inputs([str(folder)])
+    for path in paths:
+        split.add(open(path).read())
+    split = split.split()[0]
+    return sorted(re.match(r"doc\d+", text)[0] for text in map(lambda p: open(p).read(), paths)
+                  if split.parts(text)[1])
+
+
+def eval_documents(folder):
+    """The ``doc<i>`` markers in a byte-level prepared folder's eval records."""
+    held = bytes(t for r in records(os.path.join(folder, "eval_*.tfrecords")) for t in r if t < 256).decode()
+    return sorted(re.findall(r"doc\d+", held))
+
+
+def test_adding_and_renaming_files_moves_no_document_between_train_and_eval(tmp_path, work_root):
+    texts = write_texts(tmp_path / "texts", 60)
+    before = eval_documents(make_dataset([str(texts)], tokenizer="bytes", n_ctx=64, workers=1))
+    assert before
+    (texts / "010.txt").rename(texts / "renamed.txt")
+    for i in range(60, 66):  # named to sort first: by position, every document after them would shift
+        (texts / f"-{i}.txt").write_text(f"doc{i}\nnew text {i}\n")
+    after = eval_documents(make_dataset([str(texts)], tokenizer="bytes", n_ctx=64, workers=1))
+    assert set(before) <= set(after) and set(after) - set(before) <= {f"doc{i}" for i in range(60, 66)}
+
+
+def test_a_folder_prepared_with_the_old_positional_split_is_prepared_anew(tmp_path, work_root, capsys):
+    texts = write_texts(tmp_path / "texts", 40)
+    old_settings = {"eval_fraction": 0.05, "chunk_size": 65, "tokenizer": "bytes"}  # no "eval_split" key
+    old_key = content_key(expand_inputs([str(texts)]), old_settings)[:8]
+    old = work_root / "data_cache" / f"texts-{old_key}"
+    old.mkdir(parents=True)
+    (old / "DONE").write_text(json.dumps({"format": FORMAT, "key": old_key}))
+    folder = make_dataset([str(texts)], tokenizer="bytes", n_ctx=64, workers=1)
+    assert folder != str(old) and "first use: preparing" in capsys.readouterr().out
+    with open(os.path.join(folder, "DONE")) as f:
+        assert json.load(f)["settings"]["eval_split"] == SCHEME
 
 
 def test_read_back_through_the_pipeline_and_trainer_config(tmp_path, work_root):
@@ -565,6 +601,9 @@ def test_a_run_going_on_prepares_new_text_with_its_own_tokenizer(tmp_path, work_
     assert f"first use: preparing {work_root}/data_cache/more-" in out and "training a" not in out
     prepared, = glob.glob(str(work_root / "data_cache" / "more-*"))
     assert tokenizer_hash(load_tokenizer(os.path.join(prepared, "tokenizer.json"))) == own
+    held = {folder: set(re.findall(r"doc\d+", load_tokenizer(os.path.join(folder, "tokenizer.json")).decode(
+        sum(records(os.path.join(folder, "eval_*.tfrecords")), [])))) for folder in (first, prepared)}
+    assert held[prepared] <= held[first]  # the run going on finds none of the text it trained on in eval
     assert train.main(["--data", str(texts), "--model-path", str(run), "--check-dataset"] + sets) == 0
     assert f"data: reusing {first} (prepared" in capsys.readouterr().out
     assert train.main(["--data", str(more), "--model-path", str(run), "--new", "--check-dataset"] + sets) == 0

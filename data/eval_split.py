@@ -27,8 +27,12 @@ SCALE = 1 << 64  # a draw is the hash's first 8 bytes: an integer in [0, SCALE)
 def draw(text: str) -> int:
     """The document's number in [0, SCALE): the same in every process and on every machine (no ``hash()``);
     a file saved with Windows line endings, or with a trailing newline added, draws the same."""
-    normal = text.replace("\r\n", "\n").strip().encode("utf-8")
-    return int.from_bytes(hashlib.sha256(SALT + normal).digest()[:8], "big")
+    return draw_bytes(text.replace("\r\n", "\n").strip().encode("utf-8"))
+
+
+def draw_bytes(content: bytes) -> int:
+    """``draw`` of raw content (an image file's bytes)."""
+    return int.from_bytes(hashlib.sha256(SALT + content).digest()[:8], "big")
 
 
 def split_text(text: str, fraction: float) -> tuple[str, str]:
@@ -73,7 +77,9 @@ class Draws:
         self.highest: tuple[int, int] | None = None
 
     def add(self, text: str) -> None:
-        value = draw(text)
+        self.add_draw(draw(text))
+
+    def add_draw(self, value: int) -> None:
         self.count += 1
         self.below += value < self.fraction * SCALE
         self.lowest, self.highest = _extreme(min, self.lowest, (value, 1)), _extreme(max, self.highest, (value, 1))

@@ -169,15 +169,24 @@ def decode(path: str, size: int, channels: int) -> np.ndarray:
     return pixels.reshape(size, size, channels)
 
 
-def held_out(classes: dict[str, list[str]], fraction: float, split: str) -> dict[str, list[str]]:
-    """Each class's files of ``split`` where eval is ``fraction`` of the class: a fixed draw (the same whatever the
-    run's seed, so eval never sees a training image), at least one image left to each side of a class of two."""
+def held_out(root: str, classes: dict[str, list[str]], fraction: float, split: str) -> dict[str, list[str]]:
+    """Each class's files of ``split``: an image is held out when the hash of its path in its class folder falls
+    below ``fraction`` (data/eval_split.py's draw, as for ``--data`` text), so adding or removing images, or
+    re-encoding them, moves no other image between train and eval, whatever the run's seed (its path, not its
+    bytes: nothing is read to decide, and a folder resized offline keeps its split); in a class of two or more
+    images at least one is on each side. A class of one image trains."""
+    from data.eval_split import Draws, draw_bytes
+
     chosen = {}
     for name, files in classes.items():
-        order = np.random.default_rng([0, len(files)]).permutation(len(files))
-        k = min(max(int(round(len(files) * fraction)), 1 if len(files) > 1 else 0), len(files) - 1)
-        picked = np.sort(order[len(files) - k:] if split == "eval" else order[:len(files) - k])
-        chosen[name] = [files[i] for i in picked]
+        values = [draw_bytes(os.path.relpath(path, os.path.join(root, name)).replace(os.sep, "/").encode("utf-8"))
+                  for path in files]
+        draws = Draws(fraction)
+        for value in values:
+            draws.add_draw(value)
+        rule, _ = draws.split()
+        chosen[name] = [path for path, value in zip(files, values)
+                        if (rule.whole_documents and rule.is_eval(value)) == (split == "eval")]
     return chosen
 
 
@@ -239,7 +248,8 @@ def read_folder(dataset: dict, split: str, names: list[str] | None, size: int, c
         if split == "eval" and dataset["eval_path"] == "":
             from data.source import NoEvalSet
             raise NoEvalSet(f"{where}: eval_path is empty (no eval set)")
-        classes = held_out(train, dataset["eval_fraction"], split) if dataset["eval_path"] is None else train
+        classes = train if dataset["eval_path"] is not None else held_out(dataset["path"], train,
+                                                                          dataset["eval_fraction"], split)
         root = dataset["path"]
     else:
         classes, root = class_files(dataset["eval_path"]), dataset["eval_path"]

@@ -164,7 +164,7 @@ def folder_images(cfg: Config, name: str, split: str) -> tuple[np.ndarray, np.nd
     names = in_head_order(cfg, names, dataset)
     images, labels, names = read_folder(dataset, split, names, cfg.image_size, cfg.num_channels)
     if dataset["eval_path"] is None:
-        held = f"{dataset['eval_fraction']:.0%} of each class held out for eval"
+        held = f"about {dataset['eval_fraction']:.0%} of each class held out for eval, by a hash of each image's path"
         where = f"{dataset['path']} ({'less the ' + held if split == 'train' else held})"
     else:
         where = dataset["path"] if split == "train" else dataset["eval_path"]

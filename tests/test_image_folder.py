@@ -96,16 +96,17 @@ def test_a_folder_of_class_folders_holds_out_a_fixed_fraction_of_each_class(tmp_
     files = write_folder(tmp_path / "shapes", 10, classes=("cat", "dog", "fox"))
     cfg = vit(tmp_path / "shapes", num_labels=3, image_size=4)
     train, evaluation = image_source(cfg, "train"), image_source(cfg.replace(seed=9), "eval")
-    assert (len(train), len(evaluation)) == (27, 3)
-    assert "(10% of each class held out for eval): 3 images" in evaluation.description
-    np.testing.assert_array_equal(evaluation.labels, [0, 1, 2])
+    assert len(train) + len(evaluation) == 30 and set(evaluation.labels) == {0, 1, 2}  # some of every class
+    assert "(about 10% of each class held out for eval, by a hash of each image's path): " in evaluation.description
     seen = np.concatenate([train.images, evaluation.images])  # no image on both sides, none left out
     assert len(np.unique(seen.reshape(30, -1), axis=0)) == 30
     use_dataset_configs(monkeypatch, tmp_path / "configs", shapes={"path": str(tmp_path / "shapes"),
                                                                    "eval_fraction": 0.3},
                         whole={"path": str(tmp_path / "shapes"), "eval_path": ""},
                         both={"path": str(tmp_path / "shapes"), "eval_path": str(tmp_path), "eval_fraction": 0.3})
-    assert len(image_source(cfg.replace(datasets=[["shapes", None, None, None]]), "eval")) == 9
+    more = image_source(cfg.replace(datasets=[["shapes", None, None, None]]), "eval")  # a larger share only adds
+    assert len(more) > len(evaluation)
+    assert {im.tobytes() for im in evaluation.images} <= {im.tobytes() for im in more.images}
     whole = cfg.replace(datasets=[["whole", None, None, None]])
     assert len(image_source(whole, "train")) == len(files) == 30  # GPT-Neo's "eval_path": "": no eval set
     with pytest.raises(NoEvalSet, match="eval_path is empty"):
@@ -113,6 +114,22 @@ def test_a_folder_of_class_folders_holds_out_a_fixed_fraction_of_each_class(tmp_
     with pytest.raises(ConfigError, match="^configs/dataset_configs/both.json: eval_fraction holds images out of "
                                           "path, but eval_path names an eval folder; give one of them$"):
         image_source(cfg.replace(datasets=[["both", None, None, None]]), "train")
+
+
+def test_adding_images_to_a_class_moves_no_other_image_between_train_and_eval():
+    """The held-out images were a permutation drawn from the class's size: one image more reshuffled the class, and
+    a run going on with it evaluated on images it had trained on. Each image's side is its path's, alone."""
+    from data.image_folder import held_out
+
+    root = os.path.join("pets")
+    cats = [os.path.join(root, "cat", f"{i:03d}.jpg") for i in range(200)]
+    sides = lambda files: [set(held_out(root, {"cat": files}, 0.1, s)["cat"]) for s in ("train", "eval")]  # noqa
+    train, evaluation = sides(cats)
+    assert 8 <= len(evaluation) <= 35 and train | evaluation == set(cats) and not train & evaluation
+    more_train, more_eval = sides(cats + [os.path.join(root, "cat", "new", f"{i}.png") for i in range(50)])
+    assert train <= more_train and evaluation <= more_eval
+    fewer_train, fewer_eval = sides(cats[::2])
+    assert fewer_train == train & set(cats[::2]) and fewer_eval == evaluation & set(cats[::2])
 
 
 @pytest.mark.parametrize("train, held", [("training", "eval"), ("train", "evaluation"), ("train", "testing")])
@@ -156,11 +173,11 @@ def test_images_in_a_class_folders_subfolders_belong_to_it_as_in_image_folder(tm
     assert looks_like_one(str(root / "fox"))  # its class folder "sub" holds an image one level further down
     cfg = vit(root, num_labels=3)
     train, evaluation = image_source(cfg, "train"), image_source(cfg, "eval")
-    assert train.description.endswith("eval): 4 images of 8x8x3; per label: cat 2, dog 1, fox 1")
-    assert evaluation.description.endswith("eval): 2 images of 8x8x3; per label: cat 1, dog 1, fox 0")  # 3 cats
+    assert train.description.endswith("path): 3 images of 8x8x3; per label: cat 1, dog 1, fox 1")
+    assert evaluation.description.endswith("path): 3 images of 8x8x3; per label: cat 2, dog 1, fox 0")  # 3 cats
     image_cache_on.clear()
     write_image(nested, COLOURS["cat"], 8, size=(20, 20))  # a nested file changed: the list is decoded anew
-    image_source(cfg, "train")
+    image_source(cfg, "eval")
     assert nested in image_cache_on
 
 

@@ -1183,20 +1183,14 @@ def closest(name: str, names: list[str]) -> str | None:
 def load_config(path: str, overrides: tuple[str, ...] = ()) -> tuple[Config, list[str]]:
     """Reads a JSON config file (see ``resolve_config_path``), applies ``--set`` overrides, validates;
     ``model_path`` defaults to runs/NAME."""
+    from neomesh.json_file import read_json
+
     path = resolve_config_path(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, not a JSON config file") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a JSON text file (byte {e.start} is not UTF-8)") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if os.path.isdir(path):
+        raise ConfigError(f"{path}: is a directory, not a JSON config file")
+    if not os.path.exists(path):
+        raise ConfigError(f"{path}: config file not found")
+    raw = read_json(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object of config keys")
     _check_not_another_kind_of_config(raw, path)

@@ -39,6 +39,7 @@ import sys
 import numpy as np
 
 from config import Config, ConfigError, from_dict
+from neomesh.json_file import read_json
 
 PREFIX = "gpt2/"
 OPTIMIZER_SLOT = re.compile(r"(/adam_[mv]|_slot_\w+)$")
@@ -164,14 +165,9 @@ def convert(checkpoint: str, model_path: str, config_path: str | None = None, to
     prefix = checkpoint_prefix(checkpoint)
     config_path = config_path or os.path.join(checkpoint if os.path.isdir(checkpoint) else
                                               os.path.dirname(checkpoint), "config.json")
-    try:
-        with open(config_path) as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{config_path}: no GPT-Neo config (the release's config.json); name it with --config") \
-            from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{config_path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    if not os.path.exists(config_path):
+        raise ConfigError(f"{config_path}: no GPT-Neo config (the release's config.json); name it with --config")
+    raw = read_json(config_path)
     cfg = config_from_gpt_neo({**raw, "model_path": model_path}, os.path.basename(config_path))
     tensors, global_step = read_checkpoint(prefix)
     params = params_from_mtf(cfg, tensors, prefix)

@@ -71,7 +71,8 @@ def _config_of(hf: dict, source: str) -> Config:
 
 def hf_config(hf_dir: str) -> Config:
     """The NeoMesh config of a Hugging Face model directory, from its config.json alone (no weights read)."""
-    from convert.hf_dir import not_a_model_directory, read_json
+    from convert.hf_dir import not_a_model_directory
+    from neomesh.json_file import read_json
 
     path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(path):

@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 
 from config import ConfigError
+from neomesh.json_file import read_json
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "spiece.model",
                    "tokenizer_config.json", "special_tokens_map.json")
@@ -81,19 +82,6 @@ def read_hf_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         if not np.isfinite(value).all():
             raise ConfigError(f"{path}: weight {name} holds NaN or infinity; refusing it")
     return hf_config, tensors
-
-
-def read_json(path: str):
-    """A JSON file's content; a one-line error naming the file if it cannot be read or parsed."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a JSON text file (byte {e.start} is not UTF-8)") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
 
 
 def export_target(out_dir: str) -> str:

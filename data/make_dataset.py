@@ -473,16 +473,9 @@ def read_given_dataset(dataset_file: str) -> dict:
     from config import KNOWN_KEYS
     from data.source import DATASET_KEYS
 
-    try:
-        with open(dataset_file, encoding="utf-8") as f:
-            dataset = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"--data {dataset_file}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--data {dataset_file}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") \
-            from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"--data {dataset_file}: not UTF-8 text (byte offset {e.start})") from None
+    from neomesh.json_file import read_json
+
+    dataset = read_json(dataset_file, f"--data {dataset_file}")
     if not isinstance(dataset, dict):
         raise ConfigError(f"--data {dataset_file}: a dataset config is a JSON object ({{\"path\": ...}}), not a "
                           f"{type(dataset).__name__}")

@@ -39,6 +39,7 @@ from data.shards import shard_files, shard_seed
 from data.tf_source import TFDataSource
 from data.tokenizer import Tokenizer, load_tokenizer, tokenizer_hash
 from neomesh import paths
+from neomesh.json_file import read_json
 
 DATASET_CONFIG_DIR = os.path.join(paths.configs_dir(), "dataset_configs")
 SHUFFLE_BUFFER = 1000  # documents (and windows) held for shuffling; GPT-Neo used 1000 * stitch
@@ -68,11 +69,7 @@ def load_dataset_config(name: str) -> dict:
                           + f" (known: {', '.join(names)}; or tfds:NAME, or the path of a dataset config .json)")
     where = name if by_path else f"configs/dataset_configs/{name}.json"
     base = os.path.dirname(os.path.abspath(path)) if by_path else paths.work_root()
-    try:
-        with open(path) as f:
-            dataset = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{where}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    dataset = read_json(path, where)
     if not isinstance(dataset, dict):
         raise ConfigError(f"{where}: a dataset config is a JSON object ({{\"path\": ...}}), not a "
                           f"{type(dataset).__name__}")

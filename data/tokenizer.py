@@ -352,11 +352,9 @@ def _tokenizer_config(path: str) -> dict:
     file = os.path.join(path, "tokenizer_config.json")
     if not os.path.exists(file):
         return {}
-    try:
-        with open(file) as f:
-            options = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{file}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    from neomesh.json_file import read_json
+
+    options = read_json(file)
     if not isinstance(options, dict):
         raise ConfigError(f"{file}: expected a JSON object")
     return options

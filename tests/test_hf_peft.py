@@ -1,0 +1,177 @@
+"""LoRA adapters between NeoMesh and Hugging Face's peft library (convert/peft_adapter.py): a NeoMesh LoRA model
+exported as a peft adapter directory computes its logits under ``peft.PeftModel.from_pretrained``, and a peft
+adapter loaded onto its base computes peft's, on tiny models built locally."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from config import ConfigError
+from convert.hf import load_hf
+from convert.hf_dir import write_hf_dir
+from convert.peft_adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_of, with_adapter
+from models import registry
+from tests import hf_fixtures
+from training.peft import apply_peft
+from training.peft.lora import lora_modules
+
+peft = pytest.importorskip("peft")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TOKENS = np.random.default_rng(0).integers(3, hf_fixtures.VOCAB, (2, 24))
+MASK = (np.arange(24)[None] < np.array([[24], [15]])).astype(np.int64)
+
+
+def base_model(cfg, params):
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: registry.build(cfg, nnx.Rngs(0))))
+    return nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params)))
+
+
+def real(logits):
+    """Per-token logits at the real (unpadded) positions; a sequence classifier's as they are."""
+    return logits[MASK == 1] if logits.ndim == 3 else logits
+
+
+def neomesh_logits(model, cfg):
+    tokens = jnp.asarray(TOKENS, jnp.int32)
+    if cfg.model in ("bert", "roberta"):
+        return real(np.asarray(model(tokens, segment_ids=jnp.asarray(MASK, jnp.int32))[0]))
+    return np.asarray(model(tokens)[0])
+
+
+def peft_logits(base, adapter_dir, cfg):
+    model = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
+    with torch.no_grad():
+        if cfg.model in ("bert", "roberta"):
+            return real(model(input_ids=torch.tensor(TOKENS), attention_mask=torch.tensor(MASK)).logits.numpy())
+        return model(input_ids=torch.tensor(TOKENS)).logits.numpy()
+
+
+def trained_lora(cfg, params, lora, head_moved=False):
+    """A NeoMesh model of ``cfg`` with LoRA ``lora`` whose B factors (and head, with ``head_moved``) moved from
+    their start, as training moves them."""
+    model = apply_peft(base_model(cfg, params), {"lora": lora})
+    rng = np.random.default_rng(1)
+    for _, m in lora_modules(model):
+        m.lora_b[...] = jnp.asarray(0.2 * rng.standard_normal(m.lora_b.shape), jnp.float32)
+    if head_moved:
+        for path, value in nnx.iter_graph(model):
+            if isinstance(value, nnx.Param) and path[0] in ("classifier", "score", "token_classifier"):
+                value[...] = value[...] + jnp.asarray(0.3 * rng.standard_normal(value.shape), jnp.float32)
+    return model
+
+
+def gpt2_classifier():
+    config = hf_fixtures.gpt2(n_embd=32, n_head=4, n_layer=2).config
+    config.num_labels, config.pad_token_id = 3, 1  # no row is padded: the last token pools, as in NeoMesh
+    torch.manual_seed(0)
+    return transformers.GPT2ForSequenceClassification(config).eval()
+
+
+FAMILIES = {
+    "gpt2": lambda: hf_fixtures.gpt2(n_embd=32, n_head=4, n_layer=2),
+    "gpt_neo": lambda: hf_fixtures.gpt_neo(n_embd=32, n_head=2, n_layer=2),
+    "bert": lambda: hf_fixtures.encoder("bert", "masked_lm"),
+    "roberta": lambda: hf_fixtures.encoder("roberta", "masked_lm"),
+    "bert_classifier": lambda: hf_fixtures.encoder("bert", "sequence_classification"),
+    "roberta_classifier": lambda: hf_fixtures.encoder("roberta", "sequence_classification"),
+    "gpt2_classifier": lambda: gpt2_classifier(),
+}
+
+
+@pytest.mark.parametrize("family, targets", [
+    ("gpt2", ["q", "v"]), ("gpt2", ["q", "k", "v", "out", "c_fc", "c_proj"]), ("gpt2", ["out"]),
+    ("gpt2", ["blocks/1/attn/k", "blocks/0/attn/q", "blocks/0/attn/v"]),
+    ("gpt_neo", ["q", "v"]), ("gpt_neo", ["q", "k", "v", "out", "c_fc", "c_proj"]),
+    ("bert", ["q", "v", "out", "c_proj"]), ("roberta", ["q", "k", "v", "c_fc"]),
+    ("bert_classifier", ["q", "v"]), ("roberta_classifier", ["q", "v", "c_proj"]), ("gpt2_classifier", ["q", "v"]),
+])
+def test_an_exported_adapter_computes_the_neomesh_logits_in_peft(family, targets, tmp_path):
+    reference = FAMILIES[family]()
+    base_dir = str(tmp_path / "base")
+    reference.save_pretrained(base_dir)
+    cfg, params = load_hf(base_dir)
+    lora = {"targets": targets, "rank": 3, "alpha": 5.0}
+    model = trained_lora(cfg, params, lora, head_moved=cfg.task != "causal_lm")
+    ours = neomesh_logits(model, cfg)
+    settings = {"lora": lora, "trainable": ["lora"] if cfg.task == "masked_lm" else None}
+    config, tensors = adapter_of(cfg.replace(peft=settings), nnx.to_pure_dict(nnx.state(model, nnx.Param)), base_dir)
+    write_hf_dir(str(tmp_path / "adapter"), config, tensors, names=(CONFIG_FILE, WEIGHTS_FILE))
+    written = json.load(open(tmp_path / "adapter" / CONFIG_FILE))
+    assert written["base_model_name_or_path"] == base_dir and written["r"] == 3 and written["lora_alpha"] == 5.0
+    assert written["task_type"] == {"causal_lm": "CAUSAL_LM", "masked_lm": None}.get(cfg.task, "SEQ_CLS")
+    base = type(reference).from_pretrained(base_dir).eval()
+    with torch.no_grad():
+        plain = peft_logits(type(reference).from_pretrained(base_dir).eval(), str(tmp_path / "adapter"), cfg)
+    assert np.abs(plain - neomesh_logits(base_model(cfg, params), cfg)).max() > 1e-3  # the LoRA matters
+    np.testing.assert_allclose(peft_logits(base, str(tmp_path / "adapter"), cfg), ours, atol=1e-4, rtol=0)
+
+
+def test_gpt2_target_modules_are_peft_names_and_fused_qkv_keeps_its_scale(tmp_path):
+    reference = hf_fixtures.gpt2(n_embd=32, n_head=4, n_layer=2)
+    reference.save_pretrained(str(tmp_path))
+    cfg, params = load_hf(str(tmp_path))
+    lora = {"targets": ["q", "v", "out"], "rank": 4, "alpha": 8.0}
+    model = trained_lora(cfg, params, lora)
+    config, tensors = adapter_of(cfg.replace(peft={"lora": lora}), nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+                                 "gpt2")
+    # attn.c_proj, not c_proj: that would adapt the MLP's c_proj too
+    assert config["target_modules"] == ["attn.c_proj", "c_attn"] and config["fan_in_fan_out"]
+    assert config["rank_pattern"] == {"c_attn": 8} and config["alpha_pattern"] == {"c_attn": 16.0}
+    b = tensors["base_model.model.transformer.h.0.attn.c_attn.lora_B.weight"]
+    assert b.shape == (96, 8) and not b[32:64].any()  # k has no LoRA: its rows of c_attn's B stay zero
+
+
+def peft_adapter(reference, tmp_path, **options):
+    """A peft LoRA adapter directory of ``reference`` with random factors (as a trained one has)."""
+    model = peft.get_peft_model(reference, peft.LoraConfig(**options))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name or "modules_to_save" in name:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(str(tmp_path / "adapter"))
+    return str(tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("family, options", [
+    ("gpt2", dict(target_modules=["c_attn", "mlp.c_proj"], r=4, lora_alpha=8, fan_in_fan_out=True)),
+    ("gpt2", dict(target_modules=["c_attn", "c_fc"], r=4, lora_alpha=8, fan_in_fan_out=True,
+                  rank_pattern={"c_fc": 2}, alpha_pattern={"c_attn": 3}, use_rslora=True)),
+    ("gpt_neo", dict(target_modules=["q_proj", "v_proj", "out_proj"], r=4, lora_alpha=16, layers_to_transform=[1])),
+    ("bert", dict(target_modules=["query", "value", "intermediate.dense"], r=2, lora_alpha=4)),
+])
+def test_a_peft_adapter_on_its_base_computes_peft_logits(family, options, tmp_path):
+    reference = FAMILIES[family]()
+    base_dir = str(tmp_path / "base")
+    reference.save_pretrained(base_dir)
+    adapter_dir = peft_adapter(FAMILIES[family](), tmp_path, **options)
+    cfg, params = load_hf(base_dir)
+    graphdef, state = nnx.split(base_model(cfg, params))
+    cfg, graphdef, loaded = with_adapter(cfg, graphdef, nnx.to_pure_dict(state), adapter_dir)
+    assert "lora" in cfg.peft
+    ours = neomesh_logits(nnx.merge(graphdef, nnx.State(loaded)), cfg)
+    theirs = peft_logits(type(reference).from_pretrained(base_dir).eval(), adapter_dir, cfg)
+    assert np.abs(theirs - neomesh_logits(base_model(*load_hf(base_dir)), cfg)).max() > 1e-3
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+
+
+def test_an_adapter_peft_cannot_hold_is_one_line(tmp_path):
+    reference = hf_fixtures.gpt2(n_embd=32, n_head=4, n_layer=2)
+    reference.save_pretrained(str(tmp_path))
+    cfg, params = load_hf(str(tmp_path))
+    settings = {"lora": {"targets": ["q"], "rank": 2}, "adapter": {"size": 4}}
+    with pytest.raises(ConfigError, match="peft.adapter has no place in a Hugging Face peft LoRA adapter"):
+        adapter_of(cfg.replace(peft=settings), params, "gpt2")
+    with pytest.raises(ConfigError, match="peft.trainable 'norm' has no place"):
+        adapter_of(cfg.replace(peft={"lora": {}, "trainable": ["lora", "norm"]}), params, "gpt2")
+    dora = peft_adapter(hf_fixtures.gpt2(n_embd=32, n_head=4, n_layer=2), tmp_path, target_modules=["c_attn"],
+                        use_dora=True, fan_in_fan_out=True)
+    graphdef, state = nnx.split(base_model(cfg, params))
+    with pytest.raises(ConfigError, match="use_dora true: NeoMesh's LoRA is plain LoRA"):
+        with_adapter(cfg, graphdef, nnx.to_pure_dict(state), dora)

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5, a text "
                         "classifier; a ViT with --image): a directory, or ORG/NAME[@REVISION] from the local Hugging "
                         "Face cache (nothing is downloaded)")
+    p.add_argument("--adapter", metavar="DIR", help="a Hugging Face peft LoRA adapter directory (adapter_config.json "
+                   "+ adapter_model.safetensors) put on the model, as peft's PeftModel.from_pretrained(base, DIR)")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "
@@ -195,7 +197,8 @@ def load_model(args, layout):
     from pretrained import load
 
     path = args.hf_model or args.model_path  # check_options resolved both
-    cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run")
+    cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run",
+                                            adapter=args.adapter)
     if args.image:
         if cfg.reads_text:
             raise ConfigError(f"--image: {path}: a {cfg.model} model trained for {cfg.task} reads text, not images; "

@@ -227,7 +227,7 @@ def export_adapter(model_path: str, out_dir: str) -> Config:
         hf_projections(cfg)
 
     cfg, _, params = load_run(model_path, check_config=check)
-    config, tensors = adapter_of(cfg, params, cfg.init_from)
+    config, tensors = adapter_of(cfg, params, base_name(cfg.init_from))
     write_hf_dir(out_dir, config, tensors, names=(CONFIG_FILE, WEIGHTS_FILE))
     if cfg.init_from is None:
         import sys
@@ -235,6 +235,20 @@ def export_adapter(model_path: str, out_dir: str) -> Config:
         print(f"note: {model_path} has no init_from: the adapter's base_model_name_or_path is null; its base is "
               f"the run's own initial weights, which no Hugging Face model holds", file=sys.stderr, flush=True)
     return cfg
+
+
+def base_name(init_from: str | None) -> str | None:
+    """What an adapter names as its base for a run's ``init_from``: ORG/NAME for a snapshot in the Hugging Face
+    cache, an adapter directory's own base (the run went on training it), else the directory."""
+    if init_from is None:
+        return None
+    if is_adapter_dir(init_from) and not os.path.isdir(os.path.join(init_from, "checkpoints")):
+        return read_adapter_dir(init_from)[0].get("base_model_name_or_path")
+    snapshots, _ = os.path.split(os.path.normpath(init_from))
+    repo = os.path.basename(os.path.dirname(snapshots))
+    if os.path.basename(snapshots) == "snapshots" and repo.startswith("models--"):
+        return repo[len("models--"):].replace("--", "/", 1)
+    return init_from
 
 
 # --- import -------------------------------------------------------------------------------------------------------
@@ -344,39 +358,37 @@ def lora_of_adapter(cfg: Config, path: str) -> tuple[dict, dict[str, np.ndarray]
     return settings, out, saved
 
 
-def with_adapter(cfg: Config, graphdef, params: dict, path: str) -> tuple[Config, object, dict]:
-    """(config, graphdef, parameters) of the model with the peft adapter directory ``path`` on it: its LoRA
-    factors, and its modules_to_save in place of the base's."""
+def adapter_params(cfg: Config, params: dict, path: str) -> tuple[Config, dict]:
+    """(``cfg`` with the adapter's ``peft`` LoRA setting, the parameters of that model: ``params``, the base's,
+    with the peft adapter directory ``path``'s LoRA factors, and its modules_to_save in place of the base's)."""
     import jax
-    import jax.numpy as jnp
-    from flax import nnx
 
-    from parallel.state import path_name
-    from training.peft import apply_peft
+    from parallel.state import abstract_model, path_name
+    from training.peft import build_model
 
     if cfg.peft is not None:
         raise ConfigError(f"--adapter {path}: the model already has peft parts ({', '.join(cfg.peft)}); load the "
                           "adapter onto its base")
     settings, factors, saved = lora_of_adapter(cfg, path)
+    given = _flat(params)
     if saved:  # whole modules: through the family's mapping, as the base's own weights
         mapping = _mapping(cfg)
         hf = mapping.params_to_hf(cfg, jax.tree.map(np.asarray, params))
         unknown = sorted(set(saved) - set(hf))
         if unknown:
             raise ConfigError(f"{path}/{WEIGHTS_FILE}: {unknown[0]} is not a weight of the base model")
-        params = mapping.params_from_hf(cfg, {**hf, **saved}, path)
-    model = apply_peft(nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params))), settings)
-    state = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        given.update(_flat(mapping.params_from_hf(cfg, {**hf, **saved}, path)))
+    cfg = cfg.replace(peft=settings)
+    abstract = abstract_model(lambda rngs: build_model(cfg, rngs))[1]
 
     def put(p, leaf):
         name = path_name(p)
         if name not in factors:
-            return leaf
+            return given[name]
         rows = leaf.shape[0] if name.endswith("lora_b") else math.prod(leaf.shape[:-1])  # (R, out), (in, R)
         if factors[name].shape != (rows, math.prod(leaf.shape) // rows):
             raise ConfigError(f"--adapter {path}: {name} has shape {factors[name].shape}, the base model's "
                               f"{leaf.shape}: another base than it was trained on?")
-        return jnp.asarray(factors[name].reshape(leaf.shape), leaf.dtype)
+        return factors[name].reshape(leaf.shape)
 
-    graphdef = nnx.graphdef(model)
-    return cfg.replace(peft=settings), graphdef, jax.tree_util.tree_map_with_path(put, state)
+    return cfg, jax.tree_util.tree_map_with_path(put, abstract)

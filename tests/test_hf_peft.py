@@ -13,10 +13,10 @@ from flax import nnx
 from config import ConfigError
 from convert.hf import load_hf
 from convert.hf_dir import write_hf_dir
-from convert.peft_adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_of, with_adapter
+from convert.peft_adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_of, adapter_params
 from models import registry
 from tests import hf_fixtures
-from training.peft import apply_peft
+from training.peft import apply_peft, build_model
 from training.peft.lora import lora_modules
 
 peft = pytest.importorskip("peft")
@@ -152,10 +152,10 @@ def test_a_peft_adapter_on_its_base_computes_peft_logits(family, options, tmp_pa
     reference.save_pretrained(base_dir)
     adapter_dir = peft_adapter(FAMILIES[family](), tmp_path, **options)
     cfg, params = load_hf(base_dir)
-    graphdef, state = nnx.split(base_model(cfg, params))
-    cfg, graphdef, loaded = with_adapter(cfg, graphdef, nnx.to_pure_dict(state), adapter_dir)
+    cfg, loaded = adapter_params(cfg, params, adapter_dir)
     assert "lora" in cfg.peft
-    ours = neomesh_logits(nnx.merge(graphdef, nnx.State(loaded)), cfg)
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(0))))
+    ours = neomesh_logits(nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, loaded))), cfg)
     theirs = peft_logits(type(reference).from_pretrained(base_dir).eval(), adapter_dir, cfg)
     assert np.abs(theirs - neomesh_logits(base_model(*load_hf(base_dir)), cfg)).max() > 1e-3
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
@@ -172,6 +172,79 @@ def test_an_adapter_peft_cannot_hold_is_one_line(tmp_path):
         adapter_of(cfg.replace(peft={"lora": {}, "trainable": ["lora", "norm"]}), params, "gpt2")
     dora = peft_adapter(hf_fixtures.gpt2(n_embd=32, n_head=4, n_layer=2), tmp_path, target_modules=["c_attn"],
                         use_dora=True, fan_in_fan_out=True)
-    graphdef, state = nnx.split(base_model(cfg, params))
     with pytest.raises(ConfigError, match="use_dora true: NeoMesh's LoRA is plain LoRA"):
-        with_adapter(cfg, graphdef, nnx.to_pure_dict(state), dora)
+        adapter_params(cfg, params, dora)
+
+
+def test_init_from_a_peft_adapter_starts_from_its_base_and_factors(tmp_path):
+    """train.py --init-from ADAPTER_DIR: the run's model is the base with the adapter's LoRA setting and factors,
+    computing peft's logits before any step."""
+    from training.init_from import imported_params, with_architecture_of
+
+    reference = FAMILIES["gpt2"]()
+    base_dir = str(tmp_path / "base")
+    reference.save_pretrained(base_dir)
+    adapter_dir = peft_adapter(FAMILIES["gpt2"](), tmp_path, target_modules=["c_attn"], r=4, lora_alpha=8,
+                               fan_in_fan_out=True)
+    config = json.load(open(f"{adapter_dir}/{CONFIG_FILE}"))
+    json.dump({**config, "base_model_name_or_path": base_dir}, open(f"{adapter_dir}/{CONFIG_FILE}", "w"))
+    notes = []
+    cfg = with_architecture_of(load_hf(base_dir)[0].replace(
+        init_from=adapter_dir, peft={"lora": {"targets": ["q", "v"], "rank": 8}, "checkpoint": "trainable"}),
+        "--init-from", notes)
+    assert cfg.peft["lora"]["targets"] == ["k", "q", "v"] and cfg.peft["lora"]["rank"] == 4
+    assert cfg.peft["checkpoint"] == "trainable" and any("peft.lora is the adapter's" in n for n in notes)
+    params = imported_params(cfg, adapter_dir)
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(0))))
+    ours = neomesh_logits(nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params))), cfg)
+    np.testing.assert_allclose(ours, peft_logits(type(reference).from_pretrained(base_dir).eval(), adapter_dir, cfg),
+                               atol=1e-4, rtol=0)
+
+
+@pytest.mark.e2e
+def test_a_peft_adapter_trains_on_predicts_and_exports_back_to_peft(tmp_path, monkeypatch):
+    """The README's commands: predict.py --hf-model BASE --adapter DIR, train.py --init-from DIR (the adapter's
+    LoRA goes on training; checkpoints hold only the factors), and export --adapter of that run, which peft loads
+    onto the base with the run's logits."""
+    import neomesh.paths
+    from pydoc_data.topics import topics
+
+    from pretrained import Pretrained
+    from tests.common import run_command
+
+    monkeypatch.setattr(neomesh.paths, "work_root", lambda: str(tmp_path))
+    base_dir = hf_fixtures.save(hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2, n_ctx=64), tmp_path / "gpt2")
+    adapter_dir = peft_adapter(hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2, n_ctx=64), tmp_path,
+                               target_modules=["c_attn", "attn.c_proj"], r=4, lora_alpha=8, fan_in_fan_out=True,
+                               task_type="CAUSAL_LM")
+    config = json.load(open(f"{adapter_dir}/{CONFIG_FILE}"))
+    json.dump({**config, "base_model_name_or_path": base_dir}, open(f"{adapter_dir}/{CONFIG_FILE}", "w"))
+    predicted = run_command("predict.py", "--hf-model", base_dir, "--adapter", adapter_dir, "--prompt", "The",
+                            "--temperature", "0", "--max-new-tokens", "4")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    plain = run_command("predict.py", "--hf-model", base_dir, "--prompt", "The", "--temperature", "0",
+                        "--max-new-tokens", "4")
+    assert predicted.stdout != plain.stdout  # the adapter changed what it generates
+    text = tmp_path / "my_text.txt"
+    text.write_text("\n".join(topics[k] for k in sorted(topics)[:12]))
+    run = tmp_path / "run"
+    trained = run_command("train.py", "--config", "configs/finetune_lora_gpt2.json", "--init-from", adapter_dir,
+                          "--data", str(text), "--model-path", str(run), "--no-progress", "--set", "train_steps=2",
+                          "--set", "eval_steps=1", "--set", "sample_tokens=0")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "peft.lora is the adapter's" in trained.stdout + trained.stderr
+    recorded = json.load(open(run / "init_from.json"))["fingerprint"]["files"]
+    assert {"adapter_model.safetensors", "base_model/model.safetensors"} <= set(recorded)  # the base is checked too
+    exported = run_command("-m", "convert", "export", str(run), str(tmp_path / "out"), "--adapter")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert json.load(open(tmp_path / "out" / CONFIG_FILE))["base_model_name_or_path"] == base_dir  # not the adapter
+    tuned = Pretrained.from_pretrained(str(run))
+    ours = np.asarray(tuned({"inputs": TOKENS, "segment_ids": np.ones_like(TOKENS)}))
+    cfg = tuned.config
+    theirs = peft_logits(transformers.GPT2LMHeadModel.from_pretrained(base_dir).eval(), str(tmp_path / "out"), cfg)
+    np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+    started = Pretrained.from_pretrained(base_dir, adapter=adapter_dir)
+    first = np.asarray(started({"inputs": TOKENS, "segment_ids": np.ones_like(TOKENS)}))
+    np.testing.assert_allclose(first, peft_logits(transformers.GPT2LMHeadModel.from_pretrained(base_dir).eval(),
+                                                  adapter_dir, cfg), atol=1e-4, rtol=0)
+    assert np.abs(first - ours).max() > 1e-4  # the run trained the adapter's factors on

@@ -72,10 +72,9 @@ def _flat(params: dict) -> dict[str, np.ndarray]:
 
 # --- export -------------------------------------------------------------------------------------------------------
 
-def adapter_of(cfg: Config, params: dict, base: str | None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(adapter_config.json's content, adapter_model.safetensors' tensors) of a LoRA model's parameters ``params``
-    (factors and base weights, unmerged); ``base``: its ``base_model_name_or_path``."""
-    from parallel.state import split_params
+def check_adapter_exportable(cfg: Config) -> None:
+    """A one-line error naming what of a run's ``peft`` setting a Hugging Face peft LoRA adapter cannot hold (the
+    config alone: before any weight is read)."""
     from training.peft.trainable import trainable_items
 
     settings = cfg.peft_settings or {}
@@ -92,6 +91,16 @@ def adapter_of(cfg: Config, params: dict, base: str | None) -> tuple[dict, dict[
                           "[\"lora\"], or export the merged model without --adapter")
     if cfg.share_parameters:
         raise ConfigError("export --adapter: share_parameters: a peft adapter holds factors per layer")
+    hf_projections(cfg)
+
+
+def adapter_of(cfg: Config, params: dict, base: str | None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(adapter_config.json's content, adapter_model.safetensors' tensors) of a LoRA model's parameters ``params``
+    (factors and base weights, unmerged); ``base``: its ``base_model_name_or_path``."""
+    from parallel.state import split_params
+
+    check_adapter_exportable(cfg)
+    settings = cfg.peft_settings
     lora = settings["lora"]
     rank, alpha = lora["rank"], lora["alpha"]
     flat = _flat(params)
@@ -222,9 +231,7 @@ def export_adapter(model_path: str, out_dir: str) -> Config:
 
     def check(cfg: Config) -> None:  # before the weights are restored
         check_export_sources(cfg, model_path, out_dir)
-        if "lora" not in (cfg.peft_settings or {}):
-            raise ConfigError(f"export --adapter: {model_path} has no peft.lora; export it whole (without --adapter)")
-        hf_projections(cfg)
+        check_adapter_exportable(cfg)
 
     cfg, _, params = load_run(model_path, check_config=check)
     config, tensors = adapter_of(cfg, params, base_name(cfg.init_from))

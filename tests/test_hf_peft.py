@@ -16,6 +16,7 @@ from convert.hf_dir import write_hf_dir
 from convert.peft_adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_of, adapter_params
 from models import registry
 from tests import hf_fixtures
+from tests.common import tiny_config
 from training.peft import apply_peft, build_model
 from training.peft.lora import lora_modules
 
@@ -170,6 +171,10 @@ def test_an_adapter_peft_cannot_hold_is_one_line(tmp_path):
         adapter_of(cfg.replace(peft=settings), params, "gpt2")
     with pytest.raises(ConfigError, match="peft.trainable 'norm' has no place"):
         adapter_of(cfg.replace(peft={"lora": {}, "trainable": ["lora", "norm"]}), params, "gpt2")
+    with pytest.raises(ConfigError, match="the masked-LM head trains .* shares the word embeddings"):
+        adapter_of(tiny_config(model="bert", task="masked_lm", peft={"lora": {}}), {}, "bert")
+    with pytest.raises(ConfigError, match="model t5: LoRA maps to Hugging Face peft for gpt2, gpt_neo, bert"):
+        adapter_of(tiny_config(model="t5", task="seq2seq", attention_types=None, peft={"lora": {}}), {}, "t5")
     dora = peft_adapter(hf_fixtures.gpt2(n_embd=32, n_head=4, n_layer=2), tmp_path, target_modules=["c_attn"],
                         use_dora=True, fan_in_fan_out=True)
     with pytest.raises(ConfigError, match="use_dora true: NeoMesh's LoRA is plain LoRA"):

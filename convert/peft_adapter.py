@@ -129,9 +129,8 @@ def adapter_of(cfg: Config, params: dict, base: str | None) -> tuple[dict, dict[
         tensors[f"{PREFIX}{module}.lora_A.weight"], tensors[f"{PREFIX}{module}.lora_B.weight"] = lora_a, lora_b
         ranks[module] = lora_a.shape[0]
     base_cfg = cfg.replace(peft=None)
-    hf, saved, owners = _head_modules(base_cfg, split_params(params, lambda n: n.rsplit("/", 1)[-1] not in ("lora_a",
-                                                                                                       "lora_b"))[0],
-                              cfg.peft_settings, set(modules))
+    base_params = split_params(params, lambda n: n.rsplit("/", 1)[-1] not in ("lora_a", "lora_b"))[0]
+    hf, saved, owners = _head_modules(base_cfg, base_params, settings, set(modules))
     tensors.update({PREFIX + key: value for key, value in saved.items()})
     wider = {module: r for module, r in ranks.items() if r != rank}  # GPT-2's c_attn with two or three of q/k/v
     rank_pattern = _patterns(wider, _module_names(hf))
@@ -174,7 +173,8 @@ def _patterns(values: dict[str, int], modules: set[str]) -> dict[str, int]:
     for module, value in values.items():
         name = module.rsplit(".", 1)[-1]
         every = [m for m in modules | set(values) if m.rsplit(".", 1)[-1] == name]
-        out[name if len(by_name[name]) == 1 and all(m in values for m in every) else module] = value
+        # peft reads the keys as regular expressions
+        out[name if len(by_name[name]) == 1 and all(m in values for m in every) else re.escape(module)] = value
     return out
 
 

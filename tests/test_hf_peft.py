@@ -253,3 +253,11 @@ def test_a_peft_adapter_trains_on_predicts_and_exports_back_to_peft(tmp_path, mo
     np.testing.assert_allclose(first, peft_logits(transformers.GPT2LMHeadModel.from_pretrained(base_dir).eval(),
                                                   adapter_dir, cfg), atol=1e-4, rtol=0)
     assert np.abs(first - ours).max() > 1e-4  # the run trained the adapter's factors on
+
+
+def test_an_adapter_names_a_hub_base_by_its_name_and_a_local_one_by_its_directory(tmp_path):
+    from convert.peft_adapter import base_name
+
+    snapshot = tmp_path / "hub" / "models--EleutherAI--gpt-neo-125M" / "snapshots" / "abc123"
+    assert base_name(str(snapshot)) == "EleutherAI/gpt-neo-125M"
+    assert base_name(str(tmp_path / "gpt2")) == str(tmp_path / "gpt2") and base_name(None) is None

@@ -27,12 +27,16 @@ from config import Config, ConfigError
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PREFIX = "base_model.model."
-TASK_TYPES = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS"}
+TASK_TYPES = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS",
+              "seq2seq": "SEQ_2_SEQ_LM"}
 
 
-def hf_projections(cfg: Config) -> dict[str, tuple[str, int | None]]:
+def hf_projections(cfg: Config, legacy: bool = False) -> dict[str, tuple[str, int | None]]:
     """{NeoMesh block projection path: (the Hugging Face module that holds it, its slot in GPT-2's fused
-    q/k/v ``c_attn``, else None)} for the families whose LoRA targets map."""
+    q/k/v ``c_attn``, else None)}. transformers 5 renamed ViT's modules (``vit.layers.0.attention.q_proj``; its
+    checkpoints keep the old weight names), and peft names them so; ``legacy``: the names transformers 4 gave."""
+    if cfg.model == "t5":
+        return _t5_projections(cfg)
     table = {}
     for i in range(cfg.n_layer):
         b = f"blocks/{i}/"
@@ -45,16 +49,36 @@ def hf_projections(cfg: Config) -> dict[str, tuple[str, int | None]]:
             h = f"transformer.h.{i}."
             table.update({b + f"attn/{x}": (f"{h}attn.attention.{x}_proj", None) for x in ("q", "k", "v", "out")})
             table.update({b + "mlp/c_fc": (h + "mlp.c_fc", None), b + "mlp/c_proj": (h + "mlp.c_proj", None)})
-        elif cfg.model in ("bert", "roberta"):
+        elif cfg.model == "vit" and not legacy:
+            h = f"vit.layers.{i}."
+            table.update({b + f"attn/{x}": (f"{h}attention.{name}_proj", None)
+                          for x, name in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"))})
+            table.update({b + "mlp/c_fc": (h + "mlp.fc1", None), b + "mlp/c_proj": (h + "mlp.fc2", None)})
+        else:  # BERT, RoBERTa, ViT of old: one encoder layout, ViT's attention one level deeper
             h = f"{cfg.model}.encoder.layer.{i}."
-            table.update({b + f"attn/{x}": (f"{h}attention.self.{name}", None)
+            attention = "attention.attention." if cfg.model == "vit" else "attention.self."
+            table.update({b + f"attn/{x}": (f"{h}{attention}{name}", None)
                           for x, name in (("q", "query"), ("k", "key"), ("v", "value"))})
             table.update({b + "attn/out": (h + "attention.output.dense", None),
                           b + "mlp/c_fc": (h + "intermediate.dense", None),
                           b + "mlp/c_proj": (h + "output.dense", None)})
-        else:
-            raise ConfigError(f"peft adapter: model {cfg.model}: LoRA maps to Hugging Face peft for gpt2, gpt_neo, "
-                              "bert and roberta")
+    return table
+
+
+def _t5_projections(cfg: Config) -> dict[str, tuple[str, None]]:
+    mlp = (("c_gate", "wi_0"), ("c_fc", "wi_1")) if cfg.mlp_glu else (("c_fc", "wi"),)
+    table = {}
+    for side, layers in (("encoder", cfg.n_layer), ("decoder", cfg.decoder_layers)):
+        for i in range(layers or 0):
+            ours, theirs = f"{side}/blocks/{i}/", f"{side}.block.{i}.layer."
+            attention = [("attn", "0.SelfAttention")] + ([("crossattention", "1.EncDecAttention")] if side ==
+                                                          "decoder" else [])
+            for part, module in attention:
+                table.update({f"{ours}{part}/{x}": (f"{theirs}{module}.{name}", None)
+                              for x, name in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"))})
+            last = "2" if side == "decoder" else "1"
+            table.update({f"{ours}mlp/{x}": (f"{theirs}{last}.DenseReluDense.{name}", None)
+                          for x, name in mlp + (("c_proj", "wo"),)})
     return table
 
 
@@ -134,7 +158,8 @@ def adapter_of(cfg: Config, params: dict, base: str | None) -> tuple[dict, dict[
     tensors.update({PREFIX + key: value for key, value in saved.items()})
     wider = {module: r for module, r in ranks.items() if r != rank}  # GPT-2's c_attn with two or three of q/k/v
     rank_pattern = _patterns(wider, _module_names(hf))
-    config = {"peft_type": "LORA", "task_type": TASK_TYPES.get(cfg.task), "base_model_name_or_path": base,
+    task_type = None if cfg.model == "t5" and not cfg.decoder_layers else TASK_TYPES.get(cfg.task)  # an encoder
+    config = {"peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base,
               "r": rank, "lora_alpha": alpha, "lora_dropout": lora["dropout"],
               "target_modules": _target_modules(set(modules), _module_names(hf)),
               "fan_in_fan_out": cfg.model == "gpt2",  # GPT-2's Conv1D stores (in, out)
@@ -323,8 +348,9 @@ def lora_of_adapter(cfg: Config, path: str) -> tuple[dict, dict[str, np.ndarray]
     _check_lora_config(config, source)
     table = hf_projections(cfg)
     inverse: dict[str, list[tuple[int | None, str]]] = {}
-    for ours, (module, slot) in table.items():
-        inverse.setdefault(module, []).append((slot, ours))
+    for names in [table] + ([hf_projections(cfg, legacy=True)] if cfg.model == "vit" else []):
+        for ours, (module, slot) in names.items():
+            inverse.setdefault(module, []).append((slot, ours))
     factors = {}
     for key in tensors:
         if ".lora_" not in key:

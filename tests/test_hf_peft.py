@@ -26,6 +26,7 @@ transformers = pytest.importorskip("transformers")
 
 TOKENS = np.random.default_rng(0).integers(3, hf_fixtures.VOCAB, (2, 24))
 MASK = (np.arange(24)[None] < np.array([[24], [15]])).astype(np.int64)
+PIXELS = np.random.default_rng(0).standard_normal((2, 16, 16, 3)).astype(np.float32)
 
 
 def base_model(cfg, params):
@@ -42,6 +43,10 @@ def neomesh_logits(model, cfg):
     tokens = jnp.asarray(TOKENS, jnp.int32)
     if cfg.model in ("bert", "roberta"):
         return real(np.asarray(model(tokens, segment_ids=jnp.asarray(MASK, jnp.int32))[0]))
+    if cfg.model == "t5":
+        return np.asarray(model(tokens, decoder_inputs=tokens[:, :7])[0])
+    if cfg.model == "vit":
+        return np.asarray(model(jnp.asarray(PIXELS))[0])
     return np.asarray(model(tokens)[0])
 
 
@@ -50,6 +55,10 @@ def peft_logits(base, adapter_dir, cfg):
     with torch.no_grad():
         if cfg.model in ("bert", "roberta"):
             return real(model(input_ids=torch.tensor(TOKENS), attention_mask=torch.tensor(MASK)).logits.numpy())
+        if cfg.model == "t5":
+            return model(input_ids=torch.tensor(TOKENS), decoder_input_ids=torch.tensor(TOKENS[:, :7])).logits.numpy()
+        if cfg.model == "vit":
+            return model(pixel_values=torch.from_numpy(PIXELS.transpose(0, 3, 1, 2))).logits.numpy()
         return model(input_ids=torch.tensor(TOKENS)).logits.numpy()
 
 
@@ -74,6 +83,12 @@ def gpt2_classifier():
     return transformers.GPT2ForSequenceClassification(config).eval()
 
 
+def vit():
+    from tests.test_vit import hf_vit
+
+    return hf_vit(16, 4, 3, 32, 4, 2, 5)
+
+
 FAMILIES = {
     "gpt2": lambda: hf_fixtures.gpt2(n_embd=32, n_head=4, n_layer=2),
     "gpt_neo": lambda: hf_fixtures.gpt_neo(n_embd=32, n_head=2, n_layer=2),
@@ -82,6 +97,9 @@ FAMILIES = {
     "bert_classifier": lambda: hf_fixtures.encoder("bert", "sequence_classification"),
     "roberta_classifier": lambda: hf_fixtures.encoder("roberta", "sequence_classification"),
     "gpt2_classifier": lambda: gpt2_classifier(),
+    "t5": lambda: hf_fixtures.t5(),
+    "t5_gated": lambda: hf_fixtures.t5(ffn="gated-gelu", tied=False),
+    "vit": lambda: vit(),
 }
 
 
@@ -91,6 +109,8 @@ FAMILIES = {
     ("gpt_neo", ["q", "v"]), ("gpt_neo", ["q", "k", "v", "out", "c_fc", "c_proj"]),
     ("bert", ["q", "v", "out", "c_proj"]), ("roberta", ["q", "k", "v", "c_fc"]),
     ("bert_classifier", ["q", "v"]), ("roberta_classifier", ["q", "v", "c_proj"]), ("gpt2_classifier", ["q", "v"]),
+    ("t5", ["q", "v", "out", "c_fc", "c_proj"]), ("t5_gated", ["k", "c_gate", "decoder/blocks/*/crossattention/q"]),
+    ("vit", ["q", "v", "c_fc"]),
 ])
 def test_an_exported_adapter_computes_the_neomesh_logits_in_peft(family, targets, tmp_path):
     reference = FAMILIES[family]()
@@ -105,7 +125,8 @@ def test_an_exported_adapter_computes_the_neomesh_logits_in_peft(family, targets
     write_hf_dir(str(tmp_path / "adapter"), config, tensors, names=(CONFIG_FILE, WEIGHTS_FILE))
     written = json.load(open(tmp_path / "adapter" / CONFIG_FILE))
     assert written["base_model_name_or_path"] == base_dir and written["r"] == 3 and written["lora_alpha"] == 5.0
-    assert written["task_type"] == {"causal_lm": "CAUSAL_LM", "masked_lm": None}.get(cfg.task, "SEQ_CLS")
+    assert written["task_type"] == {"causal_lm": "CAUSAL_LM", "masked_lm": None, "seq2seq": "SEQ_2_SEQ_LM",
+                                    "image_classification": None}.get(cfg.task, "SEQ_CLS")
     base = type(reference).from_pretrained(base_dir).eval()
     with torch.no_grad():
         plain = peft_logits(type(reference).from_pretrained(base_dir).eval(), str(tmp_path / "adapter"), cfg)
@@ -146,6 +167,9 @@ def peft_adapter(reference, tmp_path, **options):
                   rank_pattern={"c_fc": 2}, alpha_pattern={"c_attn": 3}, use_rslora=True)),
     ("gpt_neo", dict(target_modules=["q_proj", "v_proj", "out_proj"], r=4, lora_alpha=16, layers_to_transform=[1])),
     ("bert", dict(target_modules=["query", "value", "intermediate.dense"], r=2, lora_alpha=4)),
+    ("roberta", dict(target_modules=["query", "key", "output.dense"], r=3, lora_alpha=6)),
+    ("t5", dict(target_modules=["q", "v", "wo"], r=4, lora_alpha=8)),
+    ("vit", dict(target_modules=["q_proj", "v_proj", "fc2"], r=4, lora_alpha=8, modules_to_save=["classifier"])),
 ])
 def test_a_peft_adapter_on_its_base_computes_peft_logits(family, options, tmp_path):
     reference = FAMILIES[family]()
@@ -173,8 +197,10 @@ def test_an_adapter_peft_cannot_hold_is_one_line(tmp_path):
         adapter_of(cfg.replace(peft={"lora": {}, "trainable": ["lora", "norm"]}), params, "gpt2")
     with pytest.raises(ConfigError, match="the masked-LM head trains .* shares the word embeddings"):
         adapter_of(tiny_config(model="bert", task="masked_lm", peft={"lora": {}}), {}, "bert")
-    with pytest.raises(ConfigError, match="model t5: LoRA maps to Hugging Face peft for gpt2, gpt_neo, bert"):
-        adapter_of(tiny_config(model="t5", task="seq2seq", attention_types=None, peft={"lora": {}}), {}, "t5")
+    head_lora = {"score": {"out": {"lora_a": np.zeros((32, 2)), "lora_b": np.zeros((2, 2))}}}
+    with pytest.raises(ConfigError, match="score/out has LoRA, and no Hugging Face gpt2 module it maps to adapts"):
+        adapter_of(cfg.replace(task="sequence_classification", peft={"lora": {"targets": ["score/out"]}}),
+                   head_lora, "gpt2")
     dora = peft_adapter(hf_fixtures.gpt2(n_embd=32, n_head=4, n_layer=2), tmp_path, target_modules=["c_attn"],
                         use_dora=True, fan_in_fan_out=True)
     with pytest.raises(ConfigError, match="use_dora true: NeoMesh's LoRA is plain LoRA"):
@@ -261,3 +287,27 @@ def test_an_adapter_names_a_hub_base_by_its_name_and_a_local_one_by_its_director
     snapshot = tmp_path / "hub" / "models--EleutherAI--gpt-neo-125M" / "snapshots" / "abc123"
     assert base_name(str(snapshot)) == "EleutherAI/gpt-neo-125M"
     assert base_name(str(tmp_path / "gpt2")) == str(tmp_path / "gpt2") and base_name(None) is None
+
+
+def test_a_vit_adapter_from_transformers_4_module_names_loads_the_same(tmp_path):
+    """transformers 5 renamed ViT's modules (vit.layers.0.attention.q_proj), so peft names them so; an adapter saved
+    under transformers 4 names them vit.encoder.layer.0.attention.attention.query: both load alike."""
+    from safetensors.numpy import load_file, save_file
+
+    base_dir = str(tmp_path / "base")
+    FAMILIES["vit"]().save_pretrained(base_dir)
+    adapter_dir = peft_adapter(FAMILIES["vit"](), tmp_path, target_modules=["q_proj", "fc1"], r=2)
+    old = {"attention.q_proj": "attention.attention.query", "mlp.fc1": "intermediate.dense"}
+    renamed = {}
+    for key, value in load_file(f"{adapter_dir}/{WEIGHTS_FILE}").items():
+        for new, legacy in old.items():
+            key = key.replace(new, legacy)
+        renamed[key.replace("vit.layers.", "vit.encoder.layer.")] = value
+    (tmp_path / "legacy").mkdir()
+    save_file(renamed, str(tmp_path / "legacy" / WEIGHTS_FILE))
+    (tmp_path / "legacy" / CONFIG_FILE).write_text(open(f"{adapter_dir}/{CONFIG_FILE}").read())
+    cfg, params = load_hf(base_dir)
+    new_cfg, new = adapter_params(cfg, params, adapter_dir)
+    legacy_cfg, legacy = adapter_params(cfg, params, str(tmp_path / "legacy"))
+    assert new_cfg.peft == legacy_cfg.peft and new_cfg.peft["lora"]["targets"] == ["c_fc", "q"]
+    jax.tree.map(np.testing.assert_array_equal, new, legacy)

@@ -188,7 +188,8 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
     """(config, graphdef, parameters, tokenizer) of a NeoMesh run directory (``kind`` "run"; it has checkpoints/)
     or a Hugging Face directory ("hf"; it has config.json and weights, or is ORG/NAME in the local Hugging Face
     cache); "auto" tells them apart. A model that reads images (ViT) has no tokenizer: None. ``adapter``: a Hugging
-    Face peft LoRA adapter directory put on the model (convert/peft_adapter.py)."""
+    Face peft LoRA adapter directory put on the model (convert/peft_adapter.py); ``path`` may be one too, put on the
+    base its base_model_name_or_path names."""
     from convert.hf_dir import load_tokenizer
     from data.source import make_tokenizer
 
@@ -197,6 +198,12 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
     if kind in ("auto", "hf") and not os.path.isdir(path):
         from neomesh.hf_cache import resolve_model
         path, kind = resolve_model(path, "load"), "hf"  # ORG/NAME from the local Hugging Face cache
+    if adapter is None and kind in ("auto", "hf") and not os.path.exists(os.path.join(path, "config.json")):
+        from training.init_from import adapter_base
+
+        base = adapter_base(path)  # a peft adapter directory: on the base it names, as peft's AutoPeftModel
+        if base is not None:
+            path, adapter, kind = base, path, "auto"
     if kind == "auto":
         kind = "run" if os.path.isdir(os.path.join(path, "checkpoints")) else "hf" if os.path.exists(
             os.path.join(path, "config.json")) else None
@@ -241,9 +248,12 @@ def label_names_of(path: str, num_labels: int) -> list[str] | None:
 
     from neomesh import label_names
 
+    from training.init_from import adapter_base
+
     if not os.path.isdir(path):
         from neomesh.hf_cache import resolve_model
         path = resolve_model(path, "load")
+    path = adapter_base(path) or path  # a peft adapter directory's labels are its base's
     if os.path.isdir(os.path.join(path, "checkpoints")):
         return label_names.load(path, num_labels)
     try:

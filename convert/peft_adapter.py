@@ -275,7 +275,7 @@ def base_name(init_from: str | None) -> str | None:
     if init_from is None:
         return None
     if is_adapter_dir(init_from) and not os.path.isdir(os.path.join(init_from, "checkpoints")):
-        return read_adapter_dir(init_from)[0].get("base_model_name_or_path")
+        return read_adapter_config(init_from).get("base_model_name_or_path")
     snapshots, _ = os.path.split(os.path.normpath(init_from))
     repo = os.path.basename(os.path.dirname(snapshots))
     if os.path.basename(snapshots) == "snapshots" and repo.startswith("models--"):
@@ -290,8 +290,8 @@ def is_adapter_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, CONFIG_FILE))
 
 
-def read_adapter_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """(adapter_config.json's content, {weight name without ``base_model.model.``: float32 array})."""
+def read_adapter_config(path: str) -> dict:
+    """adapter_config.json's content (the weights unread)."""
     from convert.hf_dir import read_json
 
     if not is_adapter_dir(path):
@@ -299,6 +299,12 @@ def read_adapter_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     config = read_json(os.path.join(path, CONFIG_FILE))
     if not isinstance(config, dict):
         raise ConfigError(f"{path}/{CONFIG_FILE}: expected a JSON object")
+    return config
+
+
+def read_adapter_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """(adapter_config.json's content, {weight name without ``base_model.model.``: float32 array})."""
+    config = read_adapter_config(path)
     weights = os.path.join(path, WEIGHTS_FILE)
     if not os.path.isfile(weights):
         raise ConfigError(f"{path}: no {WEIGHTS_FILE} (an adapter saved with safe_serialization=False: load it "
@@ -315,7 +321,7 @@ def read_adapter_dir(path: str) -> tuple[dict, dict[str, np.ndarray]]:
 
 def adapter_base(path: str) -> str:
     """The base model an adapter directory names (``base_model_name_or_path``)."""
-    base = read_adapter_dir(path)[0].get("base_model_name_or_path")
+    base = read_adapter_config(path).get("base_model_name_or_path")
     if not isinstance(base, str) or not base:
         raise ConfigError(f"{path}/{CONFIG_FILE}: no base_model_name_or_path; give the base model as well")
     return base

@@ -256,6 +256,12 @@ def test_a_peft_adapter_trains_on_predicts_and_exports_back_to_peft(tmp_path, mo
     plain = run_command("predict.py", "--hf-model", base_dir, "--prompt", "The", "--temperature", "0",
                         "--max-new-tokens", "4")
     assert predicted.stdout != plain.stdout  # the adapter changed what it generates
+    alone = run_command("predict.py", "--hf-model", adapter_dir, "--prompt", "The", "--temperature", "0",
+                        "--max-new-tokens", "4")  # on the base its base_model_name_or_path names
+    assert alone.returncode == 0 and alone.stdout == predicted.stdout, alone.stderr[-3000:]
+    wrong = run_command("predict.py", "--hf-model", base_dir, "--adapter", base_dir, "--prompt", "The")
+    assert wrong.returncode != 0 and wrong.stderr.strip().splitlines()[-1] == \
+        f"error: --adapter {base_dir}: not a peft adapter directory (no adapter_config.json)"
     text = tmp_path / "my_text.txt"
     text.write_text("\n".join(topics[k] for k in sorted(topics)[:12]))
     run = tmp_path / "run"
@@ -274,7 +280,10 @@ def test_a_peft_adapter_trains_on_predicts_and_exports_back_to_peft(tmp_path, mo
     cfg = tuned.config
     theirs = peft_logits(transformers.GPT2LMHeadModel.from_pretrained(base_dir).eval(), str(tmp_path / "out"), cfg)
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
-    started = Pretrained.from_pretrained(base_dir, adapter=adapter_dir)
+    started = Pretrained.from_pretrained(adapter_dir)  # the base named in adapter_config.json
+    np.testing.assert_array_equal(np.asarray(started({"inputs": TOKENS, "segment_ids": np.ones_like(TOKENS)})),
+                                  np.asarray(Pretrained.from_pretrained(base_dir, adapter=adapter_dir)(
+                                      {"inputs": TOKENS, "segment_ids": np.ones_like(TOKENS)})))
     first = np.asarray(started({"inputs": TOKENS, "segment_ids": np.ones_like(TOKENS)}))
     np.testing.assert_allclose(first, peft_logits(transformers.GPT2LMHeadModel.from_pretrained(base_dir).eval(),
                                                   adapter_dir, cfg), atol=1e-4, rtol=0)

@@ -257,15 +257,15 @@ def with_architecture_of(cfg: Config, where: str, notes: list[str]) -> Config:
 
 def with_lora_of_adapter(cfg: Config, base: Config, where: str, notes: list[str]) -> Config:
     """``cfg`` with the LoRA setting (targets, rank, alpha, dropout) of the peft adapter ``init_from`` on ``base``;
-    its other ``peft`` keys (trainable, checkpoint) as they were. A LoRA setting that changes gets a note."""
+    its other ``peft`` keys (trainable, checkpoint) as they were. A LoRA setting that changes (or comes where the
+    config had none) gets a note."""
     import json
 
     from config import check_peft
     from convert.peft_adapter import lora_of_adapter
 
     lora = lora_of_adapter(base, cfg.init_from)[0]["lora"]
-    own = (cfg.peft_settings or {}).get("lora")
-    if own is not None and own != check_peft({"lora": lora})["lora"]:
+    if (cfg.peft_settings or {}).get("lora") != check_peft({"lora": lora})["lora"]:  # none: it trained all
         notes.append(f"{where}: peft.lora is the adapter's: {json.dumps(lora)}")
     return cfg.replace(peft={**(cfg.peft or {}), "lora": lora})
 

@@ -261,11 +261,14 @@ def export_adapter(model_path: str, out_dir: str) -> Config:
     cfg, _, params = load_run(model_path, check_config=check)
     config, tensors = adapter_of(cfg, params, base_name(cfg.init_from))
     write_hf_dir(out_dir, config, tensors, names=(CONFIG_FILE, WEIGHTS_FILE))
-    if cfg.init_from is None:
-        import sys
+    import sys
 
+    if cfg.init_from is None:
         print(f"note: {model_path} has no init_from: the adapter's base_model_name_or_path is null; its base is "
               f"the run's own initial weights, which no Hugging Face model holds", file=sys.stderr, flush=True)
+    elif os.path.isdir(os.path.join(cfg.init_from, "checkpoints")):
+        print(f"note: the adapter's base_model_name_or_path is the NeoMesh run {cfg.init_from}; peft loads it onto "
+              f"that run's export (python -m convert export {cfg.init_from} DIR)", file=sys.stderr, flush=True)
     return cfg
 
 

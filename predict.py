@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "model_path)")
     source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face model (GPT-Neo, GPT-2, T5, a text "
                         "classifier; a ViT with --image): a directory, or ORG/NAME[@REVISION] from the local Hugging "
-                        "Face cache (nothing is downloaded)")
+                        "Face cache (nothing is downloaded); a peft adapter directory: on the base it names")
+    p.add_argument("--adapter", metavar="DIR", help="a Hugging Face peft LoRA adapter directory (adapter_config.json "
+                   "+ adapter_model.safetensors) put on the model, as peft's PeftModel.from_pretrained(base, DIR)")
     prompts = p.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", help="prompt text (repeatable: one batch)")
     prompts.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line (\\n inside a "
@@ -106,6 +108,7 @@ def check_options(args) -> None:
     import math
 
     from config import ConfigError
+    from convert.peft_adapter import CONFIG_FILE as ADAPTER_CONFIG, is_adapter_dir
 
     checks = [(args.max_new_tokens is None or args.max_new_tokens >= 1, "--max-new-tokens must be at least 1"),
               (0 <= args.temperature < math.inf, "--temperature must be a number >= 0"),
@@ -124,7 +127,9 @@ def check_options(args) -> None:
                "--top-k, --top-p and --temperature shape sampling; beam search (--num-beams) does not sample"),
               (all(args.stop), "--stop: an empty text would end every generation at once"),
               (args.config or args.model or args.model_path or args.hf_model,
-               "give --config, --model, --model-path or --hf-model")]
+               "give --config, --model, --model-path or --hf-model"),
+              (args.adapter is None or is_adapter_dir(args.adapter),
+               f"--adapter {args.adapter}: not a peft adapter directory (no {ADAPTER_CONFIG})")]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
@@ -194,7 +199,8 @@ def load_model(args, layout):
     from pretrained import load
 
     path = args.hf_model or args.model_path  # check_options resolved both
-    cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run")
+    cfg, graphdef, params, tokenizer = load(path, layout, tuple(args.set), kind="hf" if args.hf_model else "run",
+                                            adapter=args.adapter)
     if args.image:
         if cfg.reads_text:
             raise ConfigError(f"--image: {path}: a {cfg.model} model trained for {cfg.task} reads text, not images; "

@@ -183,10 +183,13 @@ def load_hf_model(hf_dir: str, layout=None, notes: list | None = None, overrides
     return cfg, graphdef, place_params(params, abstract, lambda: init_params(make_model, cfg.seed, shardings))
 
 
-def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "auto", notes: list | None = None):
+def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "auto", notes: list | None = None,
+         adapter: str | None = None):
     """(config, graphdef, parameters, tokenizer) of a NeoMesh run directory (``kind`` "run"; it has checkpoints/)
     or a Hugging Face directory ("hf"; it has config.json and weights, or is ORG/NAME in the local Hugging Face
-    cache); "auto" tells them apart. A model that reads images (ViT) has no tokenizer: None."""
+    cache); "auto" tells them apart. A model that reads images (ViT) has no tokenizer: None. ``adapter``: a Hugging
+    Face peft LoRA adapter directory put on the model (convert/peft_adapter.py); ``path`` may be one too, put on the
+    base its base_model_name_or_path names."""
     from convert.hf_dir import load_tokenizer
     from data.source import make_tokenizer
 
@@ -195,6 +198,12 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
     if kind in ("auto", "hf") and not os.path.isdir(path):
         from neomesh.hf_cache import resolve_model
         path, kind = resolve_model(path, "load"), "hf"  # ORG/NAME from the local Hugging Face cache
+    if adapter is None and kind in ("auto", "hf") and not os.path.exists(os.path.join(path, "config.json")):
+        from training.init_from import adapter_base
+
+        base = adapter_base(path)  # a peft adapter directory: on the base it names, as peft's AutoPeftModel
+        if base is not None:
+            path, adapter, kind = base, path, "auto"
     if kind == "auto":
         kind = "run" if os.path.isdir(os.path.join(path, "checkpoints")) else "hf" if os.path.exists(
             os.path.join(path, "config.json")) else None
@@ -215,7 +224,21 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
                           "directory (no config.json)")
     if tokenizer is not None and tokenizer.vocab_size > cfg.n_vocab:
         raise ConfigError(f"n_vocab: {cfg.n_vocab} is smaller than the tokenizer's {tokenizer.vocab_size} tokens")
+    if adapter is not None:
+        cfg, graphdef, params = with_adapter_placed(cfg, graphdef, params, adapter, layout)
     return cfg, graphdef, params, tokenizer
+
+
+def with_adapter_placed(cfg: Config, graphdef, params: dict, adapter: str, layout=None) -> tuple[Config, object, dict]:
+    """The model with the peft adapter directory ``adapter`` on it (``convert.peft_adapter.adapter_params``), its
+    parameters placed on ``layout`` as the model's own are."""
+    from convert.peft_adapter import adapter_params
+    from parallel.state import place_params, sharded_abstract_params
+    from training.peft import build_model
+
+    cfg, params = adapter_params(cfg, params, adapter)
+    graphdef, abstract = sharded_abstract_params(lambda rngs: build_model(cfg, rngs), layout or default_layout())
+    return cfg, graphdef, place_params(params, abstract, lambda: abstract)
 
 
 def label_names_of(path: str, num_labels: int) -> list[str] | None:
@@ -225,9 +248,12 @@ def label_names_of(path: str, num_labels: int) -> list[str] | None:
 
     from neomesh import label_names
 
+    from training.init_from import adapter_base
+
     if not os.path.isdir(path):
         from neomesh.hf_cache import resolve_model
         path = resolve_model(path, "load")
+    path = adapter_base(path) or path  # a peft adapter directory's labels are its base's
     if os.path.isdir(os.path.join(path, "checkpoints")):
         return label_names.load(path, num_labels)
     try:
@@ -270,10 +296,11 @@ class Pretrained:
 
     @classmethod
     def from_pretrained(cls, path: str, layout=None, overrides: tuple[str, ...] = (),
-                        mesh_shape: str | None = None) -> "Pretrained":
+                        mesh_shape: str | None = None, adapter: str | None = None) -> "Pretrained":
         """Loads a run or HF directory (see ``load``); weights a checkpoint lacks (a head) warn, as in
         transformers, and start from their init. ``layout`` is a ``Layout`` or, as predict.py's ``--layout``, a
-        string placed on ``mesh_shape`` (``layout="batch:x,heads:y", mesh_shape="x:4,y:2"``)."""
+        string placed on ``mesh_shape`` (``layout="batch:x,heads:y", mesh_shape="x:4,y:2"``). ``adapter``: a
+        Hugging Face peft LoRA adapter directory of this base, loaded onto it (peft's ``PeftModel.from_pretrained``)."""
         import warnings
 
         if isinstance(layout, str) or mesh_shape is not None:  # the commands' strings, checked as they are
@@ -281,7 +308,7 @@ class Pretrained:
         layout = layout or default_layout()
         overrides = (overrides,) if isinstance(overrides, str) else tuple(overrides)  # one "key=value" alone
         notes: list[str] = []
-        cfg, graphdef, params, tokenizer = load(path, layout, overrides, notes=notes)
+        cfg, graphdef, params, tokenizer = load(path, layout, overrides, notes=notes, adapter=adapter)
         for note in notes:
             warnings.warn(note, stacklevel=2)
         pretrained = cls(cfg, graphdef, params, tokenizer, layout)

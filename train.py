@@ -172,13 +172,13 @@ def main(argv=None) -> int:
         if args.init_from or cfg.init_from:
             from neomesh.hf_cache import resolve_model
             from convert.hf_dir import check_has_weights
-            from training.init_from import is_run, with_architecture_of
+            from training.init_from import adapter_base, is_run, with_architecture_of
 
             where = "--init-from" if args.init_from else "init_from"
             cfg = cfg.replace(init_from=resolve_model(args.init_from or cfg.init_from, where))
             cfg = with_architecture_of(cfg, where, notes)
             if not is_run(cfg.init_from):  # now, not after --data prepared text with the tokenizer it lacks too
-                check_has_weights(cfg.init_from)
+                check_has_weights(adapter_base(cfg.init_from) or cfg.init_from)
         elif cfg.init_new_head:
             raise ConfigError("init_new_head: only with --init-from (a new head on the backbone of the classifier it "
                               "names)")

@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     exp.add_argument("model_path", help="a NeoMesh run directory (its latest checkpoint is exported)")
     exp.add_argument("hf_dir", help="the directory to write (config.json, model.safetensors, tokenizer): new, "
                      "empty, or a previous export, which is replaced; never the run's init_from or tokenizer")
+    exp.add_argument("--adapter", action="store_true", help="a LoRA run as a Hugging Face peft adapter directory "
+                     "(adapter_config.json + adapter_model.safetensors, its base the run's init_from) rather than "
+                     "the merged model; peft.PeftModel.from_pretrained(base, HF_DIR) loads it")
     args = p.parse_args(argv)
 
     from convert.hf import export_hf, import_hf
@@ -34,6 +37,12 @@ def main(argv=None) -> int:
         if args.command == "import":
             cfg = import_hf(args.hf_dir, args.model_path)
             print("\n".join(imported(cfg, args.hf_dir, args.model_path)))
+        elif args.adapter:
+            from convert.peft_adapter import export_adapter
+
+            cfg = export_adapter(args.model_path, args.hf_dir)
+            print(f"exported {args.model_path}'s LoRA ({cfg.model}) to {args.hf_dir} as a peft adapter of "
+                  f"{cfg.init_from}")
         else:
             cfg = export_hf(args.model_path, args.hf_dir)
             print(f"exported {args.model_path} ({cfg.model}) to {args.hf_dir}")

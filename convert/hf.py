@@ -261,19 +261,20 @@ def fit_to_tokenizer(cfg: Config, hf_config: dict, tensors: dict, tokenizer_dir:
 EXPORT_FILES = frozenset(("config.json", "model.safetensors", vit.PREPROCESSOR, *TOKENIZER_FILES))
 
 
-def check_export_dir(hf_dir: str) -> None:
-    """Refuses an export directory that holds anything but a previous export (which export replaces), and one
-    whose parent is not writable (where it is staged)."""
+def check_export_dir(hf_dir: str, files: frozenset = EXPORT_FILES,
+                     required: tuple[str, ...] = ("config.json", "model.safetensors")) -> None:
+    """Refuses an export directory that holds anything but a previous export (which export replaces: ``required``
+    and others of ``files``), and one whose parent is not writable (where it is staged)."""
     from convert.hf_dir import check_staging_place
 
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise ConfigError(f"export: {hf_dir} is a file, not a directory")
     check_staging_place(hf_dir)
     names = set(os.listdir(hf_dir)) if os.path.isdir(hf_dir) else set()
-    names -= {name + ".tmp" for name in EXPORT_FILES}  # an earlier version's export, killed mid-write: replaced too
-    if names and not ({"config.json", "model.safetensors"} <= names and names <= EXPORT_FILES):
-        other = sorted(names - EXPORT_FILES) or sorted({"config.json", "model.safetensors"} - names)
-        what = f"holds {other[0]}" if names - EXPORT_FILES else f"has no {other[0]}"
+    names -= {name + ".tmp" for name in files}  # an earlier version's export, killed mid-write: replaced too
+    if names and not (set(required) <= names and names <= files):
+        other = sorted(names - files) or sorted(set(required) - names)
+        what = f"holds {other[0]}" if names - files else f"has no {other[0]}"
         raise ConfigError(f"export: {hf_dir} is not empty and not a previous export (it {what}); export into a new "
                           "or empty directory")
 

@@ -117,10 +117,12 @@ def restore_replaced(out_dir: str) -> None:
 
 
 def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
-                 tokenizer_dir: str | None = None, extra: dict[str, dict] | None = None) -> None:
-    """Writes config.json, model.safetensors, (if given) the tokenizer files and ``extra``'s JSON files ({name:
-    content}: a ViT's preprocessor_config.json, an own tokenizer's tokenizer_config.json) for from_pretrained; an
-    ``extra`` file replaces a tokenizer file of its name (a tokenizer.json given its post-processor).
+                 tokenizer_dir: str | None = None, extra: dict[str, dict] | None = None,
+                 names: tuple[str, str] = ("config.json", "model.safetensors")) -> None:
+    """Writes config.json, model.safetensors (or the two ``names``: a peft adapter's), (if given) the tokenizer
+    files and ``extra``'s JSON files ({name: content}: a ViT's preprocessor_config.json, an own tokenizer's
+    tokenizer_config.json) for from_pretrained; an ``extra`` file replaces a tokenizer file of its name (a
+    tokenizer.json given its post-processor).
 
     All of it goes into a staging directory beside ``out_dir`` that then takes its place, so an export that is
     killed or fails (a full disk) leaves ``out_dir`` as it was: a previous export whole, never its weights beside
@@ -134,7 +136,8 @@ def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
     tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
     out_dir = export_target(out_dir)
     staging, old = f"{out_dir}.tmp-{os.getpid()}", f"{out_dir}.old-{os.getpid()}"
-    weights_path = os.path.join(staging, "model.safetensors")
+    config_name, weights_name = names
+    weights_path = os.path.join(staging, weights_name)
     try:
         restore_replaced(out_dir)
         remove_stale_staging(out_dir)  # left by exports that were killed
@@ -146,7 +149,7 @@ def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
             raise staging_refused(out_dir, os.path.dirname(e.filename or staging), e.strerror) from None
         if tokenizer_dir:
             copy_tokenizer(tokenizer_dir, staging)
-        for name, content in {"config.json": hf_config, **(extra or {})}.items():
+        for name, content in {config_name: hf_config, **(extra or {})}.items():
             with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
                 json.dump(content, f, indent=2)
         save_file(tensors, weights_path, metadata={"format": "pt"})
@@ -165,7 +168,7 @@ def write_hf_dir(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray],
     except Exception as e:  # noqa: BLE001 - safetensors reports write errors as its own type
         if "os error" not in str(e):
             raise
-        raise ConfigError(f"{os.path.join(out_dir, 'model.safetensors')}: {str(e).splitlines()[0][:160]}") from None
+        raise ConfigError(f"{os.path.join(out_dir, weights_name)}: {str(e).splitlines()[0][:160]}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -5,7 +5,8 @@ again: on resume, in predict.py, ``Pretrained`` and export. Another model of the
 fit and be used without a word. A fingerprint taken when the run starts tells it apart, cheaply (at most 1 MiB read
 per file): for a Hugging Face directory each weight file's and config.json's size and a hash of 16 evenly spaced
 64 KiB pieces, and a Hub snapshot's revision; for a NeoMesh run used as base, its newest checkpoint step and the
-same of that checkpoint's files. Runs from before the record was kept have none: their base is read unchecked.
+same of that checkpoint's files; for a peft adapter directory, its adapter files and its base model's. Runs from
+before the record was kept have none: their base is read unchecked.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def sampled_hash(path: str) -> str:
 
 def fingerprint(path: str) -> dict:
     """What identifies the model in ``path`` (see the module docstring), without reading its weights whole."""
-    from training.init_from import is_run
+    from convert.peft_adapter import CONFIG_FILE as ADAPTER_CONFIG
+    from training.init_from import adapter_base, is_run
     from training.run_dir import saved_steps
 
     if is_run(path):
@@ -48,11 +50,14 @@ def fingerprint(path: str) -> dict:
         found = {"step": step}
     else:
         root = path
-        names = sorted(n for n in os.listdir(path) if n == "config.json" or n.endswith(WEIGHTS))
+        names = sorted(n for n in os.listdir(path) if n in ("config.json", ADAPTER_CONFIG) or n.endswith(WEIGHTS))
         snapshots, revision = os.path.split(os.path.normpath(os.path.realpath(path)))
         found = {"revision": revision} if os.path.basename(snapshots) == "snapshots" else {}
     files = {name: {"bytes": os.path.getsize(os.path.join(root, name)),
                     "sampled_sha256": sampled_hash(os.path.join(root, name))} for name in names}
+    base = None if is_run(path) else adapter_base(path)
+    if base is not None:  # a peft adapter directory: its files and its base model's
+        files.update({f"base_model/{name}": value for name, value in fingerprint(base)["files"].items()})
     return {**found, "files": files}
 
 

@@ -25,8 +25,23 @@ def is_run(path: str) -> bool:
     return os.path.isdir(os.path.join(path, "checkpoints"))
 
 
+def adapter_base(path: str) -> str | None:
+    """The base model directory of a Hugging Face peft adapter directory ``path`` (its base_model_name_or_path,
+    a directory or ORG/NAME from the local cache); None when ``path`` is no adapter directory."""
+    from convert.peft_adapter import adapter_base as named_base, is_adapter_dir
+
+    if not is_adapter_dir(path) or is_run(path):
+        return None
+    from neomesh.hf_cache import resolve_model
+
+    return resolve_model(named_base(path), f"{path}: base_model_name_or_path")
+
+
 def source_config(path: str) -> Config:
-    """The config of the model in ``path``, without reading its weights."""
+    """The config of the model in ``path``, without reading its weights (a peft adapter's: its base's)."""
+    base = adapter_base(path)
+    if base is not None:
+        return source_config(base)
     if not is_run(path):
         from convert.hf import hf_config
 
@@ -43,7 +58,13 @@ def source_config(path: str) -> Config:
 
 def source_params(path: str, task: str | None = None) -> tuple[Config, dict]:
     """(config, parameter tree of float32 numpy arrays) of the model in ``path``; ``task``: the one a run
-    fine-tunes it for (``convert.hf.load_hf``)."""
+    fine-tunes it for (``convert.hf.load_hf``). A peft adapter directory's are its base's with the adapter's LoRA
+    factors, and its config has the adapter's ``peft`` setting."""
+    base = adapter_base(path)
+    if base is not None:
+        from convert.peft_adapter import adapter_params
+
+        return adapter_params(*source_params(base, task), path)
     if not is_run(path):
         from convert.hf import load_hf
 
@@ -70,7 +91,13 @@ def source_params(path: str, task: str | None = None) -> tuple[Config, dict]:
 def source_tokenizer(path: str) -> str | None:
     """What ``tokenizer_path`` reads text with for the model in ``path``: a Hugging Face directory itself (where
     a missing tokenizer is then named), a run's ``tokenizer/``, else the tokenizer the run read its text with
-    ("bytes", or its dataset's); None where that cannot be told."""
+    ("bytes", or its dataset's); None where that cannot be told. A peft adapter directory's: its own, else its
+    base's."""
+    base = adapter_base(path)
+    if base is not None:
+        from convert.hf_dir import has_tokenizer
+
+        return path if has_tokenizer(path) else source_tokenizer(base)
     if not is_run(path):
         return path
     from convert.hf_dir import has_tokenizer
@@ -97,6 +124,7 @@ def source_labels(path: str) -> list[str] | None:
 
     from neomesh import label_names
 
+    path = adapter_base(path) or path
     if is_run(path):
         try:
             return label_names.load(path, source_config(path).num_labels)
@@ -217,6 +245,8 @@ def with_architecture_of(cfg: Config, where: str, notes: list[str]) -> Config:
     keys = ARCHITECTURE + (RUN_ARCHITECTURE if is_run(cfg.init_from) else ())
     changes = {key: getattr(theirs, key) for key in keys if getattr(theirs, key) != getattr(cfg, key)}
     new = cfg.replace(**changes)
+    if adapter_base(cfg.init_from) is not None:  # a peft adapter: its LoRA goes on training
+        new = with_lora_of_adapter(new, theirs, where, notes)
     # Another spelling of the same model (d_ff 768 for null at n_embd 192, attention_types in full) is no change.
     changed = {key: value for key, value in changes.items()
                if getattr(new, MODEL_VALUE.get(key, key)) != getattr(cfg, MODEL_VALUE.get(key, key))}
@@ -224,6 +254,21 @@ def with_architecture_of(cfg: Config, where: str, notes: list[str]) -> Config:
         notes.append(f"{where}: the model's shape is {cfg.init_from}'s: " + ", ".join(
             f"{key} {json.dumps(value)}" for key, value in changed.items()))
     return new
+
+
+def with_lora_of_adapter(cfg: Config, base: Config, where: str, notes: list[str]) -> Config:
+    """``cfg`` with the LoRA setting (targets, rank, alpha, dropout) of the peft adapter ``init_from`` on ``base``;
+    its other ``peft`` keys (trainable, checkpoint) as they were. A LoRA setting that changes (or comes where the
+    config had none) gets a note."""
+    import json
+
+    from config import check_peft
+    from convert.peft_adapter import lora_of_adapter
+
+    lora = lora_of_adapter(base, cfg.init_from)[0]["lora"]
+    if (cfg.peft_settings or {}).get("lora") != check_peft({"lora": lora})["lora"]:  # none: it trained all
+        notes.append(f"{where}: peft.lora is the adapter's: {json.dumps(lora)}")
+    return cfg.replace(peft={**(cfg.peft or {}), "lora": lora})
 
 
 def imported_params(cfg: Config, hf_dir: str) -> dict:

@@ -193,3 +193,15 @@ def test_multi_label_trains_sharded_as_on_one_device_and_accumulates_exactly():
             np.testing.assert_allclose([m[key] for m in run], [m[key] for m in single], rtol=0, atol=1e-5)
     assert single[-1]["loss"] < single[0]["loss"]
     assert "predicted" not in single[0] and "label" not in single[0]  # per-row values stay out of the train row
+
+
+def test_check_dataset_shows_the_first_examples_labels(topics, capsys):
+    """--check-dataset read a multi-hot row as a token classifier's labels: it names the labels that apply."""
+    from data.check import check_dataset
+
+    check_dataset(topics_data(train_batch_size=2, eval_batch_size=2), batch_size=2)
+    out = capsys.readouterr().out
+    assert "labels (2, 3) float32" in out and "with none: 1" in out
+    shown = [f"first example (labels: {', '.join(sorted(row['labels'])) or 'none'}):\n{row['text'][:6]}"
+             for row in TRAIN]
+    assert sum(line in out for line in shown) == 1  # the first of a shuffled batch (cut to n_ctx), labels in id order

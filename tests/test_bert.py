@@ -353,17 +353,19 @@ def test_a_regression_imports_and_exports_with_transformers_scores(kind, tmp_pat
     np.testing.assert_allclose(again, want, atol=1e-6, rtol=0)  # the same tensors; RoBERTa's sums may round apart
 
 
-def test_problem_type_regression_of_several_outputs_is_one_line(tmp_path):
-    """transformers' multi-output regression (problem_type regression, num_labels 3) was loaded as a 3-class
-    softmax classifier; NeoMesh's regression is one score."""
-    reference = hf_fixtures.encoder(head="sequence_classification", num_labels=3)
-    reference.config.problem_type = "regression"
+@pytest.mark.parametrize("problem_type, num_labels, why", [
+    # transformers' multi-output regression was loaded as a 3-class softmax classifier
+    ("regression", 3, "NeoMesh's regression is a sequence classifier's one score (num_labels 1)"),
+    ("multi_label_classification", 1, "NeoMesh's multi-label classifiers are sequence classifiers of 2 or more labels"),
+])
+def test_a_problem_type_neomesh_does_not_train_is_one_line(problem_type, num_labels, why, tmp_path):
+    reference = hf_fixtures.encoder(head="sequence_classification", num_labels=num_labels)
+    reference.config.problem_type = problem_type
     source = saved(reference, tmp_path)
     with pytest.raises(ConfigError) as e:
         load_hf(source)
-    assert str(e.value) == (f"{source}/config.json: problem_type regression with num_labels 3 "
-                            "(sequence_classification); NeoMesh's regression is a sequence classifier's one score "
-                            "(num_labels 1)")
+    assert str(e.value) == (f"{source}/config.json: problem_type {problem_type} with num_labels {num_labels} "
+                            f"(sequence_classification); {why}")
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
@@ -400,17 +402,6 @@ def test_a_multi_label_classifier_imports_and_exports_with_transformers_logits_a
     with torch.no_grad():
         again = back(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
     np.testing.assert_allclose(again, out.logits.numpy(), atol=1e-6, rtol=0)
-
-
-def test_problem_type_multi_label_of_one_label_is_one_line(tmp_path):
-    reference = hf_fixtures.encoder(head="sequence_classification", num_labels=1)
-    reference.config.problem_type = "multi_label_classification"
-    source = saved(reference, tmp_path)
-    with pytest.raises(ConfigError) as e:
-        load_hf(source)
-    assert str(e.value) == (f"{source}/config.json: problem_type multi_label_classification with num_labels 1 "
-                            "(sequence_classification); NeoMesh's multi-label classifiers are sequence classifiers of "
-                            "2 or more labels")
 
 
 def roberta_tokenizer(path, specials):

@@ -2,7 +2,6 @@
 labels as multi-hot rows, the mean binary cross-entropy objective, eval rows with micro/macro F1 and exact match,
 and sharded training equal to one device."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,10 +10,10 @@ from sklearn.metrics import accuracy_score, f1_score
 
 from config import ConfigError
 from data.source import make_source
-from tests.common import tiny_config, train_metrics
+from tests.common import assert_trains_sharded_as_one_device, eval_row_and_kept, text_batches, tiny_config
 from tests.data_common import prepare_tiny_glue, use_dataset_configs
 from tests.test_labelled import classify, write_jsonl
-from training.objectives import objective_for, report
+from training.objectives import objective_for
 
 TRAIN = [{"text": "the match and the vote", "labels": ["sports", "politics"]}, {"text": "a goal", "labels": ["sports"]},
          {"text": "rain all day", "labels": []}, {"text": "new film", "labels": ["arts"]}]
@@ -104,19 +103,8 @@ def multi_label_config(**changes):
 
 
 def multi_label_batches(cfg, steps, seed=0):
-    """Batches of random texts of varied lengths, random multi-hot labels (some rows with none), and weight-0
-    filler in the last rows."""
-    rng = np.random.default_rng(seed)
-    out = []
-    b, t = cfg.train_batch_size, cfg.n_ctx
-    for _ in range(steps):
-        lengths = rng.integers(3, t + 1, b)
-        segment_ids = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
-        out.append({"inputs": np.where(segment_ids, rng.integers(0, cfg.n_vocab, (b, t)), 0).astype(np.int32),
-                    "segment_ids": segment_ids, "token_types": np.zeros((b, t), np.int32),
-                    "labels": (rng.random((b, cfg.num_labels)) < 0.4).astype(np.float32),
-                    "weights": (np.arange(b) < b - 2).astype(np.float32)})
-    return out
+    """Batches of random texts with random multi-hot labels, some rows with none (tests.common.text_batches)."""
+    return text_batches(cfg, steps, lambda rng, b: (rng.random((b, cfg.num_labels)) < 0.4).astype(np.float32), seed)
 
 
 def test_loss_is_the_mean_binary_cross_entropy_of_each_row():
@@ -144,28 +132,10 @@ def test_loss_is_the_mean_binary_cross_entropy_of_each_row():
 def test_eval_row_is_micro_and_macro_f1_and_exact_match_of_the_counted_rows():
     """The eval step keeps each row's predictions; the row holds scikit-learn's micro and macro F1 and subset
     accuracy over the rows that count (weight-0 filler left out), and the loss."""
-    from models import registry
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
-    from parallel.state import create_train_state
-    from parallel.steps import batch_shapes, batch_shardings, make_eval_step, mean_of, objective_sums
-    from training.optimizer import make_optimizer
-
     cfg = multi_label_config()
-    objective = objective_for(cfg)
-    layout = Layout.from_config(make_mesh("x:4", jax.devices()[:4]), "batch:x")
-    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg),
-                                                    layout, cfg.seed)
-    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
-    step = make_eval_step(graphdef, objective, layout, shardings.params, data)
-    batches = multi_label_batches(cfg, 2)
-    row = report(objective, mean_of([step(state.params, jax.device_put(b, data)) for b in batches]))
+    row, got, want = eval_row_and_kept(cfg, multi_label_batches(cfg, 2), "predicted")
     assert set(row) == {"loss", "exact_match", "micro_f1", "macro_f1"}
-    params = jax.device_get(state.params)
-    predicted = np.concatenate([np.asarray(objective_sums(graphdef, objective, params, b, jnp.float32,
-                                                          keep_rows=True)[0]["predicted"]) for b in batches])
-    counted = np.concatenate([b["weights"] for b in batches]) > 0
-    got, want = predicted[counted].astype(int), np.concatenate([b["labels"] for b in batches])[counted].astype(int)
+    got, want = got.astype(int), want.astype(int)
     assert len(got) == 12 and 0 < got.sum() < got.size  # some labels predicted, not all
     assert row["micro_f1"] == pytest.approx(f1_score(want, got, average="micro", zero_division=0), abs=1e-6)
     assert row["macro_f1"] == pytest.approx(f1_score(want, got, average="macro", zero_division=0), abs=1e-6)
@@ -185,12 +155,7 @@ def test_f1_of_a_label_never_true_nor_predicted_is_0_as_scikit_learns():
 def test_multi_label_trains_sharded_as_on_one_device_and_accumulates_exactly():
     cfg = multi_label_config()
     batches = multi_label_batches(cfg, 1) * 3  # one batch again and again: the loss must fall
-    single = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
-    sharded = train_metrics(cfg, batches, "x:4,y:2", "batch:x,heads:y,intermediate_expanded:y")
-    accumulated = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1], microbatches=2)
-    for key in ("loss", "grad_norm", "exact_match"):
-        for run in (sharded, accumulated):
-            np.testing.assert_allclose([m[key] for m in run], [m[key] for m in single], rtol=0, atol=1e-5)
+    single = assert_trains_sharded_as_one_device(cfg, batches, ("loss", "grad_norm", "exact_match"))
     assert single[-1]["loss"] < single[0]["loss"]
     assert "predicted" not in single[0] and "label" not in single[0]  # per-row values stay out of the train row
 

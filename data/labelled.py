@@ -7,12 +7,13 @@ A dataset config names jsonl files (``path`` for train, ``eval_path`` for eval; 
 
 The key names are the dataset config's ``text_key``, ``text_pair_key`` and ``label_key`` (defaults ``text``,
 ``text_pair``, ``label``; a file without ``text`` is read by the TFDS names below, GLUE's ``sentence1`` and
-``sentence2`` first). Labels are integers, or strings mapped to integers through the dataset config's
-``labels`` list (else through the sorted set of the train file's labels); there must be ``num_labels`` of them.
+``sentence2`` first, one without ``label`` by ``labels``). Labels are integers, or strings mapped to integers
+through the dataset config's ``labels`` list (else through the sorted set of the train file's labels); there must
+be ``num_labels`` of them.
 With ``num_labels`` 1 (Hugging Face's regression) a label is a number, the text's score (``"label": 3.8``).
 With ``multi_label`` a label is a list of label names or ids, any number of them (``"labels": ["sports",
-"politics"]``; ``[]``: none applies), under ``label``, else ``labels`` (Hugging Face's go_emotions); TFDS datasets
-are read single-label.
+"politics"]``; ``[]``: none applies), as Hugging Face's go_emotions holds them; TFDS datasets are read
+single-label.
 ``tfds:NAME[/CONFIG]`` reads a TFDS dataset prepared in a local data dir instead (``tfds:glue/mrpc``): its text
 features are found by name (sentence1/sentence2, question1/question2, premise/hypothesis, question/sentence,
 sentence, text) unless the dataset config names them, its labels are its ClassLabel feature (a regression's: a

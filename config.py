@@ -83,6 +83,9 @@ class Config:
     num_labels: int = _key(2, "classes of sequence_classification / token_classification / image_classification; "
                            "1: sequence_classification is regression (one float per text, MSE loss), as in Hugging "
                            "Face", minimum=1)
+    multi_label: bool = _key(False, "sequence_classification: each text has any number of the num_labels labels "
+                             "(Hugging Face's problem_type multi_label_classification): one sigmoid per label, "
+                             "binary cross-entropy on a multi-hot target; predicted: the labels of probability >= 0.5")
     head_hidden: list = _key([], "hidden widths of an MLP classification head (SwissArmyTransformer's MLPHeadMixin, "
                                  "activation_function between layers); []: a linear head")
 
@@ -504,8 +507,8 @@ DATASET_KEYS = {"path", "eval_path", "tokenizer_path", "tokenizer_is_pretrained"
 # one of these keeps them and gives another model, so a resume names it (training/checkpoint.model_changes). Not
 # here: what a resume may change as a matter of course (schedule, cadence, data, dropout, init scales, kernels,
 # memory-saving options, precision, the mesh).
-MODEL_KEYS = ("model", "task", "num_labels", "head_hidden", "n_ctx", "n_positions", "n_embd", "n_head", "n_layer",
-              "n_vocab", "d_kv", "n_decoder_layer", "n_decoder_ctx", "decoder_start_token_id",
+MODEL_KEYS = ("model", "task", "num_labels", "multi_label", "head_hidden", "n_ctx", "n_positions", "n_embd", "n_head",
+              "n_layer", "n_vocab", "d_kv", "n_decoder_layer", "n_decoder_ctx", "decoder_start_token_id",
               "relative_attention_num_buckets", "relative_attention_max_distance", "attention_types",
               "local_attention_radius", "activation_function", "d_ff", "mlp_glu", "norm", "scalenorm",
               "norm_position", "layer_norm_epsilon", "rezero", "macaron", "axial_pos_emb", "attention_scale",
@@ -699,6 +702,12 @@ def _check_task(cfg: Config) -> None:
     if cfg.num_labels == 1 and cfg.task in ("token_classification", "image_classification"):
         raise ConfigError(f"num_labels: 1 is regression (Hugging Face's num_labels 1), which NeoMesh trains for task "
                           f"sequence_classification only; task {cfg.task} needs 2 or more labels")
+    if cfg.multi_label and cfg.task != "sequence_classification":
+        raise ConfigError(f"multi_label: true gives a sequence classifier's texts several labels; task {cfg.task} "
+                          "has none (set task sequence_classification, or multi_label false)")
+    if cfg.multi_label and cfg.num_labels < 2:
+        raise ConfigError(f"multi_label: true needs 2 or more labels, num_labels is {cfg.num_labels} (num_labels 1 "
+                          "without multi_label is regression)")
     if cfg.mlm_training and cfg.task != "masked_lm":
         raise ConfigError(f"mlm_training: true trains masked_lm, but task is {json.dumps(cfg.task)}")
     if cfg.task == "masked_lm":

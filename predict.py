@@ -8,9 +8,9 @@ to stdout as it is generated. ``--output FILE`` also writes the generations to F
 Generation is KV-cached and compiled once per shape. A decoder continues its prompt; an encoder-decoder (T5) reads
 the prompt with its encoder and writes its output text. An image classifier (ViT) takes ``--image`` files or
 folders instead and prints each file's most likely classes; a text classifier labels its prompts (a sequence
-classifier's likeliest labels, or a regression's score, with ``--pair`` second texts for a sentence-pair one; a
-token classifier's label of each word); a masked LM (BERT, RoBERTa) prints the likeliest tokens at each mask of its
-prompts (fill-mask).
+classifier's likeliest labels, a regression's score, or a multi-label classifier's labels of probability >= 0.5,
+with ``--pair`` second texts for a sentence-pair one; a token classifier's label of each word); a masked LM (BERT,
+RoBERTa) prints the likeliest tokens at each mask of its prompts (fill-mask).
 """
 
 from __future__ import annotations
@@ -350,6 +350,9 @@ def classify_texts(args, prompts: list[str], model) -> None:
     if cfg.regression and args.top_k:
         raise ConfigError("--top-k: this sequence classifier is a regression (num_labels 1): it gives each prompt one "
                           "score, no classes to show")
+    if cfg.multi_label and args.top_k:
+        raise ConfigError("--top-k: this sequence classifier is multi-label: it shows each prompt's labels of "
+                          "probability >= 0.5, however many")
     pairs = args.pair or [None] * len(prompts)
     if len(pairs) != len(prompts):
         raise ConfigError(f"--pair: {len(pairs)} second texts for {len(prompts)} prompts; give one per prompt")

@@ -52,6 +52,8 @@ def _config_of(hf: dict, source: str) -> Config:
         if hf.get("problem_type") == "regression" and not cfg.regression:  # transformers: MSE over every output
             raise ConfigError(f"{source}: problem_type regression with num_labels {cfg.num_labels} ({cfg.task}); "
                               "NeoMesh's regression is a sequence classifier's one score (num_labels 1)")
+        if hf.get("problem_type") == MULTI_LABEL:
+            return multi_label_of(cfg, source)
         return cfg
     except ConfigError as e:  # a NeoMesh key's check: named as the file's key it was read from
         key, sep, why = str(e).partition(": ")
@@ -67,6 +69,21 @@ def _config_of(hf: dict, source: str) -> Config:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{source}: a value of another type than transformers writes ({e})") from None
+
+
+MULTI_LABEL = "multi_label_classification"  # transformers' problem_type: one sigmoid per label, BCEWithLogitsLoss
+
+
+def multi_label_of(cfg: Config, source: str) -> Config:
+    """``cfg`` of a config.json whose problem_type is multi_label_classification: a sequence classifier's is
+    multi-label; an image classifier's (ViT's BCE loss) is refused, as NeoMesh's image classifiers are single-label;
+    the other heads' losses ignore it in transformers too."""
+    if cfg.task == "sequence_classification" and cfg.num_labels >= 2:
+        return cfg.replace(multi_label=True)
+    if cfg.task in ("sequence_classification", "image_classification"):
+        raise ConfigError(f"{source}: problem_type {MULTI_LABEL} with num_labels {cfg.num_labels} ({cfg.task}); "
+                          "NeoMesh's multi-label classifiers are sequence classifiers of 2 or more labels")
+    return cfg
 
 
 def hf_config(hf_dir: str) -> Config:
@@ -209,6 +226,8 @@ def export_params(cfg: Config, params: dict, hf_dir: str, tokenizer_dir: str | N
     hf_config = mapping.config_to_hf(cfg)
     if cfg.regression:  # what transformers infers from num_labels 1, said outright for every reader of the config
         hf_config["problem_type"] = "regression"
+    if cfg.multi_label:  # transformers would infer single-label classification from integer labels
+        hf_config["problem_type"] = MULTI_LABEL
     if labels and "id2label" in hf_config:
         hf_config.update(label_names.to_hf(labels))
     params = jax.tree.map(np.asarray, params)

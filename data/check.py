@@ -77,6 +77,10 @@ def _check_labelled(source, batch: dict, cfg: Config) -> None:
     if labels.ndim == 0 and source.label_names is None:  # a regression's score
         print(f"first example (label {float(labels):.4g}):\n{text}")
         return
+    if labels.ndim == 1 and labels.dtype.kind == "f":  # a multi-label example's multi-hot row
+        applies = ", ".join(source.label_names[i] for i in np.flatnonzero(labels)) or "none"
+        print(f"first example (labels: {applies}):\n{text}")
+        return
     if labels.ndim == 0:
         label = int(labels)
         print(f"first example (label {label}: {source.label_names[label]}):\n{text}")

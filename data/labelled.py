@@ -7,9 +7,13 @@ A dataset config names jsonl files (``path`` for train, ``eval_path`` for eval; 
 
 The key names are the dataset config's ``text_key``, ``text_pair_key`` and ``label_key`` (defaults ``text``,
 ``text_pair``, ``label``; a file without ``text`` is read by the TFDS names below, GLUE's ``sentence1`` and
-``sentence2`` first). Labels are integers, or strings mapped to integers through the dataset config's
-``labels`` list (else through the sorted set of the train file's labels); there must be ``num_labels`` of them.
+``sentence2`` first, one without ``label`` by ``labels``). Labels are integers, or strings mapped to integers
+through the dataset config's ``labels`` list (else through the sorted set of the train file's labels); there must
+be ``num_labels`` of them.
 With ``num_labels`` 1 (Hugging Face's regression) a label is a number, the text's score (``"label": 3.8``).
+With ``multi_label`` a label is a list of label names or ids, any number of them (``"labels": ["sports",
+"politics"]``; ``[]``: none applies), as Hugging Face's go_emotions holds them; TFDS datasets are read
+single-label.
 ``tfds:NAME[/CONFIG]`` reads a TFDS dataset prepared in a local data dir instead (``tfds:glue/mrpc``): its text
 features are found by name (sentence1/sentence2, question1/question2, premise/hypothesis, question/sentence,
 sentence, text) unless the dataset config names them, its labels are its ClassLabel feature (a regression's: a
@@ -114,13 +118,15 @@ def text_keys(row: dict, text_key: str | None, pair_key: str | None) -> tuple[st
     return text_key, pair_key or partner or "text_pair"
 
 
-def read_jsonl(pattern: str, where: str, keys: tuple[str | None, str | None, str]) -> Examples:
-    """The examples of the jsonl files ``pattern`` matches (sorted), in file order."""
+def read_jsonl(pattern: str, where: str, keys: tuple[str | None, str | None, str | None]) -> Examples:
+    """The examples of the jsonl files ``pattern`` matches (sorted), in file order; a label key left out is
+    ``label``, or ``labels`` where the first line has that and not ``label``."""
     text_key, pair_key, label_key = keys
     examples = Examples()
     for row, place in jsonl_objects(pattern, where):
-        if not examples.places:  # the first line names the text fields a dataset config leaves out
+        if not examples.places:  # the first line names the fields a dataset config leaves out
             text_key, pair_key = text_keys(row, *keys[:2])
+            label_key = label_key or ("labels" if "label" not in row and "labels" in row else "label")
         for key, name in ((text_key, "text_key"), (label_key, "label_key")):
             if key not in row:
                 raise ConfigError(f"{place} has no '{key}' field ({name}; it has "
@@ -129,7 +135,8 @@ def read_jsonl(pattern: str, where: str, keys: tuple[str | None, str | None, str
         for key, value in ((text_key, row[text_key]), (pair_key, pair)):
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{place}: '{key}' is not a string")
-        check_not_empty(row[label_key], place, label_key)
+        for label in row[label_key] if isinstance(row[label_key], list) else [row[label_key]]:
+            check_not_empty(label, place, label_key)
         examples.add(row[text_key], pair, row[label_key], place)
     return examples
 
@@ -250,9 +257,33 @@ def label_ids(examples: Examples, names: list[str] | None, num_labels: int) -> n
                 raise ConfigError(f"{place}: label {label} is outside 0..{num_labels - 1} (num_labels {num_labels})")
             ids[i] = label
         else:
-            regression = "; a number is a regression's score, for num_labels 1" if isinstance(label, float) else ""
-            raise ConfigError(f"{place}: label {json.dumps(label)} is neither an integer nor a string{regression}")
+            hint = {float: "; a number is a regression's score, for num_labels 1",
+                    list: "; a list is a text's labels, for multi_label true"}.get(type(label), "")
+            raise ConfigError(f"{place}: label {json.dumps(label)} is neither an integer nor a string{hint}")
     return ids
+
+
+def label_items(examples: Examples) -> tuple[Examples, np.ndarray]:
+    """Each label of each example's list (multi_label) as an example of its own, so single labels' naming and
+    checks apply to it, and the (M,) index of the example it came from; a label that is no list is an error
+    naming its line."""
+    items, owners = Examples(), []
+    for i, (labels, place) in enumerate(zip(examples.labels, examples.places)):
+        if not isinstance(labels, list):
+            raise ConfigError(f"{place}: label {json.dumps(labels)} is not a list; multi_label true reads each text's "
+                              'labels as one (["sports", "politics"], or [] where none applies)')
+        for label in labels:
+            items.add(examples.texts[i], examples.pairs[i], label, place)
+            owners.append(i)
+    return items, np.array(owners, np.int64)
+
+
+def multi_hot(items: Examples, owners: np.ndarray, count: int, names: list[str] | None, num_labels: int
+              ) -> np.ndarray:
+    """(count, num_labels) float32 rows of ``label_items``' output: 1 where a label of the example's list applies."""
+    out = np.zeros((count, num_labels), np.float32)
+    out[owners, label_ids(items, names, num_labels)] = 1
+    return out
 
 
 def scores(examples: Examples) -> np.ndarray:
@@ -323,7 +354,12 @@ class LabelledSource(ExampleStream):
         self.bytes_per_token = None  # per-example losses have no bits per byte
         cut = int((self.lengths == n_ctx).sum())
         self.description = f"{description}: {len(labels):,} examples ({cut:,} cut to n_ctx {n_ctx}); "
-        if labels.dtype.kind == "f":  # a regression's scores: no names, no classes to count
+        if labels.ndim == 2:  # multi-hot rows: each label's count, and the texts with none
+            self.label_names = names or [str(i) for i in range(labels.shape[1])]
+            self.description += "per label: " + ", ".join(
+                f"{name} {int(count)}" for name, count in zip(self.label_names, labels.sum(0))) + \
+                f"; with none: {int((labels.sum(1) == 0).sum())}"
+        elif labels.dtype.kind == "f":  # a regression's scores: no names, no classes to count
             self.label_names = None
             self.description += (f"labels are scores: mean {labels.mean():.4g}, min {labels.min():.4g}, max "
                                  f"{labels.max():.4g}")
@@ -336,7 +372,8 @@ class LabelledSource(ExampleStream):
 
     def batch(self, step: int, batch_size: int, rows: slice | None = None) -> dict:
         """Rows ``rows`` (default all) of global batch ``step``: {"inputs", "segment_ids" (1 real token,
-        0 padding), "token_types": (rows, n_ctx) int32, "labels": (rows,) int32 (a regression's float32),
+        0 padding), "token_types": (rows, n_ctx) int32, "labels": (rows,) int32 (a regression's float32,
+        a multi-label classifier's (rows, num_labels) float32 multi-hot),
         "weights": (rows,) float32}."""
         ids, weights = self.example_ids(step, batch_size, rows)
         positions = np.arange(self.inputs.shape[1])
@@ -378,10 +415,11 @@ def split_files(dataset: dict, split: str) -> tuple[str, str]:
 
 def _read(dataset: dict, split: str, regression: bool = False) -> tuple[Examples, list[str] | None]:
     """The examples of ``split`` and, for TFDS, its label names."""
-    keys = (dataset.get("text_key"), dataset.get("text_pair_key"), dataset.get("label_key", "label"))
+    keys = (dataset.get("text_key"), dataset.get("text_pair_key"), dataset.get("label_key"))
     if dataset["path"].startswith("tfds:"):
         tfds_split = dataset.get(f"{split}_split", "train" if split == "train" else "validation")
-        return read_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split, keys, regression)
+        return read_tfds(dataset["path"][len("tfds:"):], dataset.get("data_dir"), tfds_split,
+                         (*keys[:2], keys[2] or "label"), regression)
     return read_jsonl(*split_files(dataset, split), keys), None
 
 
@@ -399,11 +437,18 @@ def labelled_source(cfg: Config, split: str) -> LabelledSource:
                               "leave labels out, or set num_labels to their number")
         return LabelledSource(examples, scores(examples), tokenizer, cfg.n_ctx, shuffle=split == "train",
                               seed=cfg.seed, description=f"{split}: {where}")
+    if cfg.multi_label and tfds_names is not None:
+        raise ConfigError(f"{where}: multi_label reads jsonl files, each text's labels a list; a TFDS dataset's "
+                          "ClassLabel gives one label per text")
+    items, owners = label_items(examples) if cfg.multi_label else (examples, None)
     if tfds_names is not None:
         names = label_names({**dataset, "labels": dataset.get("labels", tfds_names)}, None, cfg.num_labels)
     else:
-        train = examples if split == "train" or dataset.get("labels") else _read(dataset, "train")[0]
+        train = items if split == "train" or dataset.get("labels") else _read(dataset, "train")[0]
+        if cfg.multi_label and train is not items:  # the names are those of the train split's lists
+            train = label_items(train)[0]
         names = in_head_order(cfg, label_names(dataset, train, cfg.num_labels), dataset)
-    labels = label_ids(examples, names, cfg.num_labels)
+    labels = multi_hot(items, owners, len(examples), names, cfg.num_labels) if cfg.multi_label else \
+        label_ids(examples, names, cfg.num_labels)
     return LabelledSource(examples, labels, tokenizer, cfg.n_ctx, shuffle=split == "train", seed=cfg.seed,
                           description=f"{split}: {where}", names=names)

@@ -1,5 +1,6 @@
 """What predict.py prints for a model that labels rather than generates: an image classifier's likeliest classes
-per file, a sequence classifier's per prompt (a regression's score: Hugging Face's num_labels 1), a token
+per file, a sequence classifier's per prompt (a regression's score: Hugging Face's num_labels 1; a multi-label
+classifier's labels of probability >= 0.5), a token
 classifier's label per word, a masked LM's likeliest tokens per [MASK] (Hugging Face's image-classification,
 text-classification, token-classification and fill-mask pipelines). Batches are the config's eval_batch_size rows
 (the last padded to it) and, for text, n_ctx wide, so one shape is compiled."""
@@ -21,6 +22,27 @@ def top_classes(logits, names: Sequence[str], top: int) -> str:
     p = np.exp(logits - logits.max())
     p /= p.sum()
     return ", ".join(f"{names[i]} {p[i]:.4f}" for i in np.argsort(-p, kind="stable")[:top])
+
+
+def labels_that_apply(logits, names: Sequence[str]) -> str:
+    """``name p, ...`` of the labels whose sigmoid probability is >= 0.5 (a multi-label classifier's predicted
+    labels, as its eval scores them), likeliest first; where none is, the likeliest with its probability."""
+    import numpy as np
+
+    p = 1 / (1 + np.exp(-logits))
+    order = np.argsort(-p, kind="stable")
+    applies = [i for i in order if logits[i] >= 0]  # p >= 0.5, decided as the objective decides it
+    if not applies:
+        return f"no label >= 0.5 (likeliest: {names[order[0]]} {p[order[0]]:.4f})"
+    return ", ".join(f"{names[i]} {p[i]:.4f}" for i in applies)
+
+
+def sequence_labels(logits, names: Sequence[str], top: int, cfg) -> str:
+    """One row of a sequence classifier's logits in words: a regression's ``score 3.8125`` (its one logit, as
+    transformers' pipeline gives it), a multi-label classifier's labels that apply, else the ``top`` likeliest."""
+    if cfg.regression:
+        return f"score {logits[0]:.4f}"
+    return labels_that_apply(logits, names) if cfg.multi_label else top_classes(logits, names, top)
 
 
 def class_names(model, path: str) -> Sequence[str]:
@@ -67,10 +89,9 @@ def image_lines(model, files: list[str], names: list[str], top: int) -> list[str
 
 
 def text_lines(model, prompts: list[str], pairs: list[str | None], names: list[str], top: int) -> list[str]:
-    """``prompt N: ...`` for each prompt (and second text): a sequence classifier's likeliest labels (a
-    regression's ``score 3.8125``: its one logit, as transformers' pipeline gives it), a token
-    classifier's ``word/LABEL``s, a masked LM's likeliest tokens at each mask; printed as each batch is done, with a
-    note where n_ctx cuts a prompt."""
+    """``prompt N: ...`` for each prompt (and second text): a sequence classifier's labels (``sequence_labels``),
+    a token classifier's ``word/LABEL``s, a masked LM's likeliest tokens at each mask; printed as each batch is
+    done, with a note where n_ctx cuts a prompt."""
     import jax
     import numpy as np
 
@@ -80,8 +101,7 @@ def text_lines(model, prompts: list[str], pairs: list[str | None], names: list[s
         from data.source import with_mask_token
 
         mask_id = with_mask_token(cfg, model.tokenizer).mlm_mask_token_id
-    describe = {"sequence_classification": lambda row, ids, text, i: f"score {row[0]:.4f}" if cfg.regression
-                else top_classes(row, names, top),
+    describe = {"sequence_classification": lambda row, ids, text, i: sequence_labels(row, names, top, cfg),
                 "token_classification": lambda row, ids, text, i: word_labels(row, text, names, model, i),
                 FILL_MASK: lambda row, ids, text, i: filled_masks(row, ids, mask_id, names, top, model, i)}[cfg.task]
     rows = min(cfg.eval_batch_size, len(prompts))

@@ -86,6 +86,55 @@ def train_metrics(cfg, batches, mesh_shape="x:8", layout="batch:x", devices=None
     return rows
 
 
+def text_batches(cfg, steps: int, labels, seed: int = 0) -> list[dict]:
+    """Sequence-classifier batches of random texts of varied lengths, ``labels(rng, rows)`` as their labels, and
+    weight-0 filler in the last two rows."""
+    rng = np.random.default_rng(seed)
+    out = []
+    b, t = cfg.train_batch_size, cfg.n_ctx
+    for _ in range(steps):
+        lengths = rng.integers(3, t + 1, b)
+        segment_ids = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
+        out.append({"inputs": np.where(segment_ids, rng.integers(0, cfg.n_vocab, (b, t)), 0).astype(np.int32),
+                    "segment_ids": segment_ids, "token_types": np.zeros((b, t), np.int32), "labels": labels(rng, b),
+                    "weights": (np.arange(b) < b - 2).astype(np.float32)})
+    return out
+
+
+def eval_row_and_kept(cfg, batches, kept: str) -> tuple[dict, np.ndarray, np.ndarray]:
+    """(the reported eval row of ``cfg``'s freshly initialised model over ``batches`` on a 4-device mesh, the
+    objective's per-row metric ``kept`` of the rows that count, those rows' labels), the rows computed apart."""
+    import jax.numpy as jnp
+
+    from parallel.steps import make_eval_step, mean_of, objective_sums
+    from training.objectives import report
+
+    objective = objective_for(cfg)
+    layout = Layout.from_config(make_mesh("x:4", jax.devices()[:4]), "batch:x")
+    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg),
+                                                    layout, cfg.seed)
+    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
+    step = make_eval_step(graphdef, objective, layout, shardings.params, data)
+    row = report(objective, mean_of([step(state.params, jax.device_put(b, data)) for b in batches]))
+    params = jax.device_get(state.params)
+    values = np.concatenate([np.asarray(objective_sums(graphdef, objective, params, b, jnp.float32,
+                                                       keep_rows=True)[0][kept]) for b in batches])
+    counted = np.concatenate([b["weights"] for b in batches]) > 0
+    return row, values[counted], np.concatenate([b["labels"] for b in batches])[counted]
+
+
+def assert_trains_sharded_as_one_device(cfg, batches, keys=("loss", "grad_norm")) -> list[dict]:
+    """``cfg`` trained on ``batches`` on a 4x2 mesh (batch, heads, MLP split) and with 2 microbatches gives one
+    device's ``keys`` (atol 1e-5); returns the one device's metric rows."""
+    single = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
+    sharded = train_metrics(cfg, batches, "x:4,y:2", "batch:x,heads:y,intermediate_expanded:y")
+    accumulated = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1], microbatches=2)
+    for key in keys:
+        for run in (sharded, accumulated):
+            np.testing.assert_allclose([m[key] for m in run], [m[key] for m in single], rtol=0, atol=1e-5)
+    return single
+
+
 def train_step_for(cfg, mesh_shape: str, layout: str, devices=None, **options):
     """(the jitted train step, the initial state, the batch fields' shardings, their shapes) of ``cfg`` on the
     mesh and layout; ``options``: ``make_train_step``'s."""

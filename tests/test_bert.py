@@ -353,17 +353,55 @@ def test_a_regression_imports_and_exports_with_transformers_scores(kind, tmp_pat
     np.testing.assert_allclose(again, want, atol=1e-6, rtol=0)  # the same tensors; RoBERTa's sums may round apart
 
 
-def test_problem_type_regression_of_several_outputs_is_one_line(tmp_path):
-    """transformers' multi-output regression (problem_type regression, num_labels 3) was loaded as a 3-class
-    softmax classifier; NeoMesh's regression is one score."""
-    reference = hf_fixtures.encoder(head="sequence_classification", num_labels=3)
-    reference.config.problem_type = "regression"
+@pytest.mark.parametrize("problem_type, num_labels, why", [
+    # transformers' multi-output regression was loaded as a 3-class softmax classifier
+    ("regression", 3, "NeoMesh's regression is a sequence classifier's one score (num_labels 1)"),
+    ("multi_label_classification", 1, "NeoMesh's multi-label classifiers are sequence classifiers of 2 or more labels"),
+])
+def test_a_problem_type_neomesh_does_not_train_is_one_line(problem_type, num_labels, why, tmp_path):
+    reference = hf_fixtures.encoder(head="sequence_classification", num_labels=num_labels)
+    reference.config.problem_type = problem_type
     source = saved(reference, tmp_path)
     with pytest.raises(ConfigError) as e:
         load_hf(source)
-    assert str(e.value) == (f"{source}/config.json: problem_type regression with num_labels 3 "
-                            "(sequence_classification); NeoMesh's regression is a sequence classifier's one score "
-                            "(num_labels 1)")
+    assert str(e.value) == (f"{source}/config.json: problem_type {problem_type} with num_labels {num_labels} "
+                            f"(sequence_classification); {why}")
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_a_multi_label_classifier_imports_and_exports_with_transformers_logits_and_loss(kind, tmp_path):
+    """problem_type multi_label_classification was imported as a softmax classifier without a word: now it is
+    multi_label, its logits and mean binary cross-entropy are transformers', and export writes it back as one."""
+    import json
+
+    from convert.hf import export_hf, import_hf
+    from training.objectives import objective_for
+
+    reference = hf_fixtures.encoder(kind=kind, head="sequence_classification", num_labels=4)
+    reference.config.problem_type = "multi_label_classification"
+    source = saved(reference, tmp_path / "in")
+    cfg, params = load_hf(source)
+    assert cfg.task == "sequence_classification" and cfg.num_labels == 4 and cfg.multi_label
+    tokens, mask = padded_batch(hf_fixtures.VOCAB, seed=5)
+    labels = np.array([[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], np.float32)
+    with torch.no_grad():
+        out = reference(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask),
+                        labels=torch.from_numpy(labels))
+    got = ours(cfg, params, tokens, mask)
+    np.testing.assert_allclose(got, out.logits.numpy(), atol=1e-5, rtol=0)
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: registry.build(cfg, nnx.Rngs(0))))
+    model = nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params)))
+    losses, _ = objective_for(cfg)(model, {"inputs": jnp.asarray(tokens, jnp.int32),
+                                           "segment_ids": jnp.asarray(mask, jnp.int32), "labels": labels})
+    np.testing.assert_allclose(float(losses.mean()), out.loss.item(), atol=1e-5, rtol=0)
+    import_hf(source, str(tmp_path / "run"))
+    export_hf(str(tmp_path / "run"), str(tmp_path / "out"))
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["problem_type"] == "multi_label_classification"
+    back = hf_fixtures.ENCODERS[kind, "sequence_classification"].from_pretrained(str(tmp_path / "out"),
+                                                                         attn_implementation="eager").eval()
+    with torch.no_grad():
+        again = back(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_allclose(again, out.logits.numpy(), atol=1e-6, rtol=0)
 
 
 def roberta_tokenizer(path, specials):

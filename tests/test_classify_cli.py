@@ -247,3 +247,93 @@ def test_a_regression_fine_tunes_on_stsb_and_reports_correlations(tmp_path):
     exported = run_command("-m", "convert", "export", str(run), str(tmp_path / "hf_out"))
     assert exported.returncode == 0, exported.stderr
     assert json.loads((tmp_path / "hf_out" / "config.json").read_text())["problem_type"] == "regression"
+
+
+def multi_label_encoder(num_labels=4, **shape):
+    """A Hugging Face BERT multi-label classifier (problem_type multi_label_classification) with named labels."""
+    hf = hf_fixtures.encoder(head="sequence_classification", num_labels=num_labels, **shape)
+    hf.config.problem_type = "multi_label_classification"
+    hf.config.id2label = {i: name for i, name in enumerate(["arts", "politics", "sports", "weather"][:num_labels])}
+    hf.config.label2id = {name: i for i, name in hf.config.id2label.items()}
+    return hf
+
+
+def test_predict_prints_a_multi_label_classifiers_labels_of_probability_half_or_more(tmp_path, capsys):
+    """A multi-label classifier was shown softmax probabilities of its likeliest classes: each prompt now gets the
+    labels whose sigmoid of transformers' logit is >= 0.5, likeliest first."""
+    import numpy as np
+    import torch
+
+    import predict
+    from data.tokenizer import load_tokenizer
+
+    hf = multi_label_encoder()
+    with torch.no_grad():  # arts always applies, politics never; sports and weather depend on the text
+        hf.classifier.weight.mul_(0.05)
+        hf.classifier.bias.copy_(torch.tensor([4.0, -4.0, 0.0, 0.0]))
+    hf_dir = hf_fixtures.save(hf, tmp_path / "hf")
+    texts = ["the cat sat", "numbers 12345", "a vote on the match"]
+    assert predict.main(["--hf-model", hf_dir, *[a for t in texts for a in ("--prompt", t)]]) == 0
+    tokenizer, names = load_tokenizer(hf_dir), ["arts", "politics", "sports", "weather"]
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    for i, (line, text) in enumerate(zip(lines, texts), 1):
+        ids, types = tokenizer.encode_pairs([text], [None], 40)[0]
+        with torch.no_grad():
+            p = torch.sigmoid(hf(torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0]).numpy()
+        shown = [j for j in np.argsort(-p) if p[j] >= 0.5]
+        assert shown[0] == 0 and 1 not in shown
+        assert line == f"prompt {i}: " + ", ".join(f"{names[j]} {p[j]:.4f}" for j in shown)
+    assert predict.main(["--hf-model", hf_dir, "--prompt", "x", "--top-k", "2"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --top-k: this sequence classifier is multi-label: it shows each "
+                                               "prompt's labels of probability >= 0.5, however many")
+
+
+def test_a_text_no_label_applies_to_names_the_likeliest():
+    import numpy as np
+
+    from neomesh.classifier_output import labels_that_apply
+
+    assert labels_that_apply(np.array([0.5, -0.5, 2.0, 0.0]), ["a", "b", "c", "d"]) == "c 0.8808, a 0.6225, d 0.5000"
+    assert labels_that_apply(np.array([-3.0, -0.5]), ["a", "b"]) == "no label >= 0.5 (likeliest: b 0.3775)"
+
+
+@pytest.mark.e2e
+def test_a_multi_label_classifier_fine_tunes_on_label_lists_and_reports_f1s(tmp_path):
+    """--init-from a Hugging Face multi-label BERT, fine-tuned on jsonl rows whose labels are lists: eval rows carry
+    micro/macro F1 and exact match; Pretrained gives its logits; export writes it as multi-label."""
+    topics = ["arts", "politics", "sports", "weather"]
+    rows = [{"text": f"text {i} about {' and '.join(topics[j] for j in range(4) if i >> j & 1)}",
+             "labels": [topics[j] for j in range(4) if i >> j & 1]} for i in range(16)]
+    for name, part in (("train", rows[:12]), ("eval", rows[12:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    dataset = tmp_path / "topics.json"
+    dataset.write_text(json.dumps({"path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl"),
+                                   "tokenizer_path": "bytes"}))
+    source = hf_fixtures.save(multi_label_encoder(n_embd=32, n_head=2, n_layer=1, n_ctx=32, vocab=257, d_ff=64),
+                              tmp_path / "hf")
+    run = tmp_path / "run"
+    sets = TINY + [f'datasets=[["{dataset}", null, null, null]]', "tokenizer_path=bytes", "num_labels=4",
+                   "n_vocab=257", "multi_label=true"]
+    result = run_command("train.py", "--config", "configs/bert_classify.json", "--model-path", str(run),
+                         "--no-progress", "--init-from", source, *[arg for s in sets for arg in ("--set", s)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "per label: arts 6, politics 6, sports 4, weather 4; with none: 1" in result.stdout
+    assert "warning" not in result.stdout  # its head came along
+    (evaluation,) = metrics_rows(run, "eval")
+    assert set(evaluation) >= {"loss", "micro_f1", "macro_f1", "exact_match"} and "accuracy" not in evaluation
+    assert all(0 <= evaluation[k] <= 1 for k in ("micro_f1", "macro_f1", "exact_match")) and evaluation["loss"] > 0
+    assert json.loads((run / "labels.json").read_text()) == topics
+    from pretrained import Pretrained
+
+    model = Pretrained.from_pretrained(str(run))
+    assert model.labels == topics and model(["text 3 about arts and politics"]).shape == (1, 4)
+    exported = run_command("-m", "convert", "export", str(run), str(tmp_path / "hf_out"))
+    assert exported.returncode == 0, exported.stderr
+    written = json.loads((tmp_path / "hf_out" / "config.json").read_text())
+    assert written["problem_type"] == "multi_label_classification" and written["id2label"]["2"] == "sports"
+    single = run_command("train.py", "--config", "configs/bert_classify.json", "--model-path", str(tmp_path / "x"),
+                         "--no-progress", "--init-from", source, *[a for s in sets[:-1] for a in ("--set", s)])
+    assert single.returncode == 2 and single.stderr.strip().endswith(
+        "its classifier is multi-label (a sigmoid per label), but multi_label is false; --set multi_label=true "
+        "fine-tunes its head (--set init_new_head=true starts a new one)")

@@ -252,6 +252,38 @@ def test_classifiers_import_and_export_with_hugging_face(kind, task, tmp_path):
     assert again.pad_token_id is None
 
 
+def test_a_gpt2_multi_label_classifier_imports_and_exports_as_one(tmp_path):
+    """GPT2ForSequenceClassification with problem_type multi_label_classification: the same import path as a BERT's
+    makes it multi_label, with transformers' logits; export writes the problem_type back."""
+    import json
+
+    import transformers
+
+    from convert.hf import export_params, load_hf
+    from models import registry
+
+    hf_cfg = transformers.GPT2Config(vocab_size=hf_fixtures.VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                     num_labels=3, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     problem_type="multi_label_classification")
+    hf_cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.GPT2ForSequenceClassification(hf_cfg).eval()
+    hf_fixtures.randomize(model)
+    model.save_pretrained(str(tmp_path / "in"))
+    cfg, params = load_hf(str(tmp_path / "in"))
+    assert (cfg.task, cfg.num_labels, cfg.multi_label) == ("sequence_classification", 3, True)
+    mask = (np.arange(12)[None] < np.array([12, 5])[:, None]).astype(np.int64)
+    tokens = np.where(mask == 1, np.random.default_rng(1).integers(1, hf_fixtures.VOCAB, (2, 12)), 0)
+    with torch.no_grad():
+        want = model(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: registry.build(cfg, nnx.Rngs(0))))
+    got = np.asarray(nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params)))(
+        jnp.asarray(tokens, jnp.int32), segment_ids=jnp.asarray(mask, jnp.int32))[0])
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    export_params(cfg, params, str(tmp_path / "out"))
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["problem_type"] == "multi_label_classification"
+
+
 def test_weights_of_another_shape_than_config_json_are_one_line(tmp_path):
     """config.json edited (or weights copied from another model): the mapping's reshape was a ValueError traceback."""
     import json

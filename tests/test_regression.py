@@ -1,18 +1,15 @@
 """Sequence regression (Hugging Face's num_labels 1, GLUE STS-B): float labels from jsonl and TFDS, the squared-error
 objective, eval rows with mse and run_glue's pearson and spearmanr, and sharded training equal to one device."""
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
 
 from config import ConfigError
 from data.source import make_source
-from tests.common import tiny_config, train_metrics
+from tests.common import assert_trains_sharded_as_one_device, eval_row_and_kept, text_batches, tiny_config
 from tests.data_common import prepare_tiny_glue, prepare_tiny_stsb, use_dataset_configs
 from tests.test_labelled import classify, write_jsonl
-from training.objectives import objective_for, report
 
 TRAIN = [{"text": "a cat sits", "text_pair": "a cat is sitting", "label": 4.6}, {"text": "a dog", "label": 0.25},
          {"text": "rain", "text_pair": "sun", "label": 1}, {"text": "x", "label": 2.5}]
@@ -91,45 +88,16 @@ def regression_config(**changes):
 
 
 def regression_batches(cfg, steps, seed=0):
-    """Batches of random texts of varied lengths, float scores, and weight-0 filler in the last rows."""
-    rng = np.random.default_rng(seed)
-    out = []
-    b, t = cfg.train_batch_size, cfg.n_ctx
-    for _ in range(steps):
-        lengths = rng.integers(3, t + 1, b)
-        segment_ids = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
-        out.append({"inputs": np.where(segment_ids, rng.integers(0, cfg.n_vocab, (b, t)), 0).astype(np.int32),
-                    "segment_ids": segment_ids, "token_types": np.zeros((b, t), np.int32),
-                    "labels": rng.uniform(0, 5, b).astype(np.float32),
-                    "weights": (np.arange(b) < b - 2).astype(np.float32)})
-    return out
+    """Batches of random texts with float scores (tests.common.text_batches)."""
+    return text_batches(cfg, steps, lambda rng, b: rng.uniform(0, 5, b).astype(np.float32), seed)
 
 
 def test_eval_row_is_mse_pearson_and_spearman_of_the_counted_rows():
     """The eval step keeps each row's score; the row holds their squared error's mean and run_glue's correlations
     over the rows that count (weight-0 filler left out), as scipy computes them."""
-    from models import registry
-    from parallel.layout import Layout
-    from parallel.mesh import make_mesh
-    from parallel.state import create_train_state
-    from parallel.steps import batch_shapes, batch_shardings, make_eval_step, mean_of, objective_sums
-    from training.optimizer import make_optimizer
-
     cfg = regression_config()
-    objective = objective_for(cfg)
-    layout = Layout.from_config(make_mesh("x:4", jax.devices()[:4]), "batch:x")
-    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg),
-                                                    layout, cfg.seed)
-    data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
-    step = make_eval_step(graphdef, objective, layout, shardings.params, data)
-    batches = regression_batches(cfg, 2)
-    row = report(objective, mean_of([step(state.params, jax.device_put(b, data)) for b in batches]))
+    row, got, want = eval_row_and_kept(cfg, regression_batches(cfg, 2), "score")
     assert set(row) == {"loss", "mse", "pearson", "spearmanr"}
-    params = jax.device_get(state.params)
-    predicted = [np.asarray(objective_sums(graphdef, objective, params, b, jnp.float32, keep_rows=True)[0]["score"])
-                 for b in batches]
-    counted = np.concatenate([b["weights"] for b in batches]) > 0
-    got, want = np.concatenate(predicted)[counted], np.concatenate([b["labels"] for b in batches])[counted]
     assert len(got) == 12 and np.std(got) > 0
     np.testing.assert_allclose(row["mse"], np.mean((got - want) ** 2), rtol=1e-5)
     assert row["loss"] == row["mse"]
@@ -140,12 +108,7 @@ def test_eval_row_is_mse_pearson_and_spearman_of_the_counted_rows():
 def test_regression_trains_sharded_as_on_one_device_and_accumulates_exactly():
     cfg = regression_config()
     batches = regression_batches(cfg, 1) * 3  # one batch again and again: the squared error must fall
-    single = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1])
-    sharded = train_metrics(cfg, batches, "x:4,y:2", "batch:x,heads:y,intermediate_expanded:y")
-    accumulated = train_metrics(cfg, batches, "x:1", "batch:x", devices=jax.devices()[:1], microbatches=2)
-    for key in ("loss", "grad_norm"):
-        for run in (sharded, accumulated):
-            np.testing.assert_allclose([m[key] for m in run], [m[key] for m in single], rtol=0, atol=1e-5)
+    single = assert_trains_sharded_as_one_device(cfg, batches)
     assert single[-1]["loss"] < single[0]["loss"]
     assert "score" not in single[0] and "label" not in single[0]  # per-row values stay out of the train row
 

@@ -154,14 +154,20 @@ def may_lack_head(path: str, theirs: Config) -> bool:
 
 
 def check_head(cfg: Config, theirs: Config, where: str, headless: bool = False) -> None:
-    """A one-line error when ``cfg`` fine-tunes ``theirs``'s classifier with another label count and does not
-    ask for a new head; ``headless``: ``theirs`` has no classifier, whatever its config's label count."""
+    """A one-line error when ``cfg`` fine-tunes ``theirs``'s classifier with another label count, or single-label
+    where it is multi-label or the other way round, and does not ask for a new head; ``headless``: ``theirs`` has
+    no classifier, whatever its config's label count."""
     if theirs.task == cfg.task and cfg.task in CLASSIFIERS and theirs.num_labels != cfg.num_labels \
             and not cfg.init_new_head and not headless:
         has = "one output (a regression)" if theirs.regression else f"{theirs.num_labels} labels"
         raise ConfigError(f"{where} {cfg.init_from}: its classifier has {has}, but num_labels "
                           f"is {cfg.num_labels}; --set init_new_head=true keeps its backbone and starts a new head "
                           f"of {cfg.num_labels} (--set num_labels={theirs.num_labels} fine-tunes its head)")
+    if theirs.task == cfg.task and theirs.multi_label != cfg.multi_label and not cfg.init_new_head and not headless:
+        kinds = {True: "multi-label (a sigmoid per label)", False: "single-label (a softmax over labels)"}
+        raise ConfigError(f"{where} {cfg.init_from}: its classifier is {kinds[theirs.multi_label]}, but multi_label is "
+                          f"{str(cfg.multi_label).lower()}; --set multi_label={str(theirs.multi_label).lower()} "
+                          "fine-tunes its head (--set init_new_head=true starts a new one)")
 
 
 def head_names(cfg: Config) -> list[str]:

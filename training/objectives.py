@@ -18,7 +18,8 @@ Batches (all int32 unless noted), by task:
     sequence_classification  {"inputs": (B, T), "segment_ids": (B, T) (0 = padding), "labels": (B,), "weights": (B,)
                              float (0: a row that does not count, such as the filler of a last, partial evaluation
                              batch; a batch without it counts every row)}, and "token_types" (B, T) for models
-                             with token type embeddings; with num_labels 1 (regression) "labels" are float32 scores
+                             with token type embeddings; with num_labels 1 (regression) "labels" are float32 scores,
+                             with multi_label (B, C) float32 multi-hot rows (1: the label applies)
     image_classification     {"images": (B, H, W, C) float32, "labels": (B,), "weights": (B,) float (as above)}
     token_classification     {"inputs", "segment_ids", "labels": (B, T)}: a label per token, -1 where none counts
                              (padding, a word's later sub-tokens), and "token_types" (B, T) as above
@@ -38,6 +39,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from config import Config, ConfigError
 from models.aux_losses import sow_aux_losses
@@ -56,8 +58,10 @@ class Objective:
     weights: Callable  # batch -> per-target weights (float32), shaped like the losses
     per_token: bool  # the loss is nats per token: report perplexity (and bits per byte)
     loss_chunk: int = 0  # positions per chunk of a causal LM's loss (0: whole; objective_for decides)
-    # Metrics an evaluation keeps row by row instead of summing: a correlation needs every prediction.
+    # Metrics an evaluation keeps row by row instead of summing (a correlation needs every prediction), and what
+    # makes the eval row's metrics of them: (mean loss, *the counted rows of each, numpy) -> {metric: float}.
     rows: tuple[str, ...] = ()
+    from_rows: Callable | None = None
 
     def __call__(self, model, batch: dict, dropout_key: jax.Array | None = None) -> Output:
         return self.compute(model, batch, dropout_key)
@@ -75,6 +79,7 @@ class Objective:
 
 SEQUENCE = ("batch", None)
 PER_EXAMPLE = ("batch",)
+MULTI_HOT = ("batch", None)  # (B, C): one example's labels stay together
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +160,7 @@ def _masked_lm(model, batch: dict, dropout_key, token_loss: TokenLoss = SOFTMAX)
 def _example_weights(batch: dict) -> jax.Array:
     if "weights" in batch:
         return batch["weights"].astype(jnp.float32)
-    return jnp.ones(batch["labels"].shape, jnp.float32)
+    return jnp.ones(batch["labels"].shape[:1], jnp.float32)  # (B,): a multi-label row is one example
 
 
 def _sequence_logits(model, batch: dict, dropout_key) -> jax.Array:
@@ -182,6 +187,18 @@ def _sequence_regression(model, batch: dict, dropout_key) -> Output:
     scores = _sequence_logits(model, batch, dropout_key)[:, 0].astype(jnp.float32)  # (B,)
     labels = batch["labels"].astype(jnp.float32)
     return (scores - labels) ** 2, {"score": scores, "label": labels}
+
+
+def _sequence_multi_label(model, batch: dict, dropout_key) -> Output:
+    """multi_label (Hugging Face's multi_label_classification): one sigmoid per label, each row's loss the mean
+    binary cross-entropy over its labels (transformers' BCEWithLogitsLoss); a label is predicted where its
+    probability is >= 0.5. The predictions and labels go to the eval row's F1s, whose counts are per label."""
+    logits = _sequence_logits(model, batch, dropout_key).astype(jnp.float32)  # (B, C)
+    labels = batch["labels"].astype(jnp.float32)  # (B, C)
+    predicted = (logits >= 0).astype(jnp.float32)  # sigmoid(x) >= 0.5
+    exact = jnp.all(predicted == labels, -1).astype(jnp.float32)  # (B,)
+    losses = optax.sigmoid_binary_cross_entropy(logits, labels).mean(-1)  # (B,)
+    return losses, {"exact_match": exact, "predicted": predicted, "label": labels}
 
 
 def _image_classification(model, batch: dict, dropout_key) -> Output:
@@ -262,7 +279,14 @@ def objective_for(cfg: Config, layout=None, memory: float | None = None) -> Obje
                           "alone: it gives hidden states through pretrained.Pretrained)")
     objective = OBJECTIVES[cfg.task]
     if cfg.regression:
-        objective = dataclasses.replace(objective, compute=_sequence_regression, rows=("score", "label"))
+        objective = dataclasses.replace(objective, compute=_sequence_regression, rows=("score", "label"),
+                                        from_rows=correlations)
+    if cfg.multi_label:
+        shapes = objective.shapes
+        objective = dataclasses.replace(
+            objective, compute=_sequence_multi_label, rows=("predicted", "label"), from_rows=multi_label_f1,
+            fields={**objective.fields, "labels": MULTI_HOT},
+            shapes=lambda cfg: {**shapes(cfg), "labels": (cfg.num_labels,)})
     chunk = loss_chunk(cfg, layout, memory) if cfg.task == "causal_lm" else 0
     if cfg.task in ("causal_lm", "masked_lm") and (cfg.z_loss or cfg.entmax_loss or chunk):
         token_loss = TokenLoss(z_loss=cfg.z_loss, entmax=cfg.entmax_loss, chunk=chunk)
@@ -301,19 +325,13 @@ def loss_chunk(cfg: Config, layout=None, memory: float | None = None) -> int:
 
 def report(objective: Objective, means: dict, bytes_per_token: float | None = None) -> dict:
     """Mean loss and metrics over an evaluation -> the reported row: adds perplexity (and bits per byte when the
-    data knows its bytes per token) for per-token losses, F1 where true/false positive rates are present, and for
-    a regression its mean squared error and the Pearson and Spearman correlations of its scores with the labels
-    (run_glue's STS-B row: pearson, spearmanr) over the rows that count."""
+    data knows its bytes per token) for per-token losses, F1 where true/false positive rates are present, and the
+    objective's metrics of its kept rows over the rows that count (a regression's ``correlations``, a multi-label
+    classifier's ``multi_label_f1``)."""
     out = dict(means)
     if objective.rows:
-        import scipy.stats  # jax's own dependency
-
         counted = out.pop("row_weights") > 0
-        scores, labels = (out.pop(name)[counted].astype(np.float64) for name in objective.rows)
-        with warnings.catch_warnings():  # constant scores (an untrained head's) have no correlation: NaN, as scipy says
-            warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
-            out.update(mse=out["loss"], pearson=float(scipy.stats.pearsonr(scores, labels)[0]),
-                       spearmanr=float(scipy.stats.spearmanr(scores, labels)[0]))
+        out.update(objective.from_rows(out["loss"], *(out.pop(name)[counted] for name in objective.rows)))
     tp, fp, fn = (out.pop(k, None) for k in ("true_positive", "false_positive", "false_negative"))
     if tp is not None:
         out["f1"] = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn > 0 else 0.0
@@ -322,3 +340,30 @@ def report(objective: Objective, means: dict, bytes_per_token: float | None = No
         if bytes_per_token:
             out["bits_per_byte"] = out["loss"] / math.log(2) / bytes_per_token
     return out
+
+
+def correlations(loss: float, scores: np.ndarray, labels: np.ndarray) -> dict:
+    """A regression's eval metrics: its mean squared error (the loss) and the Pearson and Spearman correlations of
+    its (N,) scores with the labels, as run_glue reports STS-B (scipy's pearsonr, spearmanr)."""
+    import scipy.stats  # jax's own dependency
+
+    scores, labels = scores.astype(np.float64), labels.astype(np.float64)
+    with warnings.catch_warnings():  # constant scores (an untrained head's) have no correlation: NaN, as scipy says
+        warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
+        return {"mse": loss, "pearson": float(scipy.stats.pearsonr(scores, labels)[0]),
+                "spearmanr": float(scipy.stats.spearmanr(scores, labels)[0])}
+
+
+def multi_label_f1(loss: float, predicted: np.ndarray, labels: np.ndarray) -> dict:
+    """{"micro_f1", "macro_f1"} of (N, C) 0/1 predictions against (N, C) 0/1 labels, as scikit-learn's f1_score
+    (average "micro" / "macro") gives them: micro pools every label's counts, macro averages the labels' own F1s,
+    a label never true nor predicted counting 0 (its zero_division default)."""
+    predicted, labels = predicted > 0.5, labels > 0.5
+    tp, fp, fn = ((a & b).sum(0).astype(np.float64) for a, b in ((predicted, labels), (predicted, ~labels),
+                                                                  (~predicted, labels)))  # (C,) each
+
+    def f1(tp, fp, fn):
+        wrong_or_right = 2 * tp + fp + fn
+        return np.divide(2 * tp, wrong_or_right, out=np.zeros_like(tp), where=wrong_or_right > 0)
+
+    return {"micro_f1": float(f1(tp.sum(), fp.sum(), fn.sum())), "macro_f1": float(f1(tp, fp, fn).mean())}

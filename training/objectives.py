@@ -22,6 +22,10 @@ Batches (all int32 unless noted), by task:
     image_classification     {"images": (B, H, W, C) float32, "labels": (B,), "weights": (B,) float (as above)}
     token_classification     {"inputs", "segment_ids", "labels": (B, T)}: a label per token, -1 where none counts
                              (padding, a word's later sub-tokens), and "token_types" (B, T) as above
+    question_answering       {"inputs", "segment_ids", "token_types": (B, T), "start_positions", "end_positions":
+                             (B,) the answer's first and last token in the window (0, the first token, where the
+                             window holds no answer), "weights": (B,) float (as above)}; a row is one window of an
+                             example's context
     seq2seq                  {"inputs", "segment_ids": (B, S) encoder tokens, "targets", "target_segment_ids":
                              (B, T) decoder targets}; 0 segments are padding (weight 0); the decoder reads the
                              targets shifted right (teacher forcing)
@@ -56,8 +60,11 @@ class Objective:
     weights: Callable  # batch -> per-target weights (float32), shaped like the losses
     per_token: bool  # the loss is nats per token: report perplexity (and bits per byte)
     loss_chunk: int = 0  # positions per chunk of a causal LM's loss (0: whole; objective_for decides)
-    # Metrics an evaluation keeps row by row instead of summing: a correlation needs every prediction.
+    # Metrics an evaluation keeps row by row instead of summing: a correlation needs every prediction, an answer
+    # every window of its context. ``row_metrics`` turns them into the reported ones: (mean metrics, {name: (N, ...)
+    # values of the rows that count, in data order}, the eval data source) -> {metric: value}.
     rows: tuple[str, ...] = ()
+    row_metrics: Callable | None = None
 
     def __call__(self, model, batch: dict, dropout_key: jax.Array | None = None) -> Output:
         return self.compute(model, batch, dropout_key)
@@ -158,14 +165,15 @@ def _example_weights(batch: dict) -> jax.Array:
     return jnp.ones(batch["labels"].shape, jnp.float32)
 
 
-def _sequence_logits(model, batch: dict, dropout_key) -> jax.Array:
+def _text_logits(model, batch: dict, dropout_key) -> jax.Array:
+    """The head's logits of a batch of texts: (B, C) for a sequence's classes, (B, T, C) for every token's."""
     kwargs = {"token_types": batch["token_types"]} if "token_types" in batch else {}
-    logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)  # (B, C)
+    logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)
     return logits
 
 
 def _sequence_classification(model, batch: dict, dropout_key) -> Output:
-    logits = _sequence_logits(model, batch, dropout_key)  # (B, C)
+    logits = _text_logits(model, batch, dropout_key)  # (B, C)
     labels = batch["labels"]
     predicted = jnp.argmax(logits, -1)
     metrics = {"accuracy": (predicted == labels).astype(jnp.float32)}
@@ -179,7 +187,7 @@ def _sequence_classification(model, batch: dict, dropout_key) -> Output:
 def _sequence_regression(model, batch: dict, dropout_key) -> Output:
     """num_labels 1 (Hugging Face's regression): the head's one logit is the score, its loss the squared error
     (transformers' MSELoss); the scores and labels go to the eval row's correlations."""
-    scores = _sequence_logits(model, batch, dropout_key)[:, 0].astype(jnp.float32)  # (B,)
+    scores = _text_logits(model, batch, dropout_key)[:, 0].astype(jnp.float32)  # (B,)
     labels = batch["labels"].astype(jnp.float32)
     return (scores - labels) ** 2, {"score": scores, "label": labels}
 
@@ -191,8 +199,7 @@ def _image_classification(model, batch: dict, dropout_key) -> Output:
 
 
 def _token_classification(model, batch: dict, dropout_key) -> Output:
-    kwargs = {"token_types": batch["token_types"]} if "token_types" in batch else {}
-    logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)  # (B,T,C)
+    logits = _text_logits(model, batch, dropout_key)  # (B, T, C)
     labels = batch["labels"]
     correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
     return cross_entropy(logits, jnp.maximum(labels, 0)), {"accuracy": correct}
@@ -200,6 +207,36 @@ def _token_classification(model, batch: dict, dropout_key) -> Output:
 
 def _token_weights(batch: dict) -> jax.Array:
     return ((batch["labels"] >= 0) & (batch["segment_ids"] != 0)).astype(jnp.float32)
+
+
+def _question_answering(model, batch: dict, dropout_key) -> Output:
+    """transformers' QA loss, the mean of the start and end positions' cross-entropies, over each window's real
+    tokens: padding gets no probability (transformers scores every position of a padded row)."""
+    logits = _text_logits(model, batch, dropout_key).astype(jnp.float32)  # (B, T, 2)
+    logits = jnp.where((batch["segment_ids"] != 0)[..., None], logits, NO_ANSWER_HERE)
+    start, end = logits[..., 0], logits[..., 1]  # (B, T) each
+    losses = (cross_entropy(start, batch["start_positions"]) + cross_entropy(end, batch["end_positions"])) / 2
+    return losses, {"start_logits": start, "end_logits": end}
+
+
+NO_ANSWER_HERE = -1e9  # the logit of a padding position: no span starts or ends there
+
+
+def _answer_scores(means: dict, rows: dict, data) -> dict:
+    """SQuAD's exact match and F1 of the answers the windows' logits pick (the eval data's examples)."""
+    return data.answer_scores(rows["start_logits"], rows["end_logits"])
+
+
+def _correlations(means: dict, rows: dict, data) -> dict:
+    """A regression's mean squared error and the Pearson and Spearman correlations of its scores with the labels
+    (run_glue's STS-B row: pearson, spearmanr)."""
+    import scipy.stats  # jax's own dependency
+
+    scores, labels = (rows[name].astype(np.float64) for name in ("score", "label"))
+    with warnings.catch_warnings():  # constant scores (an untrained head's) have no correlation: NaN, as scipy says
+        warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
+        return dict(mse=means["loss"], pearson=float(scipy.stats.pearsonr(scores, labels)[0]),
+                    spearmanr=float(scipy.stats.spearmanr(scores, labels)[0]))
 
 
 def shift_right(targets: jax.Array, segment_ids: jax.Array, start_id: int) -> jax.Array:
@@ -241,6 +278,13 @@ OBJECTIVES = {
         lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "labels": (cfg.n_ctx,),
                      **({"token_types": (cfg.n_ctx,)} if cfg.n_token_types else {})},
         _token_classification, _token_weights, per_token=False),
+    "question_answering": Objective(
+        "question_answering", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "token_types": SEQUENCE,
+                               "start_positions": PER_EXAMPLE, "end_positions": PER_EXAMPLE, "weights": PER_EXAMPLE},
+        lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "start_positions": (), "end_positions": (),
+                     "weights": (), **({"token_types": (cfg.n_ctx,)} if cfg.n_token_types else {})},
+        _question_answering, lambda batch: batch["weights"].astype(jnp.float32), per_token=False,
+        rows=("start_logits", "end_logits"), row_metrics=_answer_scores),
     "seq2seq": Objective(
         "seq2seq", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "targets": SEQUENCE, "target_segment_ids": SEQUENCE},
         lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "targets": (cfg.decoder_ctx,),
@@ -262,7 +306,8 @@ def objective_for(cfg: Config, layout=None, memory: float | None = None) -> Obje
                           "alone: it gives hidden states through pretrained.Pretrained)")
     objective = OBJECTIVES[cfg.task]
     if cfg.regression:
-        objective = dataclasses.replace(objective, compute=_sequence_regression, rows=("score", "label"))
+        objective = dataclasses.replace(objective, compute=_sequence_regression, rows=("score", "label"),
+                                        row_metrics=_correlations)
     chunk = loss_chunk(cfg, layout, memory) if cfg.task == "causal_lm" else 0
     if cfg.task in ("causal_lm", "masked_lm") and (cfg.z_loss or cfg.entmax_loss or chunk):
         token_loss = TokenLoss(z_loss=cfg.z_loss, entmax=cfg.entmax_loss, chunk=chunk)
@@ -299,21 +344,15 @@ def loss_chunk(cfg: Config, layout=None, memory: float | None = None) -> int:
     return DEFAULT_LOSS_CHUNK if logits_bytes > CHUNKED_LOSS_MEMORY_SHARE * memory else 0
 
 
-def report(objective: Objective, means: dict, bytes_per_token: float | None = None) -> dict:
+def report(objective: Objective, means: dict, bytes_per_token: float | None = None, data=None) -> dict:
     """Mean loss and metrics over an evaluation -> the reported row: adds perplexity (and bits per byte when the
-    data knows its bytes per token) for per-token losses, F1 where true/false positive rates are present, and for
-    a regression its mean squared error and the Pearson and Spearman correlations of its scores with the labels
-    (run_glue's STS-B row: pearson, spearmanr) over the rows that count."""
+    data knows its bytes per token) for per-token losses, F1 where true/false positive rates are present, and the
+    objective's ``row_metrics`` of the rows that count (a regression's correlations, question answering's exact
+    match and F1 over the examples of ``data``, the eval source)."""
     out = dict(means)
     if objective.rows:
-        import scipy.stats  # jax's own dependency
-
         counted = out.pop("row_weights") > 0
-        scores, labels = (out.pop(name)[counted].astype(np.float64) for name in objective.rows)
-        with warnings.catch_warnings():  # constant scores (an untrained head's) have no correlation: NaN, as scipy says
-            warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
-            out.update(mse=out["loss"], pearson=float(scipy.stats.pearsonr(scores, labels)[0]),
-                       spearmanr=float(scipy.stats.spearmanr(scores, labels)[0]))
+        out.update(objective.row_metrics(out, {name: out.pop(name)[counted] for name in objective.rows}, data))
     tp, fp, fn = (out.pop(k, None) for k in ("true_positive", "false_positive", "false_negative"))
     if tp is not None:
         out["f1"] = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn > 0 else 0.0

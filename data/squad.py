@@ -24,7 +24,7 @@ import numpy as np
 
 from config import Config, ConfigError
 from data.labelled import ExampleStream, _dataset, jsonl_objects, split_files
-from data.tokenizer import NoRoomForContext, Tokenizer, load_tokenizer
+from data.tokenizer import NoRoomForContext, Tokenizer, Window, load_tokenizer
 from evaluation.squad import NOT_CONTEXT, best_answer, squad_scores
 
 
@@ -111,6 +111,27 @@ def answer_tokens(offsets: list, answer: tuple[str, int] | None) -> tuple[int, i
     return first, last
 
 
+def context_windows(tokenizer: Tokenizer, question: str, context: str, cfg: Config, where: str) -> list[Window]:
+    """The windows of one example as a question-answering model reads them: the question, then each part of the
+    context that fits beside it in n_ctx tokens, consecutive parts sharing doc_stride tokens."""
+    try:
+        return tokenizer.encode_windows(question, context, cfg.n_ctx, cfg.doc_stride)
+    except NoRoomForContext as e:
+        raise ConfigError(f"{where}: {e}; raise n_ctx, lower doc_stride or shorten the question") from None
+
+
+def window_rows(windows: list[Window], n_ctx: int, padding_id: int) -> tuple[np.ndarray, ...]:
+    """Windows -> (inputs, token types: (W, T) int32 right-padded, lengths (W,), character offsets (W, T, 2) of
+    each context token, NOT_CONTEXT elsewhere)."""
+    inputs = np.full((len(windows), n_ctx), padding_id, np.int32)
+    token_types = np.zeros((len(windows), n_ctx), np.int32)
+    offsets = np.full((len(windows), n_ctx, 2), NOT_CONTEXT, np.int32)
+    for row, (ids, types, spans) in enumerate(windows):
+        inputs[row, :len(ids)], token_types[row, :len(types)] = ids, types
+        offsets[row, :len(spans)] = [span or (NOT_CONTEXT, NOT_CONTEXT) for span in spans]
+    return inputs, token_types, np.array([len(ids) for ids, _, _ in windows], np.int32), offsets
+
+
 class AnswerSource(ExampleStream):
     """Question-answering batches from examples held in memory, each example's windows tokenized once."""
 
@@ -120,21 +141,14 @@ class AnswerSource(ExampleStream):
                  description: str):
         windows, example_of = [], []
         for i, (question, context, place) in enumerate(zip(examples.questions, examples.contexts, examples.places)):
-            try:
-                parts = tokenizer.encode_windows(question, context, cfg.n_ctx, cfg.doc_stride)
-            except NoRoomForContext as e:
-                raise ConfigError(f"{place}: {e}; raise n_ctx or lower doc_stride") from None
+            parts = context_windows(tokenizer, question, context, cfg, place)
             windows += parts
             example_of += [i] * len(parts)
-        n, t = len(windows), cfg.n_ctx
-        self.inputs = np.full((n, t), tokenizer.padding_id, np.int32)  # (W, T)
-        self.token_types = np.zeros((n, t), np.int32)  # (W, T)
-        self.offsets = np.full((n, t, 2), NOT_CONTEXT, np.int32)  # (W, T, 2): context characters of each token
-        self.lengths = np.array([len(ids) for ids, _, _ in windows], np.int32)
+        self.inputs, self.token_types, self.lengths, self.offsets = window_rows(windows, cfg.n_ctx,
+                                                                                tokenizer.padding_id)
+        n, t = self.inputs.shape
         self.starts, self.ends = np.zeros(n, np.int32), np.zeros(n, np.int32)  # (W,) training labels
-        for row, ((ids, types, offsets), example) in enumerate(zip(windows, example_of)):
-            self.inputs[row, :len(ids)], self.token_types[row, :len(types)] = ids, types
-            self.offsets[row, :len(offsets)] = [span or (NOT_CONTEXT, NOT_CONTEXT) for span in offsets]
+        for row, ((_, _, offsets), example) in enumerate(zip(windows, example_of)):
             answers = examples.answers[example]
             self.starts[row], self.ends[row] = answer_tokens(offsets, answers[0] if answers else None)
         self.example_of = np.array(example_of, np.int64)  # (W,) the example each window reads

@@ -727,8 +727,6 @@ def _check_question_answering(cfg: Config) -> None:
     if cfg.num_labels != 2:
         raise ConfigError(f"num_labels: {cfg.num_labels}, but question_answering's head gives two logits per token "
                           "(answer start and end); leave num_labels at 2")
-    if cfg.doc_stride >= cfg.n_ctx:
-        raise ConfigError(f"doc_stride: {cfg.doc_stride} tokens shared by two windows is not below n_ctx {cfg.n_ctx}")
 
 
 def _check_images(cfg: Config) -> None:

@@ -406,8 +406,8 @@ class Pretrained:
         position, class logits for a sequence classifier, (B, T, 2) start and end logits for a question-answering
         model (texts the questions, pairs their contexts: the first window of each; ``answer`` reads every window),
         or for a T5 the logits of its first output token (B, 1, V): its decoder reads the start token alone, unless
-        the batch dict gives ``decoder_inputs`` (B, T), which get
-        (B, T, V). An image model takes ``{"images": (B, H, W, C)}``."""
+        the batch dict gives ``decoder_inputs`` (B, T), which get (B, T, V). An image model takes ``{"images": (B, H,
+        W, C)}``."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts, pairs)
         return self._forward(*self._split(), self._checked(batch), "__call__")
 

@@ -21,8 +21,8 @@ from models import registry
 
 ATTENTION_KINDS = ("global", "local", "linear", "none")
 # What a run trains; each task is an objective (training/objectives.py) and the head that serves it.
-TASKS = ("causal_lm", "masked_lm", "sequence_classification", "token_classification", "question_answering",
-         "seq2seq", "image_classification")
+TASKS = ("causal_lm", "masked_lm", "sequence_classification", "token_classification", "seq2seq",
+         "image_classification", "question_answering")
 # Tasks whose head gives logits for every token (models/heads.py TokenClassificationHead): question answering's
 # two are each token's start and end logits, as Hugging Face's ``qa_outputs``.
 TOKEN_HEAD_TASKS = ("token_classification", "question_answering")

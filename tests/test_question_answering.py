@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from config import ConfigError, from_dict
-from data.squad import AnswerSource, Questions, answer_source, answer_tokens, read_jsonl
+from data.squad import AnswerSource, answer_source, answer_tokens, read_jsonl
 from data.tokenizer import load_tokenizer
 from evaluation.squad import NOT_CONTEXT, best_answer, f1, normalize_answer, squad_scores
 

@@ -48,17 +48,15 @@ def test_windows_share_doc_stride_and_label_the_answer_where_a_window_holds_it(t
     assert context_of[np.flatnonzero(first)[0]][0, 0] == 0 and context_of[np.flatnonzero(first)[-1]][-1, 1] == \
         len(CONTEXT)
     labelled = 0
+    answer = (CONTEXT.index("Ada"), CONTEXT.index("Ada") + len("Ada Lovelace"))
     for w in np.flatnonzero(first):
         start, end = source.starts[w], source.ends[w]
-        spans = source.offsets[w]
-        whole = spans[:, 0].min(initial=99) <= CONTEXT.index("Ada") and \
-            spans[:, 1].max() >= CONTEXT.index("Ada") + len("Ada Lovelace")
-        if start:  # the answer's own tokens, from its first byte to its last
+        spans = source.offsets[w][source.offsets[w][:, 0] != NOT_CONTEXT]
+        holds = spans[0, 0] <= answer[0] and spans[-1, 1] >= answer[1]
+        assert (start > 0) == holds and (end > 0) == holds  # else [CLS], the first token, for start and end
+        if holds:  # the answer's own tokens, from its first character to its last
             labelled += 1
-            assert CONTEXT[spans[start, 0]:spans[end, 1]] == "Ada Lovelace"
-        else:  # [CLS] (the first token) where the window does not hold the whole answer
-            assert end == 0 and not (whole and (spans[:, 0] >= 0).any() and
-                                     spans[spans[:, 0] >= 0][0, 0] <= CONTEXT.index("Ada"))
+            assert CONTEXT[source.offsets[w][start, 0]:source.offsets[w][end, 1]] == "Ada Lovelace"
     assert labelled >= 1
     assert not source.starts[source.example_of == 1].any() and not source.ends[source.example_of == 1].any()
     batch = source.batch(0, len(source.inputs) + 3)  # an eval batch past the last window: weight-0 filler
@@ -418,6 +416,13 @@ def test_train_then_answer_with_predict(tmp_path):
                          "It was written in 1931 by Eve.")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("prompt 1: 'Eve' (score "), result.stdout
+    from pretrained import Pretrained
+
+    model = Pretrained.from_pretrained(run)
+    logits = model(["Who wrote it?"], ["It was written in 1931 by Eve."])
+    assert logits.shape[0] == 1 and logits.shape[-1] == 2  # (B, T, 2): start and end logits
+    text, score = model.answer("Who wrote it?", "It was written in 1931 by Eve.")
+    assert text == "Eve" and f"(score {score:.4f})" in result.stdout
     result = run_command("predict.py", "--model-path", run, "--prompt", "Who wrote it?")
     assert result.returncode != 0 and "--pair: a bert model trained for question_answering answers each" in \
         result.stderr

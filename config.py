@@ -22,7 +22,10 @@ from models import registry
 ATTENTION_KINDS = ("global", "local", "linear", "none")
 # What a run trains; each task is an objective (training/objectives.py) and the head that serves it.
 TASKS = ("causal_lm", "masked_lm", "sequence_classification", "token_classification", "seq2seq",
-         "image_classification")
+         "image_classification", "question_answering")
+# Tasks whose head gives logits for every token (models/heads.py TokenClassificationHead): question answering's
+# two are each token's start and end logits, as Hugging Face's ``qa_outputs``.
+TOKEN_HEAD_TASKS = ("token_classification", "question_answering")
 # Mixture-of-experts options (``moe_params``) and their defaults; see models/moe.py.
 MOE_DEFAULTS = {
     "num_experts": 8,  # experts per MoE layer; a layout 'experts:x' splits them over mesh axis x
@@ -88,6 +91,10 @@ class Config:
                              "binary cross-entropy on a multi-hot target; predicted: the labels of probability >= 0.5")
     head_hidden: list = _key([], "hidden widths of an MLP classification head (SwissArmyTransformer's MLPHeadMixin, "
                                  "activation_function between layers); []: a linear head")
+    doc_stride: int = _key(128, "question_answering: tokens two windows of a long context share (run_qa's "
+                                "doc_stride); each window holds the question and up to n_ctx tokens", minimum=0)
+    max_answer_length: int = _key(30, "question_answering: the longest answer span in tokens an evaluation or "
+                                      "predict.py picks (run_qa's max_answer_length)", minimum=1)
 
     # Model shape.
     n_ctx: int = _key(2048, "context length in tokens (learned positions)", minimum=1)
@@ -605,7 +612,7 @@ def validated(cfg: Config) -> Config:
     if cfg.init_new_head and not cfg.task.endswith("classification"):
         raise ConfigError(f"init_new_head: only for a classifier (task sequence_classification, token_classification "
                           f"or image_classification), not {cfg.task}")
-    if cfg.head_hidden and cfg.task not in ("sequence_classification", "token_classification"):
+    if cfg.head_hidden and cfg.task not in ("sequence_classification", *TOKEN_HEAD_TASKS):
         raise ConfigError(f"head_hidden: {json.dumps(cfg.head_hidden)} shapes a classification head; task {cfg.task} "
                           "has none")
     if cfg.rotary_emb and cfg.rotary_dim == 0:
@@ -708,6 +715,8 @@ def _check_task(cfg: Config) -> None:
     if cfg.multi_label and cfg.num_labels < 2:
         raise ConfigError(f"multi_label: true needs 2 or more labels, num_labels is {cfg.num_labels} (num_labels 1 "
                           "without multi_label is regression)")
+    if cfg.task == "question_answering":
+        _check_question_answering(cfg)
     if cfg.mlm_training and cfg.task != "masked_lm":
         raise ConfigError(f"mlm_training: true trains masked_lm, but task is {json.dumps(cfg.task)}")
     if cfg.task == "masked_lm":
@@ -716,6 +725,17 @@ def _check_task(cfg: Config) -> None:
     if cfg.task == "causal_lm" and not cfg.causal:
         raise ConfigError("causal: false lets causal_lm see the token it predicts; set causal true or choose "
                           "task masked_lm")
+
+
+def _check_question_answering(cfg: Config) -> None:
+    """An answer is a span of context tokens: an encoder (bert, roberta) or a decoder (gpt_neo, gpt2) reads it, as
+    transformers' *ForQuestionAnswering do; its head gives two logits a token."""
+    if cfg.model not in ("bert", "roberta", "gpt_neo", "gpt2"):
+        raise ConfigError(f"task: question_answering picks answer spans with bert, roberta, gpt_neo or gpt2, not "
+                          f"model {cfg.model}")
+    if cfg.num_labels != 2:
+        raise ConfigError(f"num_labels: {cfg.num_labels}, but question_answering's head gives two logits per token "
+                          "(answer start and end); leave num_labels at 2")
 
 
 def _check_images(cfg: Config) -> None:

@@ -9,7 +9,8 @@ Generation is KV-cached and compiled once per shape. A decoder continues its pro
 the prompt with its encoder and writes its output text. An image classifier (ViT) takes ``--image`` files or
 folders instead and prints each file's most likely classes; a text classifier labels its prompts (a sequence
 classifier's likeliest labels, a regression's score, or a multi-label classifier's labels of probability >= 0.5,
-with ``--pair`` second texts for a sentence-pair one; a token classifier's label of each word); a masked LM (BERT,
+with ``--pair`` second texts for a sentence-pair one; a token classifier's label of each word; a question-answering
+model the answer span of each ``--prompt`` question in its ``--pair`` context, and its score); a masked LM (BERT,
 RoBERTa) prints the likeliest tokens at each mask of its prompts (fill-mask).
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from neomesh.classifier_output import DEFAULT_TOP_CLASSES, FILL_MASK, TEXT_CLASSIFIERS
+from neomesh.classifier_output import DEFAULT_TOP_CLASSES, FILL_MASK, QUESTION_ANSWERING, TEXT_CLASSIFIERS
 
 DEFAULT_NEW_TOKENS = 64
 DEFAULT_LAYOUT = "batch:x"
@@ -51,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "classify this image file, or every image in this folder (repeatable); prints each file's "
                          f"--top-k most likely classes (default {DEFAULT_TOP_CLASSES}) and their probabilities")
     p.add_argument("--pair", action="append", metavar="TEXT", help="a sentence-pair classifier (MRPC, NLI): the "
-                   "second text of each prompt, in order (repeatable: one per prompt)")
+                   "second text of each prompt, in order (repeatable: one per prompt); a question-answering model: "
+                   "the context each --prompt question is answered from")
     p.add_argument("--output", metavar="FILE", help="also write the generations to FILE")
     p.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate per prompt (default: the "
                    f"config's predict_max_steps, else {DEFAULT_NEW_TOKENS})")
@@ -205,8 +207,8 @@ def load_model(args, layout):
         if cfg.reads_text:
             raise ConfigError(f"--image: {path}: a {cfg.model} model trained for {cfg.task} reads text, not images; "
                               "give --prompt")
-    elif cfg.task not in ("causal_lm", "seq2seq", FILL_MASK, *TEXT_CLASSIFIERS) or (cfg.task == "seq2seq" and
-                                                                          not cfg.decoder_layers):
+    elif cfg.task not in ("causal_lm", "seq2seq", FILL_MASK, QUESTION_ANSWERING, *TEXT_CLASSIFIERS) or (
+            cfg.task == "seq2seq" and not cfg.decoder_layers):
         what = "an encoder-only t5" if cfg.task == "seq2seq" else f"a {cfg.model} model trained for {cfg.task}"
         how = "give --image FILE_OR_FOLDER to classify images" if not cfg.reads_text else \
             "Pretrained.from_pretrained (pretrained.py) gives its outputs"
@@ -339,7 +341,7 @@ def classify_images(args) -> None:
 def classify_texts(args, prompts: list[str], model) -> None:
     """A text classifier's or masked LM's prompts, labelled (neomesh/classifier_output.py)."""
     from config import ConfigError
-    from neomesh.classifier_output import class_names, text_lines
+    from neomesh.classifier_output import answer_lines, class_names, text_lines
 
     cfg = model.config
     flag = generation_flag(args)
@@ -347,6 +349,8 @@ def classify_texts(args, prompts: list[str], model) -> None:
         what = "fills its prompts' masks (--top-k: the tokens shown)" if cfg.task == FILL_MASK else \
             "labels its prompts (--top-k: the classes shown)"
         raise ConfigError(f"{flag} shapes generated text; a {cfg.model} model trained for {cfg.task} {what}")
+    if cfg.task == QUESTION_ANSWERING and args.top_k:
+        raise ConfigError("--top-k: a question-answering model gives each question one answer, no classes to show")
     if cfg.regression and args.top_k:
         raise ConfigError("--top-k: this sequence classifier is a regression (num_labels 1): it gives each prompt one "
                           "score, no classes to show")
@@ -356,10 +360,14 @@ def classify_texts(args, prompts: list[str], model) -> None:
     pairs = args.pair or [None] * len(prompts)
     if len(pairs) != len(prompts):
         raise ConfigError(f"--pair: {len(pairs)} second texts for {len(prompts)} prompts; give one per prompt")
-    names = class_names(model, args.hf_model or args.model_path)
-    lines = text_lines(model, prompts, pairs, names, min(args.top_k or DEFAULT_TOP_CLASSES, len(names)))
+    if cfg.task == QUESTION_ANSWERING:
+        lines = answer_lines(model, prompts, pairs)
+    else:
+        names = class_names(model, args.hf_model or args.model_path)
+        lines = text_lines(model, prompts, pairs, names, min(args.top_k or DEFAULT_TOP_CLASSES, len(names)))
     if args.output:
-        write_output(args.output, lines, "classification(s)" if cfg.task != FILL_MASK else "fill-mask line(s)")
+        write_output(args.output, lines, {FILL_MASK: "fill-mask line(s)", QUESTION_ANSWERING: "answer(s)"}.get(
+            cfg.task, "classification(s)"))
 
 
 def predict(args) -> None:
@@ -377,10 +385,13 @@ def predict(args) -> None:
     check_output(args.output)
     layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     cfg, graphdef, params, tokenizer = load_model(args, layout)
-    if args.pair and cfg.task != "sequence_classification":
+    if args.pair and cfg.task not in ("sequence_classification", QUESTION_ANSWERING):
         raise ConfigError(f"--pair: a {cfg.model} model trained for {cfg.task} reads single texts; a second text is "
-                          "for a sequence classifier")
-    if cfg.task in (FILL_MASK, *TEXT_CLASSIFIERS):
+                          "for a sequence classifier or a question-answering model's context")
+    if cfg.task == QUESTION_ANSWERING and not args.pair:
+        raise ConfigError(f"--pair: a {cfg.model} model trained for {cfg.task} answers each --prompt question from "
+                          "a context; give it with --pair CONTEXT (one per prompt)")
+    if cfg.task in (FILL_MASK, QUESTION_ANSWERING, *TEXT_CLASSIFIERS):
         from pretrained import Pretrained
 
         return classify_texts(args, prompts, Pretrained(cfg, graphdef, params, tokenizer, layout))

@@ -379,6 +379,14 @@ class Pretrained:
                 raise ConfigError(f"tokenize: a {cfg.model} model trained for {cfg.task} reads single texts, not pairs")
             encoded = [(framed(self.tokenizer, [i for word in word_pieces(self.tokenizer, text.split()) for i in word],
                                cfg.n_ctx), None) for text in texts]
+        elif cfg.task == "question_answering":  # the question with the first window of its context, as trained
+            if any(p is None for p in pairs):
+                raise ConfigError("tokenize: a question-answering model reads (question, context) pairs; give each "
+                                  "question its context as the pair")
+            from data.squad import context_windows
+
+            encoded = [context_windows(self.tokenizer, q, c, cfg, "tokenize: the question")[0][:2]
+                       for q, c in zip(texts, pairs)]
         elif cfg.task == "sequence_classification" or not cfg.causal:
             encoded = self.tokenizer.encode_pairs(texts, pairs, cfg.n_ctx)
         elif any(p is not None for p in pairs):
@@ -422,11 +430,34 @@ class Pretrained:
 
     def __call__(self, texts, pairs=None) -> jax.Array:
         """Texts (and second texts), or a batch dict from ``tokenize`` -> the model's outputs: logits for every
-        position, class logits for a sequence classifier, or for a T5 the logits of its first output token (B, 1, V):
-        its decoder reads the start token alone, unless the batch dict gives ``decoder_inputs`` (B, T), which get
-        (B, T, V). An image model takes ``{"images": (B, H, W, C)}``."""
+        position, class logits for a sequence classifier, (B, T, 2) start and end logits for a question-answering
+        model (texts the questions, pairs their contexts: the first window of each; ``answer`` reads every window),
+        or for a T5 the logits of its first output token (B, 1, V): its decoder reads the start token alone, unless
+        the batch dict gives ``decoder_inputs`` (B, T), which get (B, T, V). An image model takes ``{"images": (B, H,
+        W, C)}``."""
         batch = texts if isinstance(texts, dict) else self.tokenize(texts, pairs)
         return self._forward(*self._split(), self._checked(batch), "__call__")
+
+    def answer(self, question: str, context: str, allow_empty: bool = False) -> tuple[str, float]:
+        """The span of ``context`` a question-answering model picks for ``question`` and its start + end logit, over
+        every window of the context, as an evaluation picks it (run_qa's post-processing: evaluation/squad.py).
+        ``allow_empty`` (the question-answering pipeline's handle_impossible_answer, for a model trained on
+        unanswerable questions, SQuAD v2): "" and the null score where that beats the best span."""
+        import numpy as np
+
+        from data.squad import context_windows, window_rows
+        from evaluation.squad import best_answer
+
+        cfg = self.config
+        if cfg.task != "question_answering":
+            raise ConfigError(f"answer: a {cfg.model} model trained for {cfg.task} does not answer questions")
+        windows = context_windows(self.tokenizer, question, context, cfg, "answer: the question")
+        inputs, token_types, lengths, offsets = window_rows(windows, cfg.n_ctx, self.tokenizer.padding_id)
+        segment_ids = (np.arange(cfg.n_ctx)[None, :] < lengths[:, None]).astype(np.int32)
+        batch = {"inputs": inputs, "segment_ids": segment_ids, **({"token_types": token_types} if cfg.n_token_types
+                                                                 else {})}
+        logits = np.asarray(self(batch), np.float64)  # (W, T, 2): each window's start and end logits
+        return best_answer(logits[..., 0], logits[..., 1], offsets, context, cfg.max_answer_length, allow_empty)
 
     def hidden_states(self, texts) -> jax.Array:
         """Texts (or a batch dict) -> (B, T, D) final hidden states (after the final norm for decoders; a T5's

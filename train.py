@@ -513,7 +513,7 @@ def run_training(args, cfg, notes, signals, run) -> int:
                         for i in range(cfg.eval_steps)]
                 # bits per byte compare next-token losses across tokenizers; masked or per-example losses have none
                 bytes_per_token = eval_data.bytes_per_token if objective.name == "causal_lm" else None
-                result = report(objective, mean_of(sums), bytes_per_token)
+                result = report(objective, mean_of(sums), bytes_per_token, eval_data)
             if scorer is not None:  # eval_tasks: LAMBADA, multiple choice
                 from evaluation.tasks import run_config_tasks
 

@@ -67,6 +67,8 @@ def imported(cfg, source: str, run: str) -> list[str]:
         uses.append(f"classify images with predict.py --model-path {run} --image FILE_OR_FOLDER")
     if cfg.task in ("sequence_classification", "token_classification"):
         uses.append(f"label texts with predict.py --model-path {run} --prompt TEXT")
+    if cfg.task == "question_answering":
+        uses.append(f"answer questions with predict.py --model-path {run} --prompt QUESTION --pair CONTEXT")
     if cfg.task == "masked_lm":
         uses.append(f"fill masks with predict.py --model-path {run} --prompt TEXT_WITH_A_MASK")
     if cfg.task == "causal_lm":

@@ -3,7 +3,8 @@
 Encoder weights map one to one (torch Linear weights are (out, in); NeoMesh attention kernels (D, N, H) and
 (N, H, D)). Heads map when the checkpoint has them: ``*ForMaskedLM`` carries the MLM head (``cls.predictions`` /
 ``lm_head``), ``*ForSequenceClassification`` the pooler and classifier, ``*ForTokenClassification`` a per-token
-linear ``classifier`` (no pooler); a bare ``BertModel`` has none, and a model built for a task whose head the
+linear ``classifier`` (no pooler), ``*ForQuestionAnswering`` a per-token ``qa_outputs`` of start and end logits
+(NeoMesh's token classifier of two labels); a bare ``BertModel`` has none, and a model built for a task whose head the
 checkpoint lacks starts that head fresh (the caller says so), but for a BERT classifier's dense layer, which
 starts from the checkpoint's pooler where it has one (``BertModel``, ``BertForPreTraining``), as transformers'.
 A masked-LM decoder saved untied (``tie_word_embeddings`` false) loads as ``no_weight_tie``.
@@ -15,10 +16,13 @@ import json
 
 import numpy as np
 
-from config import Config, ConfigError, from_dict
-from convert.hf_dir import flatten, getter, strip_prefix
+from config import TOKEN_HEAD_TASKS, Config, ConfigError, from_dict
+from convert.hf_dir import flatten, getter, strip_prefix, token_head
 
 MODEL_TYPES = ("bert", "roberta")
+# transformers' class suffix -> the task of its head (a bare or pretraining model: masked_lm)
+HEAD_SUFFIXES = {"ForSequenceClassification": "sequence_classification",
+                 "ForTokenClassification": "token_classification", "ForQuestionAnswering": "question_answering"}
 ACTIVATIONS_FROM_HF = {"gelu": "gelu_exact", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu",
                        "silu": "silu", "swish": "silu", "tanh": "tanh"}
 ACTIVATIONS_TO_HF = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu", "silu": "silu", "swish": "silu",
@@ -38,8 +42,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
         raise ConfigError(f"{source}: position_embedding_type '{hf['position_embedding_type']}' is not supported "
                           "(absolute)")
     architecture = (hf.get("architectures") or [""])[0]
-    task = "sequence_classification" if architecture.endswith("ForSequenceClassification") else \
-        "token_classification" if architecture.endswith("ForTokenClassification") else "masked_lm"
+    task = next((task for suffix, task in HEAD_SUFFIXES.items() if architecture.endswith(suffix)), "masked_lm")
     if kind == "roberta" and not isinstance(hf.get("pad_token_id", 1), int):
         raise ConfigError(f"{source}: pad_token_id {json.dumps(hf['pad_token_id'])}: RoBERTa counts positions from "
                           "pad_token_id + 1, so it must be an id (RoBERTa's is 1)")
@@ -93,9 +96,9 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
                          "layer_norm": norm(transform + ("LayerNorm" if cfg.model == "bert" else "layer_norm"))}
         if cfg.no_weight_tie:  # its own decoder (tie_word_embeddings false), not the word embeddings
             params["mlm"]["decoder"] = {"kernel": get(f"{mlm}decoder.weight").T}
-    if cfg.task == "token_classification":  # one linear layer on every token, both families
-        if "classifier.weight" in sd:
-            params["token_classifier"] = {"mlp": {"layers": {0: linear("classifier")}}}
+    if cfg.task in TOKEN_HEAD_TASKS:  # one linear layer on every token, both families
+        if f"{token_head(cfg)}.weight" in sd:
+            params["token_classifier"] = {"mlp": {"layers": {0: linear(token_head(cfg))}}}
     elif cfg.model == "bert" and "classifier.weight" in sd:
         params["classifier"] = {"dense": linear("pooler.dense"), "out": linear("classifier")}
     elif cfg.model == "bert" and cfg.task == "sequence_classification" and "pooler.dense.weight" in sd:
@@ -121,8 +124,7 @@ def config_to_hf(cfg: Config) -> dict:
     if set(cfg.attention_layers) != {"global"}:
         raise ConfigError(f"export: {cfg.model} has only global layers, not {sorted(set(cfg.attention_layers))}")
     name = "Bert" if cfg.model == "bert" else "Roberta"
-    head = {"sequence_classification": "ForSequenceClassification",
-            "token_classification": "ForTokenClassification"}.get(cfg.task, "ForMaskedLM")
+    head = {task: suffix for suffix, task in HEAD_SUFFIXES.items()}.get(cfg.task, "ForMaskedLM")
     hf = {"model_type": cfg.model, "architectures": [name + head], "vocab_size": cfg.n_vocab,
           "hidden_size": cfg.n_embd, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
           "intermediate_size": cfg.intermediate, "hidden_act": ACTIVATIONS_TO_HF[cfg.activation_function],
@@ -215,8 +217,8 @@ def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:
         out[head + "bias"] = p["mlm/bias"]
         if cfg.no_weight_tie:  # transformers then keeps the decoder's bias apart too: the same values
             out[head + "decoder.weight"], out[head + "decoder.bias"] = p["mlm/decoder/kernel"].T, p["mlm/bias"]
-    elif cfg.task == "token_classification":
-        linear("classifier", "token_classifier/mlp/layers/0")
+    elif cfg.task in TOKEN_HEAD_TASKS:
+        linear(token_head(cfg), "token_classifier/mlp/layers/0")
     elif cfg.model == "bert":
         linear(prefix + "pooler.dense", "classifier/dense")
         linear("classifier", "classifier/out")

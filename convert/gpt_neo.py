@@ -3,7 +3,8 @@
 torch Linear weights are (out, in), GPT-2's Conv1D weights (in, out); NeoMesh attention kernels are (D, N, H) and
 (N, H, D). GPT-2 is NeoMesh's ``gpt2`` family: q/k/v biases and logits scaled by 1/sqrt(head_dim), as in
 transformers, so its weights map one to one. ``*ForSequenceClassification`` (a bias-free ``score`` on the last real
-token) and ``*ForTokenClassification`` (a ``classifier`` on every token) carry NeoMesh's classification heads.
+token), ``*ForTokenClassification`` (a ``classifier`` on every token) and ``*ForQuestionAnswering`` (``qa_outputs``, a
+start and an end logit on every token) carry NeoMesh's classification heads.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import json
 
 import numpy as np
 
-from config import Config, ConfigError, from_dict
-from convert.hf_dir import flatten, getter, strip_prefix
+from config import TOKEN_HEAD_TASKS, Config, ConfigError, from_dict
+from convert.hf_dir import flatten, getter, strip_prefix, token_head
 
 MODEL_TYPES = ("gpt_neo", "gpt2")
 GPT2_END_OF_TEXT = 50256  # transformers' GPT-2 and GPT-Neo configs' default bos/eos id
 HEADS = {"causal_lm": ("LMHeadModel", "ForCausalLM"), "sequence_classification": ("ForSequenceClassification",) * 2,
-         "token_classification": ("ForTokenClassification",) * 2}  # task -> GPT-2's and GPT-Neo's class suffix
+         "token_classification": ("ForTokenClassification",) * 2,
+         "question_answering": ("ForQuestionAnswering",) * 2}  # task -> GPT-2's and GPT-Neo's class suffix
 ACTIVATIONS_FROM_HF = {"gelu_new": "gelu", "gelu": "gelu_exact", "relu": "relu", "silu": "silu", "swish": "silu",
                        "tanh": "tanh", "sigmoid": "sigmoid"}
 ACTIVATIONS_TO_HF = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "silu": "silu", "swish": "silu",
@@ -56,7 +58,8 @@ def config_from_hf(hf: dict, source: str = "config.json") -> Config:
     keys["classifier_dropout"] = 0.1 if hf.get("classifier_dropout") is None else hf["classifier_dropout"]
     architecture = (hf.get("architectures") or [""])[0]
     for suffix, task in (("ForSequenceClassification", "sequence_classification"),
-                         ("ForTokenClassification", "token_classification")):
+                         ("ForTokenClassification", "token_classification"),
+                         ("ForQuestionAnswering", "question_answering")):
         if architecture.endswith(suffix):
             keys.update(task=task, num_labels=len(hf.get("id2label") or {0: 0, 1: 1}))
     cfg, _ = from_dict({**keys, "n_vocab": hf["vocab_size"], "activation_function": ACTIVATIONS_FROM_HF[act],
@@ -101,8 +104,8 @@ def params_from_hf(cfg: Config, tensors: dict[str, np.ndarray], source: str = "w
         params["lm_head"] = {"kernel": get("lm_head.weight").T}
     if cfg.task == "sequence_classification" and "score.weight" in sd:
         params["score"] = {"out": {"kernel": get("score.weight").T}}
-    elif cfg.task == "token_classification" and "classifier.weight" in sd:
-        params["token_classifier"] = {"mlp": {"layers": {0: linear("classifier")}}}
+    elif cfg.task in TOKEN_HEAD_TASKS and f"{token_head(cfg)}.weight" in sd:
+        params["token_classifier"] = {"mlp": {"layers": {0: linear(token_head(cfg))}}}
     return params
 
 
@@ -190,9 +193,9 @@ def params_to_hf(cfg: Config, params: dict) -> dict[str, np.ndarray]:
             out[f"{hb}mlp.{name}.bias"] = p[f"{b}mlp/{name}/bias"]
     if cfg.task == "sequence_classification":  # the classifiers hold no lm_head
         out["score.weight"] = p["score/out/kernel"].T
-    elif cfg.task == "token_classification":
-        out["classifier.weight"], out["classifier.bias"] = (p["token_classifier/mlp/layers/0/kernel"].T,
-                                                             p["token_classifier/mlp/layers/0/bias"])
+    elif cfg.task in TOKEN_HEAD_TASKS:
+        out[f"{token_head(cfg)}.weight"], out[f"{token_head(cfg)}.bias"] = (p["token_classifier/mlp/layers/0/kernel"].T,
+                                                                           p["token_classifier/mlp/layers/0/bias"])
     elif cfg.no_weight_tie:
         out["lm_head.weight"] = p["lm_head/kernel"].T
     return out

@@ -119,7 +119,9 @@ def model_of(hf_dir: str, hf_config: dict, tensors: dict, task: str | None = Non
     cfg = with_preprocessing(_config_of(hf_config, source), hf_dir)
     headless = task is not None and cfg.task == "masked_lm"  # a bare or pretraining encoder: no task head
     try:
-        return cfg, mapping.params_from_hf(cfg.replace(task=task) if headless else cfg, tensors, hf_dir)
+        # a question-answering head's two outputs are start and end, whatever labels a bare model's config names
+        head = dict(task=task, num_labels=2) if task == "question_answering" else dict(task=task)
+        return cfg, mapping.params_from_hf(cfg.replace(**head) if headless else cfg, tensors, hf_dir)
     except ValueError as e:  # a reshape to the shape config.json gives
         if isinstance(e, ConfigError):
             raise

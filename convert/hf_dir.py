@@ -197,6 +197,12 @@ def copy_tokenizer(src: str, dst: str) -> None:
         shutil.copy(os.path.join(src, name), os.path.join(dst, name))
 
 
+def token_head(cfg) -> str:
+    """transformers' name of a per-token head (NeoMesh's ``token_classifier``): question answering's ``qa_outputs``,
+    else ``classifier``."""
+    return "qa_outputs" if cfg.task == "question_answering" else "classifier"
+
+
 def strip_prefix(tensors: dict, prefixes: tuple[str, ...]) -> dict:
     """Weight names without the first of ``prefixes`` they start with (``transformer.``, ``bert.``, ...)."""
     out = {}

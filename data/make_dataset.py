@@ -501,6 +501,10 @@ def text_cannot_feed(cfg) -> str | None:
         return ('plain text cannot feed task token_classification, which needs labelled jsonl ({"tokens": [...], '
                 '"labels": [...]} per line) named by a dataset config in the config\'s datasets (README, Model zoo: '
                 "token classification)")
+    if cfg.task == "question_answering":
+        return ('plain text cannot feed task question_answering, which needs SQuAD-format jsonl ({"question": ..., '
+                '"context": ..., "answers": {"text": [...], "answer_start": [...]}} per line) or tfds:squad named by a '
+                "dataset config in the config's datasets (README, Model zoo: question answering)")
     if cfg.task == "image_classification":
         return ("plain text cannot feed task image_classification, which needs labelled images: a folder of class "
                 "folders (--data my_images/ with my_images/CLASS/IMAGE), or digits or tfds:NAME such as tfds:mnist "

@@ -16,7 +16,8 @@ Both have ``batch(step, batch_size, rows)``, ``state(batch_size)`` (the position
 ``restore(step, batch_size, rows, saved)`` (one line saying what was restored, or None when nothing needs to be).
 
 ``task: sequence_classification`` reads labelled examples instead (jsonl or TFDS): ``data/labelled.py``;
-``task: token_classification`` labelled words: ``data/token_labels.py``; ``task: seq2seq`` without span corruption
+``task: token_classification`` labelled words: ``data/token_labels.py``; ``task: question_answering`` SQuAD's questions
+and contexts (jsonl or TFDS): ``data/squad.py``; ``task: seq2seq`` without span corruption
 (input, target) pairs from jsonl: ``data/pairs.py``;
 ``task: image_classification`` labelled images (embedded digits or TFDS): ``data/images.py``.
 
@@ -262,6 +263,9 @@ def make_source(cfg: Config, split: str):
     if cfg.task == "sequence_classification":
         from data.labelled import labelled_source
         return labelled_source(cfg, split)
+    if cfg.task == "question_answering":
+        from data.squad import answer_source
+        return answer_source(cfg, split)
     if cfg.task == "image_classification":
         from data.images import image_source
         return image_source(cfg, split)

@@ -9,7 +9,9 @@ lossless: decoding an encoding gives the text back exactly.
 
 ``encode`` never adds special tokens (language-model data joins documents with ``eos_id`` itself);
 ``encode_pair`` builds a classifier's input the way the tokenizer's own post-processor does (BERT:
-``[CLS] a [SEP] b [SEP]``, RoBERTa: ``<s> a </s></s> b </s>``), else ``[cls or eos] a [eos] b [eos]``.
+``[CLS] a [SEP] b [SEP]``, RoBERTa: ``<s> a </s></s> b </s>``), else ``[cls or eos] a [eos] b [eos]``;
+``encode_windows`` builds question answering's: the question with each window of a long context, as that pair,
+with each context token's character offsets (Hugging Face's ``return_overflowing_tokens`` with a ``stride``).
 """
 
 from __future__ import annotations
@@ -45,9 +47,18 @@ class Tokenizer(Protocol):
     def encode_pairs(self, texts: Sequence[str], pairs: Sequence[str | None], max_length: int | None = None
                      ) -> list[tuple[list[int], list[int]]]: ...
 
+    def encode_windows(self, question: str, context: str, max_length: int, stride: int) -> list[Window]: ...
+
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def token_id(self, token: str) -> int | None: ...
+
+
+Window = tuple[list[int], list[int], list]  # (ids, type ids, each token's (start, end) context characters or None)
+
+
+class NoRoomForContext(ValueError):
+    """A question too long for a window of ``max_length`` to hold more than ``stride`` tokens of context."""
 
 
 def truncate_longest_first(a: list, b: list, budget: int) -> tuple[list, list]:
@@ -96,6 +107,26 @@ class ByteTokenizer:
     def encode_pairs(self, texts: Sequence[str], pairs: Sequence[str | None], max_length: int | None = None
                      ) -> list[tuple[list[int], list[int]]]:
         return [self.encode_pair(t, p, max_length) for t, p in zip(texts, pairs)]
+
+    def encode_windows(self, question: str, context: str, max_length: int, stride: int) -> list[Window]:
+        """``eos question eos window eos`` for each window of the context's bytes: windows of the room left, each
+        starting ``stride`` bytes before the previous one's end, as ``tokenizers``' overflowing encodings."""
+        q = self.encode(question)
+        room = max_length - len(q) - 3
+        if room <= stride:
+            raise NoRoomForContext(f"a question of {len(q)} tokens leaves {max(room, 0)} of max_length {max_length} "
+                                   f"for context, not more than the stride {stride}")
+        characters = [(i, i + 1) for i, ch in enumerate(context) for _ in ch.encode("utf-8")]  # each byte's character
+        c = self.encode(context)
+        windows, start = [], 0
+        while True:
+            part = slice(start, start + room)
+            ids = [self.eos_id, *q, self.eos_id, *c[part], self.eos_id]
+            types = [0] * (len(q) + 2) + [1] * (len(c[part]) + 1)
+            windows.append((ids, types, [None] * (len(q) + 2) + characters[part] + [None]))
+            if start + room >= len(c):
+                return windows
+            start += room - stride
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
@@ -150,6 +181,18 @@ class HFTokenizer:
         inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs)]
         return [(e.ids, e.type_ids) for e in tok.encode_batch(inputs)]
 
+    def encode_windows(self, question: str, context: str, max_length: int, stride: int) -> list[Window]:
+        """The pair (question, context) with the tokenizer's own special tokens, once for each window of the context
+        that fits beside the question in ``max_length`` tokens, each window starting ``stride`` tokens before the
+        previous one's end (transformers' ``truncation="only_second", return_overflowing_tokens=True``)."""
+        try:
+            first = self._pair_tokenizer(max_length, stride).encode(question, context)
+        except Exception as e:  # tokenizers' own error for a question that leaves no room: a one-liner above
+            raise NoRoomForContext(f"a question of {len(self.encode(question))} tokens leaves no more than the stride "
+                                   f"{stride} of max_length {max_length} for context ({e})") from None
+        return [(e.ids, e.type_ids, [o if s == 1 else None for o, s in zip(e.offsets, e.sequence_ids)])
+                for e in (first, *first.overflowing)]
+
     def pair_processor(self):
         """The ``tokenizers`` post-processor ``encode_pairs`` wraps texts with: the tokenizer's own where it adds
         special tokens (BERT's, RoBERTa's), else ``[cls or eos] a [eos]`` and ``... b [eos]`` (type ids 1)."""
@@ -163,10 +206,11 @@ class HFTokenizer:
             single=f"{first}:0 $A:0 {eos}:0", pair=f"{first}:0 $A:0 {eos}:0 $B:1 {eos}:1",
             special_tokens=sorted({(first, self.tok.token_to_id(first)), (eos, self.eos_id)}))
 
-    def _pair_tokenizer(self, max_length: int | None):
+    def _pair_tokenizer(self, max_length: int | None, stride: int | None = None):
         """A copy of the tokenizer that adds the pair template and truncates to ``max_length`` (a copy, so the
-        settings never leak into ``encode``)."""
-        if max_length not in self._pair_tokenizers:
+        settings never leak into ``encode``): the longer text first, or with a ``stride`` the second text alone,
+        into overflowing windows."""
+        if (max_length, stride) not in self._pair_tokenizers:
             from tokenizers import Tokenizer as Library
 
             tok = Library.from_str(self.tok.to_str())
@@ -174,10 +218,12 @@ class HFTokenizer:
             tok.post_processor = self.pair_processor()
             if max_length is None:
                 tok.no_truncation()
-            else:
+            elif stride is None:
                 tok.enable_truncation(max_length, strategy="longest_first")
-            self._pair_tokenizers[max_length] = tok
-        return self._pair_tokenizers[max_length]
+            else:
+                tok.enable_truncation(max_length, stride=stride, strategy="only_second")
+            self._pair_tokenizers[max_length, stride] = tok
+        return self._pair_tokenizers[max_length, stride]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)

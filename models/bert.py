@@ -1,7 +1,7 @@
 """BERT and RoBERTa on the backbone: word, position and token-type embeddings with a LayerNorm, post-LayerNorm
 bidirectional blocks (registry defaults), and the head of the config's task: the masked-LM head (tied decoder plus
-a bias; untied with ``no_weight_tie``) or a classification head over the first token ([CLS] / <s>) through BERT's
-pooler.
+a bias; untied with ``no_weight_tie``), a classification head over the first token ([CLS] / <s>) through BERT's
+pooler, or a per-token head (token classification; question answering's start and end logits).
 
 RoBERTa differs by data only: its position table starts at ``position_offset`` 2 (rows 0 and 1 belong to padding),
 and a padded row's positions count its real tokens, as transformers computes them from the padding mask.
@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from config import Config
+from config import TOKEN_HEAD_TASKS, Config
 from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks, share_parameters
-from models.heads import ClassificationHead, MlmHead, TokenClassificationHead
+from models.heads import ClassificationHead, MlmHead, TokenClassificationHead, token_head_dropout
 from models.layers import BASE_STDDEV, Embed, dropout, dropout_keys, norm
 from models.spec import block_spec
 
@@ -46,7 +46,7 @@ class Bert(nnx.Module):
             if cfg.task == "sequence_classification" else None
         self.token_classifier = TokenClassificationHead(
             d, cfg.num_labels, hidden=cfg.head_hidden, activation=cfg.activation_function,
-            dropout_rate=cfg.head_dropout, rngs=rngs) if cfg.task == "token_classification" else None
+            dropout_rate=token_head_dropout(cfg), rngs=rngs) if cfg.task in TOKEN_HEAD_TASKS else None
         self.embed_dropout = cfg.embed_dropout
         self.position_offset = cfg.position_offset
         self.remat, self.scan = cfg.remat_policy, cfg.scan_layers

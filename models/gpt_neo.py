@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from config import Config
+from config import TOKEN_HEAD_TASKS, Config
 from models import kv_cache
 from models.axes import HIDDEN, LOGITS, axes, constrain
 from models.block import Block, run_blocks, share_parameters
 from models.generate import seen_tokens
-from models.heads import ClassificationHead, TokenClassificationHead
+from models.heads import ClassificationHead, TokenClassificationHead, token_head_dropout
 from models.layers import Embed, VocabEinsum, dropout, dropout_keys, norm, over_flat_positions
 from models.spec import block_spec, gpt_neo_attention_init, gpt_neo_mlp_init
 
@@ -66,7 +66,7 @@ class GPTNeo(nnx.Module):
             if cfg.task == "sequence_classification" else None
         self.token_classifier = TokenClassificationHead(
             cfg.n_embd, cfg.num_labels, hidden=cfg.head_hidden, activation=cfg.activation_function,
-            dropout_rate=cfg.head_dropout, rngs=rngs) if cfg.task == "token_classification" else None
+            dropout_rate=token_head_dropout(cfg), rngs=rngs) if cfg.task in TOKEN_HEAD_TASKS else None
         self.embed_dropout = cfg.embed_dropout
         self.position_offset = cfg.position_offset
         self.remat, self.scan = cfg.remat_policy, cfg.scan_layers

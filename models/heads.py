@@ -3,7 +3,8 @@
 Language-model logits come from the embedding matrix itself (tied) or a separate projection, inside each family.
 Here: the masked-LM head (BERT/RoBERTa: dense + activation + LayerNorm, then the tied decoder plus a bias), the
 sequence-classification head (a pooled token, optionally through BERT's pooler, then a linear classifier), the
-token-classification head (a label per token) and the MLP head either classifier can end in (SwissArmyTransformer's
+token-classification head (a label per token; question answering's is the same head with two labels, each token's
+answer start and end logits) and the MLP head either classifier can end in (SwissArmyTransformer's
 ``MLPHeadMixin``: hidden layers with an activation between them).
 """
 
@@ -63,6 +64,12 @@ class TokenClassificationHead(nnx.Module):
 
     def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
         return self.mlp(dropout(self.dropout_rate, x, dropout_key))  # (B, T, C)
+
+
+def token_head_dropout(cfg) -> float:
+    """The dropout on a per-token head's input: the classifier's, none for question answering (transformers'
+    *ForQuestionAnswering feed ``qa_outputs`` the hidden states as they are)."""
+    return 0.0 if cfg.task == "question_answering" else cfg.head_dropout
 
 
 def pooled_token(x: jax.Array, segment_ids: jax.Array | None, pool: str) -> jax.Array:

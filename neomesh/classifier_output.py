@@ -1,8 +1,9 @@
 """What predict.py prints for a model that labels rather than generates: an image classifier's likeliest classes
 per file, a sequence classifier's per prompt (a regression's score: Hugging Face's num_labels 1; a multi-label
-classifier's labels of probability >= 0.5), a token
-classifier's label per word, a masked LM's likeliest tokens per [MASK] (Hugging Face's image-classification,
-text-classification, token-classification and fill-mask pipelines). Batches are the config's eval_batch_size rows
+classifier's labels of probability >= 0.5), a token classifier's label per word, a masked LM's likeliest tokens per
+[MASK], a question-answering model's answer to each question from its context (Hugging Face's image-classification,
+text-classification, token-classification, fill-mask and question-answering pipelines). Batches are the config's
+eval_batch_size rows
 (the last padded to it) and, for text, n_ctx wide, so one shape is compiled."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 TEXT_CLASSIFIERS = ("sequence_classification", "token_classification")  # tasks whose prompts get labels
+QUESTION_ANSWERING = "question_answering"  # answers each prompt (a question) from its pair (a context)
 FILL_MASK = "masked_lm"  # a masked LM fills its prompts' [MASK] tokens, as Hugging Face's fill-mask pipeline does
 DEFAULT_TOP_CLASSES = 5  # classes shown per image or text, as Hugging Face's image-classification pipeline shows
 
@@ -119,6 +121,17 @@ def text_lines(model, prompts: list[str], pairs: list[str | None], names: list[s
         for i, (text, row, ids) in enumerate(zip(part, logits, batch["inputs"]), start + 1):
             lines.append(f"prompt {i}: {describe(row, ids, text, i)}")
             print(lines[-1], flush=True)
+    return lines
+
+
+def answer_lines(model, questions: list[str], contexts: list[str]) -> list[str]:
+    """``prompt N: 'answer' (score S)`` for each question, its answer the span of its context the model picks over
+    every window of it (``Pretrained.answer``), S its start + end logit; printed as each is answered."""
+    lines = []
+    for i, (question, context) in enumerate(zip(questions, contexts), 1):
+        text, score = model.answer(question, context)
+        lines.append(f"prompt {i}: {text!r} (score {score:.4f})")
+        print(lines[-1], flush=True)
     return lines
 
 

@@ -98,6 +98,43 @@ def prepare_tiny_stsb(data_dir: str, pairs: list[tuple[str, str, float]]) -> Non
     builder(config="stsb", data_dir=data_dir).download_and_prepare()
 
 
+def prepare_tiny_squad(data_dir: str, rows: list[dict]) -> None:
+    """``neomesh_tiny_squad`` shaped like TFDS squad (id, title, context, question, answers {text, answer_start})
+    from SQuAD-format ``rows``: train rows[:-2], validation the last two, as ``tfds build`` leaves it."""
+    builder = _tiny_squad_builder()
+    builder.ROWS = rows
+    builder(data_dir=data_dir).download_and_prepare()
+
+
+@functools.cache
+def _tiny_squad_builder():
+    """The builder class, defined once: TFDS registers a dataset name when its class is defined."""
+    from data.tf_import import tensorflow_datasets
+
+    tfds = tensorflow_datasets()
+
+    class NeomeshTinySquad(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+        ROWS: list = []
+
+        def _info(self):
+            return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+                "id": tfds.features.Text(), "title": tfds.features.Text(), "context": tfds.features.Text(),
+                "question": tfds.features.Text(), "answers": tfds.features.Sequence({
+                    "text": tfds.features.Text(), "answer_start": np.int32})}), disable_shuffling=True)
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(self.ROWS[:-2]),
+                    "validation": self._generate_examples(self.ROWS[-2:])}
+
+        def _generate_examples(self, rows):
+            for i, row in enumerate(rows):
+                yield i, {"id": str(i), "title": "t", "context": row["context"], "question": row["question"],
+                          "answers": row["answers"]}
+
+    return NeomeshTinySquad
+
+
 @functools.cache
 def _tiny_glue_builder():
     """The builder class, defined once: TFDS registers a dataset name when its class is defined."""

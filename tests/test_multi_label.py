@@ -143,13 +143,14 @@ def test_eval_row_is_micro_and_macro_f1_and_exact_match_of_the_counted_rows():
 
 
 def test_f1_of_a_label_never_true_nor_predicted_is_0_as_scikit_learns():
-    from training.objectives import multi_label_f1
+    from training.objectives import _multi_label_f1
 
     predicted, labels = np.array([[1, 0, 0], [0, 1, 0]]), np.array([[1, 0, 0], [1, 1, 0]])
-    row = multi_label_f1(0.5, predicted, labels)
+    row = _multi_label_f1({"loss": 0.5}, {"predicted": predicted, "label": labels}, None)
     assert row == {"micro_f1": pytest.approx(f1_score(labels, predicted, average="micro")),
                    "macro_f1": pytest.approx(f1_score(labels, predicted, average="macro", zero_division=0))}
-    assert multi_label_f1(0.5, np.zeros((0, 3)), np.zeros((0, 3))) == {"micro_f1": 0.0, "macro_f1": 0.0}
+    nothing = {"predicted": np.zeros((0, 3)), "label": np.zeros((0, 3))}
+    assert _multi_label_f1({"loss": 0.5}, nothing, None) == {"micro_f1": 0.0, "macro_f1": 0.0}
 
 
 def test_multi_label_trains_sharded_as_on_one_device_and_accumulates_exactly():

@@ -23,6 +23,10 @@ Batches (all int32 unless noted), by task:
     image_classification     {"images": (B, H, W, C) float32, "labels": (B,), "weights": (B,) float (as above)}
     token_classification     {"inputs", "segment_ids", "labels": (B, T)}: a label per token, -1 where none counts
                              (padding, a word's later sub-tokens), and "token_types" (B, T) as above
+    question_answering       {"inputs", "segment_ids", "token_types": (B, T), "start_positions", "end_positions":
+                             (B,) the answer's first and last token in the window (0, the first token, where the
+                             window holds no answer), "weights": (B,) float (as above)}; a row is one window of an
+                             example's context
     seq2seq                  {"inputs", "segment_ids": (B, S) encoder tokens, "targets", "target_segment_ids":
                              (B, T) decoder targets}; 0 segments are padding (weight 0); the decoder reads the
                              targets shifted right (teacher forcing)
@@ -58,10 +62,11 @@ class Objective:
     weights: Callable  # batch -> per-target weights (float32), shaped like the losses
     per_token: bool  # the loss is nats per token: report perplexity (and bits per byte)
     loss_chunk: int = 0  # positions per chunk of a causal LM's loss (0: whole; objective_for decides)
-    # Metrics an evaluation keeps row by row instead of summing (a correlation needs every prediction), and what
-    # makes the eval row's metrics of them: (mean loss, *the counted rows of each, numpy) -> {metric: float}.
+    # Metrics an evaluation keeps row by row instead of summing: a correlation needs every prediction, an answer
+    # every window of its context. ``row_metrics`` turns them into the reported ones: (mean metrics, {name: (N, ...)
+    # values of the rows that count, in data order}, the eval data source) -> {metric: value}.
     rows: tuple[str, ...] = ()
-    from_rows: Callable | None = None
+    row_metrics: Callable | None = None
 
     def __call__(self, model, batch: dict, dropout_key: jax.Array | None = None) -> Output:
         return self.compute(model, batch, dropout_key)
@@ -163,14 +168,15 @@ def _example_weights(batch: dict) -> jax.Array:
     return jnp.ones(batch["labels"].shape[:1], jnp.float32)  # (B,): a multi-label row is one example
 
 
-def _sequence_logits(model, batch: dict, dropout_key) -> jax.Array:
+def _text_logits(model, batch: dict, dropout_key) -> jax.Array:
+    """The head's logits of a batch of texts: (B, C) for a sequence's classes, (B, T, C) for every token's."""
     kwargs = {"token_types": batch["token_types"]} if "token_types" in batch else {}
-    logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)  # (B, C)
+    logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)
     return logits
 
 
 def _sequence_classification(model, batch: dict, dropout_key) -> Output:
-    logits = _sequence_logits(model, batch, dropout_key)  # (B, C)
+    logits = _text_logits(model, batch, dropout_key)  # (B, C)
     labels = batch["labels"]
     predicted = jnp.argmax(logits, -1)
     metrics = {"accuracy": (predicted == labels).astype(jnp.float32)}
@@ -184,7 +190,7 @@ def _sequence_classification(model, batch: dict, dropout_key) -> Output:
 def _sequence_regression(model, batch: dict, dropout_key) -> Output:
     """num_labels 1 (Hugging Face's regression): the head's one logit is the score, its loss the squared error
     (transformers' MSELoss); the scores and labels go to the eval row's correlations."""
-    scores = _sequence_logits(model, batch, dropout_key)[:, 0].astype(jnp.float32)  # (B,)
+    scores = _text_logits(model, batch, dropout_key)[:, 0].astype(jnp.float32)  # (B,)
     labels = batch["labels"].astype(jnp.float32)
     return (scores - labels) ** 2, {"score": scores, "label": labels}
 
@@ -193,7 +199,7 @@ def _sequence_multi_label(model, batch: dict, dropout_key) -> Output:
     """multi_label (Hugging Face's multi_label_classification): one sigmoid per label, each row's loss the mean
     binary cross-entropy over its labels (transformers' BCEWithLogitsLoss); a label is predicted where its
     probability is >= 0.5. The predictions and labels go to the eval row's F1s, whose counts are per label."""
-    logits = _sequence_logits(model, batch, dropout_key).astype(jnp.float32)  # (B, C)
+    logits = _text_logits(model, batch, dropout_key).astype(jnp.float32)  # (B, C)
     labels = batch["labels"].astype(jnp.float32)  # (B, C)
     predicted = (logits >= 0).astype(jnp.float32)  # sigmoid(x) >= 0.5
     exact = jnp.all(predicted == labels, -1).astype(jnp.float32)  # (B,)
@@ -208,8 +214,7 @@ def _image_classification(model, batch: dict, dropout_key) -> Output:
 
 
 def _token_classification(model, batch: dict, dropout_key) -> Output:
-    kwargs = {"token_types": batch["token_types"]} if "token_types" in batch else {}
-    logits, _ = model(batch["inputs"], segment_ids=batch["segment_ids"], dropout_key=dropout_key, **kwargs)  # (B,T,C)
+    logits = _text_logits(model, batch, dropout_key)  # (B, T, C)
     labels = batch["labels"]
     correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
     return cross_entropy(logits, jnp.maximum(labels, 0)), {"accuracy": correct}
@@ -217,6 +222,36 @@ def _token_classification(model, batch: dict, dropout_key) -> Output:
 
 def _token_weights(batch: dict) -> jax.Array:
     return ((batch["labels"] >= 0) & (batch["segment_ids"] != 0)).astype(jnp.float32)
+
+
+def _question_answering(model, batch: dict, dropout_key) -> Output:
+    """transformers' QA loss, the mean of the start and end positions' cross-entropies, over each window's real
+    tokens: padding gets no probability (transformers scores every position of a padded row)."""
+    logits = _text_logits(model, batch, dropout_key).astype(jnp.float32)  # (B, T, 2)
+    logits = jnp.where((batch["segment_ids"] != 0)[..., None], logits, NO_ANSWER_HERE)
+    start, end = logits[..., 0], logits[..., 1]  # (B, T) each
+    losses = (cross_entropy(start, batch["start_positions"]) + cross_entropy(end, batch["end_positions"])) / 2
+    return losses, {"start_logits": start, "end_logits": end}
+
+
+NO_ANSWER_HERE = -1e9  # the logit of a padding position: no span starts or ends there
+
+
+def _answer_scores(means: dict, rows: dict, data) -> dict:
+    """SQuAD's exact match and F1 of the answers the windows' logits pick (the eval data's examples)."""
+    return data.answer_scores(rows["start_logits"], rows["end_logits"])
+
+
+def _correlations(means: dict, rows: dict, data) -> dict:
+    """A regression's mean squared error and the Pearson and Spearman correlations of its scores with the labels
+    (run_glue's STS-B row: pearson, spearmanr)."""
+    import scipy.stats  # jax's own dependency
+
+    scores, labels = (rows[name].astype(np.float64) for name in ("score", "label"))
+    with warnings.catch_warnings():  # constant scores (an untrained head's) have no correlation: NaN, as scipy says
+        warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
+        return dict(mse=means["loss"], pearson=float(scipy.stats.pearsonr(scores, labels)[0]),
+                    spearmanr=float(scipy.stats.spearmanr(scores, labels)[0]))
 
 
 def shift_right(targets: jax.Array, segment_ids: jax.Array, start_id: int) -> jax.Array:
@@ -258,6 +293,13 @@ OBJECTIVES = {
         lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "labels": (cfg.n_ctx,),
                      **({"token_types": (cfg.n_ctx,)} if cfg.n_token_types else {})},
         _token_classification, _token_weights, per_token=False),
+    "question_answering": Objective(
+        "question_answering", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "token_types": SEQUENCE,
+                               "start_positions": PER_EXAMPLE, "end_positions": PER_EXAMPLE, "weights": PER_EXAMPLE},
+        lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "start_positions": (), "end_positions": (),
+                     "weights": (), **({"token_types": (cfg.n_ctx,)} if cfg.n_token_types else {})},
+        _question_answering, lambda batch: batch["weights"].astype(jnp.float32), per_token=False,
+        rows=("start_logits", "end_logits"), row_metrics=_answer_scores),
     "seq2seq": Objective(
         "seq2seq", {"inputs": SEQUENCE, "segment_ids": SEQUENCE, "targets": SEQUENCE, "target_segment_ids": SEQUENCE},
         lambda cfg: {"inputs": (cfg.n_ctx,), "segment_ids": (cfg.n_ctx,), "targets": (cfg.decoder_ctx,),
@@ -280,11 +322,11 @@ def objective_for(cfg: Config, layout=None, memory: float | None = None) -> Obje
     objective = OBJECTIVES[cfg.task]
     if cfg.regression:
         objective = dataclasses.replace(objective, compute=_sequence_regression, rows=("score", "label"),
-                                        from_rows=correlations)
+                                        row_metrics=_correlations)
     if cfg.multi_label:
         shapes = objective.shapes
         objective = dataclasses.replace(
-            objective, compute=_sequence_multi_label, rows=("predicted", "label"), from_rows=multi_label_f1,
+            objective, compute=_sequence_multi_label, rows=("predicted", "label"), row_metrics=_multi_label_f1,
             fields={**objective.fields, "labels": MULTI_HOT},
             shapes=lambda cfg: {**shapes(cfg), "labels": (cfg.num_labels,)})
     chunk = loss_chunk(cfg, layout, memory) if cfg.task == "causal_lm" else 0
@@ -323,15 +365,15 @@ def loss_chunk(cfg: Config, layout=None, memory: float | None = None) -> int:
     return DEFAULT_LOSS_CHUNK if logits_bytes > CHUNKED_LOSS_MEMORY_SHARE * memory else 0
 
 
-def report(objective: Objective, means: dict, bytes_per_token: float | None = None) -> dict:
+def report(objective: Objective, means: dict, bytes_per_token: float | None = None, data=None) -> dict:
     """Mean loss and metrics over an evaluation -> the reported row: adds perplexity (and bits per byte when the
     data knows its bytes per token) for per-token losses, F1 where true/false positive rates are present, and the
-    objective's metrics of its kept rows over the rows that count (a regression's ``correlations``, a multi-label
-    classifier's ``multi_label_f1``)."""
+    objective's ``row_metrics`` of the rows that count (a regression's correlations, question answering's exact
+    match and F1 over the examples of ``data``, the eval source)."""
     out = dict(means)
     if objective.rows:
         counted = out.pop("row_weights") > 0
-        out.update(objective.from_rows(out["loss"], *(out.pop(name)[counted] for name in objective.rows)))
+        out.update(objective.row_metrics(out, {name: out.pop(name)[counted] for name in objective.rows}, data))
     tp, fp, fn = (out.pop(k, None) for k in ("true_positive", "false_positive", "false_negative"))
     if tp is not None:
         out["f1"] = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn > 0 else 0.0
@@ -342,23 +384,11 @@ def report(objective: Objective, means: dict, bytes_per_token: float | None = No
     return out
 
 
-def correlations(loss: float, scores: np.ndarray, labels: np.ndarray) -> dict:
-    """A regression's eval metrics: its mean squared error (the loss) and the Pearson and Spearman correlations of
-    its (N,) scores with the labels, as run_glue reports STS-B (scipy's pearsonr, spearmanr)."""
-    import scipy.stats  # jax's own dependency
-
-    scores, labels = scores.astype(np.float64), labels.astype(np.float64)
-    with warnings.catch_warnings():  # constant scores (an untrained head's) have no correlation: NaN, as scipy says
-        warnings.simplefilter("ignore", scipy.stats.ConstantInputWarning)
-        return {"mse": loss, "pearson": float(scipy.stats.pearsonr(scores, labels)[0]),
-                "spearmanr": float(scipy.stats.spearmanr(scores, labels)[0])}
-
-
-def multi_label_f1(loss: float, predicted: np.ndarray, labels: np.ndarray) -> dict:
+def _multi_label_f1(means: dict, rows: dict, data) -> dict:
     """{"micro_f1", "macro_f1"} of (N, C) 0/1 predictions against (N, C) 0/1 labels, as scikit-learn's f1_score
     (average "micro" / "macro") gives them: micro pools every label's counts, macro averages the labels' own F1s,
     a label never true nor predicted counting 0 (its zero_division default)."""
-    predicted, labels = predicted > 0.5, labels > 0.5
+    predicted, labels = rows["predicted"] > 0.5, rows["label"] > 0.5
     tp, fp, fn = ((a & b).sum(0).astype(np.float64) for a, b in ((predicted, labels), (predicted, ~labels),
                                                                   (~predicted, labels)))  # (C,) each
 

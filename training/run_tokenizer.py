@@ -10,9 +10,9 @@ from training.run_dir import newest_saved_config
 
 
 def tokenizes_as_read(cfg) -> bool:
-    """Whether the task's text is tokenized as it is read (jsonl of labelled examples or of seq2seq pairs), so a
+    """Whether the task's text is tokenized as it is read (jsonl of labelled examples, questions or seq2seq pairs), so a
     run reads it with its model's tokenizer; text tokenized ahead (TFRecords) keeps its ids."""
-    return cfg.task in ("sequence_classification", "token_classification") or (
+    return cfg.task in ("sequence_classification", "token_classification", "question_answering") or (
         cfg.task == "seq2seq" and not cfg.span_corruption)
 
 

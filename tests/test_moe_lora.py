@@ -148,3 +148,32 @@ def test_expert_lora_adapter_file_round_trip(tmp_path):
     merge(fresh)
     with pytest.raises(ConfigError, match="blocks/1/mlp/router_lora's LoRA is merged into its kernel"):
         load_adapter(str(tmp_path / "adapter.safetensors"), fresh)
+
+
+@pytest.mark.e2e
+def test_an_expert_lora_run_checkpoints_its_factors_only_and_resumes(tmp_path):
+    """configs/moe.json, tiny: a base run, then LoRA on its experts from --init-from with checkpoint 'trainable'
+    (stopped and resumed); the run loads as predict.py loads it, base weights from init_from, experts moved."""
+    from pretrained import Pretrained
+    from tests.common import metrics_rows, run_command
+
+    sets = ["n_embd=32", "n_head=2", "n_ctx=32", "local_attention_radius=8", "train_batch_size=8",
+            "eval_batch_size=8", "warmup_steps=0", "eval_steps=0", "sample_tokens=0"]
+    sets = [arg for s in sets for arg in ("--set", s)]
+    base = str(tmp_path / "base")
+    result = run_command("train.py", "--config", "configs/moe.json", "--model-path", base, "--no-progress", *sets,
+                         "--set", "train_steps=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = str(tmp_path / "lora")
+    peft = '{"lora": {"targets": ["w_in", "w_out"], "rank": 4}, "checkpoint": "trainable"}'
+    lora = ["train.py", "--config", "configs/moe.json", "--init-from", base, "--model-path", run, "--no-progress",
+            *sets, "--set", "train_steps=2", "--set", f"peft={peft}"]
+    first = run_command(*lora, "--stop-at-step", "1")
+    assert first.returncode == 0 and "parameters train" in first.stdout, first.stderr[-3000:]
+    second = run_command(*lora)
+    assert second.returncode == 0 and "resumed from" in second.stdout, second.stderr[-3000:]
+    assert [r["step"] for r in metrics_rows(run)] == [1, 2] and "aux_loss" in metrics_rows(run)[0]
+    tuned, start = flat(Pretrained.from_pretrained(run).params), flat(Pretrained.from_pretrained(base).params)
+    np.testing.assert_array_equal(tuned["blocks/1/mlp/w_in"], start["blocks/1/mlp/w_in"])  # frozen, from the base
+    assert np.abs(tuned["blocks/3/mlp/w_out_lora/lora_b"]).max() > 0  # trained (B starts at zero)
+    assert not any("lora" in n for n in start)

@@ -20,7 +20,8 @@ TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 32)), jnp.int
 
 
 def moe_config(**changes):
-    return tiny_config(moe_layers=[1], moe_params={"num_experts": 4, "top_k": 2, "capacity_factor": 2.0}, **changes)
+    return tiny_config(**{"moe_layers": [1], "moe_params": {"num_experts": 4, "top_k": 2, "capacity_factor": 2.0},
+                          **changes})
 
 
 def flat(model_or_params) -> dict[str, np.ndarray]:
@@ -93,6 +94,18 @@ def test_expert_targets_on_a_model_without_experts_are_one_line_naming_the_targe
     with pytest.raises(ConfigError, match="blocks/1/mlp/w_out already has LoRA factors"):
         apply_peft(moe, {"lora": {"targets": ["w_out"]}})
 
+
+def test_merging_loras_of_a_weight_the_layers_share_is_one_line_not_a_sum():
+    """With share_parameters the MoE layers use one set of experts but each layer trains its own factors: merging
+    added both layers' updates into the one weight (outputs changed without a word)."""
+    cfg = moe_config(share_parameters=True, attention_types=None, moe_layers=[0, 1])
+    model = randomise_lora_b(apply_peft(registry.build(cfg, nnx.Rngs(0)), {"lora": {"targets": ["w_in"]}}, 1))
+    assert model.blocks[0].mlp.w_in is model.blocks[1].mlp.w_in
+    before = np.asarray(model.blocks[0].mlp.w_in[...])
+    with pytest.raises(ConfigError, match="^merge: blocks/1/mlp/w_in_lora and blocks/0/mlp/w_in_lora adapt one shared "
+                       "weight"):
+        merge(model)
+    np.testing.assert_array_equal(np.asarray(model.blocks[0].mlp.w_in[...]), before)  # nothing half-merged
 
 def test_c_fc_and_c_proj_still_adapt_the_dense_layers_only():
     model = apply_peft(nnx.eval_shape(lambda: registry.build(moe_config(), nnx.Rngs(0))),

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from config import ConfigError
 from models.axes import LORA_RANK, axes
 from models.layers import dropout, scoped_dropout_key
 
@@ -130,8 +131,18 @@ def _adapted_weights(model: nnx.Module) -> list[tuple[LoraUpdate, nnx.Param]]:
 
 
 def merge(model: nnx.Module) -> nnx.Module:
-    """Adds every LoRA update into its kernel (in place): outputs stay the same, the extra einsums are gone."""
-    for lora, kernel in _adapted_weights(model):
+    """Adds every LoRA update into its kernel (in place): outputs stay the same, the extra einsums are gone. A
+    kernel that layers share (share_parameters) under LoRAs of their own cannot hold their different updates: a
+    one-line error."""
+    adapted = _adapted_weights(model)
+    owners: dict[int, str] = {}
+    for name, lora in lora_modules(model):
+        kernel = next(k for m, k in adapted if m is lora)
+        if id(kernel) in owners:
+            raise ConfigError(f"merge: {name} and {owners[id(kernel)]} adapt one shared weight (share_parameters) with "
+                              "LoRAs of their own, whose different updates one weight cannot hold; keep them unmerged")
+        owners[id(kernel)] = name
+    for lora, kernel in adapted:
         if not lora.merged:
             kernel[...] = kernel[...] + lora.update().astype(kernel.dtype)
             lora.merged = True

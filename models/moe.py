@@ -18,6 +18,10 @@ Each MoE layer sows its auxiliary losses the way every layer does (models/aux_lo
 training loss, and as metrics the Switch load-balancing loss (E * sum_e f_e * p_e, where f_e is the fraction of
 tokens whose first choice is e and p_e the mean router probability of e; 1.0 when balanced), the router z-loss
 (mean squared logsumexp of the logits) and the fraction of token choices dropped.
+
+Seams for pluggable parts (training/peft/ fills them; the model knows none of them): ``router_lora``, ``w_in_lora``
+and ``w_out_lora``, each None or a module that adds an update to the output of its weight's einsum (``EINSUMS``):
+``lora(x, y)`` -> y plus the update (LoRA on the router and the experts).
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ def top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 class MoeMlp(nnx.Module):
     """E expert MLPs (embd -> d_ff -> embd, the dense MLP's init) behind a top-k router."""
 
+    EINSUMS = {"router": "BTD,DE->BTE", "w_in": "BECD,EDF->BECF", "w_out": "BECF,EFD->BECD"}  # weight -> its einsum
+
     def __init__(self, spec: MlpSpec, *, rngs: nnx.Rngs):
         moe = spec.experts
         e, d, f = moe.num_experts, spec.n_embd, spec.d_ff
@@ -92,6 +98,13 @@ class MoeMlp(nnx.Module):
                                **axes("experts", "intermediate_expanded", "embd"))  # (E, F, D)
         self.b_out = nnx.Param(jnp.zeros((e, d)), **axes("experts", "embd"))  # (E, D)
         self.activation = feed_forward_activation(spec.activation)
+        self.router_lora, self.w_in_lora, self.w_out_lora = nnx.data(None), nnx.data(None), nnx.data(None)
+
+    def _einsum(self, name: str, x: jax.Array, weight: jax.Array, **options) -> jax.Array:
+        """``x`` through weight ``name``'s einsum, plus the update its pluggable ``name_lora`` adds, if any."""
+        y = jnp.einsum(self.EINSUMS[name], x, weight, **options)
+        update = getattr(self, f"{name}_lora")
+        return y if update is None else update(x, y)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """(B, T, D) -> (B, T, D); sows this layer's routing statistics."""
@@ -100,8 +113,8 @@ class MoeMlp(nnx.Module):
         c = expert_capacity(t, k, e, self.capacity_factor)
 
         # Route in float32: near-ties between experts must not flip with the compute dtype.
-        logits = jnp.einsum("BTD,DE->BTE", x, self.router[...].astype(x.dtype),
-                            preferred_element_type=jnp.float32)  # (B, T, E)
+        logits = self._einsum("router", x, self.router[...].astype(x.dtype),
+                              preferred_element_type=jnp.float32)  # (B, T, E)
         probs = jax.nn.softmax(logits, axis=-1)
         gates, choices = top_k(probs, k)  # (B, T, K)
         if k > 1:  # GShard renormalises the top-2 gates; Switch (top-1) keeps the router probability
@@ -116,9 +129,9 @@ class MoeMlp(nnx.Module):
             jnp.broadcast_to(x[:, None, :], (t, k, d))))(x, slot)
         buffer = constrain(buffer[:, :-1].reshape(b, e, c, d), EXPERT_BUFFER)  # tokens where they came from
         buffer = constrain(buffer, EXPERT_BUFFER, prefer=("experts",))  # all-to-all onto the experts' devices
-        h = jnp.einsum("BECD,EDF->BECF", buffer, self.w_in[...]) + self.b_in[...][None, :, None, :]
+        h = self._einsum("w_in", buffer, self.w_in[...]) + self.b_in[...][None, :, None, :]  # (B, E, C, F)
         h = constrain(self.activation(h), EXPERT_HIDDEN, prefer=("experts",))  # (B, E, C, F)
-        y = jnp.einsum("BECF,EFD->BECD", h, self.w_out[...]) + self.b_out[...][None, :, None, :]
+        y = self._einsum("w_out", h, self.w_out[...]) + self.b_out[...][None, :, None, :]  # (B, E, C, D)
         y = constrain(constrain(y, EXPERT_BUFFER, prefer=("experts",)), EXPERT_BUFFER)  # all-to-all back
         y = jnp.concatenate([y.reshape(b, e * c, d), jnp.zeros((b, 1, d), y.dtype)], axis=1)  # (B, E*C+1, D)
 

@@ -11,13 +11,13 @@ import jax
 import numpy as np
 
 from config import from_dict
-from models import registry
 from parallel.layout import Layout
 from parallel.mesh import make_mesh
 from parallel.state import create_train_state
 from parallel.steps import batch_shapes, batch_shardings, make_train_step
 from training.objectives import objective_for
 from training.optimizer import learning_rate_schedule, make_optimizer
+from training.peft import build_model, trainable_filter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,15 +137,18 @@ def assert_trains_sharded_as_one_device(cfg, batches, keys=("loss", "grad_norm")
 
 def train_step_for(cfg, mesh_shape: str, layout: str, devices=None, **options):
     """(the jitted train step, the initial state, the batch fields' shardings, their shapes) of ``cfg`` on the
-    mesh and layout; ``options``: ``make_train_step``'s."""
+    mesh and layout, with the parts its ``peft`` key names and only what trains under it trained; ``options``:
+    ``make_train_step``'s."""
     layout = Layout.from_config(make_mesh(mesh_shape, devices), layout)
     tx = make_optimizer(cfg)
     objective = objective_for(cfg)
-    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), tx, layout, cfg.seed)
+    trainable = trainable_filter(cfg.peft_settings)
+    graphdef, state, shardings = create_train_state(lambda rngs: build_model(cfg, rngs), tx, layout, cfg.seed,
+                                                    trainable=trainable)
     shapes = batch_shapes(objective, cfg, cfg.train_batch_size)
     data = batch_shardings(layout, objective, shapes)
     step = make_train_step(graphdef, objective, tx, learning_rate_schedule(cfg), layout, shardings, data,
-                           precision=cfg.precision, seed=cfg.seed, **options)
+                           precision=cfg.precision, seed=cfg.seed, trainable=trainable, **options)
     return step, state, data, shapes
 
 

@@ -2,8 +2,9 @@
 
 The same for a config's ``peft`` key (``build_model``) and for a model in hand (a loaded ``Pretrained``'s
 ``.model``, or anything models/registry.py builds). Parts go into the seams the model offers: projections
-(``nnx.Einsum``) are replaced by ``LoraEinsum``s, self-attention layers get a ``prefix``, blocks an
-``attn_adapter``/``mlp_adapter``. Nothing in models/ knows these parts.
+(``nnx.Einsum``) are replaced by ``LoraEinsum``s, a mixture of experts' weights get a ``LoraUpdate`` beside
+them (``w_in_lora``), self-attention layers get a ``prefix``, blocks an ``attn_adapter``/``mlp_adapter``. Nothing
+in models/ knows these parts.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from config import Config, ConfigError, check_peft
 from models import registry
 from models.attention import Attention
 from models.block import Block
+from models.moe import MoeMlp
 from training.peft.adapter import Adapter
 from training.peft.hooks import attention_fn_named, set_attention_fn
-from training.peft.lora import LoraEinsum, factor_einsums
+from training.peft.lora import SEAM, LoraEinsum, LoraUpdate, factor_einsums
 from training.peft.prefix import Prefix
 
 
@@ -52,46 +54,78 @@ def _set(model, path: tuple, value) -> None:
 
 
 def _matches(target: str, path: tuple) -> bool:
-    """A bare name (``q``, ``c_fc``) matches the blocks' projections of that name; a pattern with ``/`` or ``*``
-    matches any projection's path (``classifier/out``: a head's)."""
+    """A bare name (``q``, ``c_fc``, ``w_in``) matches the blocks' projections or weights of that name; a pattern with
+    ``/`` or ``*`` matches any of their paths (``classifier/out``: a head's)."""
     if "/" in target or "*" in target:
         return fnmatch.fnmatch("/".join(map(str, path)), target)
     return path[-1] == target and "blocks" in path
 
 
+def _adaptable(model) -> list[tuple[tuple, nnx.Module, str | None]]:
+    """(path, module, weight name) of everything LoRA can adapt: every projection (weight name None: its kernel)
+    and every weight a module lists in its ``EINSUMS`` (a mixture of experts' router and expert weights)."""
+    found = []
+    for path, m in _modules(model, nnx.Module):
+        if isinstance(m, nnx.Einsum):
+            found.append((path, m, None))
+        found += [(path + (name,), m, name) for name in getattr(type(m), "EINSUMS", ())]
+    return found
+
+
+def _adapted(module: nnx.Module, weight: str | None) -> bool:
+    return isinstance(module, LoraEinsum) if weight is None else getattr(module, SEAM.format(weight)) is not None
+
+
+def _no_match(target: str, free: list[tuple]) -> ConfigError:
+    """The one-line error for a target that matches nothing LoRA can adapt, with the closest candidates."""
+    names = sorted({str(p[-1]) for p, _, w in free if "blocks" in p and w is None})
+    experts = sorted({str(p[-1]) for p, _, w in free if "blocks" in p and w is not None})
+    inside = ", ".join(names) + (f"; mixture-of-experts weights: {', '.join(experts)}" if experts else "")
+    if "/" in target or "*" in target:  # a path pattern: the heads' and embeddings' paths are candidates
+        paths = sorted("/".join(map(str, p)) for p, _, _ in free if "blocks" not in p)
+        close = difflib.get_close_matches(target, paths, n=1, cutoff=0.5)
+        return ConfigError(f"peft.lora.targets: {target!r} matches no projection"
+                           + (f"; did you mean {close[0]!r}?" if close else "")
+                           + f" (outside the blocks: {', '.join(paths) or 'none'}; in every block: {inside})")
+    if target in MoeMlp.EINSUMS:
+        return ConfigError(f"peft.lora.targets: {target!r} is a mixture-of-experts weight, and this model has no "
+                           f"moe_layers (projections: {inside})")
+    close = difflib.get_close_matches(target, names + experts, n=1, cutoff=0.5)
+    return ConfigError(f"peft.lora.targets: {target!r} matches no projection"
+                       + (f"; did you mean {close[0]!r}?" if close else f" (projections: {inside})"))
+
+
 def add_lora(model: nnx.Module, targets: list[str], rank: int, alpha: float, dropout: float,
              rngs: nnx.Rngs) -> list[str]:
-    """Replaces every block projection whose name (``q``, ``c_fc``), or any projection whose path pattern
-    (``blocks/*/attn/out``, ``score/out``) is in ``targets`` by a ``LoraEinsum``; returns the replaced paths. A
-    target that matches nothing is an error."""
-    projections = [(p, m) for p, m in _modules(model, nnx.Einsum) if not isinstance(m, LoraEinsum)]
-    adapted = [p for p, m in _modules(model, LoraEinsum)]
+    """Puts a LoRA on every block projection or mixture-of-experts weight whose name (``q``, ``c_fc``, ``w_in``),
+    or any whose path pattern (``blocks/*/attn/out``, ``score/out``) is in ``targets``: a projection is replaced
+    by a ``LoraEinsum``, a weight W gets a ``LoraUpdate`` at ``W_lora``. Returns the adapted paths. A target that
+    matches nothing is an error."""
+    candidates = _adaptable(model)
+    free = [c for c in candidates if not _adapted(c[1], c[2])]
+    adapted = [p for p, m, w in candidates if _adapted(m, w)]
     for target in targets:
         done = next((p for p in adapted if _matches(target, p)), None)
-        if done is not None and not any(_matches(target, p) for p, _ in projections):
+        if done is not None and not any(_matches(target, p) for p, _, _ in free):
             raise ConfigError(f"peft.lora: {'/'.join(map(str, done))} already has LoRA factors (the model holds "
                               "the peft parts it was built or loaded with; name only new parts)")
-        if not any(_matches(target, p) for p, _ in projections):
-            names = sorted({str(p[-1]) for p, _ in projections if "blocks" in p})
-            if "/" in target or "*" in target:  # a path pattern: the heads' and embeddings' paths are candidates
-                paths = sorted("/".join(map(str, p)) for p, _ in projections if "blocks" not in p)
-                close = difflib.get_close_matches(target, paths, n=1, cutoff=0.5)
-                raise ConfigError(f"peft.lora.targets: {target!r} matches no projection"
-                                  + (f"; did you mean {close[0]!r}?" if close else "")
-                                  + f" (outside the blocks: {', '.join(paths) or 'none'}; in every block: "
-                                  f"{', '.join(names)})")
-            close = difflib.get_close_matches(target, names, n=1, cutoff=0.5)
-            raise ConfigError(f"peft.lora.targets: {target!r} matches no projection"
-                              + (f"; did you mean {close[0]!r}?" if close else f" (projections: {', '.join(names)})"))
-    chosen = [(p, m) for p, m in projections if any(_matches(t, p) for t in targets)]
-    for path, module in chosen:  # A is (in, rank): a rank above the input width is a full update, and more
-        width = math.prod(module.kernel.shape[i] for i in factor_einsums(module.einsum_str)[3])
+        if not any(_matches(target, p) for p, _, _ in free):
+            raise _no_match(target, free)
+    chosen = [c for c in free if any(_matches(t, c[0]) for t in targets)]
+    for path, module, weight in chosen:  # A is (in, rank): a rank above the input width is a full update, and more
+        kernel = module.kernel if weight is None else getattr(module, weight)
+        einsum = module.einsum_str if weight is None else module.EINSUMS[weight]
+        width = math.prod(kernel.shape[i] for i in factor_einsums(einsum).contracted)
         if rank > width:
             raise ConfigError(f"peft.lora.rank: {rank} is larger than {'/'.join(map(str, path))}'s input width "
                               f"{width}; a low-rank update uses at most that (LoRA typically 4 to 64)")
     replaced = []
-    for salt, (path, module) in enumerate(chosen):
-        _set(model, path, LoraEinsum(module, rank, alpha, dropout, salt, rngs=rngs))
+    for salt, (path, module, weight) in enumerate(chosen):
+        if weight is None:
+            _set(model, path, LoraEinsum(module, rank, alpha, dropout, salt, rngs=rngs))
+        else:
+            setattr(module, SEAM.format(weight), LoraUpdate(getattr(module, weight), module.EINSUMS[weight], rank,
+                                                            alpha, dropout, salt, rngs=rngs))
         replaced.append("/".join(map(str, path)))
     return replaced
 

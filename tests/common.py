@@ -111,7 +111,7 @@ def eval_row_and_kept(cfg, batches, kept: str) -> tuple[dict, np.ndarray, np.nda
 
     objective = objective_for(cfg)
     layout = Layout.from_config(make_mesh("x:4", jax.devices()[:4]), "batch:x")
-    graphdef, state, shardings = create_train_state(lambda rngs: registry.build(cfg, rngs), make_optimizer(cfg),
+    graphdef, state, shardings = create_train_state(lambda rngs: build_model(cfg, rngs), make_optimizer(cfg),
                                                     layout, cfg.seed)
     data = batch_shardings(layout, objective, batch_shapes(objective, cfg, cfg.train_batch_size))
     step = make_eval_step(graphdef, objective, layout, shardings.params, data)

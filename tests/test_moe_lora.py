@@ -150,14 +150,15 @@ def test_expert_lora_sharded_over_experts_trains_equal_to_one_device():
 def test_expert_lora_adapter_file_round_trip(tmp_path):
     cfg = moe_config(peft={"lora": {**EXPERTS, "targets": ["router", "w_in", "w_out"]}})
     model = randomise_lora_b(build_model(cfg, nnx.Rngs(0)))
-    logits = np.asarray(model(TOKENS)[0])
+    call = nnx.jit(lambda m: m(TOKENS)[0])  # one compile for both models (op by op, the MoE was most of the test)
+    logits = np.asarray(call(model))
     names = save_adapter(str(tmp_path / "adapter.safetensors"), model, cfg.peft)
     assert "blocks/1/mlp/w_in_lora/lora_b" in names and "blocks/1/mlp/router_lora/lora_a" in names
     assert all("lora_" in n for n in names)  # the base weights stay out of the file
     fresh = build_model(cfg, nnx.Rngs(0))
-    assert np.abs(np.asarray(fresh(TOKENS)[0]) - logits).max() > 1e-2
+    assert np.abs(np.asarray(call(fresh)) - logits).max() > 1e-2
     load_adapter(str(tmp_path / "adapter.safetensors"), fresh)
-    np.testing.assert_array_equal(np.asarray(fresh(TOKENS)[0]), logits)
+    np.testing.assert_array_equal(np.asarray(call(fresh)), logits)
     merge(fresh)
     with pytest.raises(ConfigError, match="blocks/1/mlp/router_lora's LoRA is merged into its kernel"):
         load_adapter(str(tmp_path / "adapter.safetensors"), fresh)
@@ -171,7 +172,8 @@ def test_an_expert_lora_run_checkpoints_its_factors_only_and_resumes(tmp_path):
     from tests.common import metrics_rows, run_command
 
     sets = ["n_embd=32", "n_head=2", "n_ctx=32", "local_attention_radius=8", "train_batch_size=8",
-            "eval_batch_size=8", "warmup_steps=0", "eval_steps=0", "sample_tokens=0"]
+            "eval_batch_size=8", "warmup_steps=0", "eval_steps=0", "sample_tokens=0", "n_layer=2",
+            'attention_types=[[["global", "local"], 1]]', "moe_layers=[1]"]
     sets = [arg for s in sets for arg in ("--set", s)]
     base = str(tmp_path / "base")
     result = run_command("train.py", "--config", "configs/moe.json", "--model-path", base, "--no-progress", *sets,
@@ -188,5 +190,5 @@ def test_an_expert_lora_run_checkpoints_its_factors_only_and_resumes(tmp_path):
     assert [r["step"] for r in metrics_rows(run)] == [1, 2] and "aux_loss" in metrics_rows(run)[0]
     tuned, start = flat(Pretrained.from_pretrained(run).params), flat(Pretrained.from_pretrained(base).params)
     np.testing.assert_array_equal(tuned["blocks/1/mlp/w_in"], start["blocks/1/mlp/w_in"])  # frozen, from the base
-    assert np.abs(tuned["blocks/3/mlp/w_out_lora/lora_b"]).max() > 0  # trained (B starts at zero)
+    assert np.abs(tuned["blocks/1/mlp/w_out_lora/lora_b"]).max() > 0  # trained (B starts at zero)
     assert not any("lora" in n for n in start)

@@ -349,14 +349,14 @@ def classify_texts(args, prompts: list[str], model) -> None:
         what = "fills its prompts' masks (--top-k: the tokens shown)" if cfg.task == FILL_MASK else \
             "labels its prompts (--top-k: the classes shown)"
         raise ConfigError(f"{flag} shapes generated text; a {cfg.model} model trained for {cfg.task} {what}")
-    if cfg.task == QUESTION_ANSWERING and args.top_k:
-        raise ConfigError("--top-k: a question-answering model gives each question one answer, no classes to show")
-    if cfg.regression and args.top_k:
-        raise ConfigError("--top-k: this sequence classifier is a regression (num_labels 1): it gives each prompt one "
-                          "score, no classes to show")
-    if cfg.multi_label and args.top_k:
-        raise ConfigError("--top-k: this sequence classifier is multi-label: it shows each prompt's labels of "
-                          "probability >= 0.5, however many")
+    no_ranking = ("a question-answering model gives each question one answer, no classes to show"
+                  if cfg.task == QUESTION_ANSWERING else
+                  "this sequence classifier is a regression (num_labels 1): it gives each prompt one score, no classes "
+                  "to show" if cfg.regression else
+                  "this sequence classifier is multi-label: it shows each prompt's labels of probability >= 0.5, "
+                  "however many" if cfg.multi_label else None)
+    if args.top_k and no_ranking:
+        raise ConfigError(f"--top-k: {no_ranking}")
     pairs = args.pair or [None] * len(prompts)
     if len(pairs) != len(prompts):
         raise ConfigError(f"--pair: {len(pairs)} second texts for {len(prompts)} prompts; give one per prompt")

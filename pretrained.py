@@ -447,6 +447,7 @@ class Pretrained:
 
         from data.squad import context_windows, window_rows
         from evaluation.squad import best_answer
+        from training.objectives import NO_ANSWER_HERE
 
         cfg = self.config
         if cfg.task != "question_answering":
@@ -457,6 +458,9 @@ class Pretrained:
         batch = {"inputs": inputs, "segment_ids": segment_ids, **({"token_types": token_types} if cfg.n_token_types
                                                                  else {})}
         logits = np.asarray(self(batch), np.float64)  # (W, T, 2): each window's start and end logits
+        # padding, as training and evaluation score it: no span there (its logits were never trained down and took
+        # places among the likeliest starts and ends, leaving a short context's answer unpicked)
+        logits = np.where(segment_ids[..., None] != 0, logits, NO_ANSWER_HERE)
         return best_answer(logits[..., 0], logits[..., 1], offsets, context, cfg.max_answer_length, allow_empty)
 
     def hidden_states(self, texts) -> jax.Array:

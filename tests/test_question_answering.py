@@ -426,3 +426,24 @@ def test_train_then_answer_with_predict(tmp_path):
     result = run_command("predict.py", "--model-path", run, "--prompt", "Who wrote it?")
     assert result.returncode != 0 and "--pair: a bert model trained for question_answering answers each" in \
         result.stderr
+
+
+def test_answer_gives_padding_no_span_as_evaluation_does():
+    """Pretrained.answer's windows are right-padded to n_ctx; padding logits (never trained: the loss gives padding
+    no probability) used to take the likeliest places, so a short context got "" where evaluation found its span."""
+    from pretrained import Pretrained
+
+    context = "It was written by Ada."
+
+    class Padded(Pretrained):  # a model whose padding logits are the highest and whose context peaks at "Ada"
+        def __init__(self):
+            self.config, self.tokenizer = qa_config(n_ctx=128, n_token_types=2), load_tokenizer("bytes")
+
+        def __call__(self, batch, pairs=None):
+            logits = np.where(batch["segment_ids"][..., None] == 0, 10.0, np.zeros((2,)))  # (W, T, 2)
+            spans = self.tokenizer.encode_windows("Who?", context, 128, 8)[0][2]
+            at = [i for i, span in enumerate(spans) if span and span[0] == context.index("Ada")][0]  # bytes: A, d, a
+            logits[0, at, 0] = logits[0, at + 2, 1] = 5.0
+            return logits
+
+    assert Padded().answer("Who?", context) == ("Ada", 10.0)

@@ -210,6 +210,10 @@ def test_span_choice_is_run_qas():
     both = np.concatenate([offsets, second])
     starts, ends = np.concatenate([start, [[0, 0, 0, 0, 0, 20, 0, 0, 0]]]), np.concatenate([end, [[0] * 6 + [2, 1, 0]]])
     assert best_answer(starts, ends, both, context, 30, False) == ("hi", 22.0)
+    # a byte-level BPE token (" Ada") spans the space before its word: the answer is the word
+    spaced = np.array([[[NOT_CONTEXT] * 2, [0, 2], [2, 6], [6, 7], [NOT_CONTEXT] * 2]])  # "By", " Ada", "."
+    assert best_answer(np.array([[0.0, 0, 5, 0, 0]]), np.array([[0.0, 0, 5, 0, 0]]), spaced, "By Ada.", 30,
+                       False) == ("Ada", 10.0)
 
 
 def test_squad_normalisation_exact_match_and_f1():

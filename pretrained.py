@@ -438,12 +438,21 @@ class Pretrained:
         batch = texts if isinstance(texts, dict) else self.tokenize(texts, pairs)
         return self._forward(*self._split(), self._checked(batch), "__call__")
 
-    def answer(self, question: str, context: str, allow_empty: bool = False) -> tuple[str, float]:
+    def answer(self, question: str | list[str], context: str | list[str], allow_empty: bool = False
+               ) -> tuple[str, float] | list[tuple[str, float]]:
         """The span of ``context`` a question-answering model picks for ``question`` and its start + end logit, over
-        every window of the context, as an evaluation picks it (run_qa's post-processing: evaluation/squad.py).
+        every window of the context, as an evaluation picks it (run_qa's post-processing: evaluation/squad.py);
+        lists of questions and their contexts give a list of those, as the question-answering pipeline does.
         ``allow_empty`` (the question-answering pipeline's handle_impossible_answer, for a model trained on
         unanswerable questions, SQuAD v2): "" and the null score where that beats the best span."""
         import numpy as np
+
+        if isinstance(question, list) and isinstance(context, list) and len(question) == len(context):
+            return [self.answer(q, c, allow_empty) for q, c in zip(question, context)]
+        for what, text in (("question", question), ("context", context)):
+            if not isinstance(text, str):
+                raise ConfigError(f"answer: {what} must be a string (or question and context lists of one length), "
+                                  f"not {type(text).__name__} ({str(text):.40})")
 
         from data.squad import context_windows, window_rows
         from evaluation.squad import best_answer

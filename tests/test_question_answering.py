@@ -432,7 +432,7 @@ def test_train_then_answer_with_predict(tmp_path):
         result.stderr
 
 
-def test_answer_gives_padding_no_span_as_evaluation_does():
+def test_answer_gives_padding_no_span_as_evaluation_does_and_takes_lists():
     """Pretrained.answer's windows are right-padded to n_ctx; padding logits (never trained: the loss gives padding
     no probability) used to take the likeliest places, so a short context got "" where evaluation found its span."""
     from pretrained import Pretrained
@@ -450,4 +450,9 @@ def test_answer_gives_padding_no_span_as_evaluation_does():
             logits[0, at, 0] = logits[0, at + 2, 1] = 5.0
             return logits
 
-    assert Padded().answer("Who?", context) == ("Ada", 10.0)
+    model = Padded()
+    assert model.answer("Who?", context) == ("Ada", 10.0)
+    assert model.answer(["Who?", "Who?"], [context, context]) == [("Ada", 10.0)] * 2  # as the pipeline takes lists
+    with pytest.raises(ConfigError, match=r"^answer: context must be a string \(or question and context lists of "
+                                          r"one length\), not NoneType \(None\)$"):  # was: "" and the null score
+        model.answer("Who?", None)

@@ -328,6 +328,7 @@ def test_import_and_export_match_transformers_question_answering(kind, tmp_path)
     reference = hf_qa_model(kind)
     reference.save_pretrained(str(tmp_path / "in"))
     cfg, params = load_hf(str(tmp_path / "in"))
+    assert cfg.doc_stride == cfg.n_ctx // 2 < 128  # the pipeline's min(128, half a window): 128 left no room
     assert cfg.task == "question_answering" and cfg.model == kind
     tokens, mask = padded_batch(hf_fixtures.VOCAB, width=40)
     with torch.no_grad():

@@ -438,15 +438,25 @@ class Pretrained:
         batch = texts if isinstance(texts, dict) else self.tokenize(texts, pairs)
         return self._forward(*self._split(), self._checked(batch), "__call__")
 
-    def answer(self, question: str, context: str, allow_empty: bool = False) -> tuple[str, float]:
+    def answer(self, question: str | list[str], context: str | list[str], allow_empty: bool = False
+               ) -> tuple[str, float] | list[tuple[str, float]]:
         """The span of ``context`` a question-answering model picks for ``question`` and its start + end logit, over
-        every window of the context, as an evaluation picks it (run_qa's post-processing: evaluation/squad.py).
+        every window of the context, as an evaluation picks it (run_qa's post-processing: evaluation/squad.py);
+        lists of questions and their contexts give a list of those, as the question-answering pipeline does.
         ``allow_empty`` (the question-answering pipeline's handle_impossible_answer, for a model trained on
         unanswerable questions, SQuAD v2): "" and the null score where that beats the best span."""
         import numpy as np
 
+        if isinstance(question, list) and isinstance(context, list) and len(question) == len(context):
+            return [self.answer(q, c, allow_empty) for q, c in zip(question, context)]
+        for what, text in (("question", question), ("context", context)):
+            if not isinstance(text, str):
+                raise ConfigError(f"answer: {what} must be a string (or question and context lists of one length), "
+                                  f"not {type(text).__name__} ({str(text):.40})")
+
         from data.squad import context_windows, window_rows
         from evaluation.squad import best_answer
+        from training.objectives import NO_ANSWER_HERE
 
         cfg = self.config
         if cfg.task != "question_answering":
@@ -457,6 +467,9 @@ class Pretrained:
         batch = {"inputs": inputs, "segment_ids": segment_ids, **({"token_types": token_types} if cfg.n_token_types
                                                                  else {})}
         logits = np.asarray(self(batch), np.float64)  # (W, T, 2): each window's start and end logits
+        # padding, as training and evaluation score it: no span there (its logits were never trained down and took
+        # places among the likeliest starts and ends, leaving a short context's answer unpicked)
+        logits = np.where(segment_ids[..., None] != 0, logits, NO_ANSWER_HERE)
         return best_answer(logits[..., 0], logits[..., 1], offsets, context, cfg.max_answer_length, allow_empty)
 
     def hidden_states(self, texts) -> jax.Array:

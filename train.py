@@ -449,8 +449,11 @@ def run_training(args, cfg, notes, signals, run) -> int:
                               f"{checkpoints.directory} {why}; starting over would drop them: --new starts a fresh "
                               "run, moving this directory aside")
         elif args.resume or args.eval:
+            # --init-from's weights are where a new run starts, not a checkpoint of this one
+            hint = "; --eval evaluates a run's checkpoint: train from --init-from first (--set train_steps=1 and " \
+                   "--set lr=0 evaluates its weights as they are)" if args.eval and cfg.init_from else ""
             raise ConfigError(f"model_path: no checkpoint to {'evaluate' if args.eval else 'resume'} in "
-                              f"{checkpoints.directory}")
+                              f"{checkpoints.directory}{hint}")
         else:
             graphdef, state, shardings = create_train_state(make_model, tx, layout, cfg.seed, params=params,
                                                             trainable=trainable,

@@ -54,6 +54,8 @@ def _config_of(hf: dict, source: str) -> Config:
                               "NeoMesh's regression is a sequence classifier's one score (num_labels 1)")
         if hf.get("problem_type") == MULTI_LABEL:
             return multi_label_of(cfg, source)
+        if cfg.task == "question_answering":  # the question-answering pipeline's: at most half a window, else a
+            cfg = cfg.replace(doc_stride=min(cfg.doc_stride, cfg.n_ctx // 2))  # short n_ctx answers nothing
         return cfg
     except ConfigError as e:  # a NeoMesh key's check: named as the file's key it was read from
         key, sep, why = str(e).partition(": ")

@@ -272,6 +272,10 @@ def label_items(examples: Examples) -> tuple[Examples, np.ndarray]:
         if not isinstance(labels, list):
             raise ConfigError(f"{place}: label {json.dumps(labels)} is not a list; multi_label true reads each text's "
                               'labels as one (["sports", "politics"], or [] where none applies)')
+        if len({json.dumps(label) for label in labels}) < len(labels):  # a multi-hot row read as ids was wrong
+            raise ConfigError(f"{place}: labels {json.dumps(labels)} repeat a label; multi_label true reads each "
+                              "text's labels as the names or ids that apply, not a 0/1 (multi-hot) row: give the ids "
+                              "of its 1s")
         for label in labels:
             items.add(examples.texts[i], examples.pairs[i], label, place)
             owners.append(i)

@@ -5,9 +5,10 @@ spaces).
 
 Span choice, per example over all its windows: the ``N_BEST`` highest start and end logits of each window pair up
 into spans inside the context with start <= end and at most ``max_answer_length`` tokens; the span of the highest
-start + end logit wins, its text cut from the context by the tokens' character offsets. Where the data has
-unanswerable questions (SQuAD v2), the empty answer wins when its null score, the least over windows of their first
-token's start + end logit, is above the best span's (run_qa's ``version_2_with_negative``, threshold 0).
+start + end logit wins, its text cut from the context by the tokens' character offsets (surrounding whitespace
+stripped). Where the data has unanswerable questions (SQuAD v2), the empty answer wins when its null score, the
+least over windows of their first token's start + end logit, is above the best span's (run_qa's
+``version_2_with_negative``, threshold 0).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def best_answer(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.nd
             best, best_score = (int(spans[starts[i], 0]), int(spans[ends[j], 1])), float(scores[i, j])
     if best is None or (null_allowed and null_score > best_score):
         return "", null_score
-    return context[best[0]:best[1]], best_score
+    # a byte-level BPE token's offsets hold the space before its word (" Ada"), as transformers' without trim_offsets
+    return context[best[0]:best[1]].strip(), best_score
 
 
 def normalize_answer(text: str) -> str:

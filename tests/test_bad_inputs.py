@@ -414,3 +414,18 @@ def test_ctrl_c_that_python_drops_in_a_finalizer_still_stops_the_command(capsys)
 
     assert run_main(body, "interrupted") == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_eval_of_an_init_from_without_a_run_says_how_to_evaluate_its_weights(files, capsys, tmp_path):
+    """train.py --init-from HF --eval (run_qa's --do_eval alone) found no checkpoint and said only that."""
+    from tests import hf_fixtures
+
+    model = hf_fixtures.save(hf_fixtures.gpt_neo(n_embd=32, n_layer=2, n_ctx=32), tmp_path / "neo")
+    d = str(files)
+    capsys.readouterr()  # transformers' saving progress
+    argv = [a.replace("{d}", d) for a in T("--model-path", f"{d}/eval_init", "--init-from", model, "--eval")]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no checkpoint to evaluate" in err[0] and \
+        "train from --init-from first (--set train_steps=1 and --set lr=0 evaluates its weights" in err[0], err
+    assert not os.path.exists(f"{d}/eval_init")

@@ -69,6 +69,9 @@ def test_label_lists_take_the_dataset_configs_order_ids_and_the_label_key(topics
                                               "applies)"),
     ([{"text": "a", "labels": ["x", ""]}], {}, "{path}: line 1: 'labels' is the empty label \"\" (label_key)"),
     ([{"text": "a", "labels": [0, 3]}], {}, "{path}: line 1: label 3 is outside 0..2 (num_labels 3)"),
+    ([{"text": "a", "labels": [1, 0, 1]}], {}, "{path}: line 1: labels [1, 0, 1] repeat a label; multi_label true "
+                                               "reads each text's labels as the names or ids that apply, not a 0/1 "
+                                               "(multi-hot) row: give the ids of its 1s"),
     ([{"text": "a", "labels": ["x", 1]}], {}, "{path}: line 1: label 1 is not a string, as other train labels are"),
     ([{"text": "a", "labels": ["x", "y"]}], {}, "num_labels: 3, but {where} has 2 labels (x, y)"),
     (None, {"labels": ["arts", "sports", "weather"]}, "{eval}: line 1: label \"politics\" is not one of the labels"),

@@ -210,6 +210,10 @@ def test_span_choice_is_run_qas():
     both = np.concatenate([offsets, second])
     starts, ends = np.concatenate([start, [[0, 0, 0, 0, 0, 20, 0, 0, 0]]]), np.concatenate([end, [[0] * 6 + [2, 1, 0]]])
     assert best_answer(starts, ends, both, context, 30, False) == ("hi", 22.0)
+    # a byte-level BPE token (" Ada") spans the space before its word: the answer is the word
+    spaced = np.array([[[NOT_CONTEXT] * 2, [0, 2], [2, 6], [6, 7], [NOT_CONTEXT] * 2]])  # "By", " Ada", "."
+    assert best_answer(np.array([[0.0, 0, 5, 0, 0]]), np.array([[0.0, 0, 5, 0, 0]]), spaced, "By Ada.", 30,
+                       False) == ("Ada", 10.0)
 
 
 def test_squad_normalisation_exact_match_and_f1():
@@ -324,6 +328,7 @@ def test_import_and_export_match_transformers_question_answering(kind, tmp_path)
     reference = hf_qa_model(kind)
     reference.save_pretrained(str(tmp_path / "in"))
     cfg, params = load_hf(str(tmp_path / "in"))
+    assert cfg.doc_stride == cfg.n_ctx // 2 < 128  # the pipeline's min(128, half a window): 128 left no room
     assert cfg.task == "question_answering" and cfg.model == kind
     tokens, mask = padded_batch(hf_fixtures.VOCAB, width=40)
     with torch.no_grad():
@@ -426,3 +431,29 @@ def test_train_then_answer_with_predict(tmp_path):
     result = run_command("predict.py", "--model-path", run, "--prompt", "Who wrote it?")
     assert result.returncode != 0 and "--pair: a bert model trained for question_answering answers each" in \
         result.stderr
+
+
+def test_answer_gives_padding_no_span_as_evaluation_does_and_takes_lists():
+    """Pretrained.answer's windows are right-padded to n_ctx; padding logits (never trained: the loss gives padding
+    no probability) used to take the likeliest places, so a short context got "" where evaluation found its span."""
+    from pretrained import Pretrained
+
+    context = "It was written by Ada."
+
+    class Padded(Pretrained):  # a model whose padding logits are the highest and whose context peaks at "Ada"
+        def __init__(self):
+            self.config, self.tokenizer = qa_config(n_ctx=128, n_token_types=2), load_tokenizer("bytes")
+
+        def __call__(self, batch, pairs=None):
+            logits = np.where(batch["segment_ids"][..., None] == 0, 10.0, np.zeros((2,)))  # (W, T, 2)
+            spans = self.tokenizer.encode_windows("Who?", context, 128, 8)[0][2]
+            at = [i for i, span in enumerate(spans) if span and span[0] == context.index("Ada")][0]  # bytes: A, d, a
+            logits[0, at, 0] = logits[0, at + 2, 1] = 5.0
+            return logits
+
+    model = Padded()
+    assert model.answer("Who?", context) == ("Ada", 10.0)
+    assert model.answer(["Who?", "Who?"], [context, context]) == [("Ada", 10.0)] * 2  # as the pipeline takes lists
+    with pytest.raises(ConfigError, match=r"^answer: context must be a string \(or question and context lists of "
+                                          r"one length\), not NoneType \(None\)$"):  # was: "" and the null score
+        model.answer("Who?", None)

@@ -275,6 +275,7 @@ def test_a_peft_adapter_trains_on_predicts_and_exports_back_to_peft(tmp_path, mo
     exported = run_command("-m", "convert", "export", str(run), str(tmp_path / "out"), "--adapter")
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert json.load(open(tmp_path / "out" / CONFIG_FILE))["base_model_name_or_path"] == base_dir  # not the adapter
+    assert exported.stdout.strip().endswith(f"as a peft adapter of {base_dir}"), exported.stdout  # as it says
     tuned = Pretrained.from_pretrained(str(run))
     ours = np.asarray(tuned({"inputs": TOKENS, "segment_ids": np.ones_like(TOKENS)}))
     cfg = tuned.config

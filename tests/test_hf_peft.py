@@ -205,6 +205,10 @@ def test_an_adapter_peft_cannot_hold_is_one_line(tmp_path):
                         use_dora=True, fan_in_fan_out=True)
     with pytest.raises(ConfigError, match="use_dora true: NeoMesh's LoRA is plain LoRA"):
         adapter_params(cfg, params, dora)
+    from pretrained import load
+    with pytest.raises(ConfigError, match=f"^{dora}: a peft adapter directory, given as the base model of the "
+                       f"adapter {dora}: an adapter goes on a base model; give its base"):
+        load(dora, adapter=dora)  # an adapter given as the base of another (or of itself)
 
 
 def test_init_from_a_peft_adapter_starts_from_its_base_and_factors(tmp_path):

@@ -325,3 +325,20 @@ def test_a_vit_adapter_from_transformers_4_module_names_loads_the_same(tmp_path)
     legacy_cfg, legacy = adapter_params(cfg, params, str(tmp_path / "legacy"))
     assert new_cfg.peft == legacy_cfg.peft and new_cfg.peft["lora"]["targets"] == ["c_fc", "q"]
     jax.tree.map(np.testing.assert_array_equal, new, legacy)
+
+
+def test_eval_puts_an_adapter_on_its_base(tmp_path):
+    """eval.py --adapter DIR scores with the adapter on the model, as predict.py --adapter generates with it."""
+    import eval as eval_cli
+    from evaluation.scorer import Scorer
+
+    base_dir = hf_fixtures.save(hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2), tmp_path / "gpt2")
+    adapter_dir = peft_adapter(hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2), tmp_path, target_modules=["c_attn"],
+                               r=4, fan_in_fan_out=True)
+    requests = [("The for statement", " is"), ("def", " add")]
+    plain = Scorer.from_pretrained(base_dir, kind="hf").loglikelihood(requests)
+    adapted = Scorer.from_pretrained(base_dir, kind="hf", adapter=adapter_dir)
+    assert adapted.cfg.peft["lora"]["rank"] == 4 and adapted.loglikelihood(requests) != plain
+    parsed = eval_cli.build_parser().parse_args(["--hf-model", base_dir, "--adapter", base_dir])
+    with pytest.raises(ConfigError, match=f"^--adapter {base_dir}: not a peft adapter directory"):
+        eval_cli.check_options(parsed)

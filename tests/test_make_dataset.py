@@ -172,7 +172,7 @@ def test_jsonl_with_a_reused_tokenizer_and_no_eval(tmp_path, work_root, capsys):
     capsys.readouterr()
     cfg = config_for_data(tiny_config(n_vocab=128, n_ctx=16, eval_steps=4), [folder])
     assert cfg.eval_steps == 0 and cfg.n_vocab == 280  # the model's vocabulary grows to hold the tokenizer
-    assert f"note: {folder}/dataset.json has no eval set (prepared with --eval-fraction 0); evaluation is " \
+    assert f"note: {folder}/dataset.json has no eval set (no eval_path: --eval-fraction 0); evaluation is " \
         "skipped" in capsys.readouterr().out  # an eval_every the user set is not silently ignored
 
 

@@ -205,6 +205,12 @@ def test_an_adapter_peft_cannot_hold_is_one_line(tmp_path):
                         use_dora=True, fan_in_fan_out=True)
     with pytest.raises(ConfigError, match="use_dora true: NeoMesh's LoRA is plain LoRA"):
         adapter_params(cfg, params, dora)
+    # an adapter of a larger base, on this one: named as such, whatever flag gave it
+    wider = peft_adapter(hf_fixtures.gpt2(n_embd=64, n_head=4, n_layer=2), tmp_path / "wider",
+                         target_modules=["c_attn"], fan_in_fan_out=True)
+    with pytest.raises(ConfigError, match=rf"^{wider}: the adapter's blocks/0/attn/\w/lora_a has shape \(64, 8\), the "
+                       r"base model's \(32, 8\): an adapter of another base model \(another size\?\)$"):
+        adapter_params(cfg, params, wider)
     from pretrained import load
     with pytest.raises(ConfigError, match=f"^{dora}: a peft adapter directory, given as the base model of the "
                        f"adapter {dora}: an adapter goes on a base model; give its base"):

@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--model-path", help="NeoMesh run directory with checkpoints")
     source.add_argument("--hf-model", metavar="DIR_OR_NAME", help="Hugging Face GPT-Neo/GPT-2 model: a directory, "
                         "or ORG/NAME from the local Hugging Face cache")
+    p.add_argument("--adapter", metavar="DIR", help="a Hugging Face peft LoRA adapter directory put on the model, "
+                   "as predict.py --adapter puts it")
     p.add_argument("--tasks", metavar="LIST", help="comma-separated: lambada, multiple_choice (default: the "
                    "tasks whose files are given, else the run's eval_tasks, else lambada)")
     p.add_argument("--lambada-path", metavar="FILE", help="LAMBADA-format jsonl (default: the config's lambada_path, "
@@ -66,6 +68,10 @@ def check_options(args) -> None:
 
     if not (args.config or args.model or args.model_path or args.hf_model):
         raise ConfigError("give --config, --model, --model-path or --hf-model")
+    if args.adapter is not None:
+        from convert.peft_adapter import CONFIG_FILE, is_adapter_dir
+        if not is_adapter_dir(args.adapter):
+            raise ConfigError(f"--adapter {args.adapter}: not a peft adapter directory (no {CONFIG_FILE})")
     if args.limit is not None and args.limit < 1:
         raise ConfigError("--limit must be at least 1")
     if args.batch_size < 1:
@@ -116,7 +122,7 @@ def evaluate(args) -> dict:
     layout = layout_for(args.mesh_shape, args.layout, ("--mesh-shape", "--layout"))
     path = args.hf_model or args.model_path
     scorer = Scorer.from_pretrained(path, layout, args.batch_size, tuple(args.set),
-                                    kind="hf" if args.hf_model else "run")
+                                    kind="hf" if args.hf_model else "run", adapter=args.adapter)
     cfg = scorer.cfg
     tasks = args.tasks or cfg.eval_tasks or ["lambada"]
     if "multiple_choice" in tasks and not (args.multiple_choice_path or cfg.multiple_choice_path):

@@ -198,6 +198,13 @@ def load(path: str, layout=None, overrides: tuple[str, ...] = (), kind: str = "a
     if kind in ("auto", "hf") and not os.path.isdir(path):
         from neomesh.hf_cache import resolve_model
         path, kind = resolve_model(path, "load"), "hf"  # ORG/NAME from the local Hugging Face cache
+    if adapter is not None and kind in ("auto", "hf") and not os.path.exists(os.path.join(path, "config.json")):
+        from convert.peft_adapter import is_adapter_dir, read_adapter_config
+
+        if is_adapter_dir(path):
+            base = read_adapter_config(path).get("base_model_name_or_path")
+            raise ConfigError(f"{path}: a peft adapter directory, given as the base model of the adapter {adapter}: "
+                              f"an adapter goes on a base model; give its base ({base}), or it alone")
     if adapter is None and kind in ("auto", "hf") and not os.path.exists(os.path.join(path, "config.json")):
         from training.init_from import adapter_base
 

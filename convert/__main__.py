@@ -38,11 +38,11 @@ def main(argv=None) -> int:
             cfg = import_hf(args.hf_dir, args.model_path)
             print("\n".join(imported(cfg, args.hf_dir, args.model_path)))
         elif args.adapter:
-            from convert.peft_adapter import export_adapter
+            from convert.peft_adapter import base_name, export_adapter
 
             cfg = export_adapter(args.model_path, args.hf_dir)
             print(f"exported {args.model_path}'s LoRA ({cfg.model}) to {args.hf_dir} as a peft adapter of "
-                  f"{cfg.init_from}")
+                  f"{base_name(cfg.init_from)}")
         else:
             cfg = export_hf(args.model_path, args.hf_dir)
             print(f"exported {args.model_path} ({cfg.model}) to {args.hf_dir}")

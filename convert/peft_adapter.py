@@ -429,8 +429,8 @@ def adapter_params(cfg: Config, params: dict, path: str) -> tuple[Config, dict]:
             return given[name]
         rows = leaf.shape[0] if name.endswith("lora_b") else math.prod(leaf.shape[:-1])  # (R, out), (in, R)
         if factors[name].shape != (rows, math.prod(leaf.shape) // rows):
-            raise ConfigError(f"--adapter {path}: {name} has shape {factors[name].shape}, the base model's "
-                              f"{leaf.shape}: another base than it was trained on?")
+            raise ConfigError(f"{path}: the adapter's {name} has shape {factors[name].shape}, the base model's "
+                              f"{leaf.shape}: an adapter of another base model (another size?)")
         return factors[name].reshape(leaf.shape)
 
     return cfg, jax.tree_util.tree_map_with_path(put, abstract)

@@ -405,6 +405,9 @@ def config_for_data(cfg, inputs: list[str], skip_bad_files: bool = False, tokeni
     run = os.path.basename(os.path.dirname(os.path.abspath(dataset_file)))
     changes = {"datasets": [[dataset_file, None, None, None]], "model_path": os.path.join("runs", run)}
     if "eval_path" not in dataset and cfg.task != "image_classification":  # an image folder holds out a fraction
+        if cfg.eval_steps:
+            print(f"note: {dataset_file} has no eval set (no eval_path: --eval-fraction 0); evaluation is skipped",
+                  flush=True)
         changes["eval_steps"] = 0
     if dataset.get("n_vocab", 0) > cfg.n_vocab:  # the model's vocabulary must hold the data's tokenizer
         print(f"note: n_vocab {cfg.n_vocab} -> {dataset['n_vocab']}, the size of {dataset_file}'s tokenizer",

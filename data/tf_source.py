@@ -34,6 +34,9 @@ from data.shards import shard_bounds, shards_for_rows
 from data.tokenizer import Tokenizer
 
 STATE_FORMAT = "neomesh-input/1"
+# A shard's iterator replayed to batch N skips N in its graph, and TensorFlow restores a state only into the graph
+# it came from: such a state is saved behind this line with N, and restored into a stream built to skip N again.
+_SKIPPED = b"neomesh-skipped "
 
 
 def _concat(blocks: list):
@@ -55,6 +58,7 @@ class _Reader:
     def __init__(self, batch_size: int, shards: int):
         self.bounds = shard_bounds(batch_size, shards)
         self.iterators: dict[int, object] = {}
+        self.skipped: dict[int, int] = {}  # the batches each shard's stream skips in its graph (a replay's)
         self.next = 0
 
 
@@ -76,12 +80,18 @@ class TFDataSource:
 
     def _open(self, reader: _Reader, shard: int, step: int, state: bytes | None = None):
         block = reader.bounds[shard + 1] - reader.bounds[shard]
-        iterator = self._build_shard(shard, block, 0 if state else step).as_numpy_iterator()
+        skipped = step
+        if state:
+            skipped = 0
+            if state.startswith(_SKIPPED):
+                line, _, state = state.partition(b"\n")
+                skipped = int(line[len(_SKIPPED):])
+        iterator = self._build_shard(shard, block, skipped).as_numpy_iterator()
         if state:
             iterator_state.restore(iterator, state)
         else:
             self.replayed += step
-        reader.iterators[shard] = iterator
+        reader.iterators[shard], reader.skipped[shard] = iterator, skipped
 
     def batch(self, step: int, batch_size: int, rows: slice | None = None):
         """Rows ``rows`` (default all) of global batch ``step``: (rows, n_ctx+1) int32 tokens (with
@@ -126,7 +136,8 @@ class TFDataSource:
             return None
         meta = {"format": STATE_FORMAT, "step": reader.next, "batch_size": batch_size, "shards": self.shards,
                 "fingerprint": self.fingerprint}
-        return {"meta": meta, "shards": {k: iterator_state.save(it) for k, it in sorted(reader.iterators.items())}}
+        return {"meta": meta, "shards": {k: (b"%s%d\n" % (_SKIPPED, reader.skipped[k]) if reader.skipped[k] else b"")
+                                         + iterator_state.save(it) for k, it in sorted(reader.iterators.items())}}
 
     def restore(self, step: int, batch_size: int, rows: slice, saved) -> str:
         """Positions the stream at global batch ``step`` for this process's ``rows`` from ``saved`` (an object with

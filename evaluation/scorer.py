@@ -62,13 +62,13 @@ class Scorer:
 
     @classmethod
     def from_pretrained(cls, path: str, layout=None, batch_size: int = 8, overrides: tuple[str, ...] = (),
-                        kind: str = "auto") -> "Scorer":
+                        kind: str = "auto", adapter: str | None = None) -> "Scorer":
         """A NeoMesh run directory (``kind`` "run") or a Hugging Face directory ("hf"); "auto" tells them apart
-        (see ``pretrained.load``)."""
+        (see ``pretrained.load``); ``adapter``: a peft LoRA adapter directory put on it."""
         from pretrained import default_layout, load
 
         layout = layout or default_layout()
-        cfg, graphdef, params, tokenizer = load(path, layout, overrides, kind=kind)
+        cfg, graphdef, params, tokenizer = load(path, layout, overrides, kind=kind, adapter=adapter)
         return cls(cfg, graphdef, params, tokenizer, layout, batch_size)
 
     @property

@@ -205,6 +205,16 @@ def test_an_adapter_peft_cannot_hold_is_one_line(tmp_path):
                         use_dora=True, fan_in_fan_out=True)
     with pytest.raises(ConfigError, match="use_dora true: NeoMesh's LoRA is plain LoRA"):
         adapter_params(cfg, params, dora)
+    # an adapter of a larger base, on this one: named as such, whatever flag gave it
+    wider = peft_adapter(hf_fixtures.gpt2(n_embd=64, n_head=4, n_layer=2), tmp_path / "wider",
+                         target_modules=["c_attn"], fan_in_fan_out=True)
+    with pytest.raises(ConfigError, match=rf"^{wider}: the adapter's blocks/0/attn/\w/lora_a has shape \(64, 8\), the "
+                       r"base model's \(32, 8\): an adapter of another base model \(another size\?\)$"):
+        adapter_params(cfg, params, wider)
+    from pretrained import load
+    with pytest.raises(ConfigError, match=f"^{dora}: a peft adapter directory, given as the base model of the "
+                       f"adapter {dora}: an adapter goes on a base model; give its base"):
+        load(dora, adapter=dora)  # an adapter given as the base of another (or of itself)
 
 
 def test_init_from_a_peft_adapter_starts_from_its_base_and_factors(tmp_path):
@@ -275,6 +285,7 @@ def test_a_peft_adapter_trains_on_predicts_and_exports_back_to_peft(tmp_path, mo
     exported = run_command("-m", "convert", "export", str(run), str(tmp_path / "out"), "--adapter")
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert json.load(open(tmp_path / "out" / CONFIG_FILE))["base_model_name_or_path"] == base_dir  # not the adapter
+    assert exported.stdout.strip().endswith(f"as a peft adapter of {base_dir}"), exported.stdout  # as it says
     tuned = Pretrained.from_pretrained(str(run))
     ours = np.asarray(tuned({"inputs": TOKENS, "segment_ids": np.ones_like(TOKENS)}))
     cfg = tuned.config
@@ -320,3 +331,20 @@ def test_a_vit_adapter_from_transformers_4_module_names_loads_the_same(tmp_path)
     legacy_cfg, legacy = adapter_params(cfg, params, str(tmp_path / "legacy"))
     assert new_cfg.peft == legacy_cfg.peft and new_cfg.peft["lora"]["targets"] == ["c_fc", "q"]
     jax.tree.map(np.testing.assert_array_equal, new, legacy)
+
+
+def test_eval_puts_an_adapter_on_its_base(tmp_path):
+    """eval.py --adapter DIR scores with the adapter on the model, as predict.py --adapter generates with it."""
+    import eval as eval_cli
+    from evaluation.scorer import Scorer
+
+    base_dir = hf_fixtures.save(hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2), tmp_path / "gpt2")
+    adapter_dir = peft_adapter(hf_fixtures.gpt2(n_embd=32, n_head=2, n_layer=2), tmp_path, target_modules=["c_attn"],
+                               r=4, fan_in_fan_out=True)
+    requests = [("The for statement", " is"), ("def", " add")]
+    plain = Scorer.from_pretrained(base_dir, kind="hf").loglikelihood(requests)
+    adapted = Scorer.from_pretrained(base_dir, kind="hf", adapter=adapter_dir)
+    assert adapted.cfg.peft["lora"]["rank"] == 4 and adapted.loglikelihood(requests) != plain
+    parsed = eval_cli.build_parser().parse_args(["--hf-model", base_dir, "--adapter", base_dir])
+    with pytest.raises(ConfigError, match=f"^--adapter {base_dir}: not a peft adapter directory"):
+        eval_cli.check_options(parsed)

@@ -333,3 +333,20 @@ def test_a_multi_process_run_is_told_when_its_processes_read_shards_in_common():
         "note: data_shards 1 is not a multiple of the 2 processes, so every process reads the whole input; a "
         "multiple of 2 (dividing train_batch_size) splits the reading")
     assert "processes read some shards in common" in reading_note(SimpleNamespace(shards=6), 4)
+
+
+def test_a_position_saved_after_a_replay_restores_without_another(datasets):
+    """A run resumed with a replay (its data changed, say) saves positions that a later resume restores: the
+    replayed shard's iterator skipped in its graph, and its state is restored into the same graph."""
+    cfg = config([["a", None, None, None]], N_CTX, data_shards=2)
+    reference = make_source(cfg, "train")
+    expected = [reference.batch(step, B) for step in range(9)]
+    replayed = make_source(cfg, "train")
+    assert replayed.restore(4, B, slice(0, B), None).startswith("note: checkpoint 4 holds no readable")
+    for step in range(4, 6):
+        assert equal(replayed.batch(step, B), expected[step])
+    state = replayed.state(B)
+    resumed = make_source(cfg, "train")
+    note = resumed.restore(6, B, slice(0, B), Saved(state))
+    assert note.startswith("input: continues at step 6"), note
+    assert all(equal(resumed.batch(step, B), expected[step]) for step in range(6, 9)) and resumed.replayed == 0

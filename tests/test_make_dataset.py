@@ -159,7 +159,7 @@ def test_one_book_gives_its_last_lines_to_eval(tmp_path, work_root):
     assert held == "".join(f"line {i} of the book\n" for i in range(190, 200))
 
 
-def test_jsonl_with_a_reused_tokenizer_and_no_eval(tmp_path, work_root):
+def test_jsonl_with_a_reused_tokenizer_and_no_eval(tmp_path, work_root, capsys):
     from data.tokenizer import train_bpe
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"text": f"row {i}: " + " ".join(WORDS[i % 5:])}) + "\n" for i in range(50)))
@@ -169,8 +169,11 @@ def test_jsonl_with_a_reused_tokenizer_and_no_eval(tmp_path, work_root):
         dataset = json.load(f)
     assert "eval_path" not in dataset and dataset["n_vocab"] == 280
     assert not any(name.startswith("eval") for name in os.listdir(folder))
+    capsys.readouterr()
     cfg = config_for_data(tiny_config(n_vocab=128, n_ctx=16, eval_steps=4), [folder])
     assert cfg.eval_steps == 0 and cfg.n_vocab == 280  # the model's vocabulary grows to hold the tokenizer
+    assert f"note: {folder}/dataset.json has no eval set (no eval_path: --eval-fraction 0); evaluation is " \
+        "skipped" in capsys.readouterr().out  # an eval_every the user set is not silently ignored
 
 
 def test_bad_inputs_are_one_line(tmp_path, work_root):

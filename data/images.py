@@ -165,7 +165,7 @@ def folder_images(cfg: Config, name: str, split: str) -> tuple[np.ndarray, np.nd
     images, labels, names = read_folder(dataset, split, names, cfg.image_size, cfg.num_channels)
     if dataset["eval_path"] is None:
         held = f"about {dataset['eval_fraction']:.0%} of each class held out for eval, by a hash of each image's path"
-        where = f"{dataset['path']} ({'less the ' + held if split == 'train' else held})"
+        where = f"{dataset['path']} ({'less ' + held if split == 'train' else held})"
     else:
         where = dataset["path"] if split == "train" else dataset["eval_path"]
     return images, labels, 1.0 / 255.0, names, where

@@ -69,9 +69,9 @@ def check_options(args) -> None:
     if not (args.config or args.model or args.model_path or args.hf_model):
         raise ConfigError("give --config, --model, --model-path or --hf-model")
     if args.adapter is not None:
-        from convert.peft_adapter import CONFIG_FILE, is_adapter_dir
+        from convert.peft_adapter import is_adapter_dir, not_an_adapter
         if not is_adapter_dir(args.adapter):
-            raise ConfigError(f"--adapter {args.adapter}: not a peft adapter directory (no {CONFIG_FILE})")
+            raise ConfigError(f"--adapter {args.adapter}: {not_an_adapter(args.adapter)}")
     if args.limit is not None and args.limit < 1:
         raise ConfigError("--limit must be at least 1")
     if args.batch_size < 1:

@@ -110,7 +110,7 @@ def check_options(args) -> None:
     import math
 
     from config import ConfigError
-    from convert.peft_adapter import CONFIG_FILE as ADAPTER_CONFIG, is_adapter_dir
+    from convert.peft_adapter import is_adapter_dir, not_an_adapter
 
     checks = [(args.max_new_tokens is None or args.max_new_tokens >= 1, "--max-new-tokens must be at least 1"),
               (0 <= args.temperature < math.inf, "--temperature must be a number >= 0"),
@@ -131,7 +131,7 @@ def check_options(args) -> None:
               (args.config or args.model or args.model_path or args.hf_model,
                "give --config, --model, --model-path or --hf-model"),
               (args.adapter is None or is_adapter_dir(args.adapter),
-               f"--adapter {args.adapter}: not a peft adapter directory (no {ADAPTER_CONFIG})")]
+               f"--adapter {args.adapter}: {args.adapter and not_an_adapter(args.adapter)}")]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)

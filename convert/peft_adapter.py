@@ -293,12 +293,19 @@ def is_adapter_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, CONFIG_FILE))
 
 
+def not_an_adapter(path: str) -> str:
+    """Why ``path`` is no peft adapter directory, in the words an error starts with."""
+    if os.path.basename(os.path.normpath(path)) == CONFIG_FILE and os.path.isfile(path):
+        return f"is the adapter's {CONFIG_FILE}; give its directory, {os.path.dirname(path) or '.'}"
+    return f"not a peft adapter directory (no {CONFIG_FILE})"
+
+
 def read_adapter_config(path: str) -> dict:
     """adapter_config.json's content (the weights unread)."""
     from convert.hf_dir import read_json
 
     if not is_adapter_dir(path):
-        raise ConfigError(f"{path}: not a peft adapter directory (no {CONFIG_FILE})")
+        raise ConfigError(f"{path}: {not_an_adapter(path)}")
     config = read_json(os.path.join(path, CONFIG_FILE))
     if not isinstance(config, dict):
         raise ConfigError(f"{path}/{CONFIG_FILE}: expected a JSON object")

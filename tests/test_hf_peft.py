@@ -272,6 +272,10 @@ def test_a_peft_adapter_trains_on_predicts_and_exports_back_to_peft(tmp_path, mo
     wrong = run_command("predict.py", "--hf-model", base_dir, "--adapter", base_dir, "--prompt", "The")
     assert wrong.returncode != 0 and wrong.stderr.strip().splitlines()[-1] == \
         f"error: --adapter {base_dir}: not a peft adapter directory (no adapter_config.json)"
+    file = f"{adapter_dir}/{CONFIG_FILE}"  # the adapter's config file for its directory: the directory is named
+    wrong = run_command("predict.py", "--hf-model", base_dir, "--adapter", file, "--prompt", "The")
+    assert wrong.stderr.strip().splitlines()[-1] == \
+        f"error: --adapter {file}: is the adapter's adapter_config.json; give its directory, {adapter_dir}"
     text = tmp_path / "my_text.txt"
     text.write_text("\n".join(topics[k] for k in sorted(topics)[:12]))
     run = tmp_path / "run"

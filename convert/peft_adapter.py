@@ -302,7 +302,7 @@ def not_an_adapter(path: str) -> str:
 
 def read_adapter_config(path: str) -> dict:
     """adapter_config.json's content (the weights unread)."""
-    from convert.hf_dir import read_json
+    from neomesh.json_file import read_json
 
     if not is_adapter_dir(path):
         raise ConfigError(f"{path}: {not_an_adapter(path)}")
